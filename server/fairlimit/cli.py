@@ -1,0 +1,148 @@
+"""The ``fairlimit`` command: serve, check, version. Logging is configured here only."""
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from fairlimit import __version__
+from fairlimit.config.loader import Loaded, load
+from fairlimit.errors import ConfigError, ConfigUnreadable, SettingsError
+
+EXIT_OK, EXIT_VIOLATION, EXIT_UNUSABLE = 0, 1, 2
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(
+            {
+                "time": self.formatTime(record),
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                "message": record.getMessage(),
+            }
+        )
+
+
+def _configure_logging(fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fairlimit", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve Envoy's RateLimitService")
+    serve.add_argument("--config", action="append", metavar="PATH", help="file or directory")
+    serve.add_argument("--backend", help="memory:// (default), redis://, rediss://, ...")
+    serve.add_argument("--grpc-addr", metavar="HOST:PORT")
+    serve.add_argument("--admin-addr", metavar="HOST:PORT")
+    serve.add_argument("--strict", action="store_const", const=True)
+    serve.add_argument("--failure-mode", choices=["open", "closed"])
+    serve.add_argument("--shadow", action="store_const", const=True)
+    serve.add_argument("--workers", metavar="N")
+    serve.add_argument("--log-format", choices=["text", "json"])
+    check = sub.add_parser("check", help="validate and classify descriptor files")
+    check.add_argument("paths", nargs="+", metavar="PATH")
+    check.add_argument("--strict", action="store_true", help="warnings are errors")
+    check.add_argument("--format", choices=["text", "json"], default="text")
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from fairlimit.app import App  # grpc is imported only when serving
+    from fairlimit.settings import Settings
+
+    given = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+    settings = Settings.from_env(os.environ).override(given)
+    _configure_logging(settings.log_format)
+
+    async def serve() -> int:
+        try:
+            app = App(settings)  # inside the loop: grpc.aio binds to the running loop
+        except ConfigError as exc:
+            for line in exc.problems:
+                logging.getLogger("fairlimit").error("%s", line)
+            logging.getLogger("fairlimit").error("config rejected: refusing to start")
+            return EXIT_UNUSABLE
+        await app.run()
+        return EXIT_OK
+
+    return asyncio.run(serve())
+
+
+def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
+    caps = [
+        {
+            "file": c.source,
+            "path": c.path,
+            "mode": c.mode.value,
+            "warning": c.is_warning,
+            "message": c.message,
+            "cap_per_second": c.cap_per_second,
+            "required_per_second": c.required_per_second,
+            "per_client_per_second": c.per_client_per_second,
+            "active_clients": c.active_clients,
+        }
+        for c in loaded.classifications
+    ]
+    warnings = loaded.warnings
+    return {
+        "ok": not (strict and warnings),
+        "files": [str(f) for f in loaded.files],
+        "domains": sorted(loaded.config.domains),
+        "classifications": caps,
+        "errors": warnings if strict else [],
+        "warnings": [] if strict else warnings,
+    }
+
+
+def _check(args: argparse.Namespace) -> int:
+    try:
+        loaded = load(args.paths)
+    except ConfigError as exc:
+        code = EXIT_UNUSABLE if isinstance(exc, ConfigUnreadable) else EXIT_VIOLATION
+        if args.format == "json":
+            print(json.dumps({"ok": False, "errors": exc.problems, "classifications": []}))
+        else:
+            for line in exc.problems:
+                print(line, file=sys.stderr)
+        return code
+    report = _check_report(loaded, args.strict)
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        for c in loaded.classifications:
+            level = "error" if args.strict and c.is_warning else "warning" if c.is_warning else "ok"
+            print(f"{level}: {c.line}")
+        modes = [c.mode.value for c in loaded.classifications]
+        summary = ", ".join(f"{modes.count(m)} {m}" for m in sorted(set(modes))) or "no limits"
+        print(f"{len(loaded.files)} files, {len(loaded.config.domains)} domains: {summary}")
+    return EXIT_OK if report["ok"] else EXIT_VIOLATION
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "check":
+            return _check(args)
+        print(f"fairlimit {__version__}")
+        return EXIT_OK
+    except SettingsError as exc:
+        print(f"fairlimit: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Descriptor YAML -> the frozen core model; file discovery and reload."""

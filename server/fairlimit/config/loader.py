@@ -1,0 +1,310 @@
+"""Descriptor YAML -> ``core.rules``: strict keys, every problem as ``FILE: PATH: message``.
+
+Loading is all or nothing: any problem in any file rejects the whole set.
+"""
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from fairlimit.core.rules import Config, Domain, FairShare, RateLimit, Rule
+from fairlimit.core.units import Unit
+from fairlimit.core.validation import Classification, classify
+from fairlimit.errors import ConfigError, ConfigUnreadable, ConfigWarningError
+
+ROOT_KEYS = frozenset({"domain", "descriptors"})
+DESCRIPTOR_KEYS = frozenset(
+    {"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "fair_share"}
+)
+RATE_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
+FAIR_SHARE_KEYS = frozenset({"active_clients", "weights"})
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A loaded configuration with its classification and the files it came from."""
+
+    config: Config
+    classifications: tuple[Classification, ...]
+    files: tuple[Path, ...]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [c.line for c in self.classifications if c.is_warning]
+
+
+class _Problems:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.lines: list[str] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.lines.append(f"{self.source}: {path}: {message}")
+
+
+def _unknown_keys(node: Mapping[Any, Any], allowed: frozenset[str]) -> list[str]:
+    return sorted(str(k) for k in node if k not in allowed)
+
+
+def _int_in(value: object, low: int, high: int) -> int | None:
+    """``value`` when it is an integer (not a bool) within [low, high], else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+        return value
+    return None
+
+
+def _check_keys(
+    problems: _Problems, path: str, node: Mapping[Any, Any], allowed: frozenset[str]
+) -> None:
+    for key in _unknown_keys(node, allowed):
+        problems.add(path, f"unknown key '{key}'")
+
+
+def _bool(problems: _Problems, path: str, node: Mapping[str, Any], key: str) -> bool:
+    value = node.get(key, False)
+    if not isinstance(value, bool):
+        problems.add(path, f"'{key}' must be true or false, not {value!r}")
+        return False
+    return value
+
+
+def _replaces(problems: _Problems, path: str, raw: object, name: str | None) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        problems.add(path, "rate_limit.replaces must be a list of {name: ...}")
+        return ()
+    names: list[str] = []
+    for entry in raw:
+        target = entry.get("name") if isinstance(entry, dict) else None
+        if isinstance(entry, dict):
+            _check_keys(problems, path, entry, frozenset({"name"}))
+        if not isinstance(target, str) or not target:
+            problems.add(path, "should not have an empty replaces entry")
+        elif target == name:
+            problems.add(path, "replaces should not contain name of same descriptor")
+        else:
+            names.append(target)
+    return tuple(names)
+
+
+def _rate_limit(problems: _Problems, path: str, raw: object) -> RateLimit | None:
+    if not isinstance(raw, dict):
+        problems.add(path, "rate_limit must be a mapping")
+        return None
+    _check_keys(problems, path, raw, RATE_LIMIT_KEYS)
+    unlimited = _bool(problems, path, raw, "unlimited")
+    name = raw.get("name")
+    if name is not None and not isinstance(name, str):
+        problems.add(path, f"rate_limit.name must be a string, not {name!r}")
+        name = None
+    replaces = _replaces(problems, path, raw.get("replaces"), name)
+    unit_text = raw.get("unit")
+    if unlimited:
+        if unit_text is not None:
+            problems.add(path, "should not specify rate limit unit when unlimited")
+        return RateLimit(0, Unit.SECOND, unlimited=True, name=name, replaces=replaces)
+    try:
+        unit = Unit.parse(str(unit_text)) if unit_text is not None else None
+    except KeyError:
+        unit = None
+    if unit is None:
+        problems.add(path, f"invalid rate limit unit '{unit_text if unit_text else ''}'")
+    raw_rpu = raw.get("requests_per_unit")
+    rpu = _int_in(raw_rpu, 0, 0xFFFFFFFF)
+    if rpu is None:
+        problems.add(
+            path, f"requests_per_unit must be an integer from 0 to 4294967295, not {raw_rpu!r}"
+        )
+        return None
+    if unit is None:
+        return None
+    return RateLimit(rpu, unit, name=name, replaces=replaces)
+
+
+def _weights(problems: _Problems, path: str, raw: object) -> Mapping[str, float]:
+    if raw is None:
+        return MappingProxyType({})
+    if not isinstance(raw, dict):
+        problems.add(path, "fair_share.weights must map client values to numbers")
+        return MappingProxyType({})
+    weights: dict[str, float] = {}
+    for client, weight in raw.items():
+        number = (
+            weight if isinstance(weight, int | float) and not isinstance(weight, bool) else None
+        )
+        if number is None or not math.isfinite(number) or number <= 0:
+            problems.add(path, f"fair_share.weights['{client}'] must be a number above 0")
+            continue
+        weights[str(client)] = float(number)
+    return MappingProxyType(weights)
+
+
+def _fair_share(
+    problems: _Problems, path: str, raw: object, limit: RateLimit | None, has_children: bool
+) -> FairShare | None:
+    if not isinstance(raw, dict):
+        problems.add(path, "fair_share must be a mapping")
+        return None
+    _check_keys(problems, path, raw, FAIR_SHARE_KEYS)
+    raw_active = raw.get("active_clients")
+    active = _int_in(raw_active, 1, 10**9)
+    weights = _weights(problems, path, raw.get("weights"))
+    ok = active is not None
+    if active is None:
+        problems.add(path, f"fair_share.active_clients must be an integer >= 1, not {raw_active!r}")
+    if limit is None or limit.unlimited:
+        problems.add(path, "fair_share needs a limited rate_limit on the same node: the cap")
+        ok = False
+    if not has_children:
+        problems.add(path, "fair_share needs child descriptors: the per-client buckets")
+        ok = False
+    return FairShare(active, weights) if ok and active is not None else None
+
+
+def _label(key: str, value: str | None) -> str:
+    return key if value is None else f"{key}={value}"
+
+
+def _descriptor(problems: _Problems, parent: str, index: int, raw: object) -> Rule | None:
+    here = f"{parent}/descriptors[{index}]"
+    if not isinstance(raw, dict):
+        problems.add(here, "each descriptor must be a mapping")
+        return None
+    key = raw.get("key")
+    if not isinstance(key, str) or not key:
+        problems.add(here, "descriptor has empty key")
+        return None
+    value = raw.get("value")
+    if (value is not None and not isinstance(value, str | int | float)) or isinstance(value, bool):
+        problems.add(here, f"descriptor value must be a string, not {value!r}")
+        value = None
+    text = None if value is None or value == "" else str(value)
+    path = f"{parent}/{_label(key, text)}"
+    _check_keys(problems, path, raw, DESCRIPTOR_KEYS)
+    limit = _rate_limit(problems, path, raw["rate_limit"]) if "rate_limit" in raw else None
+    children = _descriptors(problems, path, raw.get("descriptors"))
+    fair = None
+    if "fair_share" in raw:
+        fair = _fair_share(problems, path, raw["fair_share"], limit, bool(children))
+    return Rule(
+        key=key,
+        value=text,
+        path=path,
+        source=problems.source,
+        rate_limit=limit,
+        shadow_mode=_bool(problems, path, raw, "shadow_mode"),
+        detailed_metric=_bool(problems, path, raw, "detailed_metric"),
+        fair_share=fair,
+        children=children,
+    )
+
+
+def _descriptors(problems: _Problems, parent: str, raw: object) -> tuple[Rule, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        problems.add(parent, "descriptors must be a list")
+        return ()
+    rules: list[Rule] = []
+    seen: set[tuple[str, str | None]] = set()
+    for index, item in enumerate(raw):
+        rule = _descriptor(problems, parent, index, item)
+        if rule is None:
+            continue
+        if (rule.key, rule.value) in seen:
+            problems.add(rule.path, "duplicate descriptor composite key")
+            continue
+        seen.add((rule.key, rule.value))
+        rules.append(rule)
+    return tuple(rules)
+
+
+def parse_domain(text: str, source: str) -> Domain:
+    """One descriptor file's text -> its Domain; ConfigError lists every problem."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "(file)"
+        reason = getattr(exc, "problem", None) or str(exc)
+        raise ConfigUnreadable([f"{source}: {where}: invalid YAML: {reason}"]) from exc
+    if not isinstance(raw, dict):
+        raise ConfigUnreadable([f"{source}: (file): a descriptor file must be a YAML mapping"])
+    domain = raw.get("domain")
+    problems = _Problems(source)
+    if not isinstance(domain, str) or not domain:
+        problems.add("(file)", "config file cannot have empty domain")
+        domain = "(no domain)"
+    _check_keys(problems, domain, raw, ROOT_KEYS)
+    rules = _descriptors(problems, domain, raw.get("descriptors"))
+    if problems.lines:
+        raise ConfigError(problems.lines)
+    return Domain(domain, source, rules)
+
+
+def config_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The descriptor files named by ``paths``: files as given, ``*.yaml``/``*.yml`` of dirs."""
+    files: list[Path] = []
+    missing: list[str] = []
+    for item in paths:
+        path = Path(item)
+        if path.is_dir():
+            files.extend(
+                sorted(p for p in path.iterdir() if p.suffix in YAML_SUFFIXES and p.is_file())
+            )
+        elif path.is_file():
+            files.append(path)
+        else:
+            missing.append(f"{path}: (file): no such file or directory")
+    if missing:
+        raise ConfigUnreadable(missing)
+    return files
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigUnreadable([f"{path}: (file): cannot read: {exc}"]) from exc
+
+
+def load(paths: Sequence[str | Path], *, strict: bool = False) -> Loaded:
+    """Load every descriptor file under ``paths``, all or nothing.
+
+    Raises ConfigUnreadable for paths that cannot be read at all, ConfigError for rule
+    problems, and ConfigWarningError when ``strict`` and any cap or bucket draws a warning.
+    """
+    files = config_files(paths)
+    domains: list[Domain] = []
+    lines: list[str] = []
+    unreadable = False
+    seen: dict[str, str] = {}
+    for path in files:
+        try:
+            domain = parse_domain(_read(path), str(path))
+        except ConfigError as exc:
+            unreadable = unreadable or isinstance(exc, ConfigUnreadable)
+            lines.extend(exc.problems)
+            continue
+        if domain.name in seen:
+            lines.append(
+                f"{path}: {domain.name}: duplicate domain '{domain.name}' "
+                f"(first in {seen[domain.name]})"
+            )
+            continue
+        seen[domain.name] = str(path)
+        domains.append(domain)
+    if lines:
+        raise (ConfigUnreadable if unreadable else ConfigError)(lines)
+    config = Config.of(domains)
+    loaded = Loaded(config, tuple(classify(config)), tuple(files))
+    if strict and loaded.warnings:
+        raise ConfigWarningError(loaded.warnings)
+    return loaded

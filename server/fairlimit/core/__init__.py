@@ -1,0 +1,1 @@
+"""The pure allocation core: no I/O, no clocks, no third-party imports."""

@@ -1,0 +1,382 @@
+"""What a request charges, and the decision from counter values.
+
+A request is all or nothing: it is admitted only if every counter and every fair-share
+claim it touches admits it, and only then does any counter move. The store applies this
+rule atomically (``store/memory.py`` in Python, ``store/lua/admit.lua`` for Redis); this
+module says what the rule is.
+"""
+
+import dataclasses
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fairlimit.core.matching import Entry, Matcher
+from fairlimit.core.rules import RateLimit, Rule
+from fairlimit.core.units import seconds_until_reset
+from fairlimit.errors import RequestError
+
+UNLIMITED_REMAINING = 4294967295
+_EPSILON = 1e-9
+
+
+class Code(enum.Enum):
+    OK = 1
+    OVER_LIMIT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Descriptor:
+    """One request descriptor: its entries, an optional limit override and hits."""
+
+    entries: tuple[Entry, ...]
+    limit: RateLimit | None = None
+    hits: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A ShouldRateLimit request, free of the wire format."""
+
+    domain: str
+    descriptors: tuple[Descriptor, ...]
+    hits: int = 0  # request-level hits_addend; 0 means 1
+
+    def hits_for(self, descriptor: Descriptor) -> int:
+        if descriptor.hits is not None:
+            return descriptor.hits
+        return self.hits or 1
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """A fixed-window counter the request is checked and charged against."""
+
+    key: str
+    limit: int
+    window: int
+    hits: int
+    shadow: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """A client's claim at a fair-share cap (all amounts in the cap's window)."""
+
+    cap: str  # the cap's counter key
+    client: str
+    capacity: int
+    window: int
+    client_limit: float
+    weight: float
+    hits: int
+    shadow: bool
+    declared: int
+
+    @property
+    def period(self) -> float:
+        """How often λ is recomputed: P = min(window, 1 s)."""
+        return float(min(self.window, 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One level a descriptor is charged against."""
+
+    counter: int  # index into Plan.counters
+    share: int | None  # index into Plan.shares, for a cap
+    limit: RateLimit
+    rule: Rule | None
+
+
+@dataclass(frozen=True, slots=True)
+class DescriptorPlan:
+    rule: Rule | None
+    levels: tuple[Level, ...]
+    unlimited: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything a request charges, deduplicated across its descriptors."""
+
+    descriptors: tuple[DescriptorPlan, ...]
+    counters: tuple[Counter, ...]
+    shares: tuple[Share, ...]
+
+
+def escape(part: str) -> str:
+    """Escape a key or value so that joined paths never collide."""
+    return part.replace("\\", "\\\\").replace("/", "\\/").replace("=", "\\=")
+
+
+def counter_key(domain: str, entries: Sequence[Entry], window: int) -> str:
+    """The store key of the counter for ``entries`` in a window of ``window`` seconds."""
+    parts = [escape(domain)]
+    parts.extend(f"{escape(k)}={escape(v)}" for k, v in entries)
+    return "/".join(parts) + f"#{window}"
+
+
+class _Builder:
+    """Collects counters and shares, summing the hits of repeats (dicts keep order)."""
+
+    def __init__(self) -> None:
+        self.counters: dict[str, Counter] = {}
+        self.shares: dict[tuple[str, str], Share] = {}
+
+    def counter(self, key: str, limit: RateLimit, hits: int, shadow: bool) -> int:
+        known = self.counters.get(key)
+        if known is None:
+            self.counters[key] = Counter(key, limit.requests_per_unit, limit.window, hits, shadow)
+            return len(self.counters) - 1
+        self.counters[key] = Counter(
+            key, known.limit, known.window, known.hits + hits, known.shadow
+        )
+        return list(self.counters).index(key)
+
+    def share(self, share: Share) -> int:
+        ident = (share.cap, share.client)
+        known = self.shares.get(ident)
+        if known is None:
+            self.shares[ident] = share
+            return len(self.shares) - 1
+        self.shares[ident] = dataclasses.replace(known, hits=known.hits + share.hits)
+        return list(self.shares).index(ident)
+
+
+def _cap_levels(
+    builder: _Builder, domain: str, entries: Sequence[Entry], trail: Sequence[Rule], hits: int
+) -> list[Level]:
+    levels: list[Level] = []
+    for depth, cap in enumerate(trail[:-1]):
+        if cap.fair_share is None or cap.rate_limit is None:
+            continue
+        limit = cap.rate_limit
+        key = counter_key(domain, entries[: depth + 1], limit.window)
+        child = trail[depth + 1]
+        client = entries[depth + 1][1]
+        child_limit = child.rate_limit
+        per_client = (
+            math.inf
+            if child_limit is None or child_limit.unlimited
+            else child_limit.per_second * limit.window
+        )
+        share = Share(
+            key,
+            client,
+            limit.requests_per_unit,
+            limit.window,
+            per_client,
+            cap.fair_share.weight(client),
+            hits,
+            cap.shadow_mode,
+            cap.fair_share.active_clients,
+        )
+        counter = builder.counter(key, limit, hits, cap.shadow_mode)
+        levels.append(Level(counter, builder.share(share), limit, cap))
+    return levels
+
+
+def plan(request: Request, matcher: Matcher) -> Plan:
+    """What ``request`` charges under the configuration of ``matcher``."""
+    builder = _Builder()
+    drafts: list[tuple[Rule | None, RateLimit | None, list[Level]]] = []
+    if not matcher.has_domain(request.domain):
+        return Plan(tuple(DescriptorPlan(None, ()) for _ in request.descriptors), (), ())
+    for descriptor in request.descriptors:
+        hits = request.hits_for(descriptor)
+        match = matcher.match(request.domain, descriptor.entries)
+        rule = match.rule if match else None
+        limit = descriptor.limit or (rule.rate_limit if rule else None)
+        levels: list[Level] = []
+        if limit is not None and not limit.unlimited:
+            key = counter_key(request.domain, descriptor.entries, limit.window)
+            shadow = rule.shadow_mode if rule and descriptor.limit is None else False
+            levels.append(Level(builder.counter(key, limit, hits, shadow), None, limit, rule))
+        if match is not None and (limit is None or not limit.unlimited):
+            levels.extend(
+                _cap_levels(builder, request.domain, descriptor.entries, match.trail, hits)
+            )
+        drafts.append((rule, limit, levels))
+    replaced = {name for _, lim, _ in drafts if lim for name in lim.replaces}
+    plans = tuple(
+        DescriptorPlan(
+            rule,
+            tuple(lv for lv in levels if lv.limit.name is None or lv.limit.name not in replaced),
+            unlimited=limit is not None and limit.unlimited,
+        )
+        for rule, limit, levels in drafts
+    )
+    return Plan(plans, tuple(builder.counters.values()), tuple(builder.shares.values()))
+
+
+def counter_over(counter: Counter, count: int) -> bool:
+    """Whether ``counter`` standing at ``count`` refuses this request (shadow never does)."""
+    return not counter.shadow and count + max(counter.hits, 1) > counter.limit
+
+
+def share_bound(share: Share, level: float | None, seen_weight: float) -> float:
+    """The most ``share.client`` may have admitted at the cap this window.
+
+    ``level`` is λ for the current period; None means the cap has no history yet, and the
+    capacity is split by weight among the clients seen so far (``seen_weight``).
+    """
+    if level is None:
+        fair = share.capacity * share.weight / max(seen_weight, share.weight)
+    else:
+        fair = level * share.weight
+    return min(share.client_limit, fair)
+
+
+def share_over(share: Share, admitted: int, bound: float) -> bool:
+    """Whether the client's claim at the cap exceeds its bound (shadow caps never do)."""
+    return not share.shadow and admitted + max(share.hits, 1) > bound + _EPSILON
+
+
+def admits(
+    plan: Plan, counts: Sequence[int], shared: Sequence[int], bounds: Sequence[float]
+) -> bool:
+    """The all-or-nothing decision from the counters as they stand."""
+    return not any(
+        counter_over(c, n) for c, n in zip(plan.counters, counts, strict=True)
+    ) and not any(share_over(s, a, b) for s, a, b in zip(plan.shares, shared, bounds, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the store saw: the counters before the charge, and whether it was made."""
+
+    admitted: bool
+    counts: tuple[int, ...]  # per Plan.counters
+    shared: tuple[int, ...]  # per Plan.shares: the client's admitted count at the cap
+    bounds: tuple[float, ...]  # per Plan.shares: min(L_i, fair share) in force
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """One descriptor's answer, ready for Envoy's X-RateLimit headers."""
+
+    code: Code
+    current_limit: RateLimit | None
+    limit_remaining: int
+    duration_until_reset: float
+    rule: Rule | None = None
+    shadowed: bool = False  # over a shadow-mode limit, answered OK
+
+
+def _level_view(
+    plan: Plan, outcome: Outcome, level: Level, now: float
+) -> tuple[bool, bool, int, float, float]:
+    """(over, shadow_over, remaining, reset, fair limit) of one level."""
+    counter = plan.counters[level.counter]
+    before = outcome.counts[level.counter]
+    charged = counter.hits if outcome.admitted else 0
+    over = counter.limit < before + max(counter.hits, 1)
+    remaining = counter.limit - before - charged
+    fair = math.inf
+    if level.share is not None:
+        share = plan.shares[level.share]
+        bound = outcome.bounds[level.share]
+        had = outcome.shared[level.share]
+        over = over or share_over(share, had, bound)
+        if not math.isinf(bound):
+            remaining = min(remaining, math.floor(bound + _EPSILON) - had - charged)
+            fair = bound
+    shadow_over = over and counter.shadow
+    return (
+        over and not counter.shadow,
+        shadow_over,
+        max(0, remaining),
+        seconds_until_reset(counter.window, now),
+        fair,
+    )
+
+
+def _effective_limit(leaf: RateLimit, level: Level, fair: float) -> RateLimit:
+    if math.isinf(fair) or fair / level.limit.window >= leaf.per_second:
+        return leaf
+    return RateLimit(math.floor(fair + _EPSILON), level.limit.unit, name=leaf.name)
+
+
+def statuses(plan: Plan, outcome: Outcome, now: float) -> tuple[Status, ...]:
+    """Each descriptor's status from the plan and what the store saw."""
+    out: list[Status] = []
+    for dplan in plan.descriptors:
+        if dplan.unlimited:
+            out.append(Status(Code.OK, None, UNLIMITED_REMAINING, 0.0, dplan.rule))
+            continue
+        if not dplan.levels:
+            out.append(Status(Code.OK, None, 0, 0.0, dplan.rule))
+            continue
+        over = shadowed = False
+        leaf = dplan.levels[0].limit
+        effective = leaf
+        best: tuple[int, float] | None = None
+        for level in dplan.levels:
+            lv_over, lv_shadow, remaining, reset, fair = _level_view(plan, outcome, level, now)
+            over, shadowed = over or lv_over, shadowed or lv_shadow
+            if best is None or remaining < best[0]:
+                best = (remaining, reset)
+            candidate = _effective_limit(leaf, level, fair)
+            if candidate.per_second < effective.per_second:
+                effective = candidate
+        assert best is not None
+        code = Code.OVER_LIMIT if over else Code.OK
+        out.append(Status(code, effective, best[0], best[1], dplan.rule, shadowed))
+    return tuple(out)
+
+
+def overall(statuses_: Sequence[Status]) -> Code:
+    """OVER_LIMIT when any descriptor is over, else OK."""
+    return Code.OVER_LIMIT if any(s.code is Code.OVER_LIMIT for s in statuses_) else Code.OK
+
+
+__all__ = [
+    "Code",
+    "Counter",
+    "Descriptor",
+    "DescriptorPlan",
+    "Level",
+    "Outcome",
+    "Plan",
+    "Request",
+    "Share",
+    "Status",
+    "admits",
+    "counter_key",
+    "overall",
+    "plan",
+    "share_bound",
+    "share_over",
+    "statuses",
+]
+
+
+MAX_DESCRIPTORS = 64
+MAX_ENTRIES = 16
+MAX_TEXT = 1024
+MAX_HITS = 0xFFFFFFFF
+
+
+def validate(request: Request) -> None:
+    """Reject requests no Envoy would send, or that would abuse the server (RequestError)."""
+    if not request.domain:
+        raise RequestError("rate limit domain must not be empty")
+    if not request.descriptors:
+        raise RequestError("rate limit descriptor list must not be empty")
+    if len(request.descriptors) > MAX_DESCRIPTORS:
+        raise RequestError(f"at most {MAX_DESCRIPTORS} descriptors per request")
+    if len(request.domain) > MAX_TEXT or request.hits > MAX_HITS:
+        raise RequestError(f"domain longer than {MAX_TEXT} or hits_addend above {MAX_HITS}")
+    for index, descriptor in enumerate(request.descriptors):
+        if not descriptor.entries:
+            raise RequestError(f"descriptor {index} has no entries")
+        if len(descriptor.entries) > MAX_ENTRIES:
+            raise RequestError(f"descriptor {index} has more than {MAX_ENTRIES} entries")
+        if any(len(k) > MAX_TEXT or len(v) > MAX_TEXT for k, v in descriptor.entries):
+            raise RequestError(f"descriptor {index} has an entry longer than {MAX_TEXT}")
+        if any(not k for k, _ in descriptor.entries):
+            raise RequestError(f"descriptor {index} has an entry with an empty key")
+        if descriptor.hits is not None and descriptor.hits > MAX_HITS:
+            raise RequestError(f"descriptor {index} hits_addend above {MAX_HITS}")

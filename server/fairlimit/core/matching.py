@@ -1,0 +1,81 @@
+"""Request entries -> the matched rule, as envoyproxy/ratelimit walks its tree.
+
+Per level: the exact value first, then wildcard values in declaration order, then the
+value-less key. A rule applies only when the request is exactly as deep as it; there is no
+backtracking to a sibling and no fallback to a parent's limit. Keys and values are compared
+as separate strings, never joined.
+"""
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fairlimit.core.rules import Config, Rule
+
+Entry = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """The rule a descriptor matched, with the rules on the way down to it."""
+
+    rule: Rule
+    trail: tuple[Rule, ...]  # every matched node, outermost first, ending with ``rule``
+
+
+def _wildcard_regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
+
+
+class _Level:
+    """The children of one node, indexed for matching."""
+
+    __slots__ = ("exact", "valueless", "wildcards")
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        self.exact: dict[Entry, tuple[Rule, _Level]] = {}
+        self.wildcards: dict[str, list[tuple[re.Pattern[str], Rule, _Level]]] = {}
+        self.valueless: dict[str, tuple[Rule, _Level]] = {}
+        for rule in rules:
+            below = _Level(rule.children)
+            if rule.value is None:
+                self.valueless[rule.key] = (rule, below)
+            elif rule.is_wildcard:
+                pattern = _wildcard_regex(rule.value)
+                self.wildcards.setdefault(rule.key, []).append((pattern, rule, below))
+            else:
+                self.exact[(rule.key, rule.value)] = (rule, below)
+
+    def find(self, key: str, value: str) -> "tuple[Rule, _Level] | None":
+        found = self.exact.get((key, value))
+        if found is not None:
+            return found
+        for pattern, rule, below in self.wildcards.get(key, ()):
+            if pattern.fullmatch(value):
+                return rule, below
+        return self.valueless.get(key)
+
+
+class Matcher:
+    """Precompiled matching for a whole configuration."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._domains = {name: _Level(d.rules) for name, d in config.domains.items()}
+
+    def has_domain(self, domain: str) -> bool:
+        return domain in self._domains
+
+    def match(self, domain: str, entries: Sequence[Entry]) -> Match | None:
+        """The rule for ``entries`` in ``domain``, or None when no rule applies."""
+        level = self._domains.get(domain)
+        if level is None or not entries:
+            return None
+        trail: list[Rule] = []
+        for key, value in entries:
+            found = level.find(key, value)
+            if found is None:
+                return None
+            rule, level = found
+            trail.append(rule)
+        return Match(trail[-1], tuple(trail))

@@ -1,0 +1,95 @@
+"""The frozen model of a loaded descriptor configuration."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from fairlimit.core.units import Unit
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """``requests_per_unit`` hits per ``unit`` window (or unlimited)."""
+
+    requests_per_unit: int
+    unit: Unit
+    unlimited: bool = False
+    name: str | None = None
+    replaces: tuple[str, ...] = ()
+
+    @property
+    def window(self) -> int:
+        """Window length in seconds."""
+        return self.unit.seconds
+
+    @property
+    def per_second(self) -> float:
+        """The limit normalised to hits per second."""
+        return self.requests_per_unit / self.unit.seconds
+
+
+@dataclass(frozen=True, slots=True)
+class FairShare:
+    """A cap's declaration: how many clients it must hold, and their weights."""
+
+    active_clients: int
+    weights: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+    def weight(self, client: str) -> float:
+        """The weight of ``client`` at this cap (1 unless declared)."""
+        return self.weights.get(client, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One descriptor node: ``key`` with an exact, wildcard or absent ``value``."""
+
+    key: str
+    value: str | None
+    path: str
+    source: str
+    rate_limit: RateLimit | None = None
+    shadow_mode: bool = False
+    detailed_metric: bool = False
+    fair_share: FairShare | None = None
+    children: tuple["Rule", ...] = ()
+
+    @property
+    def is_wildcard(self) -> bool:
+        return self.value is not None and "*" in self.value
+
+    @property
+    def is_fixed(self) -> bool:
+        """True when the node names one exact value (no wildcard, not value-less)."""
+        return self.value is not None and not self.is_wildcard
+
+
+@dataclass(frozen=True, slots=True)
+class Domain:
+    """All descriptor rules of one domain, loaded from one file."""
+
+    name: str
+    source: str
+    rules: tuple[Rule, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """A whole loaded configuration: domains by name."""
+
+    domains: Mapping[str, Domain]
+
+    @classmethod
+    def of(cls, domains: list[Domain]) -> "Config":
+        return cls(MappingProxyType({d.name: d for d in domains}))
+
+
+def walk(rules: tuple[Rule, ...]) -> list[tuple[Rule, tuple[Rule, ...]]]:
+    """Every rule below ``rules`` with its ancestors (outermost first), depth first."""
+    out: list[tuple[Rule, tuple[Rule, ...]]] = []
+    stack: list[tuple[Rule, tuple[Rule, ...]]] = [(r, ()) for r in reversed(rules)]
+    while stack:
+        rule, ancestors = stack.pop()
+        out.append((rule, ancestors))
+        stack.extend((c, (*ancestors, rule)) for c in reversed(rule.children))
+    return out

@@ -1,0 +1,149 @@
+"""The sum-of-limits rule and the classification of every cap and shared bucket.
+
+For a ``fair_share`` cap: ``required = sum of the explicitly-valued children's limits + (active
+- explicit children) x the value-less child's limit`` (per second). ``cap >= required`` is
+per-client-buckets, ``cap < required`` is weighted-fair-queue (a warning). A limited node
+outside any cap whose path has only fixed values is global-bucket-only (a warning).
+"""
+
+import enum
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from fairlimit.core.rules import Config, Domain, RateLimit, Rule, walk
+
+
+class Mode(enum.Enum):
+    PER_CLIENT_BUCKETS = "per-client-buckets"
+    WEIGHTED_FAIR_QUEUE = "weighted-fair-queue"
+    GLOBAL_BUCKET_ONLY = "global-bucket-only"
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """One cap's (or shared bucket's) verdict, with the figures behind it."""
+
+    source: str
+    path: str
+    mode: Mode
+    message: str
+    cap_per_second: float
+    required_per_second: float | None = None
+    per_client_per_second: float | None = None
+    active_clients: int | None = None
+
+    @property
+    def is_warning(self) -> bool:
+        return self.mode is not Mode.PER_CLIENT_BUCKETS
+
+    @property
+    def line(self) -> str:
+        """``FILE: PATH: message``, as every config message is printed."""
+        return f"{self.source}: {self.path}: {self.message}"
+
+
+def rate(per_second: float) -> str:
+    """A rate for messages: ``1000/s``, ``1.667/s``, ``unlimited``."""
+    if math.isinf(per_second):
+        return "unlimited"
+    text = f"{per_second:.3f}".rstrip("0").rstrip(".")
+    return f"{text}/s"
+
+
+def _limit_per_second(limit: RateLimit | None) -> float:
+    if limit is None or limit.unlimited:
+        return math.inf
+    return limit.per_second
+
+
+@dataclass(frozen=True, slots=True)
+class _Sum:
+    required: float
+    per_client: float | None
+    explanation: str
+
+
+def _required(cap: Rule, active: int) -> _Sum:
+    explicit = sorted(
+        (_limit_per_second(c.rate_limit) for c in cap.children if c.is_fixed), reverse=True
+    )
+    open_children = [c for c in cap.children if not c.is_fixed]
+    per_client = max((_limit_per_second(c.rate_limit) for c in open_children), default=None)
+    if active <= len(explicit):
+        total = sum(explicit[:active])
+        return _Sum(total, per_client, f"largest {active} of {len(explicit)} named clients")
+    others = active - len(explicit)
+    if per_client is None:
+        return _Sum(sum(explicit), None, f"{len(explicit)} named clients")
+    open_part = per_client * others if per_client > 0 else 0.0
+    if not explicit:
+        return _Sum(open_part, per_client, f"{rate(per_client)} x {active} active clients")
+    named = f"{len(explicit)} named clients {rate(sum(explicit))}"
+    return _Sum(
+        sum(explicit) + open_part,
+        per_client,
+        f"{named} + {rate(per_client)} x {others} other active clients",
+    )
+
+
+def classify_cap(domain: Domain, cap: Rule) -> Classification:
+    """The classification of one ``fair_share`` cap."""
+    assert cap.fair_share is not None and cap.rate_limit is not None
+    active = cap.fair_share.active_clients
+    cap_rate = cap.rate_limit.per_second
+    needed = _required(cap, active)
+    figures = (
+        f"global cap {rate(cap_rate)} %s sum of per-client limits "
+        f"{rate(needed.required)} ({needed.explanation})"
+    )
+    if cap_rate >= needed.required:
+        mode = Mode.PER_CLIENT_BUCKETS
+        message = "per-client-buckets: " + figures % ">="
+    else:
+        mode = Mode.WEIGHTED_FAIR_QUEUE
+        message = figures % "<" + ": contention shifts to the cap"
+    return Classification(
+        domain.source,
+        cap.path,
+        mode,
+        message,
+        cap_rate,
+        needed.required,
+        needed.per_client,
+        active,
+    )
+
+
+GLOBAL_BUCKET_MESSAGE = (
+    "global bucket only: allocation is arrival-order dependent; one client can starve the "
+    "rest (hint: add fair_share over per-client children)"
+)
+
+
+def _classify_domain(domain: Domain) -> Iterator[Classification]:
+    for rule, ancestors in walk(domain.rules):
+        if rule.fair_share is not None and rule.rate_limit is not None:
+            yield classify_cap(domain, rule)
+            continue
+        limit = rule.rate_limit
+        if limit is None or limit.unlimited:
+            continue
+        under_cap = any(a.fair_share is not None for a in ancestors)
+        fixed_path = rule.is_fixed and all(a.is_fixed for a in ancestors)
+        if fixed_path and not under_cap:
+            yield Classification(
+                domain.source,
+                rule.path,
+                Mode.GLOBAL_BUCKET_ONLY,
+                GLOBAL_BUCKET_MESSAGE,
+                limit.per_second,
+            )
+
+
+def classify(config: Config) -> list[Classification]:
+    """Every cap and every global-only bucket of ``config``, in file and tree order."""
+    out: list[Classification] = []
+    for name in sorted(config.domains):
+        out.extend(_classify_domain(config.domains[name]))
+    return out

@@ -1,0 +1,44 @@
+"""The exception tree of fairlimit; imports nothing.
+
+::
+
+    FairlimitError
+    ├── ConfigError            a descriptor file or rule is unusable (FILE: PATH: message)
+    │   ├── ConfigUnreadable   a path is missing, unreadable or not YAML at all
+    │   └── ConfigWarningError a warning promoted to an error by --strict
+    ├── RequestError           a ShouldRateLimit request is malformed (INVALID_ARGUMENT)
+    ├── StoreUnavailable       the backend cannot answer now (failure mode decides)
+    └── SettingsError          a flag or environment variable is unusable
+"""
+
+
+class FairlimitError(Exception):
+    """Base of every error fairlimit raises on purpose."""
+
+
+class ConfigError(FairlimitError):
+    """A descriptor configuration is unusable; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class ConfigUnreadable(ConfigError):
+    """A config path cannot be read or parsed at all (``check`` exits 2)."""
+
+
+class ConfigWarningError(ConfigError):
+    """A classification warning that ``--strict`` turns into a load error."""
+
+
+class RequestError(FairlimitError):
+    """The request cannot be answered as asked (maps to INVALID_ARGUMENT)."""
+
+
+class StoreUnavailable(FairlimitError):
+    """The backend did not answer; the failure mode decides what the caller sees."""
+
+
+class SettingsError(FairlimitError):
+    """A command-line flag or FAIRLIMIT_* variable has an unusable value."""

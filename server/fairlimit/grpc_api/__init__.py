@@ -1,0 +1,1 @@
+"""The gRPC adapter: the only package that imports grpc and the generated protobuf code."""

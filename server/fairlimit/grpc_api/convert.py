@@ -1,0 +1,63 @@
+"""Pure translation between Envoy's RLS v3 messages and the core's request and decision."""
+
+import math
+
+from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
+from fairlimit.core.admission import Code, Descriptor, Request, Status
+from fairlimit.core.rules import RateLimit
+from fairlimit.core.units import Unit
+from fairlimit.errors import RequestError
+from fairlimit.limiter import Decision
+
+# envoy.type.v3.RateLimitUnit and RateLimitResponse.RateLimit.Unit share their numbers.
+_UNIT_BY_NUMBER = {1: Unit.SECOND, 2: Unit.MINUTE, 3: Unit.HOUR, 4: Unit.DAY, 5: Unit.MONTH,
+                   6: Unit.YEAR, 7: Unit.WEEK}  # fmt: skip
+_CODES = {
+    Code.OK: rls_pb2.RateLimitResponse.OK,
+    Code.OVER_LIMIT: rls_pb2.RateLimitResponse.OVER_LIMIT,
+}
+
+
+def _override(descriptor: ratelimit_pb2.RateLimitDescriptor, index: int) -> RateLimit | None:
+    if not descriptor.HasField("limit"):
+        return None
+    unit = _UNIT_BY_NUMBER.get(int(descriptor.limit.unit))
+    if unit is None:
+        raise RequestError(f"descriptor {index}: limit override has unit UNKNOWN")
+    return RateLimit(int(descriptor.limit.requests_per_unit), unit)
+
+
+def request_from_proto(message: rls_pb2.RateLimitRequest) -> Request:
+    """A RateLimitRequest as the core sees it; RequestError for what cannot be honoured."""
+    descriptors = []
+    for index, descriptor in enumerate(message.descriptors):
+        hits = int(descriptor.hits_addend.value) if descriptor.HasField("hits_addend") else None
+        entries = tuple((str(e.key), str(e.value)) for e in descriptor.entries)
+        descriptors.append(Descriptor(entries, _override(descriptor, index), hits))
+    return Request(str(message.domain), tuple(descriptors), int(message.hits_addend))
+
+
+def _status_to_proto(status: Status) -> rls_pb2.RateLimitResponse.DescriptorStatus:
+    out = rls_pb2.RateLimitResponse.DescriptorStatus(
+        code=_CODES[status.code], limit_remaining=min(status.limit_remaining, 0xFFFFFFFF)
+    )
+    limit = status.current_limit
+    if limit is not None:
+        out.current_limit.requests_per_unit = limit.requests_per_unit
+        out.current_limit.unit = rls_pb2.RateLimitResponse.RateLimit.Unit.Value(limit.unit.name)
+        if limit.name:
+            out.current_limit.name = limit.name
+    if status.duration_until_reset > 0:
+        seconds = math.floor(status.duration_until_reset)
+        out.duration_until_reset.seconds = seconds
+        out.duration_until_reset.nanos = int((status.duration_until_reset - seconds) * 1e9)
+    return out
+
+
+def response_to_proto(decision: Decision) -> rls_pb2.RateLimitResponse:
+    """The RateLimitResponse Envoy reads its verdict and X-RateLimit headers from."""
+    return rls_pb2.RateLimitResponse(
+        overall_code=_CODES[decision.code],
+        statuses=[_status_to_proto(s) for s in decision.statuses],
+    )

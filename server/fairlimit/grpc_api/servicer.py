@@ -1,0 +1,78 @@
+"""The RateLimitService servicer and the grpc.aio server around it."""
+
+import logging
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from fairlimit.errors import RequestError, StoreUnavailable
+from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
+from fairlimit.limiter import Limiter
+
+log = logging.getLogger(__name__)
+
+RLS_SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
+
+# Our errors -> gRPC codes, in one place. A backend failure is UNAVAILABLE, never UNKNOWN:
+# Envoy's ratelimit filter lets a call through on UNKNOWN whatever failure_mode_deny says,
+# while UNAVAILABLE leaves the verdict to failure_mode_deny as the operator configured it.
+_STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    (RequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
+)
+
+
+class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[misc]  # generated base is untyped
+    """ShouldRateLimit through the limiter; every failure becomes a definite status."""
+
+    def __init__(self, limiter: Limiter) -> None:
+        self.limiter = limiter
+
+    async def ShouldRateLimit(  # the name is the RPC's
+        self, request: rls_pb2.RateLimitRequest, context: grpc.aio.ServicerContext
+    ) -> rls_pb2.RateLimitResponse:
+        try:
+            decision = await self.limiter.should_rate_limit(request_from_proto(request))
+        except Exception as exc:
+            code = next((c for kind, c in _STATUS_CODES if isinstance(exc, kind)), None)
+            if code is None:
+                log.exception("ShouldRateLimit failed")
+                code = grpc.StatusCode.INTERNAL
+            await context.abort(code, str(exc) or type(exc).__name__)
+            raise  # abort raises; this line only satisfies the type checker
+        return response_to_proto(decision)
+
+
+class GrpcServer:
+    """The gRPC server: RLS, health (NOT_SERVING while draining) and reflection."""
+
+    def __init__(self, limiter: Limiter, address: str) -> None:
+        self.server = grpc.aio.server()
+        rls_pb2_grpc.add_RateLimitServiceServicer_to_server(RateLimitServicer(limiter), self.server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = (
+            rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        )
+        reflection.enable_server_reflection(names, self.server)
+        self.port = self.server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC address {address}")
+
+    async def start(self) -> None:
+        await self.server.start()
+        for name in ("", RLS_SERVICE):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def drain(self, grace: float) -> None:
+        """Say NOT_SERVING, let in-flight calls finish within ``grace`` seconds, stop."""
+        for name in ("", RLS_SERVICE):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(grace)
+
+    async def wait(self) -> None:
+        await self.server.wait_for_termination()
