@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# fairlimit container image.
+#
+#   docker build -t fairlimit .
+#   docker run --rm -p 8081:8081 -p 8080:8080 fairlimit
+#
+# The runtime stage runs as uid 10001, writes nothing outside /tmp and works with a
+# read-only root filesystem (the Helm chart mounts an emptyDir at /tmp).
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/fairlimit
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY server ./server
+# pip compiles the .pyc files here, so the read-only runtime never needs to write them.
+RUN /opt/fairlimit/bin/pip install .
+
+FROM ${PYTHON_IMAGE} AS runtime
+LABEL org.opencontainers.image.title="fairlimit" \
+      org.opencontainers.image.description="Envoy-compatible gRPC rate-limit server with fair, hierarchical caps" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 fairlimit \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home \
+        --home-dir /nonexistent --shell /usr/sbin/nologin fairlimit
+COPY --from=builder /opt/fairlimit /opt/fairlimit
+# The same descriptors the package bundles, at a fixed path that the chart's ConfigMap
+# mount replaces; FAIRLIMIT_CONFIG points there so `docker run fairlimit` serves them.
+COPY descriptors /etc/fairlimit/descriptors
+ENV PATH=/opt/fairlimit/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    FAIRLIMIT_CONFIG=/etc/fairlimit/descriptors
+USER 10001:10001
+WORKDIR /tmp
+# 8081: gRPC (RateLimitService, grpc.health.v1, reflection); 8080: HTTP admin.
+EXPOSE 8081 8080
+# Asks the gRPC health service (overall status, service "") on the default gRPC port;
+# it turns unhealthy while the server drains after SIGTERM.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
+    CMD ["python", "-c", "import sys, grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; r = g.HealthStub(grpc.insecure_channel('127.0.0.1:8081')).Check(h.HealthCheckRequest(service=''), timeout=2); sys.exit(0 if r.status == h.HealthCheckResponse.SERVING else 1)"]
+ENTRYPOINT ["fairlimit"]
+# The admin port binds all interfaces in a container so that probes and scrapers reach it.
+CMD ["serve", "--admin-addr", "0.0.0.0:8080"]
