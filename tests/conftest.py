@@ -69,9 +69,7 @@ LimiterFactory = Callable[..., Limiter]
 
 
 @pytest.fixture
-def make_limiter(
-    store: Store, clock: FakeClock, tmp_path: Path
-) -> Callable[..., Limiter]:
+def make_limiter(store: Store, clock: FakeClock, tmp_path: Path) -> Callable[..., Limiter]:
     """Build a limiter over the parametrized store from descriptor YAML text."""
 
     def make(text: str, **options: object) -> Limiter:

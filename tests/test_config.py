@@ -1,0 +1,162 @@
+"""Loading descriptor YAML: every error as FILE: PATH: message, all or nothing."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import load_text
+from fairlimit.config.loader import load
+from fairlimit.core.units import Unit
+from fairlimit.core.validation import Mode
+from fairlimit.errors import ConfigError, ConfigUnreadable, ConfigWarningError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _expected(path: Path) -> list[str]:
+    lines = re.findall(r"^# expect: (.*)$", path.read_text(), re.MULTILINE)
+    return [line.replace("{file}", str(path)) for line in lines]
+
+
+class TestErrorFixtures:
+    @pytest.mark.parametrize(
+        "path", sorted((FIXTURES / "config").glob("*.yaml")), ids=lambda p: p.stem
+    )
+    def test_each_fixture_is_rejected_with_its_exact_message(self, path: Path) -> None:
+        """Each broken file is rejected with exactly the lines it declares."""
+        with pytest.raises(ConfigError) as caught:
+            load([path])
+        assert caught.value.problems == _expected(path)
+
+
+class TestClassificationFixtures:
+    @pytest.mark.parametrize(
+        "path", sorted((FIXTURES / "validation").glob("*.yaml")), ids=lambda p: p.stem
+    )
+    def test_each_cap_is_classified_with_its_exact_message(self, path: Path) -> None:
+        """Every cap and shared bucket gets the mode and message the fixture declares."""
+        loaded = load([path])
+        got = [f"{c.mode.value} {c.line}" for c in loaded.classifications]
+        assert got == _expected(path)
+
+    @pytest.mark.parametrize(
+        "path", sorted((FIXTURES / "validation").glob("*.yaml")), ids=lambda p: p.stem
+    )
+    def test_strict_turns_exactly_the_warnings_into_errors(self, path: Path) -> None:
+        """--strict rejects a file with warnings, listing them, and accepts a clean one."""
+        warnings = [c.line for c in load([path]).classifications if c.is_warning]
+        if not warnings:
+            assert load([path], strict=True).config.domains
+            return
+        with pytest.raises(ConfigWarningError) as caught:
+            load([path], strict=True)
+        assert caught.value.problems == warnings
+
+
+class TestLoading:
+    def test_full_upstream_format_is_accepted(self, tmp_path: Path) -> None:
+        """Every envoyproxy/ratelimit field loads with its meaning."""
+        loaded = load_text(
+            tmp_path,
+            """
+            domain: mongo_cps
+            descriptors:
+              - key: database
+                value: users
+                rate_limit: {unit: second, requests_per_unit: 500, name: users}
+                shadow_mode: true
+                detailed_metric: true
+              - key: database
+                value: "default*"
+                rate_limit:
+                  unit: WEEK
+                  requests_per_unit: 3
+                  replaces: [{name: users}]
+              - key: message_type
+                value: 42
+                descriptors:
+                  - key: to_number
+                    rate_limit: {unit: year, requests_per_unit: 1}
+              - key: health
+                rate_limit: {unlimited: true}
+            """,
+        )
+        rules = loaded.config.domains["mongo_cps"].rules
+        assert rules[0].shadow_mode and rules[0].detailed_metric
+        assert rules[0].rate_limit is not None and rules[0].rate_limit.name == "users"
+        assert rules[1].is_wildcard and rules[1].rate_limit is not None
+        assert rules[1].rate_limit.unit is Unit.WEEK and rules[1].rate_limit.replaces == ("users",)
+        assert (
+            rules[2].value == "42"
+            and rules[2].children[0].path == "mongo_cps/message_type=42/to_number"
+        )
+        assert rules[3].rate_limit is not None and rules[3].rate_limit.unlimited
+
+    def test_all_units_have_their_upstream_lengths(self) -> None:
+        """Month is 30 days and year 365, as envoyproxy/ratelimit counts them."""
+        assert [u.seconds for u in Unit] == [1, 60, 3600, 86400, 604800, 2592000, 31536000]
+
+    def test_directory_loads_its_yaml_files_only(self, tmp_path: Path) -> None:
+        """A directory contributes its *.yaml and *.yml files, not others or subfolders."""
+        (tmp_path / "a.yaml").write_text("domain: a\ndescriptors: []\n")
+        (tmp_path / "b.yml").write_text("domain: b\ndescriptors: []\n")
+        (tmp_path / "notes.txt").write_text("not yaml: [")
+        (tmp_path / "sub").mkdir()
+        (tmp_path / "sub" / "c.yaml").write_text("domain: c\n")
+        assert sorted(load([tmp_path]).config.domains) == ["a", "b"]
+
+    def test_duplicate_domain_across_files_is_rejected(self, tmp_path: Path) -> None:
+        """Two files may not define the same domain."""
+        (tmp_path / "a.yaml").write_text("domain: x\ndescriptors: []\n")
+        (tmp_path / "b.yaml").write_text("domain: x\ndescriptors: []\n")
+        with pytest.raises(ConfigError) as caught:
+            load([tmp_path])
+        assert caught.value.problems == [
+            f"{tmp_path / 'b.yaml'}: x: duplicate domain 'x' (first in {tmp_path / 'a.yaml'})"
+        ]
+
+    def test_one_bad_file_rejects_the_whole_set(self, tmp_path: Path) -> None:
+        """Loading is all or nothing: a good file does not load beside a bad one."""
+        (tmp_path / "good.yaml").write_text("domain: good\ndescriptors: []\n")
+        (tmp_path / "bad.yaml").write_text("domain: bad\nextra: 1\n")
+        with pytest.raises(ConfigError):
+            load([tmp_path])
+
+    def test_missing_path_is_unusable_input(self, tmp_path: Path) -> None:
+        """A path that does not exist is reported as unreadable, not as a rule problem."""
+        with pytest.raises(ConfigUnreadable) as caught:
+            load([tmp_path / "nope.yaml"])
+        assert caught.value.problems == [
+            f"{tmp_path / 'nope.yaml'}: (file): no such file or directory"
+        ]
+
+    def test_fair_share_loads_weights_and_active_clients(self, tmp_path: Path) -> None:
+        """fair_share keeps active_clients and per-client weights (default 1)."""
+        loaded = load_text(
+            tmp_path,
+            """
+            domain: edge
+            descriptors:
+              - key: route
+                value: public
+                rate_limit: {unit: second, requests_per_unit: 1000}
+                fair_share: {active_clients: 10, weights: {batch-etl: 1, checkout: 3}}
+                descriptors:
+                  - key: client_id
+                    rate_limit: {unit: second, requests_per_unit: 100}
+            """,
+        )
+        fair = loaded.config.domains["edge"].rules[0].fair_share
+        assert fair is not None and fair.active_clients == 10
+        assert (fair.weight("checkout"), fair.weight("batch-etl"), fair.weight("other")) == (
+            3,
+            1,
+            1,
+        )
+        assert [c.mode for c in loaded.classifications] == [Mode.PER_CLIENT_BUCKETS]
+
+    def test_bundled_descriptors_load_strictly(self) -> None:
+        """The descriptors fairlimit ships pass --strict."""
+        loaded = load([Path(__file__).parents[1] / "descriptors"], strict=True)
+        assert "edge" in loaded.config.domains
