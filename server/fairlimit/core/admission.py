@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fairlimit.core.matching import Entry, Matcher
+from fairlimit.core.matching import Entry, Match, Matcher
 from fairlimit.core.rules import RateLimit, Rule
 from fairlimit.core.units import seconds_until_reset
 from fairlimit.errors import RequestError
@@ -146,22 +146,26 @@ class _Builder:
 
 
 def _cap_levels(
-    builder: _Builder, domain: str, entries: Sequence[Entry], trail: Sequence[Rule], hits: int
+    builder: _Builder,
+    request: Request,
+    descriptor: Descriptor,
+    trail: Sequence[Rule],
+    replaced: set[str],
 ) -> list[Level]:
     levels: list[Level] = []
+    entries, hits = descriptor.entries, request.hits_for(descriptor)
     for depth, cap in enumerate(trail[:-1]):
-        if cap.fair_share is None or cap.rate_limit is None:
-            continue
         limit = cap.rate_limit
-        key = counter_key(domain, entries[: depth + 1], limit.window)
-        child = trail[depth + 1]
-        client = entries[depth + 1][1]
-        child_limit = child.rate_limit
+        if cap.fair_share is None or limit is None or limit.name in replaced:
+            continue
+        key = counter_key(request.domain, entries[: depth + 1], limit.window)
+        child_limit = trail[depth + 1].rate_limit
         per_client = (
             math.inf
             if child_limit is None or child_limit.unlimited
             else child_limit.per_second * limit.window
         )
+        client = entries[depth + 1][1]
         share = Share(
             key,
             client,
@@ -178,35 +182,46 @@ def _cap_levels(
     return levels
 
 
+def _descriptor_plan(
+    builder: _Builder,
+    request: Request,
+    descriptor: Descriptor,
+    match: Match | None,
+    replaced: set[str],
+) -> DescriptorPlan:
+    rule = match.rule if match else None
+    limit = descriptor.limit or (rule.rate_limit if rule else None)
+    if limit is not None and limit.unlimited:
+        return DescriptorPlan(rule, (), unlimited=True)
+    levels: list[Level] = []
+    if limit is not None and limit.name not in replaced:
+        key = counter_key(request.domain, descriptor.entries, limit.window)
+        shadow = rule is not None and rule.shadow_mode and descriptor.limit is None
+        counter = builder.counter(key, limit, request.hits_for(descriptor), shadow)
+        levels.append(Level(counter, None, limit, rule))
+    if match is not None:
+        levels.extend(_cap_levels(builder, request, descriptor, match.trail, replaced))
+    return DescriptorPlan(rule, tuple(levels))
+
+
 def plan(request: Request, matcher: Matcher) -> Plan:
-    """What ``request`` charges under the configuration of ``matcher``."""
-    builder = _Builder()
-    drafts: list[tuple[Rule | None, RateLimit | None, list[Level]]] = []
+    """What ``request`` charges under the configuration of ``matcher``.
+
+    Each descriptor charges its matched limit (or the request's override) and every
+    ``fair_share`` cap above it; limits named in any charged limit's ``replaces`` drop out.
+    """
     if not matcher.has_domain(request.domain):
         return Plan(tuple(DescriptorPlan(None, ()) for _ in request.descriptors), (), ())
-    for descriptor in request.descriptors:
-        hits = request.hits_for(descriptor)
-        match = matcher.match(request.domain, descriptor.entries)
-        rule = match.rule if match else None
-        limit = descriptor.limit or (rule.rate_limit if rule else None)
-        levels: list[Level] = []
-        if limit is not None and not limit.unlimited:
-            key = counter_key(request.domain, descriptor.entries, limit.window)
-            shadow = rule.shadow_mode if rule and descriptor.limit is None else False
-            levels.append(Level(builder.counter(key, limit, hits, shadow), None, limit, rule))
-        if match is not None and (limit is None or not limit.unlimited):
-            levels.extend(
-                _cap_levels(builder, request.domain, descriptor.entries, match.trail, hits)
-            )
-        drafts.append((rule, limit, levels))
-    replaced = {name for _, lim, _ in drafts if lim for name in lim.replaces}
+    matches = [matcher.match(request.domain, d.entries) for d in request.descriptors]
+    replaced: set[str] = set()
+    for descriptor, match in zip(request.descriptors, matches, strict=True):
+        limit = descriptor.limit or (match.rule.rate_limit if match else None)
+        if limit is not None:
+            replaced.update(limit.replaces)
+    builder = _Builder()
     plans = tuple(
-        DescriptorPlan(
-            rule,
-            tuple(lv for lv in levels if lv.limit.name is None or lv.limit.name not in replaced),
-            unlimited=limit is not None and limit.unlimited,
-        )
-        for rule, limit, levels in drafts
+        _descriptor_plan(builder, request, d, m, replaced)
+        for d, m in zip(request.descriptors, matches, strict=True)
     )
     return Plan(plans, tuple(builder.counters.values()), tuple(builder.shares.values()))
 

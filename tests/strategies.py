@@ -1,0 +1,45 @@
+"""Shared Hypothesis strategies: rule trees and request entries drawn from them."""
+
+from hypothesis import strategies as st
+
+from fairlimit.core.rules import RateLimit, Rule
+from fairlimit.core.units import Unit
+
+KEYS = st.sampled_from(["a", "b", "a_b", "k"])
+VALUES = st.sampled_from(["x", "y", "x_y", "xy", "", "ü", "x*", "*y", "*"])
+PLAIN_VALUES = st.sampled_from(["x", "y", "x_y", "xy", "ü", "zz", "x/=y"])
+
+
+@st.composite
+def rule_trees(draw: st.DrawFn, depth: int = 3) -> tuple[Rule, ...]:
+    """A level of rules with unique (key, value) pairs, nested up to ``depth``."""
+    count = draw(st.integers(0, 4))
+    rules: dict[tuple[str, str | None], Rule] = {}
+    for _ in range(count):
+        key = draw(KEYS)
+        raw = draw(st.one_of(st.none(), VALUES))
+        value = None if raw in (None, "") else raw
+        if (key, value) in rules:
+            continue
+        children = draw(rule_trees(depth - 1)) if depth > 1 else ()
+        limit = RateLimit(draw(st.integers(0, 5)), Unit.SECOND)
+        rules[(key, value)] = Rule(key, value, f"d/{key}={value}", "f", limit, children=children)
+    return tuple(rules.values())
+
+
+@st.composite
+def entries_lists(draw: st.DrawFn, rules: tuple[Rule, ...]) -> list[tuple[str, str]]:
+    """Entries that often follow the tree and sometimes stray from it."""
+    entries: list[tuple[str, str]] = []
+    level = rules
+    for _ in range(draw(st.integers(1, 4))):
+        if level and draw(st.booleans()):
+            rule = draw(st.sampled_from(level))
+            plain = rule.value is None or "*" in rule.value
+            value = draw(PLAIN_VALUES) if plain else str(rule.value)
+            entries.append((rule.key, value))
+            level = rule.children
+        else:
+            entries.append((draw(KEYS), draw(PLAIN_VALUES)))
+            level = ()
+    return entries

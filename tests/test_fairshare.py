@@ -1,0 +1,176 @@
+"""Weighted water-filling and the fairness figures (pure core), with Hypothesis properties."""
+
+import asyncio
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairlimit.config.loader import Loaded, parse_domain
+from fairlimit.core.admission import Code
+from fairlimit.core.fairshare import fairness_figures, grants, jain_index, water_level
+from fairlimit.core.rules import Config
+from fairlimit.limiter import Limiter
+from fairlimit.store.memory import MemoryStore
+from helpers import desc, req
+
+amounts = st.floats(0, 1000, allow_nan=False)
+weights = st.floats(0.1, 10, allow_nan=False)
+
+
+@st.composite
+def allocations(draw: st.DrawFn) -> tuple[list[float], list[float], list[float], float]:
+    n = draw(st.integers(1, 12))
+    demands = draw(st.lists(amounts, min_size=n, max_size=n))
+    limits = draw(st.lists(amounts, min_size=n, max_size=n))
+    ws = draw(st.lists(weights, min_size=n, max_size=n))
+    return demands, limits, ws, draw(st.floats(0, 5000, allow_nan=False))
+
+
+class TestWaterFilling:
+    def test_uncontended_level_is_infinite(self) -> None:
+        """When every capped demand fits, λ is infinite and everyone gets it all."""
+        assert water_level([10, 20], [50, 50], [1, 1], 100) == math.inf
+        assert grants([10, 20], [50, 50], [1, 1], 100) == [10, 20]
+
+    def test_small_demands_are_met_and_the_rest_split(self) -> None:
+        """Max-min: the small client is met, the big ones split what is left."""
+        assert grants([5, 50, 50], [30, 30, 30], [1, 1, 1], 45) == [5, 20, 20]
+
+    def test_weights_scale_the_split(self) -> None:
+        """Weight 3 gets three times weight 1 when both are saturated."""
+        assert grants([100, 100], [100, 100], [3, 1], 100) == [75, 25]
+
+    @given(allocations())
+    def test_grants_fill_the_cap_or_every_capped_demand(
+        self, case: tuple[list[float], list[float], list[float], float]
+    ) -> None:
+        """sum of grants = min(C, sum of capped demands); no grant exceeds d_i or L_i."""
+        demands, limits, ws, capacity = case
+        got = grants(demands, limits, ws, capacity)
+        wanted = sum(min(d, lim) for d, lim in zip(demands, limits, strict=True))
+        assert sum(got) == pytest.approx(min(capacity, wanted), rel=1e-9, abs=1e-6)
+        for g, d, lim in zip(got, demands, limits, strict=True):
+            assert -1e-9 <= g <= min(d, lim) + 1e-9
+
+    @given(allocations())
+    def test_no_client_can_gain_without_a_poorer_one_losing(
+        self, case: tuple[list[float], list[float], list[float], float]
+    ) -> None:
+        """Max-min: a client short of its want has the highest normalised grant of all
+        clients that are short (no one with a larger normalised grant could give to it)."""
+        demands, limits, ws, capacity = case
+        got = grants(demands, limits, ws, capacity)
+        wants = [min(d, lim) for d, lim in zip(demands, limits, strict=True)]
+        short = [g / w for g, want, w in zip(got, wants, ws, strict=True) if g < want - 1e-6]
+        everyone = [g / w for g, w in zip(got, ws, strict=True)]
+        for level in short:
+            assert level >= max(everyone) - 1e-6
+
+    @given(allocations(), st.floats(0.5, 4))
+    def test_scaling_all_weights_changes_nothing(
+        self, case: tuple[list[float], list[float], list[float], float], k: float
+    ) -> None:
+        """Only the ratio of weights matters."""
+        demands, limits, ws, capacity = case
+        a = grants(demands, limits, ws, capacity)
+        b = grants(demands, limits, [w * k for w in ws], capacity)
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-6)
+
+
+class TestFigures:
+    def test_jain_index_bounds(self) -> None:
+        """1 for equal shares, 1/n when one client has everything."""
+        assert jain_index([1, 1, 1, 1]) == pytest.approx(1)
+        assert jain_index([1, 0, 0, 0]) == pytest.approx(0.25)
+
+    def test_global_bucket_starvation_reads_as_unfair(self) -> None:
+        """The section 1 split (batch takes nearly all) gives a low index and starved clients."""
+        demands = [5000.0] + [50.0] * 9
+        admitted = [990.0] + [1.0] * 9
+        figures = fairness_figures(demands, admitted, [1000.0] * 10, [1.0] * 10, 1000)
+        assert figures.jain_index < 0.2 and figures.starved_clients == 9
+        assert figures.top_client_share == pytest.approx(990 / 999)
+
+    def test_fair_split_reads_as_fair(self) -> None:
+        """Per-client buckets: everyone at its fair amount, index 1, none starved."""
+        demands = [5000.0] + [50.0] * 9
+        admitted = [100.0] + [50.0] * 9
+        figures = fairness_figures(demands, admitted, [100.0] * 10, [1.0] * 10, 1000)
+        assert figures.jain_index == pytest.approx(1) and figures.starved_clients == 0
+        assert figures.utilization == pytest.approx(0.55)
+
+
+CONFIG = """
+domain: d
+descriptors:
+  - key: cap
+    value: c
+    rate_limit: {unit: second, requests_per_unit: 5}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 3}
+  - key: flat
+    rate_limit: {unit: second, requests_per_unit: 2}
+"""
+
+descriptor_choices = st.sampled_from(
+    [
+        ("cap=c", "user=a"),
+        ("cap=c", "user=b"),
+        ("cap=c", "user=c"),
+        ("flat=x",),
+        ("flat=y",),
+        ("cap=c",),
+    ]
+)
+requests = st.lists(
+    st.tuples(
+        st.lists(descriptor_choices, min_size=1, max_size=3), st.integers(0, 3), st.booleans()
+    ),
+    max_size=40,
+)
+
+
+class TestAllOrNothingProperty:
+    @settings(max_examples=60, deadline=None)
+    @given(requests)
+    def test_counters_move_only_for_admitted_requests(
+        self, steps: list[tuple[list[tuple[str, ...]], int, bool]]
+    ) -> None:
+        """Over any request sequence: limits hold, and a rejected request changes no remaining."""
+        domain = parse_domain(CONFIG, "p.yaml")
+        limiter = Limiter(Loaded(Config.of([domain]), (), ()), MemoryStore(), _Clock())
+
+        async def run() -> None:
+            probes = [req("d", desc(*p, hits=0)) for p in [("cap=c",), ("flat=x",), ("flat=y",)]]
+            for descriptors, hits, tick in steps:
+                if tick:
+                    limiter.clock.advance(1.0)  # type: ignore[attr-defined]
+                before = [
+                    (await limiter.should_rate_limit(p)).statuses[0].limit_remaining for p in probes
+                ]
+                out = await limiter.should_rate_limit(
+                    req("d", *[desc(*d) for d in descriptors], hits=hits)
+                )
+                after = [
+                    (await limiter.should_rate_limit(p)).statuses[0].limit_remaining for p in probes
+                ]
+                if out.code is Code.OVER_LIMIT:
+                    assert after == before
+                assert all(r >= 0 for r in after)
+
+        asyncio.run(run())
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds

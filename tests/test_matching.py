@@ -1,0 +1,140 @@
+"""Matching request entries to rules, as envoyproxy/ratelimit walks its tree."""
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import load_text
+from fairlimit.core.matching import Matcher
+from fairlimit.core.rules import Config, Domain, Rule
+from strategies import entries_lists, rule_trees
+
+TREE = """
+domain: d
+descriptors:
+  - key: k
+    value: exact
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: k
+    value: "ex*"
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: k
+    value: "*act"
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: k
+    value: "a*b*c"
+    rate_limit: {unit: second, requests_per_unit: 4}
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 5}
+    descriptors:
+      - key: sub
+        rate_limit: {unit: second, requests_per_unit: 6}
+  - key: a_b
+    value: c
+    rate_limit: {unit: second, requests_per_unit: 7}
+  - key: parent
+    value: p
+    rate_limit: {unit: second, requests_per_unit: 8}
+    descriptors:
+      - key: child
+        value: only
+        rate_limit: {unit: second, requests_per_unit: 9}
+"""
+
+
+def _limit(tmp_path: Path, *entries: tuple[str, str]) -> int | None:
+    matcher = Matcher(load_text(tmp_path, TREE).config)
+    found = matcher.match("d", entries)
+    if found is None or found.rule.rate_limit is None:
+        return None
+    return found.rule.rate_limit.requests_per_unit
+
+
+class TestPrecedence:
+    def test_exact_value_wins_over_wildcards(self, tmp_path: Path) -> None:
+        """An exact value is chosen even when a wildcard also matches."""
+        assert _limit(tmp_path, ("k", "exact")) == 1
+
+    def test_wildcards_apply_in_declaration_order(self, tmp_path: Path) -> None:
+        """Of two matching wildcards the one declared first applies."""
+        assert _limit(tmp_path, ("k", "exact-ish")) == 2
+        assert _limit(tmp_path, ("k", "react")) == 3
+
+    def test_wildcard_star_anywhere(self, tmp_path: Path) -> None:
+        """A '*' may stand anywhere in the value, and for any run of characters."""
+        assert _limit(tmp_path, ("k", "a--b--c")) == 4
+        assert _limit(tmp_path, ("k", "abc")) == 4
+
+    def test_value_less_key_is_the_fallback(self, tmp_path: Path) -> None:
+        """A value no exact or wildcard rule takes falls to the value-less key."""
+        assert _limit(tmp_path, ("k", "zzz")) == 5
+
+
+class TestDepth:
+    def test_limit_applies_only_at_exact_depth(self, tmp_path: Path) -> None:
+        """A descriptor deeper than the tree matches nothing, not the parent's limit."""
+        assert _limit(tmp_path, ("parent", "p")) == 8
+        assert _limit(tmp_path, ("parent", "p"), ("child", "only")) == 9
+        assert _limit(tmp_path, ("parent", "p"), ("child", "only"), ("x", "y")) is None
+
+    def test_no_backtracking_to_a_sibling(self, tmp_path: Path) -> None:
+        """Once 'k=exact' is chosen, its missing child is not looked up under the 'k' rule."""
+        assert _limit(tmp_path, ("k", "zzz"), ("sub", "1")) == 6
+        assert _limit(tmp_path, ("k", "exact"), ("sub", "1")) is None
+
+    def test_no_fallback_to_a_parent_limit(self, tmp_path: Path) -> None:
+        """An unknown child under a limited parent gets no limit at all."""
+        assert _limit(tmp_path, ("parent", "p"), ("child", "other")) is None
+
+
+class TestSeparateStrings:
+    def test_keys_and_values_never_join(self, tmp_path: Path) -> None:
+        """(a_b, c) matches its rule; (a, b_c) does not collide with it."""
+        assert _limit(tmp_path, ("a_b", "c")) == 7
+        assert _limit(tmp_path, ("a", "b_c")) is None
+
+
+def _glob(pattern: str, value: str) -> bool:
+    """'*' matches any run of characters: the pieces must appear in order, anchored."""
+    first, *middle, last = pattern.split("*")
+    if not value.startswith(first):
+        return False
+    rest = value[len(first) :]
+    for piece in middle:
+        at = rest.find(piece)
+        if at < 0:
+            return False
+        rest = rest[at + len(piece) :]
+    return len(rest) >= len(last) and rest.endswith(last)
+
+
+def _reference(rules: tuple[Rule, ...], entries: list[tuple[str, str]]) -> Rule | None:
+    """The matching rule of DESIGN.md section 3, written as plainly as possible."""
+    found: Rule | None = None
+    level = rules
+    for key, value in entries:
+        exact = [r for r in level if r.key == key and r.value == value and not r.is_wildcard]
+        wild = [r for r in level if r.key == key and r.is_wildcard and _glob(r.value or "", value)]
+        bare = [r for r in level if r.key == key and r.value is None]
+        candidates = exact or wild or bare
+        if not candidates:
+            return None
+        found = candidates[0]
+        level = found.children
+    return found
+
+
+class TestMatchingProperties:
+    @given(rule_trees(), st.data())
+    def test_matches_the_plain_reference(
+        self, rules: tuple[Rule, ...], data: st.DataObject
+    ) -> None:
+        """The indexed matcher agrees with a plain walk of the rule list."""
+        entries = data.draw(entries_lists(rules))
+        matcher = Matcher(Config.of([Domain("d", "f", rules)]))
+        got = matcher.match("d", entries)
+        expected = _reference(rules, entries) if entries else None
+        assert (got.rule if got else None) == expected
+        if got is not None:
+            assert [r.key for r in got.trail] == [k for k, _ in entries]
