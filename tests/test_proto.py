@@ -20,9 +20,10 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from google.protobuf import json_format
+
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from google.protobuf import json_format
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GENERATED = REPO_ROOT / "server" / "fairlimit" / "_proto"
