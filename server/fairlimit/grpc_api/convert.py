@@ -13,6 +13,10 @@ from fairlimit.limiter import Decision
 # envoy.type.v3.RateLimitUnit and RateLimitResponse.RateLimit.Unit share their numbers.
 _UNIT_BY_NUMBER = {1: Unit.SECOND, 2: Unit.MINUTE, 3: Unit.HOUR, 4: Unit.DAY, 5: Unit.MONTH,
                    6: Unit.YEAR, 7: Unit.WEEK}  # fmt: skip
+_RL = rls_pb2.RateLimitResponse.RateLimit
+_PROTO_UNITS = {Unit.SECOND: _RL.SECOND, Unit.MINUTE: _RL.MINUTE, Unit.HOUR: _RL.HOUR,
+                Unit.DAY: _RL.DAY, Unit.WEEK: _RL.WEEK, Unit.MONTH: _RL.MONTH,
+                Unit.YEAR: _RL.YEAR}  # fmt: skip
 _CODES = {
     Code.OK: rls_pb2.RateLimitResponse.OK,
     Code.OVER_LIMIT: rls_pb2.RateLimitResponse.OVER_LIMIT,
@@ -45,7 +49,7 @@ def _status_to_proto(status: Status) -> rls_pb2.RateLimitResponse.DescriptorStat
     limit = status.current_limit
     if limit is not None:
         out.current_limit.requests_per_unit = limit.requests_per_unit
-        out.current_limit.unit = rls_pb2.RateLimitResponse.RateLimit.Unit.Value(limit.unit.name)
+        out.current_limit.unit = _PROTO_UNITS[limit.unit]
         if limit.name:
             out.current_limit.name = limit.name
     if status.duration_until_reset > 0:

@@ -3,10 +3,11 @@
 import logging
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
 from fairlimit.limiter import Limiter
@@ -24,15 +25,33 @@ _STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
 )
 
 
-class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[misc]  # generated base is untyped
-    """ShouldRateLimit through the limiter; every failure becomes a definite status."""
+class RateLimitServicer:
+    """ShouldRateLimit through the limiter; every failure becomes a definite status.
+
+    The request arrives as bytes and is parsed here: grpc would answer UNKNOWN for a payload
+    it cannot deserialize, and Envoy lets UNKNOWN through; a corrupt request is our
+    INVALID_ARGUMENT.
+    """
 
     def __init__(self, limiter: Limiter) -> None:
         self.limiter = limiter
 
+    def handler(self) -> grpc.GenericRpcHandler:
+        method = grpc.unary_unary_rpc_method_handler(
+            self.ShouldRateLimit,
+            request_deserializer=None,
+            response_serializer=rls_pb2.RateLimitResponse.SerializeToString,
+        )
+        return grpc.method_handlers_generic_handler(RLS_SERVICE, {"ShouldRateLimit": method})
+
     async def ShouldRateLimit(  # the name is the RPC's
-        self, request: rls_pb2.RateLimitRequest, context: grpc.aio.ServicerContext
+        self, payload: bytes, context: grpc.aio.ServicerContext
     ) -> rls_pb2.RateLimitResponse:
+        try:
+            request = rls_pb2.RateLimitRequest.FromString(payload)
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {exc}")
+            raise  # abort raises; this line only satisfies the type checker
         try:
             decision = await self.limiter.should_rate_limit(request_from_proto(request))
         except Exception as exc:
@@ -50,7 +69,7 @@ class GrpcServer:
 
     def __init__(self, limiter: Limiter, address: str) -> None:
         self.server = grpc.aio.server()
-        rls_pb2_grpc.add_RateLimitServiceServicer_to_server(RateLimitServicer(limiter), self.server)
+        self.server.add_generic_rpc_handlers((RateLimitServicer(limiter).handler(),))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (

@@ -1,0 +1,73 @@
+"""Real fairlimit server processes for tests: 127.0.0.1, port 0, stopped by SIGTERM."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_PORT = re.compile(r"serving gRPC on \S+ \(port (\d+)\)")
+
+
+class ServerProcess:
+    """``python -m fairlimit serve ...`` with its log captured."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT / "server"), **(env or {})}
+        command = [sys.executable, "-m", "fairlimit", "serve", "--grpc-addr", "127.0.0.1:0",
+                   "--admin-addr", "127.0.0.1:0", *args]  # fmt: skip
+        self.process = subprocess.Popen(
+            command, env=full_env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+        )
+        self.lines: list[str] = []
+        self.grpc_port = self._wait_for_port(timeout=20.0)
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def _wait_for_port(self, timeout: float) -> int:
+        assert self.process.stderr is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.process.stderr.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            found = _PORT.search(line)
+            if found:
+                return int(found.group(1))
+        self.process.kill()
+        raise RuntimeError("fairlimit did not start:\n" + "".join(self.lines))
+
+    def _drain(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.append(line)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM, then wait; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@contextmanager
+def fairlimit_server(*args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    server = ServerProcess(list(args), env)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,199 @@
+"""The gRPC surface through real channels: RLS answers, error statuses, health, reflection, fuzz."""
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from servers import ROOT, ServerProcess
+
+RLS = rls_pb2.RateLimitResponse
+D = ratelimit_pb2.RateLimitDescriptor
+METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+
+def _request(
+    *pairs: tuple[str, str], domain: str = "edge", **fields: object
+) -> rls_pb2.RateLimitRequest:
+    entries = [D.Entry(key=k, value=v) for k, v in pairs]
+    return rls_pb2.RateLimitRequest(domain=domain, descriptors=[D(entries=entries, **fields)])
+
+
+@pytest.fixture(scope="module")
+def server() -> ServerProcess:
+    process = ServerProcess(["--config", str(ROOT / "descriptors")])
+    yield process  # type: ignore[misc]
+    assert process.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def channel(server: ServerProcess) -> grpc.Channel:
+    with grpc.insecure_channel(server.target) as ch:
+        yield ch  # type: ignore[misc]
+
+
+@pytest.fixture(scope="module")
+def stub(channel: grpc.Channel) -> rls_pb2_grpc.RateLimitServiceStub:
+    return rls_pb2_grpc.RateLimitServiceStub(channel)
+
+
+class TestShouldRateLimit:
+    def test_limit_then_over_limit_with_headers_filled(
+        self, stub: rls_pb2_grpc.RateLimitServiceStub
+    ) -> None:
+        """100 per second per client: OK with limit, remaining and reset, then OVER_LIMIT."""
+        for attempt in range(3):  # a window boundary between the calls spoils an attempt
+            client = ("client_id", f"grpc-test-{attempt}")
+            first = stub.ShouldRateLimit(_request(("route", "public"), client), timeout=5)
+            rest = stub.ShouldRateLimit(
+                _request(("route", "public"), client, hits_addend={"value": 99}), timeout=5
+            )
+            over = stub.ShouldRateLimit(_request(("route", "public"), client), timeout=5)
+            resets = [r.statuses[0].duration_until_reset.ToTimedelta() for r in (first, rest, over)]
+            if not resets[0] >= resets[1] >= resets[2]:
+                continue
+            assert first.overall_code == RLS.OK
+            status = first.statuses[0]
+            limit = (status.current_limit.requests_per_unit, status.current_limit.unit)
+            assert limit == (100, RLS.RateLimit.SECOND)
+            assert status.limit_remaining == 99
+            assert 0 < resets[0].total_seconds() <= 1
+            assert (rest.overall_code, rest.statuses[0].limit_remaining) == (RLS.OK, 0)
+            assert (over.overall_code, over.statuses[0].code) == (RLS.OVER_LIMIT, RLS.OVER_LIMIT)
+            return
+        pytest.fail("three attempts straddled window boundaries")
+
+    def test_unknown_domain_is_ok(self, stub: rls_pb2_grpc.RateLimitServiceStub) -> None:
+        """A domain no config names: OK, no limits."""
+        out = stub.ShouldRateLimit(_request(("a", "b"), domain="nobody"), timeout=5)
+        assert out.overall_code == RLS.OK and not out.statuses[0].HasField("current_limit")
+
+    def test_unlimited_reports_max_remaining(self, stub: rls_pb2_grpc.RateLimitServiceStub) -> None:
+        """An unlimited rule answers remaining 4294967295."""
+        out = stub.ShouldRateLimit(_request(("health", "x")), timeout=5)
+        assert out.statuses[0].limit_remaining == 4294967295
+
+    @pytest.mark.parametrize(
+        "request_",
+        [
+            rls_pb2.RateLimitRequest(
+                domain="", descriptors=[D(entries=[D.Entry(key="a", value="b")])]
+            ),
+            rls_pb2.RateLimitRequest(domain="edge"),
+            _request(("client_id", "a"), limit=D.RateLimitOverride(requests_per_unit=5, unit=0)),
+            _request(*[(f"k{i}", "v") for i in range(100)]),
+        ],
+        ids=["empty-domain", "no-descriptors", "override-unit-unknown", "oversized"],
+    )
+    def test_bad_requests_get_invalid_argument(
+        self, stub: rls_pb2_grpc.RateLimitServiceStub, request_: rls_pb2.RateLimitRequest
+    ) -> None:
+        """Malformed requests get INVALID_ARGUMENT with a reason, never a crash."""
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ShouldRateLimit(request_, timeout=5)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details()
+
+    def test_override_is_honoured(self, stub: rls_pb2_grpc.RateLimitServiceStub) -> None:
+        """A request-supplied limit replaces the configured one."""
+        override = D.RateLimitOverride(requests_per_unit=2, unit=2)  # MINUTE
+        request = _request(("client_id", "override-test"), limit=override)
+        codes = [stub.ShouldRateLimit(request, timeout=5).overall_code for _ in range(3)]
+        assert codes == [RLS.OK, RLS.OK, RLS.OVER_LIMIT]
+
+
+class TestHealthAndReflection:
+    def test_health_serving_for_both_names(self, channel: grpc.Channel) -> None:
+        """The overall and the RLS service health both say SERVING."""
+        health = health_pb2_grpc.HealthStub(channel)
+        for name in ("", "envoy.service.ratelimit.v3.RateLimitService"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def test_reflection_lists_the_rls_service(self, channel: grpc.Channel) -> None:
+        """Server reflection names the RateLimitService."""
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
+        names = {s.name for r in replies for s in r.list_services_response.service}
+        assert "envoy.service.ratelimit.v3.RateLimitService" in names
+
+
+texts = st.text(max_size=40) | st.sampled_from(
+    ["", "route", "public", "client_id", "\x00", "é" * 2000]
+)
+entries = st.lists(st.tuples(texts, texts), max_size=20)
+descriptors = st.lists(
+    st.builds(
+        lambda es, hits, rpu, unit: D(
+            entries=[D.Entry(key=k, value=v) for k, v in es],
+            **({"hits_addend": {"value": hits}} if hits is not None else {}),
+            **(
+                {"limit": D.RateLimitOverride(requests_per_unit=rpu, unit=unit)}
+                if unit is not None
+                else {}
+            ),
+        ),
+        entries,
+        st.none() | st.integers(0, 2**64 - 1),
+        st.integers(0, 2**32 - 1),
+        st.none() | st.integers(0, 9),
+    ),
+    max_size=70,
+)
+requests = st.builds(
+    lambda domain, ds, hits: rls_pb2.RateLimitRequest(
+        domain=domain, descriptors=ds, hits_addend=hits
+    ),
+    st.sampled_from(["edge", "", "other"]) | texts,
+    descriptors,
+    st.integers(0, 2**32 - 1),
+)
+
+
+class TestFuzz:
+    @settings(
+        max_examples=150,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(
+        payload=st.one_of(requests.map(lambda r: r.SerializeToString()), st.binary(max_size=300))
+    )
+    def test_every_payload_gets_an_answer_not_unknown(
+        self, channel: grpc.Channel, payload: bytes
+    ) -> None:
+        """Random, malformed, huge and odd-unicode payloads: a response or a definite status."""
+        call = channel.unary_unary(METHOD)
+        try:
+            reply = call(payload, timeout=5)
+            rls_pb2.RateLimitResponse.FromString(reply)
+        except grpc.RpcError as exc:
+            assert exc.code() not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED), (
+                exc
+            )
+
+    def test_server_still_answers_correctly_after_the_fuzz(
+        self, stub: rls_pb2_grpc.RateLimitServiceStub
+    ) -> None:
+        """After the fuzz a fresh client is limited exactly as before."""
+        request = _request(("route", "admin"), ("client_id", "after-fuzz"))
+        codes = [stub.ShouldRateLimit(request, timeout=5).overall_code for _ in range(3)]
+        assert codes == [RLS.OK] * 3
+
+
+class TestShutdown:
+    def test_sigterm_drains_and_exits_cleanly(self) -> None:
+        """SIGTERM: the server answers NOT_SERVING or closes, then exits 0."""
+        process = ServerProcess(["--config", str(ROOT / "descriptors")])
+        with grpc.insecure_channel(process.target) as ch:
+            assert rls_pb2_grpc.RateLimitServiceStub(ch).ShouldRateLimit(
+                _request(("a", "b")), timeout=5
+            )
+        assert process.stop() == 0
+        assert any("draining" in line for line in process.lines)
