@@ -15,6 +15,8 @@ RUN python -m venv /opt/fairlimit
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY server ./server
+# pyproject installs these as data files (share/fairlimit/descriptors, the bundled default).
+COPY descriptors ./descriptors
 # pip compiles the .pyc files here, so the read-only runtime never needs to write them.
 RUN /opt/fairlimit/bin/pip install .
 
@@ -26,8 +28,8 @@ RUN groupadd --system --gid 10001 fairlimit \
  && useradd --system --uid 10001 --gid 10001 --no-create-home \
         --home-dir /nonexistent --shell /usr/sbin/nologin fairlimit
 COPY --from=builder /opt/fairlimit /opt/fairlimit
-# The same descriptors the package bundles, at a fixed path that the chart's ConfigMap
-# mount replaces; FAIRLIMIT_CONFIG points there so `docker run fairlimit` serves them.
+# The bundled descriptors again, at a fixed path for `docker run -v` and the chart's
+# ConfigMap mount to replace; FAIRLIMIT_CONFIG points there.
 COPY descriptors /etc/fairlimit/descriptors
 ENV PATH=/opt/fairlimit/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

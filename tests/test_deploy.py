@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -694,6 +695,22 @@ class TestDockerfile:
         """The builder runs `pip install .` into the venv the runtime copies."""
         runs = [args for op, args in dockerfile_instructions() if op == "RUN"]
         assert "/opt/fairlimit/bin/pip install ." in runs
+
+    def test_builder_copies_what_the_package_build_reads(self) -> None:
+        """pyproject's data-files sources are copied before `pip install .` runs."""
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+        data_files = project.get("tool", {}).get("setuptools", {}).get("data-files", {})
+        needed = {Path(g).parts[0] for globs in data_files.values() for g in globs}
+        instructions = dockerfile_instructions()
+        install = instructions.index(("RUN", "/opt/fairlimit/bin/pip install ."))
+        copied = {
+            Path(source).parts[0]
+            for op, args in instructions[:install]
+            if op == "COPY" and not args.startswith("--from")
+            for source in args.split()[:-1]
+        }
+        assert needed <= copied
+        assert {"pyproject.toml", "README.md", "server"} <= copied
 
     def test_runs_as_a_numeric_non_root_user(self) -> None:
         """The runtime's USER is uid 10001, numeric so that runAsNonRoot can verify it."""
