@@ -4,10 +4,20 @@ from fairlimit.errors import SettingsError
 from fairlimit.store.base import Store
 from fairlimit.store.memory import MemoryStore
 
+REDIS_SCHEMES = ("redis", "rediss", "redis+sentinel", "redis+cluster")
+
 
 def open_store(url: str) -> Store:
     """The store for a ``--backend`` URL."""
     scheme = url.partition("://")[0]
     if scheme == "memory":
         return MemoryStore()
-    raise SettingsError(f"--backend: {scheme}:// is not supported by this build; use memory://")
+    if scheme in REDIS_SCHEMES:
+        # Imported here so that memory:// deployments never load the Redis client.
+        from fairlimit.store.redis import open_redis
+
+        return open_redis(url)
+    raise SettingsError(
+        f"--backend: {scheme}:// is not supported; use memory:// or one of "
+        + ", ".join(f"{s}://" for s in REDIS_SCHEMES)
+    )
