@@ -20,7 +20,11 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 # Every backend the behaviour suite runs against. The Redis issue adds "redis" and
 # "redis-cluster" here, with fixtures that start real redis-server processes.
-BACKENDS = ["memory"]
+BACKENDS = ["memory", "redis", "redis-cluster"]
+
+# Real redis-server processes and the redis_store_factory / redis_cluster_store_factory
+# fixtures the `store` fixture below asks for.
+pytest_plugins = ["redis_servers"]
 
 
 class FakeClock:

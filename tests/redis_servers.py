@@ -1,0 +1,201 @@
+"""Real redis-server processes on free loopback ports, and stores on them (a pytest plugin).
+
+Session fixtures start one standalone server and one three-master Redis Cluster; the
+``*_store_factory`` fixtures hand the behaviour suite a store on a flushed database. Where
+``redis-server`` is missing the Redis tests are skipped with a message, except under
+CI=true, where that is a failure: CI must run them.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+STARTUP_SECONDS = 10.0
+# Generous: the behaviour suite must not fail on a busy 2-core CI machine; the fault tests
+# pass their own small timeouts.
+SUITE_TIMEOUT = 2.0
+
+
+def require_redis() -> str:
+    """The redis-server path; skip (or fail under CI) when it is not installed."""
+    path = shutil.which("redis-server")
+    if path is None or shutil.which("redis-cli") is None:
+        message = "redis-server/redis-cli not installed (Debian package redis-server)"
+        if IN_CI:
+            pytest.fail(f"{message}: CI must run the Redis tests")
+        pytest.skip(message)
+    return path
+
+
+def free_port(also_free: int = 0) -> int:
+    """A loopback port nobody listens on (and ``port + also_free``, for a cluster bus)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if not also_free:
+            return port
+        if port + also_free < 65536:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + also_free))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port pair found")
+
+
+class RedisProcess:
+    """One redis-server on 127.0.0.1, started and stopped explicitly (same port on restart)."""
+
+    def __init__(self, workdir: Path, port: int | None = None, *extra: str) -> None:
+        self.binary = require_redis()
+        self.port = port or free_port(10000 if "--cluster-enabled" in extra else 0)
+        self.dir = workdir / f"redis-{self.port}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> "RedisProcess":
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.dir), "--save", "", "--appendonly", "no",
+                "--protected-mode", "no", *self.extra]  # fmt: skip
+        log = (self.dir / "redis.log").open("ab")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited; see {self.dir / 'redis.log'}")
+            try:
+                with redis.Redis(port=self.port, socket_timeout=0.5) as client:
+                    client.ping()
+                return self
+            except redis.RedisError:
+                time.sleep(0.02)
+        raise RuntimeError(f"redis-server on port {self.port} did not answer")
+
+    def stop(self) -> None:
+        """Kill the server at once (SIGKILL: a crash, not a shutdown)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def client(self) -> "redis.Redis":
+        return redis.Redis(port=self.port, socket_timeout=2, decode_responses=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    """One standalone redis-server for the whole session."""
+    server = RedisProcess(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A redis-server of this test's own, which the test may kill and restart."""
+    server = RedisProcess(tmp_path).start()
+    yield server
+    server.stop()
+
+
+class RedisClusterProcesses:
+    """Three masters, no replicas: enough to spread slots over several nodes."""
+
+    def __init__(self, workdir: Path) -> None:
+        extra = ("--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+                 "--cluster-config-file", "nodes.conf")  # fmt: skip
+        self.nodes = [RedisProcess(workdir, None, *extra) for _ in range(3)]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+        return f"redis+cluster://{hosts}"
+
+    def start(self) -> "RedisClusterProcesses":
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", "0",
+             "--cluster-yes"],
+            check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if all(self._ready(n) for n in self.nodes):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError("Redis Cluster did not reach cluster_state:ok")
+
+    @staticmethod
+    def _ready(node: RedisProcess) -> bool:
+        with node.client() as client:
+            info = client.execute_command("CLUSTER", "INFO")
+            slots = client.execute_command("CLUSTER", "SLOTS")
+        text = info if isinstance(info, str) else info.decode()
+        return "cluster_state:ok" in text and len(slots) == 3
+
+    def flush(self) -> None:
+        for node in self.nodes:
+            with node.client() as client:
+                client.flushall()
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
+    """One three-master Redis Cluster for the whole session."""
+    cluster = RedisClusterProcesses(tmp_path_factory.mktemp("redis-cluster")).start()
+    yield cluster
+    cluster.stop()
+
+
+StoreFactory = Callable[..., Awaitable[object]]
+
+
+def _suite_url(url: str, **options: object) -> str:
+    query = {"clock": "caller", "timeout": SUITE_TIMEOUT, **options}
+    return url + "/?" + "&".join(f"{k}={v}" for k, v in query.items())
+
+
+@pytest.fixture
+def redis_store_factory(redis_server: RedisProcess) -> StoreFactory:
+    """An async factory of RedisStores on the flushed standalone server (injected clock)."""
+    from fairlimit.store.redis import open_redis
+
+    async def make(**options: object) -> object:
+        with redis_server.client() as client:
+            client.flushall()
+        return open_redis(_suite_url(redis_server.url, **options))
+
+    return make
+
+
+@pytest.fixture
+def redis_cluster_store_factory(redis_cluster: RedisClusterProcesses) -> StoreFactory:
+    """An async factory of RedisStores on the flushed Redis Cluster (injected clock)."""
+    from fairlimit.store.redis import open_redis
+
+    async def make(**options: object) -> object:
+        redis_cluster.flush()
+        return open_redis(_suite_url(redis_cluster.url, **options))
+
+    return make
