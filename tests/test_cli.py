@@ -1,0 +1,115 @@
+"""The fairlimit command: check's exit codes and reports, serve's flags and their env twins."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servers import ROOT, fairlimit_server
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "server"), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "fairlimit", *args], env=full_env, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+
+
+class TestCheck:
+    def test_clean_config_exits_0_and_prints_each_classification(self) -> None:
+        """The bundled descriptors are clean: exit 0, one line per cap."""
+        out = run("check", str(ROOT / "descriptors"))
+        assert out.returncode == 0, out.stderr
+        assert "ok: " in out.stdout and "edge/route=public: per-client-buckets" in out.stdout
+
+    def test_rule_violation_exits_1_with_file_path_message(self) -> None:
+        """A broken rule: exit 1 and the FILE: PATH: message line on stderr."""
+        path = FIXTURES / "config" / "misspelled_key.yaml"
+        out = run("check", str(path))
+        assert out.returncode == 1
+        assert out.stderr.strip() == f"{path}: edge/route=public: unknown key 'valeu'"
+
+    def test_unusable_input_exits_2(self, tmp_path: Path) -> None:
+        """A missing path or a file that is not YAML: exit 2."""
+        assert run("check", str(tmp_path / "missing.yaml")).returncode == 2
+        assert run("check", str(FIXTURES / "config" / "invalid_yaml.yaml")).returncode == 2
+
+    def test_warnings_pass_unless_strict(self) -> None:
+        """A contended cap is a warning (exit 0), an error under --strict (exit 1)."""
+        path = str(FIXTURES / "validation" / "contended.yaml")
+        lenient, strict = run("check", path), run("check", "--strict", path)
+        assert lenient.returncode == 0 and "warning: " in lenient.stdout
+        assert strict.returncode == 1 and "error: " in strict.stdout
+
+    def test_json_report_lists_each_cap_with_figures(self) -> None:
+        """--format json: machine-readable classification for CI pipelines."""
+        out = run("check", "--format", "json", str(FIXTURES / "validation" / "contended.yaml"))
+        report = json.loads(out.stdout)
+        (cap,) = report["classifications"]
+        assert cap["mode"] == "weighted-fair-queue" and cap["warning"] is True
+        assert (cap["cap_per_second"], cap["required_per_second"]) == (1000, 2000)
+        assert (cap["per_client_per_second"], cap["active_clients"]) == (100, 20)
+        assert report["ok"] is True and len(report["warnings"]) == 1
+
+
+class TestServe:
+    def test_rejected_first_load_refuses_to_start(self) -> None:
+        """A bad config at start: FILE: PATH: message logged, exit 2."""
+        path = FIXTURES / "config" / "invalid_unit.yaml"
+        out = run("serve", "--config", str(path), "--grpc-addr", "127.0.0.1:0")
+        assert out.returncode == 2
+        assert f"{path}: edge/generic_key=api: invalid rate limit unit 'fortnight'" in out.stderr
+
+    def test_strict_refuses_a_contended_cap(self) -> None:
+        """--strict (or FAIRLIMIT_STRICT) makes a classification warning a load error."""
+        path = str(FIXTURES / "validation" / "contended.yaml")
+        out = run(
+            "serve",
+            "--config",
+            path,
+            "--grpc-addr",
+            "127.0.0.1:0",
+            env={"FAIRLIMIT_STRICT": "true"},
+        )
+        assert out.returncode == 2 and "contention shifts to the cap" in out.stderr
+
+    def test_env_twins_configure_serve(self, tmp_path: Path) -> None:
+        """FAIRLIMIT_CONFIG and FAIRLIMIT_LOG_FORMAT work as the flags do."""
+        config = tmp_path / "only.yaml"
+        config.write_text("domain: envtwin\ndescriptors: []\n")
+        env = {"FAIRLIMIT_CONFIG": str(config), "FAIRLIMIT_LOG_FORMAT": "json"}
+        with fairlimit_server(env=env) as server:
+            pass
+        records = [json.loads(line) for line in server.lines if line.startswith("{")]
+        assert any(str(config) in r["message"] for r in records)
+
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (["--workers", "2"], "--workers: several workers need shared state"),
+            (["--backend", "mongodb://x"], "--backend: unknown backend URL 'mongodb://x'"),
+            (["--grpc-addr", "nowhere"], "--grpc-addr: expected HOST:PORT, got 'nowhere'"),
+        ],
+    )
+    def test_bad_flags_exit_2_with_a_clear_message(self, args: list[str], message: str) -> None:
+        """Unusable settings are refused before anything starts."""
+        out = run("serve", *args)
+        assert out.returncode == 2 and message in out.stderr
+
+    def test_bad_env_value_names_the_variable(self) -> None:
+        """A bad FAIRLIMIT_* value names the variable."""
+        out = run("serve", env={"FAIRLIMIT_FAILURE_MODE": "maybe"})
+        assert out.returncode == 2
+        assert "FAIRLIMIT_FAILURE_MODE: expected open or closed, got 'maybe'" in out.stderr
+
+
+def test_version() -> None:
+    """version prints the package version."""
+    out = run("version")
+    assert out.returncode == 0 and out.stdout.startswith("fairlimit ")
