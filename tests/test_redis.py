@@ -1,0 +1,458 @@
+"""Redis-only behaviour: what the shared suite cannot see because memory has no such thing.
+
+Each class says why it is Redis-only. The admission and fairness rules themselves are pinned
+by the behaviour suite (test_admission.py, test_fairness.py) on every backend.
+"""
+
+import asyncio
+import os
+import random
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from conftest import load_text
+from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from fairlimit.core import admission
+from fairlimit.core.admission import Plan
+from fairlimit.core.matching import Matcher
+from fairlimit.errors import SettingsError, StoreUnavailable
+from fairlimit.store import open_store
+from fairlimit.store.memory import MemoryStore
+from fairlimit.store.redis import RedisStore, parse_url
+from helpers import desc, req
+from redis_servers import RedisClusterProcesses, RedisProcess
+from servers import ServerProcess
+
+T0 = 1_700_000_000.0
+CONFIG = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {unit: second, requests_per_unit: 20}
+    fair_share:
+      active_clients: 4
+      weights: {heavy: 3}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 10}
+  - key: route
+    value: admin
+    rate_limit: {unit: minute, requests_per_unit: 30}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 3}
+"""
+
+Factory = Callable[..., Awaitable[Any]]
+
+
+@pytest.fixture
+def matcher(tmp_path: Path) -> Matcher:
+    return Matcher(load_text(tmp_path, CONFIG).config)
+
+
+def plan_of(matcher: Matcher, *descriptors: admission.Descriptor) -> Plan:
+    return admission.plan(req("edge", *descriptors), matcher)
+
+
+def client_plan(matcher: Matcher, client: str, route: str = "public") -> Plan:
+    return plan_of(matcher, desc(f"route={route}", f"client_id={client}"))
+
+
+def evalsha_calls(server: RedisProcess) -> int:
+    with server.client() as client:
+        stats = client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+class TestParityWithMemory:
+    """Redis-only: the Lua script is the second copy of the admission rule; here it is
+    pinned to the reference (store/memory.py) outcome by outcome, on a random trace."""
+
+    @pytest.mark.parametrize("backend", ["redis", "redis-cluster"])
+    async def test_same_outcomes_as_the_memory_store(
+        self, backend: str, matcher: Matcher, request: pytest.FixtureRequest
+    ) -> None:
+        """Every outcome (counts, claims, bounds) equals memory's, with the cache off."""
+        factory = request.getfixturevalue(f"{backend.replace('-', '_')}_store_factory")
+        store = await factory(local_cache=0)
+        memory, rnd, now = MemoryStore(), random.Random(7), T0
+        clients = ["a", "b", "heavy", "x{y}", "p/q=r", "}"]
+        try:
+            for _ in range(400):
+                now += rnd.choice([0.0, 0.02, 0.1, 0.3])
+                routes = rnd.choices(["public", "admin", "addr"], k=rnd.choice([1, 1, 2]))
+                descriptors = [
+                    desc(f"remote_address={rnd.choice(clients)}")
+                    if r == "addr"
+                    else desc(f"route={r}", f"client_id={rnd.choice(clients)}")
+                    for r in routes
+                ]
+                plan = admission.plan(
+                    req("edge", *descriptors, hits=rnd.choice([0, 1, 2])), matcher
+                )
+                assert await store.admit(plan, now) == await memory.admit(plan, now)
+            assert set(await store.caps()) == set(await memory.caps())
+        finally:
+            await store.close()
+
+
+class TestOneClock:
+    """Redis-only: replicas share counters only through Redis, whose TIME is their clock."""
+
+    async def test_skewed_replicas_agree_on_the_window(
+        self, redis_store_factory: Factory, matcher: Matcher
+    ) -> None:
+        """Two stores whose callers disagree by a day still count one window together."""
+        a = await redis_store_factory(clock="redis")
+        b = await redis_store_factory(clock="redis")
+        plan = plan_of(matcher, desc("user=u1"))
+        try:
+            admitted = [
+                (await store.admit(plan, now)).admitted
+                for store, now in [(a, T0), (b, T0 + 86400.0)] * 4
+            ]
+        finally:
+            await a.close()
+            await b.close()
+        assert admitted == [True, True, True] + [False] * 5
+
+
+class TestScriptCache:
+    """Redis-only: the script lives in Redis's script cache, which a failover or SCRIPT
+    FLUSH empties."""
+
+    async def test_script_flush_is_reloaded_transparently(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
+    ) -> None:
+        """After SCRIPT FLUSH the next admission reloads the script and counts on."""
+        store = await redis_store_factory()
+        plan = plan_of(matcher, desc("user=u1"))
+        try:
+            first = await store.admit(plan, T0)
+            with redis_server.client() as client:
+                client.script_flush()
+            second = await store.admit(plan, T0)
+        finally:
+            await store.close()
+        assert (first.admitted, second.admitted, second.counts) == (True, True, (1,))
+
+
+class TestLocalCache:
+    """Redis-only: the memory store answers every request locally anyway; with Redis a
+    retry storm must not become a Redis storm."""
+
+    async def test_retry_storm_costs_one_redis_call_per_window(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
+    ) -> None:
+        """Over its own limit, a client's retries reach Redis once, then stay local."""
+        store = await redis_store_factory(clock="redis")
+        plan = plan_of(matcher, desc("user=storm"))
+        before = evalsha_calls(redis_server)
+        try:
+            outcomes = [await store.admit(plan, 0.0) for _ in range(1000)]
+        finally:
+            await store.close()
+        assert sum(o.admitted for o in outcomes) == 3
+        assert store.round_trips == 4  # three admitted, one rejection that teaches the cache
+        assert evalsha_calls(redis_server) - before == 4
+
+    async def test_over_its_fair_share_stays_local_until_the_next_period(
+        self, redis_store_factory: Factory, matcher: Matcher
+    ) -> None:
+        """At a contended cap a client over its share reaches Redis once per λ period."""
+        store = await redis_store_factory()
+        heavy, light = client_plan(matcher, "heavy"), client_plan(matcher, "light")
+        per_period: list[int] = []
+        try:
+            for period in range(3):
+                now = T0 + period
+                for _ in range(5):
+                    await store.admit(light, now)
+                trips = store.round_trips
+                results = [(await store.admit(heavy, now)).admitted for _ in range(500)]
+                per_period.append(store.round_trips - trips - sum(results))
+        finally:
+            await store.close()
+        assert per_period == [1, 1, 1]
+
+
+class TestKeys:
+    """Redis-only: memory has no keys; Redis keys must expire and share slots per cap."""
+
+    async def test_every_key_has_a_ttl(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
+    ) -> None:
+        """Counters, caps, demand, level and registry keys all expire."""
+        store = await redis_store_factory()
+        try:
+            for i in range(30):
+                for client in ("a", "b", "heavy"):
+                    await store.admit(client_plan(matcher, client), T0 + i * 0.2)
+                    await store.admit(client_plan(matcher, client, "admin"), T0 + i * 0.2)
+                await store.admit(plan_of(matcher, desc("user=u")), T0 + i * 0.2)
+            await asyncio.sleep(0.05)  # the background registry update
+        finally:
+            await store.close()
+        with redis_server.client() as client:
+            ttls = {key: client.pttl(key) for key in client.scan_iter("*")}
+        assert len(ttls) > 10
+        assert {k: t for k, t in ttls.items() if t <= 0} == {}
+
+    async def test_a_cap_and_its_clients_share_one_slot(
+        self, redis_cluster_store_factory: Factory, redis_cluster: RedisClusterProcesses,
+        matcher: Matcher,
+    ) -> None:  # fmt: skip
+        """Every key of a cap instance carries its tag; braces in values cannot break it."""
+        store = await redis_cluster_store_factory()
+        clients = ["a", "x{y}", "}", "{", "p/q=r"]
+        try:
+            for client in clients:
+                await store.admit(client_plan(matcher, client), T0)
+        finally:
+            await store.close()
+        keys: list[str] = []
+        for node in redis_cluster.nodes:
+            with node.client() as client:
+                keys += list(client.scan_iter("*"))
+        with redis_cluster.nodes[0].client() as client:
+            slots = {
+                client.execute_command("CLUSTER", "KEYSLOT", k) for k in keys if "route=public" in k
+            }
+        assert len([k for k in keys if "client_id=" in k]) == len(clients)
+        assert len(slots) == 1
+        assert all(k.startswith("fairlimit:{edge/route=public}") for k in keys if "route=" in k)
+
+
+class TestSlotGroups:
+    """Redis-only: only a Redis Cluster splits one request across slots, so only there must
+    a rejected request undo what one slot group reserved."""
+
+    async def test_a_rejected_request_across_slots_consumes_nothing(
+        self, redis_cluster_store_factory: Factory, matcher: Matcher
+    ) -> None:
+        """The public group reserves, the admin group rejects: the reservation is released."""
+        store = await redis_cluster_store_factory()
+        public = desc("route=public", "client_id=c")
+        both = plan_of(matcher, public, desc("route=admin", "client_id=c"))
+        try:
+            for _ in range(20):  # the admin client reaches its 20/min
+                assert (await store.admit(client_plan(matcher, "c", "admin"), T0)).admitted
+            trips = store.round_trips
+            rejected = await store.admit(both, T0)
+            calls = store.round_trips - trips
+            after = await store.admit(plan_of(matcher, public), T0)
+        finally:
+            await store.close()
+        assert not rejected.admitted
+        assert calls == 3  # two slot groups in parallel, then one release
+        assert after.admitted and after.counts == (0, 0) and after.shared == (0,)
+
+
+class TestFaults:
+    """Redis-only: memory cannot become unreachable."""
+
+    async def test_down_then_back_heals_without_a_new_store(
+        self, redis_process: RedisProcess, matcher: Matcher
+    ) -> None:
+        """Killed: StoreUnavailable at once; restarted on the same port: counting goes on."""
+        store = open_store(redis_process.url + "?clock=caller&timeout=0.2")
+        plan = plan_of(matcher, desc("user=u1"))
+        try:
+            assert (await store.admit(plan, T0)).admitted
+            redis_process.stop()
+            for _ in range(3):
+                started = time.monotonic()
+                with pytest.raises(StoreUnavailable):
+                    await store.admit(plan, T0)
+                assert time.monotonic() - started < 0.5
+            redis_process.start()
+            assert (await store.admit(plan, T0)).counts == (0,)  # nothing persisted: empty
+            await store.ping()
+        finally:
+            await store.close()
+
+    async def test_a_hung_server_costs_at_most_the_timeout(
+        self, redis_process: RedisProcess, matcher: Matcher
+    ) -> None:
+        """A stopped (not dead) server: each call gives up after the configured timeout."""
+        store = open_store(redis_process.url + "?clock=caller&timeout=0.1")
+        plan = plan_of(matcher, desc("user=u1"))
+        try:
+            assert (await store.admit(plan, T0)).admitted
+            assert redis_process.proc is not None
+            os.kill(redis_process.proc.pid, signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                with pytest.raises(StoreUnavailable):
+                    await store.admit(plan, T0)
+                elapsed = time.monotonic() - started
+            finally:
+                os.kill(redis_process.proc.pid, signal.SIGCONT)
+            assert 0.09 < elapsed < 0.4
+            # The timed-out script was already sent: Redis may run it once it resumes, so
+            # the hit may have been counted. Either way the store answers again at once.
+            assert (await store.admit(plan, T0)).counts[0] in (1, 2)
+        finally:
+            await store.close()
+
+
+class TestPublishedFigures:
+    """Redis-only: with one process there is nobody else to publish λ for."""
+
+    async def test_a_replica_reads_the_level_another_computed(
+        self, redis_store_factory: Factory, matcher: Matcher
+    ) -> None:
+        """caps() of an idle replica reports the cap, its λ and figures."""
+        busy = await redis_store_factory()
+        idle = await redis_store_factory()
+        try:
+            for second in range(3):
+                for _ in range(15):
+                    for client in ("a", "b", "heavy"):
+                        await busy.admit(client_plan(matcher, client), T0 + second)
+            await asyncio.sleep(0.05)
+            reports = await idle.caps()
+        finally:
+            await busy.close()
+            await idle.close()
+        report = reports["edge/route=public#1"]
+        assert report.level is not None and report.figures is not None
+        assert report.declared_clients == 4 and report.figures.active_clients == 3
+
+
+class TestUrls:
+    """Redis-only: the URL schemes and options of the Redis backends."""
+
+    def test_hosts_credentials_and_options(self) -> None:
+        """Several seed nodes, user and password (escaped), timeouts and TLS files."""
+        url = parse_url(
+            "redis+cluster://me:p%40ss@10.0.0.1:7000,10.0.0.2,[::1]:7002/"
+            "?timeout=0.01&max_connections=8&ssl_ca_certs=/ca.pem"
+        )
+        assert url.hosts == (("10.0.0.1", 7000), ("10.0.0.2", 6379), ("::1", 7002))
+        assert (url.username, url.password) == ("me", "p@ss")
+        assert (url.options.timeout, url.options.max_connections) == (0.01, 8)
+        assert url.query["ssl_ca_certs"] == "/ca.pem"
+
+    def test_sentinel_names_its_service(self) -> None:
+        url = parse_url("redis+sentinel://:secret@s1,s2:26380/mymaster?db=2")
+        assert url.hosts == (("s1", 26379), ("s2", 26380))
+        assert (url.path, url.password, url.query["db"]) == ("mymaster", "secret", "2")
+
+    @pytest.mark.parametrize(
+        ("url", "message"),
+        [
+            ("redis://h/?tiemout=1", "unknown Redis URL option(s): tiemout"),
+            ("redis://h/?timeout=soon", "timeout='soon' is not a float"),
+            ("redis://h/?clock=wall", "clock must be redis or caller"),
+            ("redis://h:port", "bad Redis host 'h:port'"),
+        ],
+    )
+    def test_bad_urls_say_what_is_wrong(self, url: str, message: str) -> None:
+        with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            open_store(url)
+
+    async def test_every_scheme_opens_a_redis_store(self) -> None:
+        for url in ("redis://h", "rediss://h?ssl_cert_reqs=none", "redis+cluster://h1,h2",
+                    "redis+sentinel://s1/mymaster"):  # fmt: skip
+            store = open_store(url)
+            assert isinstance(store, RedisStore)
+            await store.close()
+
+
+# --- whole servers -------------------------------------------------------------------------
+
+SERVER_CONFIG = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {unit: day, requests_per_unit: 15}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: day, requests_per_unit: 10}
+"""
+D = ratelimit_pb2.RateLimitDescriptor
+
+
+def _ask(stub: rls_pb2_grpc.RateLimitServiceStub, client: str) -> int:
+    entries = [D.Entry(key="route", value="public"), D.Entry(key="client_id", value=client)]
+    message = rls_pb2.RateLimitRequest(domain="edge", descriptors=[D(entries=entries)])
+    return int(stub.ShouldRateLimit(message, timeout=5).overall_code)
+
+
+def _serve(tmp_path: Path, url: str, *args: str) -> ServerProcess:
+    config = tmp_path / "edge.yaml"
+    config.write_text(SERVER_CONFIG)
+    return ServerProcess(["--config", str(config), "--backend", url, *args])
+
+
+OK, OVER = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
+
+
+class TestReplicas:
+    """Redis-only: sharing limits between server processes is what Redis is for."""
+
+    def test_two_servers_hold_one_limit_and_one_cap_together(
+        self, redis_server: RedisProcess, tmp_path: Path
+    ) -> None:
+        """Alternating between two replicas: client a gets its 10, b the cap's last 5."""
+        with redis_server.client() as client:
+            client.flushall()
+        url = redis_server.url + "?timeout=0.5"
+        servers = [_serve(tmp_path, url), _serve(tmp_path, url)]
+        try:
+            channels = [grpc.insecure_channel(s.target) for s in servers]
+            stubs = [rls_pb2_grpc.RateLimitServiceStub(c) for c in channels]
+            a = [_ask(stubs[i % 2], "a") for i in range(12)]
+            b = [_ask(stubs[i % 2], "b") for i in range(8)]
+            for channel in channels:
+                channel.close()
+        finally:
+            codes = [s.stop() for s in servers]
+        assert (a.count(OK), b.count(OK)) == (10, 5)
+        assert a[-2:] == [OVER, OVER] and codes == [0, 0]
+
+    def test_redis_restart_follows_the_failure_mode_and_heals(
+        self, redis_process: RedisProcess, tmp_path: Path
+    ) -> None:
+        """Redis killed: open answers OK, closed answers UNAVAILABLE; back: both count again."""
+        url = redis_process.url + "?timeout=0.25"
+        opened = _serve(tmp_path, url, "--failure-mode", "open")
+        closed = _serve(tmp_path, url, "--failure-mode", "closed")
+        try:
+            with (
+                grpc.insecure_channel(opened.target) as ch1,
+                grpc.insecure_channel(closed.target) as ch2,
+            ):
+                open_stub = rls_pb2_grpc.RateLimitServiceStub(ch1)
+                closed_stub = rls_pb2_grpc.RateLimitServiceStub(ch2)
+                assert [_ask(open_stub, "a"), _ask(closed_stub, "a")] == [OK, OK]
+                redis_process.stop()
+                assert [_ask(open_stub, "a") for _ in range(12)] == [OK] * 12
+                with pytest.raises(grpc.RpcError) as failed:
+                    _ask(closed_stub, "a")
+                assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+                redis_process.start()
+                answers = [_ask(closed_stub, "b") for _ in range(11)]
+                assert answers == [OK] * 10 + [OVER]
+                assert _ask(open_stub, "b") == OVER
+            assert opened.process.poll() is None and closed.process.poll() is None
+        finally:
+            codes = [opened.stop(), closed.stop()]
+        assert codes == [0, 0]
