@@ -34,6 +34,8 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "fairlimit"
 VALUES = CHART / "values.yaml"
@@ -836,13 +838,31 @@ def running_fairlimit(args: list[str], env: dict[str, str], grpc_port: int) -> I
 def kubelet_configmap_mount(target: Path, files: dict[str, str]) -> Path:
     """Lay files out as the kubelet mounts a ConfigMap: NAME -> ..data/NAME -> ..<ts>/NAME."""
     target.mkdir()
-    stamp = target / "..2026_01_01_00_00_00.000000001"
-    stamp.mkdir()
-    for name, text in files.items():
-        (stamp / name).write_text(text)
+    for name in files:
         (target / name).symlink_to(Path("..data") / name)
-    (target / "..data").symlink_to(stamp.name)
+    kubelet_configmap_update(target, files, "..2026_01_01_00_00_00.000000001")
     return target
+
+
+def kubelet_configmap_update(target: Path, files: dict[str, str], stamp: str) -> None:
+    """Publish new contents as the kubelet does: a new directory, then an atomic ..data swap."""
+    (target / stamp).mkdir()
+    for name, text in files.items():
+        (target / stamp / name).write_text(text)
+    (target / "..data_tmp").symlink_to(stamp)
+    (target / "..data_tmp").rename(target / "..data")
+
+
+def client_limit(port: int, client: str) -> int:
+    """The current_limit fairlimit reports for (route=public),(client_id=client) in edge."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        request = rls_pb2.RateLimitRequest(domain="edge", hits_addend=0)
+        descriptor = request.descriptors.add()
+        descriptor.entries.add(key="route", value="public")
+        descriptor.entries.add(key="client_id", value=client)
+        response = rls_pb2_grpc.RateLimitServiceStub(channel).ShouldRateLimit(request, timeout=5)
+        limit: int = response.statuses[0].current_limit.requests_per_unit
+        return limit
 
 
 def http_status(url: str, deadline: float) -> int | str:
@@ -885,6 +905,25 @@ class TestRenderedCommandRunsHere:
         env = {e["name"]: e["value"] for e in main["env"] if "value" in e}
         with running_fairlimit(main["args"], env, grpc_port):
             assert grpc_health(grpc_port, timeout=5) == health_pb2.HealthCheckResponse.SERVING
+
+    def test_configmap_update_is_hot_reloaded(
+        self, pod: tuple[Manifest, int, int], tmp_path: Path
+    ) -> None:
+        """A kubelet-style ConfigMap update (..data swap) reaches the running server."""
+        main, grpc_port, _ = pod
+        env = {e["name"]: e["value"] for e in main["env"] if "value" in e}
+        edge = copy.deepcopy(load_values()["config"]["descriptors"]["edge.yaml"])
+        edge["descriptors"][0]["descriptors"][0]["rate_limit"]["requests_per_unit"] = 50
+        with running_fairlimit(main["args"], env, grpc_port):
+            assert client_limit(grpc_port, "alice") == 100
+            mount = tmp_path / "descriptors"
+            kubelet_configmap_update(
+                mount, {"edge.yaml": yaml.safe_dump(edge)}, "..2026_01_01_00_01_00.000000001"
+            )
+            deadline = time.monotonic() + 10
+            while client_limit(grpc_port, "alice") != 50 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert client_limit(grpc_port, "alice") == 50
 
     def test_http_probes_answer(self, pod: tuple[Manifest, int, int]) -> None:
         """The startup and readiness probe paths answer 200 on the admin port."""
