@@ -63,9 +63,9 @@ _CAP_KINDS = ("m", "p", "q", "a", "l")  # meta, cur, prev, adm, lock: KEYS order
 class Options:
     """The store's knobs, from the URL's query string.
 
-    ``timeout`` bounds every socket operation and each whole admission: Envoy's rate-limit
-    filter gives up after 20 ms by default, so the default answers (with the failure mode)
-    well inside that budget.
+    ``timeout`` bounds every socket operation and every Redis call: Envoy's rate-limit
+    filter gives up after 20 ms by default, so by default a request whose Redis call fails
+    is answered (by the failure mode) inside that budget, and Envoy sees our answer.
     """
 
     timeout: float = 0.015
@@ -500,8 +500,7 @@ class RedisStore:
             self.local_answers += 1
             return local
         try:
-            async with asyncio.timeout(self._options.timeout):
-                combined = await self._admit(plan, repr(now) if self._caller_clock else "")
+            combined = await self._admit(plan, repr(now) if self._caller_clock else "")
         except (RedisError, OSError, TimeoutError) as exc:
             raise StoreUnavailable(f"redis: {exc or type(exc).__name__}") from exc
         self._known.learn(plan, combined.outcome, combined, base)
@@ -552,8 +551,14 @@ class RedisStore:
                 log.warning("redis: a reservation could not be released: %s", result)
 
     async def _call(self, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        """One EVALSHA (EVAL after NOSCRIPT), given up after the timeout.
+
+        The deadline is per call, not per request: the λ hand-back (once per period per cap
+        for the whole deployment) may take two calls and the water-filling in between.
+        """
         self.round_trips += 1
-        return await self._script(keys=keys, args=args)
+        async with asyncio.timeout(self._options.timeout):
+            return await self._script(keys=keys, args=args)
 
     def _register(self, metas: Sequence[str]) -> None:
         """Add caps to the registry that caps() reads (in the background, once per period)."""
