@@ -113,6 +113,68 @@ def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
     server.stop()
 
 
+class RedisSentinel:
+    """One Sentinel watching ``master`` under the service name ``mymaster``."""
+
+    def __init__(self, master: RedisProcess) -> None:
+        self.port = free_port()
+        self.conf = master.dir / "sentinel.conf"
+        self.conf.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {master.dir}\n"
+            f"sentinel monitor mymaster 127.0.0.1 {master.port} 1\n"
+        )
+        self.proc = subprocess.Popen(
+            [master.binary, str(self.conf), "--sentinel"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                with redis.Redis(port=self.port, socket_timeout=0.5) as client:
+                    if client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"):
+                        return
+            except redis.RedisError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError("redis sentinel did not start")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(5)
+
+
+@pytest.fixture
+def redis_sentinel(redis_process: RedisProcess) -> Iterator[RedisSentinel]:
+    """A Sentinel over this test's own redis-server."""
+    sentinel = RedisSentinel(redis_process)
+    yield sentinel
+    sentinel.stop()
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed: cannot make test certificates")
+    d = tmp_path_factory.mktemp("tls")
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d, timeout=30)
+
+    openssl("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+            "-subj", "/CN=fairlimit-test-ca")  # fmt: skip
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name in ("server", "client"):
+        openssl("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                "-subj", f"/CN={name}")  # fmt: skip
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", f"{name}.crt", "-days", "2",
+                "-extfile", "san.ext")  # fmt: skip
+    return {name: d / name for name in ("ca.crt", "server.crt", "server.key", "client.crt",
+                                        "client.key")}  # fmt: skip
+
+
 class RedisClusterProcesses:
     """Three masters, no replicas: enough to spread slots over several nodes."""
 

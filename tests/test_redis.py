@@ -27,7 +27,7 @@ from fairlimit.store import open_store
 from fairlimit.store.memory import MemoryStore
 from fairlimit.store.redis import RedisStore, parse_url
 from helpers import desc, req
-from redis_servers import RedisClusterProcesses, RedisProcess
+from redis_servers import RedisClusterProcesses, RedisProcess, RedisSentinel, free_port
 from servers import ServerProcess
 
 T0 = 1_700_000_000.0
@@ -308,6 +308,48 @@ class TestFaults:
             assert (await store.admit(plan, T0)).counts[0] in (1, 2)
         finally:
             await store.close()
+
+
+class TestConnections:
+    """Redis-only: TLS and Sentinel are ways of reaching Redis."""
+
+    async def test_sentinel_leads_to_the_master(
+        self, redis_sentinel: RedisSentinel, matcher: Matcher
+    ) -> None:
+        """redis+sentinel://HOST:PORT/SERVICE admits through the master Sentinel names."""
+        url = f"redis+sentinel://127.0.0.1:{redis_sentinel.port}/mymaster?timeout=0.5"
+        store = open_store(url)
+        plan = plan_of(matcher, desc("user=u1"))
+        try:
+            admitted = [(await store.admit(plan, 0.0)).admitted for _ in range(4)]
+        finally:
+            await store.close()
+        assert admitted == [True, True, True, False]
+
+    async def test_tls_with_a_client_certificate(
+        self, tls_files: dict[str, Path], tmp_path: Path, matcher: Matcher
+    ) -> None:
+        """rediss:// verifies the server by ssl_ca_certs and presents ssl_certfile/keyfile."""
+        port = free_port()
+        server = RedisProcess(
+            tmp_path, None, "--tls-port", str(port),
+            "--tls-cert-file", str(tls_files["server.crt"]),
+            "--tls-key-file", str(tls_files["server.key"]),
+            "--tls-ca-cert-file", str(tls_files["ca.crt"]),
+        ).start()  # fmt: skip
+        base = f"rediss://127.0.0.1:{port}/?timeout=0.5&ssl_ca_certs={tls_files['ca.crt']}"
+        mutual = f"{base}&ssl_certfile={tls_files['client.crt']}"
+        mutual += f"&ssl_keyfile={tls_files['client.key']}"
+        plan = plan_of(matcher, desc("user=u1"))
+        stores = [open_store(mutual), open_store(base)]
+        try:
+            assert (await stores[0].admit(plan, 0.0)).admitted
+            with pytest.raises(StoreUnavailable):  # the server asks for a client certificate
+                await stores[1].admit(plan, 0.0)
+        finally:
+            for store in stores:
+                await store.close()
+            server.stop()
 
 
 class TestPublishedFigures:
