@@ -1,0 +1,294 @@
+"""What a simulation reports, and its text, JSON and PNG forms."""
+
+import importlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fairlimit.config.loader import Loaded
+from fairlimit.core import admission
+from fairlimit.core.admission import Request
+from fairlimit.core.fairshare import FairnessFigures, fairness_figures
+from fairlimit.core.matching import Matcher
+
+PLOT_HINT = "--plot needs matplotlib: pip install 'fairlimit[plot]'"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientResult:
+    """One client's traffic under one config. ``success`` = admitted originals / offered."""
+
+    name: str
+    offered: int  # original requests
+    attempted: int  # originals and retries
+    admitted: int
+    rejected: int
+    success: float
+    admitted_per_second: float  # over the client's own active time
+    per_second: tuple[int, ...]  # admitted in each scenario second
+
+
+@dataclass(frozen=True, slots=True)
+class CapCheck:
+    """The limit every client shares, and the most it admitted in any one of its windows."""
+
+    path: str
+    mode: str | None  # the loader's classification of the rule, when it has one
+    limit: int
+    window: int
+    max_admitted: int
+
+    @property
+    def exceeded(self) -> bool:
+        return self.max_admitted > self.limit
+
+
+@dataclass(frozen=True, slots=True)
+class SharedLimit:
+    """The limit every client is charged against: where the cap and fairness are measured."""
+
+    check: CapCheck  # max_admitted still 0
+    hits: tuple[int, ...]  # per client: what one admitted request adds to its counter
+    capacity: float  # per second
+    limits: tuple[float, ...]  # per client, per second: its own limit under the cap
+    weights: tuple[float, ...]
+
+    def figures(self, demands: Sequence[float], admitted: Sequence[float]) -> FairnessFigures:
+        """The fairness figures for per-second ``demands`` and ``admitted``, per client."""
+        return fairness_figures(demands, admitted, self.limits, self.weights, self.capacity)
+
+
+def shared_limit(loaded: Loaded, requests: Sequence[Request]) -> SharedLimit | None:
+    """The outermost fair-share cap all ``requests`` are charged at, else a counter they share.
+
+    A shared counter outside any cap (a global bucket) counts every client as a client of it,
+    with its whole limit as each one's own limit and weight 1.
+    """
+    matcher = Matcher(loaded.config)
+    plans = [admission.plan(r, matcher) for r in requests]
+    keys = [s.cap for s in plans[0].shares] + [c.key for c in plans[0].counters]
+    common = [k for k in keys if all(any(c.key == k for c in p.counters) for p in plans)]
+    if not common:
+        return None
+    counters = [next(c for c in p.counters if c.key == common[0]) for p in plans]
+    shares = [next((s for s in p.shares if s.cap == common[0]), None) for p in plans]
+    index = plans[0].counters.index(counters[0])
+    rule = next(lv.rule for d in plans[0].descriptors for lv in d.levels if lv.counter == index)
+    path = rule.path if rule else common[0]
+    modes = [c.mode.value for c in loaded.classifications if c.path == path]
+    limit, window = counters[0].limit, counters[0].window
+    return SharedLimit(
+        CapCheck(path, modes[0] if modes else None, limit, window, 0),
+        tuple(c.hits for c in counters),
+        limit / window,
+        tuple(s.client_limit / s.window if s else limit / window for s in shares),
+        tuple(s.weight if s else 1.0 for s in shares),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigResult:
+    label: str
+    path: str
+    clients: tuple[ClientResult, ...]
+    cap: CapCheck | None  # None when no limit is shared by every client
+    figures: FairnessFigures | None  # at that limit, per second, over the steady part
+    limiter_calls: int
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The scenario as the report restates it."""
+
+    name: str
+    source: str
+    duration: float
+    tick: float
+    steady: tuple[float, float]
+    clients: int
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    summary: Summary
+    configs: tuple[ConfigResult, ...]
+
+
+def _window(seconds: int) -> str:
+    names = {1: "1-s", 60: "1-min", 3600: "1-h", 86400: "1-day"}
+    return names.get(seconds, f"{seconds}-s")
+
+
+def _cap_line(cap: CapCheck) -> str:
+    verdict = "EXCEEDED" if cap.exceeded else "never exceeded"
+    return (
+        f"cap {cap.limit} per {_window(cap.window)} window: "
+        f"at most {cap.max_admitted} admitted in one, {verdict}"
+    )
+
+
+def _figures_line(figures: FairnessFigures, steady: tuple[float, float]) -> str:
+    level = "inf (fits)" if math.isinf(figures.level) else f"{figures.level:.0f}/s"
+    return (
+        f"fairness {steady[0]:g}-{steady[1]:g} s: utilization {figures.utilization:.2f}, "
+        f"Jain {figures.jain_index:.2f}, top client {figures.top_client_share:.0%}, "
+        f"starved {figures.starved_clients}/{figures.active_clients}, level {level}"
+    )
+
+
+def _table(config: ConfigResult, width: int) -> list[str]:
+    head = ("offered", "attempted", "admitted", "rejected", "success", "admitted/s")
+    lines = [f"{'client':<{width}}" + "".join(f"{h:>11}" for h in head)]
+    rows = [*config.clients, _total(config.clients)]
+    for c in rows:
+        cells = (c.offered, c.attempted, c.admitted, c.rejected)
+        lines.append(
+            f"{c.name:<{width}}"
+            + "".join(f"{n:>11}" for n in cells)
+            + f"{c.success:>11.1%}{c.admitted_per_second:>11.1f}"
+        )
+    return lines
+
+
+def _total(clients: Sequence[ClientResult]) -> ClientResult:
+    offered = sum(c.offered for c in clients)
+    admitted = sum(c.admitted for c in clients)
+    return ClientResult(
+        "total",
+        offered,
+        sum(c.attempted for c in clients),
+        admitted,
+        sum(c.rejected for c in clients),
+        admitted / offered if offered else 1.0,
+        sum(c.admitted_per_second for c in clients),
+        (),
+    )
+
+
+def _heading(config: ConfigResult) -> str:
+    cap = config.cap
+    shared = f": {cap.path}" + (f" ({cap.mode})" if cap.mode else "") if cap else ""
+    return f"[{config.label}] {Path(config.path).name}{shared}"
+
+
+def text(result: Result) -> str:
+    """Every config's table and figures, one after the other, for one screen."""
+    s = result.summary
+    lines = [
+        f"scenario {s.name} ({Path(s.source).name}): {s.duration:g} s in ticks of {s.tick:g} s, "
+        f"{s.clients} clients",
+        "success = original requests eventually admitted (after retries) / offered",
+    ]
+    width = max([6] + [len(c.name) for cfg in result.configs for c in cfg.clients]) + 1
+    for config in result.configs:
+        lines += ["", _heading(config), *_table(config, width)]
+        if config.cap is None:
+            lines.append("no limit is shared by every client: no cap to check")
+        else:
+            lines.append(_cap_line(config.cap))
+        if config.figures is not None:
+            lines.append(_figures_line(config.figures, s.steady))
+    return "\n".join(lines)
+
+
+def _figures_json(figures: FairnessFigures | None) -> dict[str, Any] | None:
+    if figures is None:
+        return None
+    return {
+        "utilization": figures.utilization,
+        "active_clients": figures.active_clients,
+        "level_per_second": None if math.isinf(figures.level) else figures.level,
+        "jain_index": figures.jain_index,
+        "top_client_share": figures.top_client_share,
+        "starved_clients": figures.starved_clients,
+    }
+
+
+def _config_json(config: ConfigResult) -> dict[str, Any]:
+    cap = config.cap
+    return {
+        "label": config.label,
+        "path": config.path,
+        "limiter_calls": config.limiter_calls,
+        "clients": [
+            {
+                "name": c.name,
+                "offered": c.offered,
+                "attempted": c.attempted,
+                "admitted": c.admitted,
+                "rejected": c.rejected,
+                "success": c.success,
+                "admitted_per_second": c.admitted_per_second,
+                "admitted_each_second": list(c.per_second),
+            }
+            for c in config.clients
+        ],
+        "cap": None
+        if cap is None
+        else {
+            "path": cap.path,
+            "mode": cap.mode,
+            "limit": cap.limit,
+            "window_seconds": cap.window,
+            "max_admitted_in_a_window": cap.max_admitted,
+            "exceeded": cap.exceeded,
+        },
+        "fairness": _figures_json(config.figures),
+    }
+
+
+def as_json(result: Result) -> dict[str, Any]:
+    """The same report as a JSON-ready mapping (a level of null: demand fitted the cap)."""
+    s = result.summary
+    return {
+        "scenario": {
+            "name": s.name,
+            "file": s.source,
+            "duration": s.duration,
+            "tick": s.tick,
+            "steady": list(s.steady),
+        },
+        "configs": [_config_json(c) for c in result.configs],
+    }
+
+
+def plotting() -> Any:
+    """matplotlib's ``figure`` module; ModuleNotFoundError (PLOT_HINT) without the extra."""
+    try:
+        # Imported by name: matplotlib is an optional extra, and mypy must pass without it.
+        return importlib.import_module("matplotlib.figure")
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(PLOT_HINT) from exc
+
+
+def plot(result: Result, out: str | Path) -> None:
+    """Admitted rate per client and second, one panel per config, written to ``out``.
+
+    Raises ModuleNotFoundError (PLOT_HINT) without the ``plot`` extra, OSError if unwritable.
+    """
+    figure_module = plotting()
+    panels = len(result.configs)
+    figure = figure_module.Figure(figsize=(9, 3.2 * panels), layout="constrained")
+    axes = figure.subplots(panels, 1, sharex=True, squeeze=False)
+    for ax, config in zip(axes[:, 0], result.configs, strict=True):
+        for client in config.clients:
+            seconds = list(range(len(client.per_second) + 1))
+            rates = [*client.per_second, client.per_second[-1] if client.per_second else 0]
+            ax.step(seconds, rates, where="post", label=client.name, linewidth=1.2)
+        if config.cap is not None:
+            ax.axhline(
+                config.cap.limit / config.cap.window,
+                color="black",
+                linestyle="--",
+                linewidth=0.8,
+                label="cap",
+            )
+        ax.set_title(f"{config.label}: admitted requests per second")
+        ax.set_ylabel("admitted/s")
+        ax.set_ylim(bottom=0)
+    axes[-1, 0].set_xlabel(f"scenario time (s): {result.summary.name}")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside right upper", fontsize="small")
+    figure.savefig(out, dpi=100)
