@@ -53,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("paths", nargs="+", metavar="PATH")
     check.add_argument("--strict", action="store_true", help="warnings are errors")
     check.add_argument("--format", choices=["text", "json"], default="text")
+    simulate = sub.add_parser("simulate", help="run a traffic scenario on a simulated clock")
+    simulate.add_argument("scenario", metavar="SCENARIO")
+    simulate.add_argument(
+        "--config", action="append", metavar="PATH", default=[], help="instead of its configs"
+    )
+    simulate.add_argument("--plot", metavar="OUT.png", help="draw admitted rate per client")
+    simulate.add_argument("--format", choices=["text", "json"], default="text")
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -129,6 +136,34 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_OK if report["ok"] else EXIT_VIOLATION
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from fairlimit import simulate, simulate_report  # only this command needs them
+
+    try:
+        if args.plot:
+            simulate_report.plotting()  # before the run: a missing extra is unusable input
+    except ModuleNotFoundError as exc:
+        print(f"fairlimit: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    try:
+        result = simulate.run(simulate.load_scenario(args.scenario), args.config)
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(line, file=sys.stderr)
+        return EXIT_UNUSABLE
+    if args.format == "json":
+        print(json.dumps(simulate_report.as_json(result), indent=2))
+    else:
+        print(simulate_report.text(result))
+    if args.plot:
+        try:
+            simulate_report.plot(result, args.plot)
+        except OSError as exc:
+            print(f"fairlimit: cannot write {args.plot}: {exc}", file=sys.stderr)
+            return EXIT_UNUSABLE
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     args = _parser().parse_args(argv)
@@ -137,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "check":
             return _check(args)
+        if args.command == "simulate":
+            return _simulate(args)
         print(f"fairlimit {__version__}")
         return EXIT_OK
     except SettingsError as exc:
