@@ -37,7 +37,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from fairlimit.core.admission import Outcome, Plan, Share, counter_over, share_over
 from fairlimit.core.fairshare import FairnessFigures, fairness_figures, water_level
@@ -54,6 +54,9 @@ _ATTEMPTS = 3  # a λ hand-back, a period boundary crossed meanwhile, then no mo
 _REGISTRY_TTL = 86400
 _FIGURES = ("f_u", "f_a", "f_l", "f_j", "f_t", "f_s")
 _CAP_KINDS = ("m", "p", "q", "a", "l")  # meta, cur, prev, adm, lock: KEYS order of admit.lua
+# What a Redis backend can raise when it cannot answer; RedisClusterException (no node
+# reachable, a slot without a master) is not a RedisError.
+_FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
 
 
 # --- the URL -----------------------------------------------------------------------------
@@ -188,7 +191,10 @@ def _client(u: RedisUrl) -> "aioredis.Redis | RedisCluster":
     # One immediate retry: a pooled connection that died with the server is replaced at
     # once; a server that is really down still fails within the deadline.
     common["retry"] = Retry(NoBackoff(), 1)
-    db = int(u.query.get("db", u.path if u.scheme != "redis+sentinel" else "") or 0)
+    db_text = u.query.get("db", u.path if u.scheme != "redis+sentinel" else "") or "0"
+    if not db_text.isdigit():
+        raise SettingsError(f"--backend: database must be a number, got {db_text!r}")
+    db = int(db_text)
     if u.scheme == "redis+sentinel":
         service = u.query.get("service") or u.path
         if not service:
@@ -501,8 +507,8 @@ class RedisStore:
             return local
         try:
             combined = await self._admit(plan, repr(now) if self._caller_clock else "")
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreUnavailable(f"redis: {exc or type(exc).__name__}") from exc
+        except _FAILURES as exc:
+            raise _unavailable(exc) from exc
         self._known.learn(plan, combined.outcome, combined, base)
         if combined.rolled:
             self._register(combined.rolled)
@@ -569,7 +575,7 @@ class RedisStore:
                     pipe.sadd(self._registry, *metas)
                     pipe.expire(self._registry, _REGISTRY_TTL)
                     await pipe.execute()
-            except (RedisError, OSError) as exc:
+            except _FAILURES as exc:
                 log.debug("redis: cap registry not updated: %s", exc)
 
         task = asyncio.get_running_loop().create_task(register())
@@ -587,8 +593,8 @@ class RedisStore:
                 gone = [m for m, state in zip(metas, states, strict=True) if not state]
                 if gone:
                     await self._client.srem(self._registry, *gone)
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreUnavailable(f"redis: {exc or type(exc).__name__}") from exc
+        except _FAILURES as exc:
+            raise _unavailable(exc) from exc
         reports = (_report(state) for state in states if state)
         return {report.cap: report for report in reports}
 
@@ -596,16 +602,20 @@ class RedisStore:
         try:
             async with asyncio.timeout(max(self._options.timeout, 0.25)):
                 await self._client.ping()
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise StoreUnavailable(f"redis: {exc or type(exc).__name__}") from exc
+        except _FAILURES as exc:
+            raise _unavailable(exc) from exc
 
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         try:
             await self._client.aclose()
-        except (RedisError, OSError) as exc:
+        except _FAILURES as exc:
             log.debug("redis: close: %s", exc)
+
+
+def _unavailable(exc: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(f"redis: {str(exc) or type(exc).__name__}")
 
 
 def _report(state: Mapping[str, str]) -> CapReport:
