@@ -129,8 +129,10 @@ def _options(query: Mapping[str, str]) -> Options:
     options = Options(**values)
     if options.clock not in ("redis", "caller"):
         raise SettingsError("--backend: clock must be redis or caller")
-    if options.timeout <= 0 or options.max_connections < 1 or options.local_cache < 0:
-        raise SettingsError("--backend: timeout and max_connections must be positive")
+    if min(options.timeout, options.max_connections, options.lock_ms) <= 0:
+        raise SettingsError("--backend: timeout, max_connections and lock_ms must be positive")
+    if options.local_cache < 0:
+        raise SettingsError("--backend: local_cache must be 0 (off) or more")
     if "{" in options.key_prefix or "}" in options.key_prefix:
         raise SettingsError("--backend: key_prefix must not contain { or }")
     return options
@@ -172,54 +174,66 @@ def _tls(u: RedisUrl) -> dict[str, Any]:
     return kwargs
 
 
-def _client(u: RedisUrl) -> "aioredis.Redis | RedisCluster":
+def _common(u: RedisUrl) -> dict[str, Any]:
     o = u.options
-    common: dict[str, Any] = {
+    return {
         "username": u.username,
         "password": u.password,
         "socket_timeout": o.timeout,
         "socket_connect_timeout": o.connect_timeout or o.timeout,
         "decode_responses": True,
     }
+
+
+def _db(u: RedisUrl) -> int:
+    text = u.query.get("db", u.path if u.scheme != "redis+sentinel" else "") or "0"
+    if not text.isdigit():
+        raise SettingsError(f"--backend: database must be a number, got {text!r}")
+    return int(text)
+
+
+def _client(u: RedisUrl) -> "aioredis.Redis | RedisCluster":
     tls = u.scheme == "rediss" or u.query.get("ssl", "false").lower() == "true"
+    tls_kwargs = {"ssl": True, **_tls(u)} if tls else {}
     if u.scheme == "redis+cluster":
         nodes = [ClusterNode(h, p) for h, p in u.hosts]
-        extra = {"ssl": True, **_tls(u)} if tls else {}
-        return RedisCluster(
-            startup_nodes=nodes, max_connections=o.max_connections, **common, **extra
-        )
+        limit = u.options.max_connections
+        return RedisCluster(startup_nodes=nodes, max_connections=limit, **_common(u), **tls_kwargs)
     # One immediate retry: a pooled connection that died with the server is replaced at
-    # once; a server that is really down still fails within the deadline.
-    common["retry"] = Retry(NoBackoff(), 1)
-    db_text = u.query.get("db", u.path if u.scheme != "redis+sentinel" else "") or "0"
-    if not db_text.isdigit():
-        raise SettingsError(f"--backend: database must be a number, got {db_text!r}")
-    db = int(db_text)
+    # once; a server that is really down still fails within the timeout.
+    common = {**_common(u), "retry": Retry(NoBackoff(), 1)}
     if u.scheme == "redis+sentinel":
-        service = u.query.get("service") or u.path
-        if not service:
-            raise SettingsError("--backend: redis+sentinel:// needs a service name as path")
-        watchers = {"socket_timeout": o.timeout, "password": u.query.get("sentinel_password")}
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
-            list(u.hosts), sentinel_kwargs=watchers, **common
-        )
-        extra = {"ssl": True, **_tls(u)} if tls else {}
-        client: aioredis.Redis = sentinel.master_for(
-            service, db=db, max_connections=o.max_connections, **extra
-        )
-        return client
+        return _sentinel_client(u, common, tls_kwargs)
+    if len(u.hosts) > 1:
+        raise SettingsError(f"--backend: {u.scheme}:// takes one host; use redis+cluster://")
     host, port = u.hosts[0]
     pool = BlockingConnectionPool(
         host=host,
         port=port,
-        db=db,
-        max_connections=o.max_connections,
-        timeout=o.timeout,  # waiting for a free connection counts against the same budget
+        db=_db(u),
+        max_connections=u.options.max_connections,
+        timeout=u.options.timeout,  # waiting for a free connection counts against the budget
         connection_class=SSLConnection if tls else Connection,
         **common,
         **(_tls(u) if tls else {}),
     )
     return aioredis.Redis.from_pool(pool)
+
+
+def _sentinel_client(
+    u: RedisUrl, common: dict[str, Any], tls_kwargs: dict[str, Any]
+) -> "aioredis.Redis":
+    service = u.query.get("service") or u.path
+    if not service:
+        raise SettingsError("--backend: redis+sentinel:// needs a service name as path")
+    watchers = {"socket_timeout": u.options.timeout, "password": u.query.get("sentinel_password")}
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+        list(u.hosts), sentinel_kwargs=watchers, **common
+    )
+    client: aioredis.Redis = sentinel.master_for(
+        service, db=_db(u), max_connections=u.options.max_connections, **tls_kwargs
+    )
+    return client
 
 
 def open_redis(url: str) -> "RedisStore":
