@@ -4,10 +4,11 @@ The module is longer than STYLE's 400 lines on purpose: it is one idea (the Redi
 the Store contract) whose parts - URL, key layout, script marshalling, cache, store - only
 make sense together, and every function stays short.
 
-Layout. Every key of a cap instance and of the counters below it starts with the hash tag
-of the outermost cap over them (``{edge/route=public}``, braces and ``%`` percent-escaped),
-so a cap and its clients share one Redis Cluster slot and one script call admits them
-atomically. A counter under no cap is tagged by its own path.
+Layout. On a Redis Cluster every key of a cap instance and of the counters below it starts
+with the hash tag of the outermost cap over them (``{edge/route=public}``, braces and ``%``
+percent-escaped), so a cap and its clients share one slot and one script call admits them
+atomically; a counter under no cap is tagged by its own path. On one Redis (or Sentinel)
+every key is tagged by its own path: there is one place anyway.
 
 Requests spanning several slots (descriptors under different caps, on Redis Cluster only)
 are admitted in two phases so that a rejected request still consumes nothing: every slot
@@ -251,16 +252,23 @@ def _tag(counter_key: str) -> str:
     return path.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
 
 
-def _anchors(plan: Plan) -> dict[str, str]:
-    """Each counter key's tag: the outermost cap of its descriptor, else its own path."""
+def _anchors(plan: Plan, cluster: bool) -> dict[str, str]:
+    """Each counter key's tag: on a Cluster the outermost cap of its descriptor, else its
+    own path.
+
+    On one Redis every key is in the same place and a key's own path is its tag, so a key's
+    name never depends on the request. On a Cluster a client's counter must sit in its
+    cap's slot, and the outermost cap is known only from the plan: a request whose
+    ``replaces`` drops that cap's limit counts the client under another key (documented).
+    """
     anchors: dict[str, str] = {}
-    for dplan in plan.descriptors:
+    for dplan in plan.descriptors if cluster else ():
         caps = [plan.shares[lv.share].cap for lv in dplan.levels if lv.share is not None]
         outer = caps[0] if caps else None  # levels list the caps outermost first
         for level in dplan.levels:
             key = plan.counters[level.counter].key
             anchors.setdefault(key, outer or key)
-    for counter in plan.counters:  # levels dropped by `replaces` are still counted
+    for counter in plan.counters:
         anchors.setdefault(counter.key, counter.key)
     return {key: _tag(anchor) for key, anchor in anchors.items()}
 
@@ -277,7 +285,7 @@ class _Group:
 
 
 def _groups(plan: Plan, prefix: str, cluster: bool) -> list[_Group]:
-    tags = _anchors(plan)
+    tags = _anchors(plan, cluster)
     by_slot: dict[int, _Group] = {}
 
     def name(key: str, kind: str, of: str) -> str:
