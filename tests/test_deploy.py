@@ -45,7 +45,7 @@ EXAMPLE_VALUES = sorted((ROOT / "examples" / "kubernetes").glob("values-*.yaml")
 ISTIO_EXAMPLES = sorted((ROOT / "examples" / "istio").glob("*.yaml"))
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
-DEPLOY_DOC = ROOT / "docs" / "deploy.md"
+README = ROOT / "README.md"
 
 RELEASE, NAMESPACE = "fairlimit", "fairlimit"
 CONFIG_DIR = "/etc/fairlimit/descriptors"
@@ -586,12 +586,20 @@ class TestRenderedOptionalResources:
         assert envoy_filter["metadata"]["namespace"] == "istio-system"
 
 
+def deploy_section() -> str:
+    """The README from its "## Deploy" heading to the next second-level heading."""
+    text = README.read_text()
+    start = text.index("\n## Deploy\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else len(text)]
+
+
 class TestDeployDoc:
-    """docs/deploy.md, the README's Deploy section: no name left to guess."""
+    """The README's Deploy section: no name left to guess."""
 
     def test_names_every_resource_the_walkthrough_creates(self, helm: Helm) -> None:
         """Each resource of the install with istio.enabled, and the Istio cluster, is named."""
-        text = DEPLOY_DOC.read_text()
+        text = deploy_section()
         docs = helm.template({"istio": {"enabled": True}})
         for doc in docs:
             meta = doc["metadata"]
@@ -602,7 +610,7 @@ class TestDeployDoc:
 
     def test_files_it_mentions_exist(self) -> None:
         """Every repository path the section points to is there."""
-        text = DEPLOY_DOC.read_text()
+        text = deploy_section()
         paths = set(re.findall(r"(?:examples|helm|docs)/[\w./-]+\w", text))
         assert paths, "no paths found"
         assert [p for p in sorted(paths) if not (ROOT / p).exists()] == []
