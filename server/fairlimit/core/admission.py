@@ -266,6 +266,7 @@ class Outcome:
     counts: tuple[int, ...]  # per Plan.counters
     shared: tuple[int, ...]  # per Plan.shares: the client's admitted count at the cap
     bounds: tuple[float, ...]  # per Plan.shares: min(L_i, fair share) in force
+    now: float | None = None  # the store's own clock when it keeps one (Redis TIME)
 
 
 @dataclass(frozen=True, slots=True)

@@ -494,7 +494,8 @@ def _combine(
             share_left[i] = min(period_end, window_end) - s.now
         base = len(g.counters)
         rolled.extend(g.keys[base + j * len(_CAP_KINDS)] for j in s.rolled)
-    outcome = Outcome(admitted, tuple(counts), tuple(shared), tuple(bounds))
+    clock = seen[0].now if seen else None  # Redis TIME: resets agree across replicas
+    outcome = Outcome(admitted, tuple(counts), tuple(shared), tuple(bounds), clock)
     return _Combined(outcome, counter_left, share_left, fresh, rolled)
 
 
