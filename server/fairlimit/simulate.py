@@ -34,9 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from fairlimit.config.loader import Loaded, load
+from fairlimit.config.loader import Loaded, load, yaml_mapping
 from fairlimit.core import admission
 from fairlimit.core.admission import Code, Descriptor, Request
 from fairlimit.core.matching import Matcher
@@ -262,15 +260,7 @@ def _steady(reader: _Reader, raw: object, duration: float) -> tuple[float, float
 
 def parse_scenario(text: str, source: str, base: Path) -> Scenario:
     """One scenario file's text -> Scenario; ConfigError lists every problem."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "(file)"
-        reason = getattr(exc, "problem", None) or str(exc)
-        raise ConfigUnreadable([f"{source}: {where}: invalid YAML: {reason}"]) from exc
-    if not isinstance(raw, dict):
-        raise ConfigUnreadable([f"{source}: (file): a scenario must be a YAML mapping"])
+    raw = yaml_mapping(text, source, "a scenario")
     reader = _Reader(source)
     reader.mapping(raw, "(file)", SCENARIO_KEYS)
     name = reader.text(raw, "name", "name")

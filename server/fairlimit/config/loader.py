@@ -226,8 +226,8 @@ def _descriptors(problems: _Problems, parent: str, raw: object) -> tuple[Rule, .
     return tuple(rules)
 
 
-def parse_domain(text: str, source: str) -> Domain:
-    """One descriptor file's text -> its Domain; ConfigError lists every problem."""
+def yaml_mapping(text: str, source: str, what: str) -> dict[Any, Any]:
+    """``text`` parsed as one YAML mapping; ConfigUnreadable names line and column if not."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -236,7 +236,13 @@ def parse_domain(text: str, source: str) -> Domain:
         reason = getattr(exc, "problem", None) or str(exc)
         raise ConfigUnreadable([f"{source}: {where}: invalid YAML: {reason}"]) from exc
     if not isinstance(raw, dict):
-        raise ConfigUnreadable([f"{source}: (file): a descriptor file must be a YAML mapping"])
+        raise ConfigUnreadable([f"{source}: (file): {what} must be a YAML mapping"])
+    return raw
+
+
+def parse_domain(text: str, source: str) -> Domain:
+    """One descriptor file's text -> its Domain; ConfigError lists every problem."""
+    raw = yaml_mapping(text, source, "a descriptor file")
     domain = raw.get("domain")
     problems = _Problems(source)
     if not isinstance(domain, str) or not domain:
