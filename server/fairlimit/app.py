@@ -3,58 +3,137 @@
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 
-from fairlimit.config.loader import load
+from prometheus_client import CollectorRegistry
+
+from fairlimit.admin import AdminServer
+from fairlimit.config.loader import Loaded, load
+from fairlimit.config.watch import ConfigWatcher
+from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.servicer import GrpcServer
 from fairlimit.limiter import Limiter
 from fairlimit.settings import Settings
 from fairlimit.store import open_store
+from fairlimit.telemetry import Telemetry
 
 log = logging.getLogger("fairlimit")
 
 DRAIN_SECONDS = 5.0
+REFRESH_SECONDS = 5.0  # how often the fairness gauges are re-read from the store for OTLP
 
 
 class App:
     """A running fairlimit: the limiter and the servers around it."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        telemetry: Telemetry | None = None,
+        metrics_registry: CollectorRegistry | None = None,
+    ) -> None:
         self.settings = settings
+        self.telemetry = telemetry or Telemetry()  # the global providers cli.py installed
         loaded = load(settings.config, strict=settings.strict)
         for line in loaded.warnings:
             log.warning("%s", line)
         self.store = open_store(settings.backend)
         self.limiter = Limiter(
-            loaded, self.store, shadow=settings.shadow, failure_mode=settings.failure_mode
+            loaded,
+            self.store,
+            shadow=settings.shadow,
+            failure_mode=settings.failure_mode,
+            telemetry=self.telemetry,
         )
         self.grpc = GrpcServer(self.limiter, settings.grpc_addr)
+        self.admin = AdminServer(self.limiter, settings.admin_addr, metrics_registry)
+        self.watcher = ConfigWatcher(
+            settings.config, strict=settings.strict, apply=self._apply, reject=self._reject
+        )
+        self._tasks: set[asyncio.Task[object]] = set()
         self._stopping = asyncio.Event()
 
     async def start(self) -> None:
         await self.grpc.start()
-        files = ", ".join(str(p) for p in self.limiter.loaded.files)
-        log.info(
-            "config loaded: %d domains from %s",
-            len(self.limiter.loaded.config.domains),
-            files or "(no files)",
-        )
+        await self.admin.start()
+        self.telemetry.config_load(True)
+        _log_loaded("config loaded", self.limiter.loaded)
         log.info("serving gRPC on %s (port %d)", self.settings.grpc_addr, self.grpc.port)
+        log.info("serving admin HTTP on %s (port %d)", self.settings.admin_addr, self.admin.port)
+        self._spawn(self.watcher.run())
+        self._spawn(self._refresh_fairness())
+
+    def _spawn(self, work: Coroutine[object, object, object]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._tasks.discard)
+
+    def _apply(self, loaded: Loaded) -> None:
+        for line in loaded.warnings:
+            log.warning("%s", line)
+        self.limiter.swap(loaded)
+        self.telemetry.config_load(True)
+        _log_loaded("config reloaded", loaded)
+
+    def _reject(self, error: ConfigError) -> None:
+        for line in error.problems:
+            log.error("%s", line)
+        self.telemetry.config_load(False)
+        log.error("config rejected: keeping the running config (%d problems)", len(error.problems))
+
+    def reload(self) -> None:
+        """Reload the config now (SIGHUP), as a change on disk would."""
+        self._spawn(self.watcher.reload())
+
+    async def _refresh_fairness(self) -> None:
+        while True:
+            try:
+                await self.limiter.refresh_fairness()
+            except Exception:  # a gauge refresh must never take the server down
+                log.exception("refreshing the fairness figures failed")
+            await asyncio.sleep(REFRESH_SECONDS)
 
     def stop(self) -> None:
         """Ask the serve loop to drain and exit."""
         self._stopping.set()
 
     async def run(self, on_ready: Callable[["App"], None] | None = None) -> None:
-        """Serve until SIGTERM/SIGINT or ``stop()``: then NOT_SERVING, drain, exit."""
-        await self.start()
+        """Serve until SIGTERM/SIGINT or ``stop()``: then NOT_SERVING, drain, exit.
+
+        The handlers go in before the servers log that they serve: a signal sent as soon as
+        that line appears must find them.
+        """
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        await self.start()
         if on_ready is not None:
             on_ready(self)
         await self._stopping.wait()
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """NOT_SERVING and /readyz 503, drain in-flight calls, stop the rest."""
         log.info("draining: health NOT_SERVING, finishing in-flight calls")
+        self.admin.draining = True
+        self.watcher.stop()
         await self.grpc.drain(DRAIN_SECONDS)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.admin.stop()
         await self.store.close()
         log.info("stopped")
+
+
+def _log_loaded(what: str, loaded: Loaded) -> None:
+    files = ", ".join(str(p) for p in loaded.files)
+    log.info(
+        "%s: %d domains from %s (%d warnings)",
+        what,
+        len(loaded.config.domains),
+        files or "(no files)",
+        len(loaded.warnings),
+    )

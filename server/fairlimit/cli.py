@@ -65,16 +65,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from fairlimit import otel
     from fairlimit.app import App  # grpc is imported only when serving
     from fairlimit.settings import Settings
 
     given = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     settings = Settings.from_env(os.environ).override(given)
     _configure_logging(settings.log_format)
+    sdk = otel.install(os.environ)  # the OpenTelemetry SDK, here and nowhere else
 
     async def serve() -> int:
-        try:
-            app = App(settings)  # inside the loop: grpc.aio binds to the running loop
+        try:  # inside the loop: grpc.aio binds to the running loop
+            app = App(settings, metrics_registry=sdk.registry)
         except ConfigError as exc:
             for line in exc.problems:
                 logging.getLogger("fairlimit").error("%s", line)
@@ -83,7 +85,10 @@ def _serve(args: argparse.Namespace) -> int:
         await app.run()
         return EXIT_OK
 
-    return asyncio.run(serve())
+    try:
+        return asyncio.run(serve())
+    finally:
+        sdk.shutdown()
 
 
 def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:

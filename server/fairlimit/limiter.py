@@ -1,6 +1,7 @@
 """The use case: a request -> the core's plan -> the store's atomic admission -> statuses."""
 
 import enum
+import logging
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -11,6 +12,9 @@ from fairlimit.core.admission import Code, Request, Status
 from fairlimit.core.matching import Matcher
 from fairlimit.errors import StoreUnavailable
 from fairlimit.store.base import Store
+from fairlimit.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
 
 
 class Clock(Protocol):
@@ -38,6 +42,7 @@ class Decision:
     code: Code
     statuses: tuple[Status, ...]
     backend_failed: bool = False
+    backend_seconds: float = 0.0  # time spent waiting for the store, for the trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,7 @@ class Limiter:
         *,
         shadow: bool = False,
         failure_mode: FailureMode = FailureMode.OPEN,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._active = _Active(loaded, Matcher(loaded.config))
         self.store = store
@@ -64,6 +70,9 @@ class Limiter:
         self.shadow = shadow
         self.failure_mode = failure_mode
         self.backend_failures = 0
+        self.backend_healthy = True
+        self.telemetry = telemetry or Telemetry.off()
+        self.telemetry.use(loaded)
 
     @property
     def loaded(self) -> Loaded:
@@ -72,23 +81,63 @@ class Limiter:
     def swap(self, loaded: Loaded) -> None:
         """Serve ``loaded`` from the next request on (one reference swap, so atomic)."""
         self._active = _Active(loaded, Matcher(loaded.config))
+        self.telemetry.use(loaded)
 
     async def should_rate_limit(self, request: Request) -> Decision:
         """Decide ``request``; RequestError for a malformed one, StoreUnavailable if closed."""
         admission.validate(request)
         plan = admission.plan(request, self._active.matcher)
         now = self.clock.now()
+        backend = 0.0
         if not plan.counters:
             outcome = admission.Outcome(True, (), (), ())
         else:
+            started = time.perf_counter()  # a latency, so real time: windows use self.clock
             try:
                 outcome = await self.store.admit(plan, now)
-            except StoreUnavailable:
-                self.backend_failures += 1
+            except StoreUnavailable as exc:
+                self._backend_state(exc)
                 if self.failure_mode is FailureMode.CLOSED:
                     raise
                 open_statuses = tuple(Status(Code.OK, None, 0, 0.0) for _ in plan.descriptors)
-                return Decision(Code.OK, open_statuses, backend_failed=True)
+                backend = time.perf_counter() - started
+                return Decision(Code.OK, open_statuses, True, backend)
+            backend = time.perf_counter() - started
+            if not self.backend_healthy:
+                self._backend_state(None)
         statuses = admission.statuses(plan, outcome, now)
         code = Code.OK if self.shadow else admission.overall(statuses)
-        return Decision(code, statuses)
+        self.telemetry.decided(request, statuses, now)
+        return Decision(code, statuses, backend_seconds=backend)
+
+    async def ping(self) -> bool:
+        """Whether the backend answers now (readiness)."""
+        try:
+            await self.store.ping()
+        except StoreUnavailable as exc:
+            self._backend_state(exc)
+            return False
+        self._backend_state(None)
+        return True
+
+    async def refresh_fairness(self) -> None:
+        """Read the caps' fairness figures from the store into the telemetry's rows."""
+        try:
+            reports = list((await self.store.caps()).values())
+        except StoreUnavailable as exc:
+            self._backend_state(exc)
+            reports = []
+        self.telemetry.refresh(self.loaded, reports, self.clock.now())
+
+    def _backend_state(self, error: StoreUnavailable | None) -> None:
+        """Count a failed store call; log each healthy <-> unavailable transition once."""
+        if error is not None:
+            self.backend_failures += 1
+            self.telemetry.backend_error()
+        if (error is None) == self.backend_healthy:
+            return
+        self.backend_healthy = error is None
+        if error is None:
+            log.info("backend healthy again")
+        else:
+            log.error("backend unavailable: %s", error or type(error).__name__)

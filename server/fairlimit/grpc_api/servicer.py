@@ -1,11 +1,14 @@
 """The RateLimitService servicer and the grpc.aio server around it."""
 
 import logging
+import time
 
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import propagate
+from opentelemetry.trace import Span, SpanKind, StatusCode
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.errors import RequestError, StoreUnavailable
@@ -23,6 +26,14 @@ _STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (RequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
 )
+_SPAN = f"{RLS_SERVICE}/ShouldRateLimit"  # the RPC span name of OpenTelemetry's conventions
+_SPAN_ATTRIBUTES = {
+    "rpc.system": "grpc",
+    "rpc.service": RLS_SERVICE,
+    "rpc.method": "ShouldRateLimit",
+}
+_FAILED = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE)  # the server's fault
+_Failure = tuple[grpc.StatusCode, str]
 
 
 class RateLimitServicer:
@@ -47,11 +58,35 @@ class RateLimitServicer:
     async def ShouldRateLimit(  # the name is the RPC's
         self, payload: bytes, context: grpc.aio.ServicerContext
     ) -> rls_pb2.RateLimitResponse:
+        """One span per call, its parent the W3C context Envoy sends in the metadata."""
+        telemetry = self.limiter.telemetry
+        started = time.perf_counter()
+        carrier = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        with telemetry.tracer.start_as_current_span(
+            _SPAN, propagate.extract(carrier), SpanKind.SERVER, _SPAN_ATTRIBUTES
+        ) as span:
+            answer = await self._answer(payload, span)
+            if isinstance(answer, tuple):
+                result = answer[0].name
+                if answer[0] in _FAILED:
+                    span.set_status(StatusCode.ERROR, answer[1])
+            else:
+                result = rls_pb2.RateLimitResponse.Code.Name(answer.overall_code)
+            span.set_attribute("ratelimit.result", result)
+        telemetry.rpc_finished(time.perf_counter() - started, result)
+        if isinstance(answer, tuple):
+            await context.abort(*answer)
+            raise AssertionError("unreachable: abort raises")
+        return answer
+
+    async def _answer(self, payload: bytes, span: Span) -> rls_pb2.RateLimitResponse | _Failure:
+        """The response, or the status code and message to abort with."""
         try:
             request = rls_pb2.RateLimitRequest.FromString(payload)
         except DecodeError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {exc}")
-            raise  # abort raises; this line only satisfies the type checker
+            return grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {exc}"
+        span.set_attribute("ratelimit.domain", request.domain)
+        span.set_attribute("ratelimit.descriptor_count", len(request.descriptors))
         try:
             decision = await self.limiter.should_rate_limit(request_from_proto(request))
         except Exception as exc:
@@ -59,8 +94,8 @@ class RateLimitServicer:
             if code is None:
                 log.exception("ShouldRateLimit failed")
                 code = grpc.StatusCode.INTERNAL
-            await context.abort(code, str(exc) or type(exc).__name__)
-            raise  # abort raises; this line only satisfies the type checker
+            return code, str(exc) or type(exc).__name__
+        span.set_attribute("ratelimit.backend_seconds", decision.backend_seconds)
         return response_to_proto(decision)
 
 

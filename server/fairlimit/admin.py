@@ -1,0 +1,153 @@
+"""HTTP admin endpoints (aiohttp, on the serve loop): health, metrics, config, ``POST /json``."""
+
+import json
+import math
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from fairlimit.capstats import CapRow
+from fairlimit.config.loader import Loaded
+from fairlimit.core.admission import Code
+from fairlimit.core.rules import Rule
+from fairlimit.core.validation import Classification
+from fairlimit.errors import RequestError, StoreUnavailable
+from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
+from fairlimit.limiter import Limiter
+from fairlimit.settings import parse_address
+
+MAX_BODY = 64 * 1024  # a RateLimitRequest within the request bounds is far smaller
+
+
+class AdminServer:
+    """``/healthz``, ``/readyz``, ``/metrics``, ``/rlconfig`` and ``POST /json``."""
+
+    def __init__(
+        self, limiter: Limiter, address: str, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.limiter = limiter
+        self.registry = registry  # the Prometheus reader's, from the CLI's SDK wiring
+        self.host, self.port = parse_address("--admin-addr", address)
+        self.draining = False
+        app = web.Application(client_max_size=MAX_BODY)
+        app.add_routes(
+            [
+                web.get("/healthz", self.healthz),
+                web.get("/readyz", self.readyz),
+                web.get("/metrics", self.metrics),
+                web.get("/rlconfig", self.rlconfig),
+                web.post("/json", self.json),
+            ]
+        )
+        self._runner = web.AppRunner(app, access_log=None)
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = int(self._runner.addresses[0][1])  # the bound one, when asked for 0
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        """Alive: the loop answers."""
+        return web.Response(text="ok\n")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        """Ready: config loaded (it is, once serving), backend answering, not draining."""
+        if self.draining:
+            return web.Response(status=503, text="draining\n")
+        if not await self.limiter.ping():
+            return web.Response(status=503, text="backend unavailable\n")
+        return web.Response(text="ready\n")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text (or OpenMetrics, as the scraper asks) from the OTel SDK's reader."""
+        if self.registry is None:
+            return web.Response(status=404, text="metrics are not configured\n")
+        await self.limiter.refresh_fairness()
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(self.registry), headers={"Content-Type": content_type})
+
+    async def rlconfig(self, request: web.Request) -> web.Response:
+        """The loaded rules, each cap's classification and its live fairness figures."""
+        await self.limiter.refresh_fairness()
+        report = config_report(self.limiter.loaded, self.limiter.telemetry.rows)
+        return web.json_response(report, dumps=lambda o: json.dumps(o, indent=2))
+
+    async def json(self, request: web.Request) -> web.Response:
+        """A RateLimitRequest in proto3 JSON: 200 OK, 429 over, 400 bad, 503 backend down."""
+        try:
+            decision = await self.limiter.should_rate_limit(request_from_json(await request.read()))
+        except RequestError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        except StoreUnavailable as exc:  # --failure-mode closed
+            return web.json_response({"error": f"backend unavailable: {exc}"}, status=503)
+        # failure-open answers OK with the backend down: 503, with what Envoy got as the body
+        status = 503 if decision.backend_failed else 200 if decision.code is Code.OK else 429
+        return web.Response(
+            status=status, text=response_to_json(decision), content_type="application/json"
+        )
+
+
+def config_report(loaded: Loaded, rows: tuple[CapRow, ...]) -> dict[str, Any]:
+    """``/rlconfig``: every domain's rule tree, with classifications and fairness attached."""
+    classes = {c.path: c for c in loaded.classifications}
+    live = {r.rule: r for r in rows}
+    return {
+        "files": [str(f) for f in loaded.files],
+        "warnings": loaded.warnings,
+        "domains": [
+            {
+                "domain": d.name,
+                "file": d.source,
+                "descriptors": [_rule(r, classes, live) for r in d.rules],
+            }
+            for d in sorted(loaded.config.domains.values(), key=lambda d: d.name)
+        ],
+    }
+
+
+def _rule(rule: Rule, classes: dict[str, Classification], live: dict[str, CapRow]) -> Any:
+    out: dict[str, Any] = {"path": rule.path, "key": rule.key, "value": rule.value}
+    limit = rule.rate_limit
+    if limit is not None:
+        out["rate_limit"] = (
+            {"unlimited": True}
+            if limit.unlimited
+            else {"unit": limit.unit.name.lower(), "requests_per_unit": limit.requests_per_unit}
+        )
+        out["rate_limit"].update({"name": limit.name, "replaces": list(limit.replaces)})
+    out["shadow_mode"], out["detailed_metric"] = rule.shadow_mode, rule.detailed_metric
+    if rule.fair_share is not None:
+        out["fair_share"] = {
+            "active_clients": rule.fair_share.active_clients,
+            "weights": dict(rule.fair_share.weights),
+        }
+    if rule.path in classes:
+        c = classes[rule.path]
+        out["classification"] = {"mode": c.mode.value, "warning": c.is_warning,
+                                 "message": c.message}  # fmt: skip
+        out["fairness"] = _fairness(live.get(rule.path))
+    if rule.children:
+        out["descriptors"] = [_rule(c, classes, live) for c in rule.children]
+    return out
+
+
+def _fairness(row: CapRow | None) -> dict[str, Any] | None:
+    if row is None or row.figures is None:
+        return None  # no full period seen yet
+    f = row.figures
+    return {
+        "instances": row.instances,
+        "utilization": f.utilization,
+        "active_clients": f.active_clients,
+        "declared_clients": row.declared_clients,
+        "over_declared": row.over_declared,
+        "fair_share_level_per_second": None if math.isinf(f.level) else f.level,
+        "jain_index": f.jain_index,
+        "top_client_share": f.top_client_share,
+        "starved_clients": f.starved_clients,
+    }

@@ -1,0 +1,23 @@
+"""RateLimitRequest and RateLimitResponse in proto3 JSON, for the admin ``POST /json``."""
+
+from google.protobuf import json_format
+
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
+from fairlimit.core.admission import Request
+from fairlimit.errors import RequestError
+from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
+from fairlimit.limiter import Decision
+
+
+def request_from_json(body: bytes | str) -> Request:
+    """A RateLimitRequest in proto3 JSON as the core sees it; RequestError when unusable."""
+    try:
+        message = json_format.Parse(body, rls_pb2.RateLimitRequest())
+    except (json_format.ParseError, UnicodeDecodeError) as exc:
+        raise RequestError(f"not a RateLimitRequest in proto3 JSON: {exc}") from exc
+    return request_from_proto(message)
+
+
+def response_to_json(decision: Decision) -> str:
+    """The RateLimitResponse Envoy would get, in proto3 JSON."""
+    return json_format.MessageToJson(response_to_proto(decision), indent=None)

@@ -1,0 +1,210 @@
+"""OpenTelemetry instruments, created once through the API; the SDK is wired in the CLI.
+
+Per rule (attributes ``domain`` and ``rule``, the rule path; ``value``, the request's
+``key=value`` path, only where the rule sets ``detailed_metric``), with envoyproxy/ratelimit's
+meanings, in hits: ``ratelimit.total_hits``, ``.over_limit`` (shadow-mode overs included),
+``.near_limit`` (admitted hits that took the rule past 80% of its current limit),
+``.within_limit``, ``.shadow_mode``. Per cap rule, observable gauges read from the last
+``refresh`` (attributes ``domain`` and ``rule``; never a client value): see ``capstats``.
+Service: ``fairlimit.rpc.duration``, ``fairlimit.backend.errors``, ``fairlimit.config.loads``.
+
+Telemetry never fails a request: recording errors are caught, counted and logged once.
+"""
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvider, Observation
+from opentelemetry.trace import NoOpTracerProvider, TracerProvider
+
+from fairlimit import __version__
+from fairlimit.capstats import BucketWatch, CapRow, CapTable
+from fairlimit.config.loader import Loaded
+from fairlimit.core.admission import Code, Request, Status
+from fairlimit.core.fairshare import FairnessFigures
+from fairlimit.store.base import CapReport
+
+log = logging.getLogger(__name__)
+
+NEAR_LIMIT_RATIO = 0.8  # envoyproxy/ratelimit's default NEAR_LIMIT_RATIO
+NO_LEVEL = -1.0  # fair_share_level when λ is infinite (uncontended) or unknown
+_RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+_RULE_COUNTERS = (
+    ("total_hits", "Hits checked against the rule"),
+    ("over_limit", "Hits over the rule's limit (shadow-mode overs included)"),
+    ("near_limit", "Admitted hits that took the rule past 80% of its current limit"),
+    ("within_limit", "Hits within the rule's limit"),
+    ("shadow_mode", "Hits over a shadow-mode rule's limit, answered OK"),
+)
+_Reading = Callable[[CapRow], float | None]
+
+
+def _figure(read: Callable[[FairnessFigures], float]) -> _Reading:
+    return lambda row: None if row.figures is None else read(row.figures)
+
+
+def _level(row: CapRow) -> float | None:
+    if row.figures is None:
+        return None
+    level = row.figures.level
+    return NO_LEVEL if math.isinf(level) else level
+
+
+def _over_declared(row: CapRow) -> float | None:
+    return None if row.declared_clients is None else float(row.over_declared)
+
+
+def _declared(row: CapRow) -> float | None:
+    return None if row.declared_clients is None else float(row.declared_clients)
+
+
+_CAP_GAUGES: tuple[tuple[str, str, str, _Reading], ...] = (
+    ("utilization", "1", "Admitted hits over the cap's capacity, last period",
+     _figure(lambda f: f.utilization)),
+    ("active_clients", "{client}", "Clients with demand at the cap, last period",
+     _figure(lambda f: f.active_clients)),
+    ("declared_clients", "{client}", "The cap's fair_share.active_clients", _declared),
+    ("fair_share_level", "{hit}/s", "λ per unit weight; -1 when uncontended", _level),
+    ("jain_index", "1", "Jain's index over admitted / max-min fair share",
+     _figure(lambda f: f.jain_index)),
+    ("top_client_share", "1", "The largest client's part of the admitted hits",
+     _figure(lambda f: f.top_client_share)),
+    ("starved_clients", "{client}", "Clients that got under 90% of their fair share",
+     _figure(lambda f: f.starved_clients)),
+    ("over_declared", "1", "1 when active clients exceed the declared active_clients",
+     _over_declared),
+)  # fmt: skip
+
+
+class Telemetry:
+    """The instruments and the fairness rows they report; one per process (or per test)."""
+
+    def __init__(
+        self,
+        meter_provider: MeterProvider | None = None,
+        tracer_provider: TracerProvider | None = None,
+        *,
+        enabled: bool = True,
+    ) -> None:
+        self.enabled = enabled
+        self.errors = 0  # recording failures, swallowed so that requests never fail
+        self.tracer = trace.get_tracer("fairlimit", __version__, tracer_provider)
+        meter = metrics.get_meter("fairlimit", __version__, meter_provider)
+        self._rule = {
+            name: meter.create_counter(f"ratelimit.{name}", "{hit}", text)
+            for name, text in _RULE_COUNTERS
+        }
+        self._rpc = meter.create_histogram(
+            "fairlimit.rpc.duration",
+            "s",
+            "ShouldRateLimit latency, by result",
+            explicit_bucket_boundaries_advisory=_RPC_BUCKETS,
+        )
+        self._backend_errors = meter.create_counter(
+            "fairlimit.backend.errors", "{error}", "Store calls that failed (StoreUnavailable)"
+        )
+        self._loads = meter.create_counter(
+            "fairlimit.config.loads", "{load}", "Config loads, by result (success|failure)"
+        )
+        for name, unit, text, read in _CAP_GAUGES:
+            meter.create_observable_gauge(
+                f"fairlimit.cap.{name}", [self._observer(read)], unit, text
+            )
+        meter.create_observable_gauge(
+            "fairlimit.cap.mode", [self._modes], "1", "1 for the cap's classification (mode)"
+        )
+        self.rows: tuple[CapRow, ...] = ()
+        self._buckets = BucketWatch()
+        self._table = CapTable()
+
+    @classmethod
+    def off(cls) -> "Telemetry":
+        """Records nothing (the limiter's default): instruments on the API's no-op providers."""
+        return cls(NoOpMeterProvider(), NoOpTracerProvider(), enabled=False)
+
+    def use(self, loaded: Loaded) -> None:
+        """The configuration in force from now on."""
+        self._buckets.use(loaded)
+
+    def decided(self, request: Request, statuses: Sequence[Status], now: float) -> None:
+        """Count one answered request per rule, and what global buckets gave whom."""
+        if not self.enabled:
+            return
+        try:
+            self._count_rules(request, statuses)
+            self._buckets.observe(request, statuses, now)
+        except Exception:
+            self._failed()
+
+    def _count_rules(self, request: Request, statuses: Sequence[Status]) -> None:
+        for descriptor, status in zip(request.descriptors, statuses, strict=True):
+            rule, limit = status.rule, status.current_limit
+            hits = request.hits_for(descriptor)
+            if rule is None or limit is None or hits == 0:
+                continue
+            attributes = {"domain": request.domain, "rule": rule.path}
+            if rule.detailed_metric:
+                attributes["value"] = "/".join(f"{k}={v}" for k, v in descriptor.entries)
+            self._rule["total_hits"].add(hits, attributes)
+            if status.code is Code.OVER_LIMIT or status.shadowed:
+                self._rule["over_limit"].add(hits, attributes)
+                if status.shadowed:
+                    self._rule["shadow_mode"].add(hits, attributes)
+                continue
+            self._rule["within_limit"].add(hits, attributes)
+            used = limit.requests_per_unit - status.limit_remaining
+            near = used - math.floor(limit.requests_per_unit * NEAR_LIMIT_RATIO)
+            if near > 0:
+                self._rule["near_limit"].add(min(hits, near), attributes)
+
+    def backend_error(self) -> None:
+        self._safely(self._backend_errors.add, 1)
+
+    def config_load(self, ok: bool) -> None:
+        self._safely(self._loads.add, 1, {"result": "success" if ok else "failure"})
+
+    def rpc_finished(self, seconds: float, result: str) -> None:
+        """One ShouldRateLimit call took ``seconds``; ``result`` is its code's name."""
+        self._safely(self._rpc.record, seconds, {"result": result})
+
+    def _safely(self, record: Callable[..., None], *args: object) -> None:
+        if not self.enabled:
+            return
+        try:
+            record(*args)
+        except Exception:
+            self._failed()
+
+    def refresh(self, loaded: Loaded, reports: Iterable[CapReport], now: float) -> None:
+        """Rebuild the fairness rows the gauges and /rlconfig read."""
+        if not self.enabled:
+            return
+        try:
+            self.rows = self._table.rows(loaded, reports, self._buckets.figures(now))
+        except Exception:
+            self._failed()
+
+    def _failed(self) -> None:
+        self.errors += 1
+        if self.errors == 1:
+            log.exception("telemetry failed; requests go on (further failures are counted)")
+
+    def _observer(self, read: _Reading) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            out = []
+            for row in self.rows:
+                value = read(row)
+                if value is not None:
+                    out.append(Observation(value, {"domain": row.domain, "rule": row.rule}))
+            return out
+
+        return observe
+
+    def _modes(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(1, {"domain": r.domain, "rule": r.rule, "mode": r.mode.value})
+            for r in self.rows
+        ]

@@ -1,0 +1,206 @@
+"""The HTTP admin through a real client: health, readiness, POST /json, /rlconfig, /metrics."""
+
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+
+from conftest import FakeClock, load_text
+from fairlimit.admin import AdminServer
+from fairlimit.errors import StoreUnavailable
+from fairlimit.limiter import FailureMode, Limiter
+from fairlimit.store.memory import MemoryStore
+from fairlimit.telemetry import Telemetry
+from helpers import desc, req
+
+CONFIG = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {unit: second, requests_per_unit: 100}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 2}
+  - key: generic_key
+    value: api
+    rate_limit: {unit: minute, requests_per_unit: 10}
+"""
+
+
+def rls_json(*pairs: tuple[str, str], domain: str = "edge") -> str:
+    entries = [{"key": k, "value": v} for k, v in pairs]
+    return json.dumps({"domain": domain, "descriptors": [{"entries": entries}]})
+
+
+class DownStore(MemoryStore):
+    """A backend that stopped answering."""
+
+    async def admit(self, plan, now):  # type: ignore[no-untyped-def]
+        raise StoreUnavailable("connection refused")
+
+    async def ping(self) -> None:
+        raise StoreUnavailable("connection refused")
+
+
+Serve = Callable[..., Any]
+
+
+@pytest.fixture
+async def serve(tmp_path: Path) -> AsyncIterator[Serve]:
+    """``await serve(store, **options)``: an admin server over a fresh limiter -> (URL, limiter)."""
+    servers: list[AdminServer] = []
+
+    async def start(store: MemoryStore | None = None, **options: Any) -> tuple[str, Limiter]:
+        telemetry = Telemetry(MeterProvider(), TracerProvider())
+        store = store if store is not None else MemoryStore()  # an empty store is falsy
+        loaded = load_text(tmp_path, CONFIG)
+        limiter = Limiter(loaded, store, FakeClock(), telemetry=telemetry, **options)
+        server = AdminServer(limiter, "127.0.0.1:0")
+        await server.start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.port}", limiter
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+class TestHealth:
+    async def test_alive_and_ready(self, serve: Serve, http: aiohttp.ClientSession) -> None:
+        """/healthz and /readyz answer 200 with the config loaded and the backend up."""
+        base, _ = await serve()
+        for path in ("/healthz", "/readyz"):
+            async with http.get(base + path) as response:
+                assert response.status == 200, path
+
+    async def test_not_ready_while_the_backend_is_down(
+        self, serve: Serve, http: aiohttp.ClientSession
+    ) -> None:
+        """/readyz is 503 when store.ping() fails; /healthz stays 200 (restarting won't help)."""
+        base, _ = await serve(DownStore())
+        async with http.get(base + "/readyz") as response:
+            assert response.status == 503
+            assert "backend unavailable" in await response.text()
+        async with http.get(base + "/healthz") as response:
+            assert response.status == 200
+
+    async def test_not_ready_while_draining(
+        self, tmp_path: Path, http: aiohttp.ClientSession
+    ) -> None:
+        """/readyz is 503 once draining, so load balancers stop sending."""
+        limiter = Limiter(load_text(tmp_path, CONFIG), MemoryStore(), FakeClock())
+        server = AdminServer(limiter, "127.0.0.1:0")
+        await server.start()
+        server.draining = True
+        try:
+            async with http.get(f"http://127.0.0.1:{server.port}/readyz") as response:
+                assert response.status == 503
+        finally:
+            await server.stop()
+
+
+class TestJson:
+    async def test_ok_then_over_limit(self, serve: Serve, http: aiohttp.ClientSession) -> None:
+        """200 with the RateLimitResponse in proto3 JSON, then 429 once over."""
+        base, _ = await serve()
+        body = rls_json(("route", "public"), ("client_id", "alice"))
+        answers = []
+        for _ in range(3):
+            async with http.post(base + "/json", data=body) as response:
+                answers.append((response.status, await response.json()))
+        assert [status for status, _ in answers] == [200, 200, 429]
+        first, last = answers[0][1], answers[2][1]
+        assert first["overallCode"] == "OK"
+        assert first["statuses"][0]["currentLimit"] == {"requestsPerUnit": 2, "unit": "SECOND"}
+        assert first["statuses"][0]["limitRemaining"] == 1
+        assert last["overallCode"] == "OVER_LIMIT"
+
+    @pytest.mark.parametrize(
+        "body",
+        ["not json", '{"domain": "edge", "descriptors": "x"}', '{"domain": "edge"}',
+         rls_json(("route", "public"), domain=""), '{"domain": "edge", "bogus": 1}'],
+        ids=["not-json", "wrong-type", "no-descriptors", "empty-domain", "unknown-field"],
+    )  # fmt: skip
+    async def test_bad_requests_are_400(
+        self, serve: Serve, http: aiohttp.ClientSession, body: str
+    ) -> None:
+        """Anything that is not a usable RateLimitRequest is 400 with the reason."""
+        base, _ = await serve()
+        async with http.post(base + "/json", data=body) as response:
+            assert response.status == 400
+            assert (await response.json())["error"]
+
+    @pytest.mark.parametrize("mode", [FailureMode.OPEN, FailureMode.CLOSED])
+    async def test_backend_down_is_503(
+        self, serve: Serve, http: aiohttp.ClientSession, mode: FailureMode
+    ) -> None:
+        """503 in either failure mode; failure-open still shows the OK that Envoy got."""
+        base, _ = await serve(DownStore(), failure_mode=mode)
+        async with http.post(base + "/json", data=rls_json(("generic_key", "api"))) as response:
+            assert response.status == 503
+            body = await response.json()
+        if mode is FailureMode.OPEN:
+            assert body["overallCode"] == "OK"
+        else:
+            assert "backend unavailable" in body["error"]
+
+    async def test_get_is_not_allowed(self, serve: Serve, http: aiohttp.ClientSession) -> None:
+        """/json takes POST only."""
+        base, _ = await serve()
+        async with http.get(base + "/json") as response:
+            assert response.status == 405
+
+
+class TestRlconfig:
+    async def test_rules_with_classification_and_live_fairness(
+        self, serve: Serve, http: aiohttp.ClientSession
+    ) -> None:
+        """The rule tree as loaded, each cap's classification, and its figures once measured."""
+        base, limiter = await serve()
+        async with http.get(base + "/rlconfig") as response:
+            assert response.status == 200
+            before = await response.json()
+        cap, bucket = before["domains"][0]["descriptors"]
+        assert cap["path"] == "edge/route=public"
+        assert cap["fair_share"] == {"active_clients": 2, "weights": {}}
+        assert cap["classification"]["mode"] == "per-client-buckets"
+        assert cap["fairness"] is None  # no full period yet
+        assert cap["descriptors"][0]["rate_limit"]["requests_per_unit"] == 2
+        assert bucket["classification"]["mode"] == "global-bucket-only"
+        message = bucket["classification"]["message"]
+        assert before["warnings"] == [f"{before['files'][0]}: edge/generic_key=api: {message}"]
+        for client in ("a", "b", "c"):  # three clients at a cap sized for two
+            await limiter.should_rate_limit(
+                req("edge", desc("route=public", f"client_id={client}"))
+            )
+        limiter.clock.advance(1)  # type: ignore[attr-defined]
+        await limiter.should_rate_limit(req("edge", desc("route=public", "client_id=a")))
+        async with http.get(base + "/rlconfig") as response:
+            fairness = (await response.json())["domains"][0]["descriptors"][0]["fairness"]
+        assert fairness["active_clients"] == 3 and fairness["over_declared"] is True
+        assert fairness["jain_index"] == pytest.approx(1.0)
+        assert fairness["starved_clients"] == 0
+        assert fairness["fair_share_level_per_second"] is None  # uncontended
+
+
+class TestMetrics:
+    async def test_without_a_registry_metrics_is_404(
+        self, serve: Serve, http: aiohttp.ClientSession
+    ) -> None:
+        """Without the CLI's SDK wiring there is nothing to render."""
+        base, _ = await serve()
+        async with http.get(base + "/metrics") as response:
+            assert response.status == 404
