@@ -105,7 +105,8 @@ class Limiter:
             backend = time.perf_counter() - started
             if not self.backend_healthy:
                 self._backend_state(None)
-        statuses = admission.statuses(plan, outcome, now)
+        clock = now if outcome.now is None else outcome.now
+        statuses = admission.statuses(plan, outcome, clock)
         code = Code.OK if self.shadow else admission.overall(statuses)
         self.telemetry.decided(request, statuses, now)
         return Decision(code, statuses, backend_seconds=backend)
