@@ -11,7 +11,7 @@ from fairlimit.admin import AdminServer
 from fairlimit.config.loader import Loaded, load
 from fairlimit.config.watch import ConfigWatcher
 from fairlimit.errors import ConfigError
-from fairlimit.grpc_api.servicer import GrpcServer
+from fairlimit.grpc_api.servicer import GrpcServer, TlsFiles
 from fairlimit.limiter import Limiter
 from fairlimit.settings import Settings
 from fairlimit.store import open_store
@@ -21,6 +21,14 @@ log = logging.getLogger("fairlimit")
 
 DRAIN_SECONDS = 5.0
 REFRESH_SECONDS = 5.0  # how often the fairness gauges are re-read from the store for OTLP
+
+
+def _tls(settings: Settings) -> TlsFiles | None:
+    """The TLS files named by the settings, read once at start."""
+    if settings.tls_cert is None or settings.tls_key is None:
+        return None
+    ca = settings.tls_client_ca.read_bytes() if settings.tls_client_ca else None
+    return TlsFiles(settings.tls_cert.read_bytes(), settings.tls_key.read_bytes(), ca)
 
 
 class App:
@@ -46,7 +54,7 @@ class App:
             failure_mode=settings.failure_mode,
             telemetry=self.telemetry,
         )
-        self.grpc = GrpcServer(self.limiter, settings.grpc_addr)
+        self.grpc = GrpcServer(self.limiter, settings.grpc_addr, _tls(settings))
         self.admin = AdminServer(self.limiter, settings.admin_addr, metrics_registry)
         self.watcher = ConfigWatcher(
             settings.config, strict=settings.strict, apply=self._apply, reject=self._reject

@@ -52,6 +52,9 @@ class Settings:
     shadow: bool = False
     workers: int = 1
     log_format: str = "text"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Settings":
@@ -95,6 +98,20 @@ class Settings:
             )
         if self.log_format not in ("text", "json"):
             raise SettingsError(f"--log-format: expected text or json, got {self.log_format!r}")
+        self._validate_tls()
+
+    def _validate_tls(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise SettingsError("--tls-cert and --tls-key: give both, or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise SettingsError("--tls-client-ca: mTLS needs --tls-cert and --tls-key too")
+        for flag, path in (
+            ("--tls-cert", self.tls_cert),
+            ("--tls-key", self.tls_key),
+            ("--tls-client-ca", self.tls_client_ca),
+        ):
+            if path is not None and not path.is_file():
+                raise SettingsError(f"{flag}: no such file: {path}")
 
 
 def _convert(label: str, name: str, value: object) -> object:
@@ -106,6 +123,8 @@ def _convert(label: str, name: str, value: object) -> object:
     if isinstance(value, bool):
         return value
     text = str(value)
+    if name.startswith("tls_"):
+        return Path(text) if text else None
     if name in ("strict", "shadow"):
         return _flag(label, text)
     if name == "workers":

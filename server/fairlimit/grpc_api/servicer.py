@@ -2,6 +2,7 @@
 
 import logging
 import time
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -99,10 +100,26 @@ class RateLimitServicer:
         return response_to_proto(decision)
 
 
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """PEM contents for serving gRPC over TLS; a client CA makes it mTLS."""
+
+    cert_chain: bytes
+    private_key: bytes
+    client_ca: bytes | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(self.private_key, self.cert_chain)],
+            root_certificates=self.client_ca,
+            require_client_auth=self.client_ca is not None,
+        )
+
+
 class GrpcServer:
     """The gRPC server: RLS, health (NOT_SERVING while draining) and reflection."""
 
-    def __init__(self, limiter: Limiter, address: str) -> None:
+    def __init__(self, limiter: Limiter, address: str, tls: TlsFiles | None = None) -> None:
         self.server = grpc.aio.server()
         self.server.add_generic_rpc_handlers((RateLimitServicer(limiter).handler(),))
         self.health = health.aio.HealthServicer()
@@ -113,7 +130,10 @@ class GrpcServer:
             reflection.SERVICE_NAME,
         )
         reflection.enable_server_reflection(names, self.server)
-        self.port = self.server.add_insecure_port(address)
+        if tls is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            self.port = self.server.add_secure_port(address, tls.credentials())
         if self.port == 0:
             raise OSError(f"cannot bind gRPC address {address}")
 
