@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -12,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from servers import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "envoy" / "envoy.yaml"
 LISTENER, RLS, ADMIN = 10000, 8081, 9901
@@ -28,22 +29,17 @@ def envoy_binary() -> str:
     return found
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str]]:
-    """GET ``url``; returns the status and lower-cased headers (errors included)."""
+def http_get(
+    url: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """GET ``url``; returns the status, lower-cased headers and body (errors included)."""
     request = urllib.request.Request(url, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
-            response.read()
-            return response.status, {k.lower(): v for k, v in response.headers.items()}
+            body = response.read()
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, body
     except urllib.error.HTTPError as error:
-        return error.code, {k.lower(): v for k, v in error.headers.items()}
+        return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
 
 
 class EnvoyProcess:

@@ -3,6 +3,7 @@
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -13,6 +14,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 _PORT = re.compile(r"serving gRPC on \S+ \(port (\d+)\)")
+
+
+def free_port() -> int:
+    """A loopback port free at the moment of asking."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class ServerProcess:

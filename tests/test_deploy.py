@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "fairlimit"
@@ -784,13 +784,6 @@ class TestDockerfile:
         assert run() == 0
         servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         assert run() == 1
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def grpc_health(port: int, timeout: float) -> int:

