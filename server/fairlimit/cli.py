@@ -1,4 +1,4 @@
-"""The ``fairlimit`` command: serve, check, version. Logging is configured here only."""
+"""The ``fairlimit`` command: serve, check, simulate, version. Logging is configured here only."""
 
 import argparse
 import asyncio
