@@ -12,6 +12,7 @@ import yaml
 
 from fairlimit import simulate
 from fairlimit.cli import main
+from fairlimit.simulate_scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "descriptors" / "scenarios" / "seed-trace.yaml"
@@ -139,7 +140,7 @@ class TestTraffic:
     def test_retries_come_back_after_their_backoff(self, tmp_path: Path) -> None:
         """Ten refused requests are retried half a second later, in the next window: all pass."""
         retrying = {"name": "a", "rate": 20, "stop": 1, "retries": {"max": 5, "backoff": 0.5}}
-        client = _only(simulate.run(simulate.load_scenario(_scenario(tmp_path, [retrying]))))[0]
+        client = _only(simulate.run(load_scenario(_scenario(tmp_path, [retrying]))))[0]
         assert (client.offered, client.attempted, client.admitted) == (20, 30, 20)
         assert client.success == 1.0
         assert client.per_second == (10, 10)
@@ -147,7 +148,7 @@ class TestTraffic:
     def test_without_retries_success_is_the_admitted_share(self, tmp_path: Path) -> None:
         """With no retries a refused request is lost: success = admitted / offered."""
         plain = {"name": "a", "rate": 20, "stop": 1}
-        client = _only(simulate.run(simulate.load_scenario(_scenario(tmp_path, [plain]))))[0]
+        client = _only(simulate.run(load_scenario(_scenario(tmp_path, [plain]))))[0]
         assert (client.offered, client.attempted, client.admitted, client.rejected) == (
             20,
             20,
@@ -159,7 +160,7 @@ class TestTraffic:
     def test_requests_are_spread_evenly_between_start_and_stop(self, tmp_path: Path) -> None:
         """A client at 7.3/s from 0.5 s to 2 s offers ceil(1.5 x 7.3) = 11 requests."""
         clients = [{"name": "a", "rate": 7.3, "start": 0.5}]
-        client = _only(simulate.run(simulate.load_scenario(_scenario(tmp_path, clients))))[0]
+        client = _only(simulate.run(load_scenario(_scenario(tmp_path, clients))))[0]
         assert client.offered == 11
         assert client.admitted_per_second == pytest.approx(11 / 1.5)
 
@@ -176,7 +177,7 @@ class TestTraffic:
             {"label": "weighted", "path": "weighted.yaml"},
         ]
         path = _scenario(tmp_path, clients, duration=4, tick=0.05, configs=configs)
-        scenario = simulate.load_scenario(path)
+        scenario = load_scenario(path)
         fast, slow = simulate.run(scenario), simulate.run(scenario, coalesce=False)
         for quick, exact in zip(fast.configs, slow.configs, strict=True):
             assert quick.clients == exact.clients

@@ -146,6 +146,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _simulate(args: argparse.Namespace) -> int:
     from fairlimit import simulate, simulate_report  # only this command needs them
+    from fairlimit.simulate_scenario import load_scenario
 
     try:
         if args.plot:
@@ -154,7 +155,7 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"fairlimit: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     try:
-        result = simulate.run(simulate.load_scenario(args.scenario), args.config)
+        result = simulate.run(load_scenario(args.scenario), args.config)
     except ConfigError as exc:
         for line in exc.problems:
             print(line, file=sys.stderr)
