@@ -8,8 +8,8 @@ from pathlib import Path
 
 from fairlimit.errors import SettingsError
 from fairlimit.limiter import FailureMode
+from fairlimit.store.base import BACKEND_SCHEMES
 
-BACKEND_SCHEMES = ("memory", "redis", "rediss", "redis+sentinel", "redis+cluster")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 

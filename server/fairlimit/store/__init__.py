@@ -1,10 +1,8 @@
 """Counter storage behind one narrow contract: memory (default) and Redis."""
 
 from fairlimit.errors import SettingsError
-from fairlimit.store.base import Store
+from fairlimit.store.base import REDIS_SCHEMES, Store
 from fairlimit.store.memory import MemoryStore
-
-REDIS_SCHEMES = ("redis", "rediss", "redis+sentinel", "redis+cluster")
 
 
 def open_store(url: str) -> Store:

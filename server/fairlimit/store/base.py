@@ -7,6 +7,9 @@ from typing import Protocol
 from fairlimit.core.admission import Outcome, Plan
 from fairlimit.core.fairshare import FairnessFigures
 
+REDIS_SCHEMES = ("redis", "rediss", "redis+sentinel", "redis+cluster")
+BACKEND_SCHEMES = ("memory", *REDIS_SCHEMES)
+
 
 @dataclass(frozen=True, slots=True)
 class CapReport:

@@ -1,8 +1,7 @@
 """Redis backend: one atomic Lua call per request, λ per cap by lock, a local over-limit cache.
 
-The module is longer than STYLE's 400 lines on purpose: it is one idea (the Redis side of
-the Store contract) whose parts - URL, key layout, script marshalling, cache, store - only
-make sense together, and every function stays short.
+The URL and client live in ``redis_client.py``, the local over-limit cache in
+``overlimit_cache.py``; this module keeps the key layout, the script marshalling and the store.
 
 Layout. On a Redis Cluster every key of a cap instance and of the counters below it starts
 with the hash tag of the outermost cap over them (``{edge/route=public}``, braces and ``%``
@@ -24,31 +23,26 @@ import asyncio
 import logging
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qsl, unquote
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import BlockingConnectionPool, Connection, SSLConnection
-from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
-from redis.backoff import NoBackoff
+from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
-from fairlimit.core.admission import Outcome, Plan, Share, counter_over, share_over
+from fairlimit.core.admission import Outcome, Plan, Share
 from fairlimit.core.fairshare import FairnessFigures, fairness_figures, water_level
 from fairlimit.core.units import window_start
-from fairlimit.errors import SettingsError, StoreUnavailable
+from fairlimit.errors import StoreUnavailable
 from fairlimit.store.base import CapReport
+from fairlimit.store.overlimit_cache import OverLimitCache
+from fairlimit.store.redis_client import Options, client_for, parse_url
 
 log = logging.getLogger(__name__)
 
-SCHEMES = ("redis", "rediss", "redis+sentinel", "redis+cluster")
 _SCRIPT = resources.files("fairlimit.store").joinpath("lua/admit.lua").read_text()
 _NEED_LEVEL = 2
 _ATTEMPTS = 3  # a λ hand-back, a period boundary crossed meanwhile, then no more locking
@@ -60,187 +54,10 @@ _CAP_KINDS = ("m", "p", "q", "a", "l")  # meta, cur, prev, adm, lock: KEYS order
 _FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
 
 
-# --- the URL -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Options:
-    """The store's knobs, from the URL's query string.
-
-    ``timeout`` bounds every socket operation and every Redis call: Envoy's rate-limit
-    filter gives up after 20 ms by default, so by default a request whose Redis call fails
-    is answered (by the failure mode) inside that budget, and Envoy sees our answer.
-    """
-
-    timeout: float = 0.015
-    connect_timeout: float | None = None  # None: the same as timeout
-    max_connections: int = 50
-    key_prefix: str = "fairlimit:"
-    clock: str = "redis"  # "redis": Redis TIME (replicas agree); "caller": the `now` passed
-    local_cache: int = 100_000  # entries; 0 disables
-    lock_ms: int = 250  # how long a replica may take to compute λ before another takes over
-
-
-@dataclass(frozen=True, slots=True)
-class RedisUrl:
-    """A parsed ``--backend`` URL of one of the Redis schemes."""
-
-    scheme: str
-    hosts: tuple[tuple[str, int], ...]
-    username: str | None
-    password: str | None
-    path: str  # database number, or the Sentinel service name
-    query: Mapping[str, str]
-    options: Options
-
-
-_OPTION_TYPES: dict[str, type] = {
-    "timeout": float,
-    "connect_timeout": float,
-    "max_connections": int,
-    "key_prefix": str,
-    "clock": str,
-    "local_cache": int,
-    "lock_ms": int,
-}
-_CLIENT_QUERY = frozenset(
-    {"db", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
-     "ssl_check_hostname", "service", "sentinel_password"}
-)  # fmt: skip
-
-
-def _host(text: str, default_port: int) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":") if not text.endswith("]") else (text, "", "")
-    if not sep:
-        host, port = text, str(default_port)
-    if not host or not port.isdigit():
-        raise SettingsError(f"--backend: bad Redis host {text!r}; expected HOST[:PORT]")
-    return host.strip("[]"), int(port)
-
-
-def _options(query: Mapping[str, str]) -> Options:
-    values: dict[str, Any] = {}
-    for name, kind in _OPTION_TYPES.items():
-        if name in query:
-            try:
-                values[name] = kind(query[name])
-            except ValueError:
-                problem = f"{name}={query[name]!r} is not a {kind.__name__}"
-                raise SettingsError(f"--backend: {problem}") from None
-    options = Options(**values)
-    if options.clock not in ("redis", "caller"):
-        raise SettingsError("--backend: clock must be redis or caller")
-    if min(options.timeout, options.max_connections, options.lock_ms) <= 0:
-        raise SettingsError("--backend: timeout, max_connections and lock_ms must be positive")
-    if options.local_cache < 0:
-        raise SettingsError("--backend: local_cache must be 0 (off) or more")
-    if "{" in options.key_prefix or "}" in options.key_prefix:
-        raise SettingsError("--backend: key_prefix must not contain { or }")
-    return options
-
-
-def parse_url(url: str) -> RedisUrl:
-    """Split a Redis ``--backend`` URL; SettingsError names what is wrong."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in SCHEMES:
-        raise SettingsError(f"--backend: {url!r} is not a Redis URL")
-    rest, _, query_text = rest.partition("?")
-    netloc, _, path = rest.partition("/")
-    userinfo, at, hostlist = netloc.rpartition("@")
-    user, _, secret = userinfo.partition(":")
-    default_port = 26379 if scheme == "redis+sentinel" else 6379
-    hosts = tuple(_host(h, default_port) for h in (hostlist or "127.0.0.1").split(","))
-    query = dict(parse_qsl(query_text, keep_blank_values=True))
-    unknown = sorted(set(query) - set(_OPTION_TYPES) - _CLIENT_QUERY)
-    if unknown:
-        raise SettingsError(f"--backend: unknown Redis URL option(s): {', '.join(unknown)}")
-    return RedisUrl(
-        scheme,
-        hosts,
-        unquote(user) or None if at else None,
-        unquote(secret) or None if at else None,
-        unquote(path),
-        query,
-        _options(query),
-    )
-
-
-def _tls(u: RedisUrl) -> dict[str, Any]:
-    q = u.query
-    kwargs: dict[str, Any] = {
-        f"ssl_{k}": q[f"ssl_{k}"] for k in ("ca_certs", "certfile", "keyfile") if f"ssl_{k}" in q
-    }
-    kwargs["ssl_cert_reqs"] = q.get("ssl_cert_reqs", "required")
-    kwargs["ssl_check_hostname"] = q.get("ssl_check_hostname", "true").lower() == "true"
-    return kwargs
-
-
-def _common(u: RedisUrl) -> dict[str, Any]:
-    o = u.options
-    return {
-        "username": u.username,
-        "password": u.password,
-        "socket_timeout": o.timeout,
-        "socket_connect_timeout": o.connect_timeout or o.timeout,
-        "decode_responses": True,
-    }
-
-
-def _db(u: RedisUrl) -> int:
-    text = u.query.get("db", u.path if u.scheme != "redis+sentinel" else "") or "0"
-    if not text.isdigit():
-        raise SettingsError(f"--backend: database must be a number, got {text!r}")
-    return int(text)
-
-
-def _client(u: RedisUrl) -> "aioredis.Redis | RedisCluster":
-    tls = u.scheme == "rediss" or u.query.get("ssl", "false").lower() == "true"
-    tls_kwargs = {"ssl": True, **_tls(u)} if tls else {}
-    if u.scheme == "redis+cluster":
-        nodes = [ClusterNode(h, p) for h, p in u.hosts]
-        limit = u.options.max_connections
-        return RedisCluster(startup_nodes=nodes, max_connections=limit, **_common(u), **tls_kwargs)
-    # One immediate retry: a pooled connection that died with the server is replaced at
-    # once; a server that is really down still fails within the timeout.
-    common = {**_common(u), "retry": Retry(NoBackoff(), 1)}
-    if u.scheme == "redis+sentinel":
-        return _sentinel_client(u, common, tls_kwargs)
-    if len(u.hosts) > 1:
-        raise SettingsError(f"--backend: {u.scheme}:// takes one host; use redis+cluster://")
-    host, port = u.hosts[0]
-    pool = BlockingConnectionPool(
-        host=host,
-        port=port,
-        db=_db(u),
-        max_connections=u.options.max_connections,
-        timeout=u.options.timeout,  # waiting for a free connection counts against the budget
-        connection_class=SSLConnection if tls else Connection,
-        **common,
-        **(_tls(u) if tls else {}),
-    )
-    return aioredis.Redis.from_pool(pool)
-
-
-def _sentinel_client(
-    u: RedisUrl, common: dict[str, Any], tls_kwargs: dict[str, Any]
-) -> "aioredis.Redis":
-    service = u.query.get("service") or u.path
-    if not service:
-        raise SettingsError("--backend: redis+sentinel:// needs a service name as path")
-    watchers = {"socket_timeout": u.options.timeout, "password": u.query.get("sentinel_password")}
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
-        list(u.hosts), sentinel_kwargs=watchers, **common
-    )
-    client: aioredis.Redis = sentinel.master_for(
-        service, db=_db(u), max_connections=u.options.max_connections, **tls_kwargs
-    )
-    return client
-
-
 def open_redis(url: str) -> "RedisStore":
     """A RedisStore for a ``redis://``, ``rediss://``, ``redis+sentinel://`` or cluster URL."""
     parsed = parse_url(url)
-    return RedisStore(_client(parsed), parsed.options, cluster=parsed.scheme == "redis+cluster")
+    return RedisStore(client_for(parsed), parsed.options, cluster=parsed.scheme == "redis+cluster")
 
 
 # --- keys and slot groups ------------------------------------------------------------------
@@ -393,77 +210,6 @@ def _seen(reply: Sequence[Any]) -> _Seen:
 # --- the local over-limit cache ------------------------------------------------------------
 
 
-class _Known:
-    """What this replica last saw of each counter and claim, until its window ends (LRU).
-
-    A client's own counter or fair-share claim that a rejection found over stays over until
-    its window ends (a claim: until the λ period ends too): counts only grow within a window
-    and a bound only shrinks within a period. Such a request is answered here, without
-    Redis. Only a rejection teaches it, so each replica still sends one rejected attempt
-    per window to Redis and the client's demand there exceeds its share, as water-filling
-    needs; a cap's total is never answered here, as that would hide every client's demand.
-    The other entries only fill the statuses of a request answered here.
-    """
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._entries: OrderedDict[tuple[str, ...], tuple[float, int, float, bool]]
-        self._entries = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: tuple[str, ...], t: float) -> tuple[int, float, bool] | None:
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        if entry[0] <= t:
-            del self._entries[key]
-            return None
-        self._entries.move_to_end(key)
-        return entry[1], entry[2], entry[3]
-
-    def put(self, key: tuple[str, ...], until: float, count: int, bound: float, over: bool) -> None:
-        if self._size == 0:
-            return
-        self._entries[key] = (until, count, bound, over)
-        self._entries.move_to_end(key)
-        if len(self._entries) > self._size:
-            self._entries.popitem(last=False)
-
-    def answer(self, plan: Plan, t: float) -> Outcome | None:
-        """A rejection from what is known, when a client's counter or claim is known over."""
-        over = False
-        counts: list[int] = []
-        for c in plan.counters:
-            known = self.get(("c", c.key), t)
-            counts.append(known[0] if known else 0)
-            over = over or (known is not None and known[2] and counter_over(c, known[0]))
-        shared: list[int] = []
-        bounds: list[float] = []
-        for s in plan.shares:
-            claim = self.get(("s", s.cap, s.client), t)
-            had, bound, flagged = claim if claim else (0, s.client_limit, False)
-            over = over or (flagged and share_over(s, had, bound))
-            shared.append(had)
-            bounds.append(bound)
-        return Outcome(False, tuple(counts), tuple(shared), tuple(bounds)) if over else None
-
-    def learn(self, plan: Plan, outcome: Outcome, seen: "_Combined", base: float) -> None:
-        """Remember the counters after ``outcome``; ``base`` maps store time to cache time."""
-        charged = outcome.admitted
-        caps = {s.cap for s in plan.shares}
-        for i, c in enumerate(plan.counters):
-            count = outcome.counts[i] + (c.hits if charged else 0)
-            over = not charged and c.key not in caps and counter_over(c, count)
-            self.put(("c", c.key), base + seen.counter_left[i], count, 0.0, over)
-        for i, s in enumerate(plan.shares):
-            if seen.fresh[i]:  # a stand-in level may rise within the period: never cache it
-                had, bound = outcome.shared[i] + (s.hits if charged else 0), outcome.bounds[i]
-                over = not charged and share_over(s, had, bound)
-                self.put(("s", s.cap, s.client), base + seen.share_left[i], had, bound, over)
-
-
 @dataclass(slots=True)
 class _Combined:
     """A plan's replies put together: the outcome and what the cache and registry need."""
@@ -512,7 +258,7 @@ class RedisStore:
         self._options = options
         self._cluster = cluster
         self._script = client.register_script(_SCRIPT)
-        self._known = _Known(options.local_cache)
+        self._known = OverLimitCache(options.local_cache)
         self._registry = f"{options.key_prefix}caps"
         self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips = 0  # admission script calls made (tests, the README's numbers)

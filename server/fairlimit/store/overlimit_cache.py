@@ -1,0 +1,85 @@
+"""The local over-limit cache of the Redis store: a retry storm must not become a Redis storm."""
+
+from collections import OrderedDict
+from typing import Protocol
+
+from fairlimit.core.admission import Outcome, Plan, counter_over, share_over
+
+
+class Lifetimes(Protocol):
+    """How long what a reply showed stays true, per counter and per claim (store seconds)."""
+
+    counter_left: list[float]
+    share_left: list[float]
+    fresh: list[bool]  # a claim's bound is this period's own level (not a stand-in)
+
+
+class OverLimitCache:
+    """What this replica last saw of each counter and claim, until its window ends (LRU).
+
+    A client's own counter or fair-share claim that a rejection found over stays over until
+    its window ends (a claim: until the λ period ends too): counts only grow within a window
+    and a bound only shrinks within a period. Such a request is answered here, without
+    Redis. Only a rejection teaches it, so each replica still sends one rejected attempt
+    per window to Redis and the client's demand there exceeds its share, as water-filling
+    needs; a cap's total is never answered here, as that would hide every client's demand.
+    The other entries only fill the statuses of a request answered here.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[tuple[str, ...], tuple[float, int, float, bool]]
+        self._entries = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple[str, ...], t: float) -> tuple[int, float, bool] | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry[0] <= t:
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return entry[1], entry[2], entry[3]
+
+    def put(self, key: tuple[str, ...], until: float, count: int, bound: float, over: bool) -> None:
+        if self._size == 0:
+            return
+        self._entries[key] = (until, count, bound, over)
+        self._entries.move_to_end(key)
+        if len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+
+    def answer(self, plan: Plan, t: float) -> Outcome | None:
+        """A rejection from what is known, when a client's counter or claim is known over."""
+        over = False
+        counts: list[int] = []
+        for c in plan.counters:
+            known = self.get(("c", c.key), t)
+            counts.append(known[0] if known else 0)
+            over = over or (known is not None and known[2] and counter_over(c, known[0]))
+        shared: list[int] = []
+        bounds: list[float] = []
+        for s in plan.shares:
+            claim = self.get(("s", s.cap, s.client), t)
+            had, bound, flagged = claim if claim else (0, s.client_limit, False)
+            over = over or (flagged and share_over(s, had, bound))
+            shared.append(had)
+            bounds.append(bound)
+        return Outcome(False, tuple(counts), tuple(shared), tuple(bounds)) if over else None
+
+    def learn(self, plan: Plan, outcome: Outcome, seen: Lifetimes, base: float) -> None:
+        """Remember the counters after ``outcome``; ``base`` maps store time to cache time."""
+        charged = outcome.admitted
+        caps = {s.cap for s in plan.shares}
+        for i, c in enumerate(plan.counters):
+            count = outcome.counts[i] + (c.hits if charged else 0)
+            over = not charged and c.key not in caps and counter_over(c, count)
+            self.put(("c", c.key), base + seen.counter_left[i], count, 0.0, over)
+        for i, s in enumerate(plan.shares):
+            if seen.fresh[i]:  # a stand-in level may rise within the period: never cache it
+                had, bound = outcome.shared[i] + (s.hits if charged else 0), outcome.bounds[i]
+                over = not charged and share_over(s, had, bound)
+                self.put(("s", s.cap, s.client), base + seen.share_left[i], had, bound, over)

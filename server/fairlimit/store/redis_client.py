@@ -1,0 +1,191 @@
+"""A Redis ``--backend`` URL -> options and a redis-py asyncio client (standalone, TLS,
+Sentinel or Cluster), with pools and timeouts bounded for Envoy's 20 ms budget."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import BlockingConnectionPool, Connection, SSLConnection
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+
+from fairlimit.errors import SettingsError
+from fairlimit.store.base import REDIS_SCHEMES
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """The store's knobs, from the URL's query string.
+
+    ``timeout`` bounds every socket operation and every Redis call: Envoy's rate-limit
+    filter gives up after 20 ms by default, so by default a request whose Redis call fails
+    is answered (by the failure mode) inside that budget, and Envoy sees our answer.
+    """
+
+    timeout: float = 0.015
+    connect_timeout: float | None = None  # None: the same as timeout
+    max_connections: int = 50
+    key_prefix: str = "fairlimit:"
+    clock: str = "redis"  # "redis": Redis TIME (replicas agree); "caller": the `now` passed
+    local_cache: int = 100_000  # entries; 0 disables
+    lock_ms: int = 250  # how long a replica may take to compute λ before another takes over
+
+
+@dataclass(frozen=True, slots=True)
+class RedisUrl:
+    """A parsed ``--backend`` URL of one of the Redis schemes."""
+
+    scheme: str
+    hosts: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+    path: str  # database number, or the Sentinel service name
+    query: Mapping[str, str]
+    options: Options
+
+
+_OPTION_TYPES: dict[str, type] = {
+    "timeout": float,
+    "connect_timeout": float,
+    "max_connections": int,
+    "key_prefix": str,
+    "clock": str,
+    "local_cache": int,
+    "lock_ms": int,
+}
+_CLIENT_QUERY = frozenset(
+    {"db", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
+     "ssl_check_hostname", "service", "sentinel_password"}
+)  # fmt: skip
+
+
+def _host(text: str, default_port: int) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":") if not text.endswith("]") else (text, "", "")
+    if not sep:
+        host, port = text, str(default_port)
+    if not host or not port.isdigit():
+        raise SettingsError(f"--backend: bad Redis host {text!r}; expected HOST[:PORT]")
+    return host.strip("[]"), int(port)
+
+
+def _options(query: Mapping[str, str]) -> Options:
+    values: dict[str, Any] = {}
+    for name, kind in _OPTION_TYPES.items():
+        if name in query:
+            try:
+                values[name] = kind(query[name])
+            except ValueError:
+                problem = f"{name}={query[name]!r} is not a {kind.__name__}"
+                raise SettingsError(f"--backend: {problem}") from None
+    options = Options(**values)
+    if options.clock not in ("redis", "caller"):
+        raise SettingsError("--backend: clock must be redis or caller")
+    if min(options.timeout, options.max_connections, options.lock_ms) <= 0:
+        raise SettingsError("--backend: timeout, max_connections and lock_ms must be positive")
+    if options.local_cache < 0:
+        raise SettingsError("--backend: local_cache must be 0 (off) or more")
+    if "{" in options.key_prefix or "}" in options.key_prefix:
+        raise SettingsError("--backend: key_prefix must not contain { or }")
+    return options
+
+
+def parse_url(url: str) -> RedisUrl:
+    """Split a Redis ``--backend`` URL; SettingsError names what is wrong."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in REDIS_SCHEMES:
+        raise SettingsError(f"--backend: {url!r} is not a Redis URL")
+    rest, _, query_text = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    user, _, secret = userinfo.partition(":")
+    default_port = 26379 if scheme == "redis+sentinel" else 6379
+    hosts = tuple(_host(h, default_port) for h in (hostlist or "127.0.0.1").split(","))
+    query = dict(parse_qsl(query_text, keep_blank_values=True))
+    unknown = sorted(set(query) - set(_OPTION_TYPES) - _CLIENT_QUERY)
+    if unknown:
+        raise SettingsError(f"--backend: unknown Redis URL option(s): {', '.join(unknown)}")
+    return RedisUrl(
+        scheme,
+        hosts,
+        unquote(user) or None if at else None,
+        unquote(secret) or None if at else None,
+        unquote(path),
+        query,
+        _options(query),
+    )
+
+
+def _tls(u: RedisUrl) -> dict[str, Any]:
+    q = u.query
+    kwargs: dict[str, Any] = {
+        f"ssl_{k}": q[f"ssl_{k}"] for k in ("ca_certs", "certfile", "keyfile") if f"ssl_{k}" in q
+    }
+    kwargs["ssl_cert_reqs"] = q.get("ssl_cert_reqs", "required")
+    kwargs["ssl_check_hostname"] = q.get("ssl_check_hostname", "true").lower() == "true"
+    return kwargs
+
+
+def _common(u: RedisUrl) -> dict[str, Any]:
+    o = u.options
+    return {
+        "username": u.username,
+        "password": u.password,
+        "socket_timeout": o.timeout,
+        "socket_connect_timeout": o.connect_timeout or o.timeout,
+        "decode_responses": True,
+    }
+
+
+def _db(u: RedisUrl) -> int:
+    text = u.query.get("db", u.path if u.scheme != "redis+sentinel" else "") or "0"
+    if not text.isdigit():
+        raise SettingsError(f"--backend: database must be a number, got {text!r}")
+    return int(text)
+
+
+def client_for(u: RedisUrl) -> "aioredis.Redis | RedisCluster":
+    tls = u.scheme == "rediss" or u.query.get("ssl", "false").lower() == "true"
+    tls_kwargs = {"ssl": True, **_tls(u)} if tls else {}
+    if u.scheme == "redis+cluster":
+        nodes = [ClusterNode(h, p) for h, p in u.hosts]
+        limit = u.options.max_connections
+        return RedisCluster(startup_nodes=nodes, max_connections=limit, **_common(u), **tls_kwargs)
+    # One immediate retry: a pooled connection that died with the server is replaced at
+    # once; a server that is really down still fails within the timeout.
+    common = {**_common(u), "retry": Retry(NoBackoff(), 1)}
+    if u.scheme == "redis+sentinel":
+        return _sentinel_client(u, common, tls_kwargs)
+    if len(u.hosts) > 1:
+        raise SettingsError(f"--backend: {u.scheme}:// takes one host; use redis+cluster://")
+    host, port = u.hosts[0]
+    pool = BlockingConnectionPool(
+        host=host,
+        port=port,
+        db=_db(u),
+        max_connections=u.options.max_connections,
+        timeout=u.options.timeout,  # waiting for a free connection counts against the budget
+        connection_class=SSLConnection if tls else Connection,
+        **common,
+        **(_tls(u) if tls else {}),
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+def _sentinel_client(
+    u: RedisUrl, common: dict[str, Any], tls_kwargs: dict[str, Any]
+) -> "aioredis.Redis":
+    service = u.query.get("service") or u.path
+    if not service:
+        raise SettingsError("--backend: redis+sentinel:// needs a service name as path")
+    watchers = {"socket_timeout": u.options.timeout, "password": u.query.get("sentinel_password")}
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+        list(u.hosts), sentinel_kwargs=watchers, **common
+    )
+    client: aioredis.Redis = sentinel.master_for(
+        service, db=_db(u), max_connections=u.options.max_connections, **tls_kwargs
+    )
+    return client
