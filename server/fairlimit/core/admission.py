@@ -108,74 +108,95 @@ class Plan:
 
 def escape(part: str) -> str:
     """Escape a key or value so that joined paths never collide."""
-    return part.replace("\\", "\\\\").replace("/", "\\/").replace("=", "\\=")
+    if "\\" in part or "/" in part or "=" in part:
+        return part.replace("\\", "\\\\").replace("/", "\\/").replace("=", "\\=")
+    return part  # the common case: nothing to escape, no new string
+
+
+def _paths(domain: str, entries: Sequence[Entry]) -> list[str]:
+    """The key paths of ``entries[:1]``, ``entries[:2]``, ... (a counter key less ``#window``).
+
+    A cap's key is a prefix of its clients' keys, so a descriptor's keys share one walk.
+    """
+    path = escape(domain)
+    out: list[str] = []
+    for k, v in entries:
+        path = f"{path}/{escape(k)}={escape(v)}"
+        out.append(path)
+    return out
 
 
 def counter_key(domain: str, entries: Sequence[Entry], window: int) -> str:
     """The store key of the counter for ``entries`` in a window of ``window`` seconds."""
-    parts = [escape(domain)]
-    parts.extend(f"{escape(k)}={escape(v)}" for k, v in entries)
-    return "/".join(parts) + f"#{window}"
+    paths = _paths(domain, entries)
+    return f"{paths[-1] if paths else escape(domain)}#{window}"
 
 
 class _Builder:
-    """Collects counters and shares, summing the hits of repeats (dicts keep order)."""
+    """Collects counters and shares, summing the hits of repeats (indexes kept by key)."""
+
+    __slots__ = ("_counter_at", "_share_at", "counters", "shares")
 
     def __init__(self) -> None:
-        self.counters: dict[str, Counter] = {}
-        self.shares: dict[tuple[str, str], Share] = {}
+        self.counters: list[Counter] = []
+        self.shares: list[Share] = []
+        self._counter_at: dict[str, int] = {}
+        self._share_at: dict[tuple[str, str], int] = {}
 
     def counter(self, key: str, limit: RateLimit, hits: int, shadow: bool) -> int:
-        known = self.counters.get(key)
-        if known is None:
-            self.counters[key] = Counter(key, limit.requests_per_unit, limit.window, hits, shadow)
-            return len(self.counters) - 1
-        self.counters[key] = Counter(
-            key, known.limit, known.window, known.hits + hits, known.shadow
-        )
-        return list(self.counters).index(key)
+        at = self._counter_at.get(key)
+        if at is None:
+            at = self._counter_at[key] = len(self.counters)
+            self.counters.append(Counter(key, limit.requests_per_unit, limit.window, hits, shadow))
+            return at
+        known = self.counters[at]
+        self.counters[at] = Counter(key, known.limit, known.window, known.hits + hits, known.shadow)
+        return at
 
     def share(self, share: Share) -> int:
         ident = (share.cap, share.client)
-        known = self.shares.get(ident)
-        if known is None:
-            self.shares[ident] = share
-            return len(self.shares) - 1
-        self.shares[ident] = dataclasses.replace(known, hits=known.hits + share.hits)
-        return list(self.shares).index(ident)
+        at = self._share_at.get(ident)
+        if at is None:
+            at = self._share_at[ident] = len(self.shares)
+            self.shares.append(share)
+            return at
+        known = self.shares[at]
+        self.shares[at] = dataclasses.replace(known, hits=known.hits + share.hits)
+        return at
 
 
 def _cap_levels(
     builder: _Builder,
-    request: Request,
+    paths: Sequence[str],
     descriptor: Descriptor,
+    hits: int,
     trail: Sequence[Rule],
     replaced: set[str],
 ) -> list[Level]:
     levels: list[Level] = []
-    entries, hits = descriptor.entries, request.hits_for(descriptor)
-    for depth, cap in enumerate(trail[:-1]):
-        limit = cap.rate_limit
-        if cap.fair_share is None or limit is None or limit.name in replaced:
+    for depth in range(len(trail) - 1):
+        cap = trail[depth]
+        limit, fair_share = cap.rate_limit, cap.fair_share
+        if fair_share is None or limit is None or limit.name in replaced:
             continue
-        key = counter_key(request.domain, entries[: depth + 1], limit.window)
+        key = f"{paths[depth]}#{limit.window}"
         child_limit = trail[depth + 1].rate_limit
         per_client = (
             math.inf
             if child_limit is None or child_limit.unlimited
             else child_limit.per_second * limit.window
         )
-        client = entries[depth + 1][1]
+        client = descriptor.entries[depth + 1][1]
         share = Share(
             key,
             client,
             limit.requests_per_unit,
             limit.window,
             per_client,
-            cap.fair_share.weight(client),
+            fair_share.weight(client),
             hits,
             cap.shadow_mode,
-            cap.fair_share.active_clients,
+            fair_share.active_clients,
         )
         counter = builder.counter(key, limit, hits, cap.shadow_mode)
         levels.append(Level(counter, builder.share(share), limit, cap))
@@ -194,13 +215,18 @@ def _descriptor_plan(
     if limit is not None and limit.unlimited:
         return DescriptorPlan(rule, (), unlimited=True)
     levels: list[Level] = []
-    if limit is not None and limit.name not in replaced:
-        key = counter_key(request.domain, descriptor.entries, limit.window)
+    charged = limit is not None and limit.name not in replaced
+    if not charged and (match is None or len(match.trail) < 2):
+        return DescriptorPlan(rule, ())  # nothing to charge: no key to build
+    paths = _paths(request.domain, descriptor.entries)
+    hits = request.hits_for(descriptor)
+    if charged:
+        assert limit is not None
         shadow = rule is not None and rule.shadow_mode and descriptor.limit is None
-        counter = builder.counter(key, limit, request.hits_for(descriptor), shadow)
+        counter = builder.counter(f"{paths[-1]}#{limit.window}", limit, hits, shadow)
         levels.append(Level(counter, None, limit, rule))
     if match is not None:
-        levels.extend(_cap_levels(builder, request, descriptor, match.trail, replaced))
+        levels.extend(_cap_levels(builder, paths, descriptor, hits, match.trail, replaced))
     return DescriptorPlan(rule, tuple(levels))
 
 
@@ -216,14 +242,14 @@ def plan(request: Request, matcher: Matcher) -> Plan:
     replaced: set[str] = set()
     for descriptor, match in zip(request.descriptors, matches, strict=True):
         limit = descriptor.limit or (match.rule.rate_limit if match else None)
-        if limit is not None:
+        if limit is not None and limit.replaces:
             replaced.update(limit.replaces)
     builder = _Builder()
     plans = tuple(
         _descriptor_plan(builder, request, d, m, replaced)
         for d, m in zip(request.descriptors, matches, strict=True)
     )
-    return Plan(plans, tuple(builder.counters.values()), tuple(builder.shares.values()))
+    return Plan(plans, tuple(builder.counters), tuple(builder.shares))
 
 
 def counter_over(counter: Counter, count: int) -> bool:
@@ -253,9 +279,10 @@ def admits(
     plan: Plan, counts: Sequence[int], shared: Sequence[int], bounds: Sequence[float]
 ) -> bool:
     """The all-or-nothing decision from the counters as they stand."""
-    return not any(
-        counter_over(c, n) for c, n in zip(plan.counters, counts, strict=True)
-    ) and not any(share_over(s, a, b) for s, a, b in zip(plan.shares, shared, bounds, strict=True))
+    for c, n in zip(plan.counters, counts, strict=True):
+        if counter_over(c, n):
+            return False
+    return not any(share_over(s, a, b) for s, a, b in zip(plan.shares, shared, bounds, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,10 +308,8 @@ class Status:
     shadowed: bool = False  # over a shadow-mode limit, answered OK
 
 
-def _level_view(
-    plan: Plan, outcome: Outcome, level: Level, now: float
-) -> tuple[bool, bool, int, float, float]:
-    """(over, shadow_over, remaining, reset, fair limit) of one level."""
+def _level_view(plan: Plan, outcome: Outcome, level: Level) -> tuple[bool, bool, int, float]:
+    """(over, shadow_over, remaining, fair limit) of one level."""
     counter = plan.counters[level.counter]
     before = outcome.counts[level.counter]
     charged = counter.hits if outcome.admitted else 0
@@ -296,23 +321,37 @@ def _level_view(
         bound = outcome.bounds[level.share]
         had = outcome.shared[level.share]
         over = over or share_over(share, had, bound)
-        if not math.isinf(bound):
+        if bound != math.inf:
             remaining = min(remaining, math.floor(bound + _EPSILON) - had - charged)
             fair = bound
-    shadow_over = over and counter.shadow
-    return (
-        over and not counter.shadow,
-        shadow_over,
-        max(0, remaining),
-        seconds_until_reset(counter.window, now),
-        fair,
-    )
+    if counter.shadow:
+        return False, over, max(0, remaining), fair
+    return over, False, max(0, remaining), fair
 
 
 def _effective_limit(leaf: RateLimit, level: Level, fair: float) -> RateLimit:
-    if math.isinf(fair) or fair / level.limit.window >= leaf.per_second:
+    if fair == math.inf or fair / level.limit.window >= leaf.per_second:
         return leaf
     return RateLimit(math.floor(fair + _EPSILON), level.limit.unit, name=leaf.name)
+
+
+def _status(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, now: float) -> Status:
+    """A charged descriptor's status: the tightest level's remaining and reset."""
+    over = shadowed = False
+    leaf = effective = dplan.levels[0].limit
+    best_remaining, best_window = -1, 0
+    for level in dplan.levels:
+        lv_over, lv_shadow, remaining, fair = _level_view(plan, outcome, level)
+        over, shadowed = over or lv_over, shadowed or lv_shadow
+        if best_remaining < 0 or remaining < best_remaining:
+            best_remaining, best_window = remaining, plan.counters[level.counter].window
+        if fair != math.inf:
+            candidate = _effective_limit(leaf, level, fair)
+            if candidate.per_second < effective.per_second:
+                effective = candidate
+    code = Code.OVER_LIMIT if over else Code.OK
+    reset = seconds_until_reset(best_window, now)
+    return Status(code, effective, best_remaining, reset, dplan.rule, shadowed)
 
 
 def statuses(plan: Plan, outcome: Outcome, now: float) -> tuple[Status, ...]:
@@ -321,25 +360,10 @@ def statuses(plan: Plan, outcome: Outcome, now: float) -> tuple[Status, ...]:
     for dplan in plan.descriptors:
         if dplan.unlimited:
             out.append(Status(Code.OK, None, UNLIMITED_REMAINING, 0.0, dplan.rule))
-            continue
-        if not dplan.levels:
+        elif not dplan.levels:
             out.append(Status(Code.OK, None, 0, 0.0, dplan.rule))
-            continue
-        over = shadowed = False
-        leaf = dplan.levels[0].limit
-        effective = leaf
-        best: tuple[int, float] | None = None
-        for level in dplan.levels:
-            lv_over, lv_shadow, remaining, reset, fair = _level_view(plan, outcome, level, now)
-            over, shadowed = over or lv_over, shadowed or lv_shadow
-            if best is None or remaining < best[0]:
-                best = (remaining, reset)
-            candidate = _effective_limit(leaf, level, fair)
-            if candidate.per_second < effective.per_second:
-                effective = candidate
-        assert best is not None
-        code = Code.OVER_LIMIT if over else Code.OK
-        out.append(Status(code, effective, best[0], best[1], dplan.rule, shadowed))
+        else:
+            out.append(_status(plan, outcome, dplan, now))
     return tuple(out)
 
 
@@ -386,13 +410,17 @@ def validate(request: Request) -> None:
     if len(request.domain) > MAX_TEXT or request.hits > MAX_HITS:
         raise RequestError(f"domain longer than {MAX_TEXT} or hits_addend above {MAX_HITS}")
     for index, descriptor in enumerate(request.descriptors):
-        if not descriptor.entries:
-            raise RequestError(f"descriptor {index} has no entries")
-        if len(descriptor.entries) > MAX_ENTRIES:
-            raise RequestError(f"descriptor {index} has more than {MAX_ENTRIES} entries")
-        if any(len(k) > MAX_TEXT or len(v) > MAX_TEXT for k, v in descriptor.entries):
+        entries = descriptor.entries
+        if not entries or len(entries) > MAX_ENTRIES:
+            raise RequestError(
+                f"descriptor {index} has no entries"
+                if not entries
+                else f"descriptor {index} has more than {MAX_ENTRIES} entries"
+            )
+        longest = max([len(k) for k, _ in entries] + [len(v) for _, v in entries])
+        if longest > MAX_TEXT:
             raise RequestError(f"descriptor {index} has an entry longer than {MAX_TEXT}")
-        if any(not k for k, _ in descriptor.entries):
+        if not all([k for k, _ in entries]):
             raise RequestError(f"descriptor {index} has an entry with an empty key")
         if descriptor.hits is not None and descriptor.hits > MAX_HITS:
             raise RequestError(f"descriptor {index} hits_addend above {MAX_HITS}")

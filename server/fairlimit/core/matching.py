@@ -28,31 +28,36 @@ def _wildcard_regex(pattern: str) -> re.Pattern[str]:
 
 
 class _Level:
-    """The children of one node, indexed for matching."""
+    """The children of one node, indexed for matching, each with its Match made once.
+
+    A node is reached only through its ancestors, so its trail is known at load time.
+    """
 
     __slots__ = ("exact", "valueless", "wildcards")
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
-        self.exact: dict[Entry, tuple[Rule, _Level]] = {}
-        self.wildcards: dict[str, list[tuple[re.Pattern[str], Rule, _Level]]] = {}
-        self.valueless: dict[str, tuple[Rule, _Level]] = {}
+    def __init__(self, rules: Sequence[Rule], above: tuple[Rule, ...] = ()) -> None:
+        self.exact: dict[Entry, tuple[Match, _Level]] = {}
+        self.wildcards: dict[str, list[tuple[re.Pattern[str], Match, _Level]]] = {}
+        self.valueless: dict[str, tuple[Match, _Level]] = {}
         for rule in rules:
-            below = _Level(rule.children)
+            trail = (*above, rule)
+            node = Match(rule, trail)
+            below = _Level(rule.children, trail)
             if rule.value is None:
-                self.valueless[rule.key] = (rule, below)
+                self.valueless[rule.key] = (node, below)
             elif rule.is_wildcard:
                 pattern = _wildcard_regex(rule.value)
-                self.wildcards.setdefault(rule.key, []).append((pattern, rule, below))
+                self.wildcards.setdefault(rule.key, []).append((pattern, node, below))
             else:
-                self.exact[(rule.key, rule.value)] = (rule, below)
+                self.exact[(rule.key, rule.value)] = (node, below)
 
-    def find(self, key: str, value: str) -> "tuple[Rule, _Level] | None":
+    def find(self, key: str, value: str) -> "tuple[Match, _Level] | None":
         found = self.exact.get((key, value))
         if found is not None:
             return found
-        for pattern, rule, below in self.wildcards.get(key, ()):
+        for pattern, node, below in self.wildcards.get(key, ()):
             if pattern.fullmatch(value):
-                return rule, below
+                return node, below
         return self.valueless.get(key)
 
 
@@ -71,11 +76,10 @@ class Matcher:
         level = self._domains.get(domain)
         if level is None or not entries:
             return None
-        trail: list[Rule] = []
+        node: Match | None = None
         for key, value in entries:
             found = level.find(key, value)
             if found is None:
                 return None
-            rule, level = found
-            trail.append(rule)
-        return Match(trail[-1], tuple(trail))
+            node, level = found
+        return node

@@ -9,23 +9,24 @@ from fairlimit.core.units import Unit
 
 @dataclass(frozen=True, slots=True)
 class RateLimit:
-    """``requests_per_unit`` hits per ``unit`` window (or unlimited)."""
+    """``requests_per_unit`` hits per ``unit`` window (or unlimited).
+
+    ``window`` (seconds) and ``per_second`` are derived once here: every request reads them,
+    and an enum's ``value`` is a descriptor lookup each time.
+    """
 
     requests_per_unit: int
     unit: Unit
     unlimited: bool = False
     name: str | None = None
     replaces: tuple[str, ...] = ()
+    window: int = field(init=False, repr=False, compare=False)
+    per_second: float = field(init=False, repr=False, compare=False)
 
-    @property
-    def window(self) -> int:
-        """Window length in seconds."""
-        return self.unit.seconds
-
-    @property
-    def per_second(self) -> float:
-        """The limit normalised to hits per second."""
-        return self.requests_per_unit / self.unit.seconds
+    def __post_init__(self) -> None:
+        window = self.unit.seconds
+        object.__setattr__(self, "window", window)
+        object.__setattr__(self, "per_second", self.requests_per_unit / window)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,31 +37,33 @@ def request_from_proto(message: rls_pb2.RateLimitRequest) -> Request:
     descriptors = []
     for index, descriptor in enumerate(message.descriptors):
         hits = int(descriptor.hits_addend.value) if descriptor.HasField("hits_addend") else None
-        entries = tuple((str(e.key), str(e.value)) for e in descriptor.entries)
+        entries = tuple([(e.key, e.value) for e in descriptor.entries])
         descriptors.append(Descriptor(entries, _override(descriptor, index), hits))
-    return Request(str(message.domain), tuple(descriptors), int(message.hits_addend))
+    return Request(message.domain, tuple(descriptors), message.hits_addend)
 
 
-def _status_to_proto(status: Status) -> rls_pb2.RateLimitResponse.DescriptorStatus:
-    out = rls_pb2.RateLimitResponse.DescriptorStatus(
+def _add_status(response: rls_pb2.RateLimitResponse, status: Status) -> None:
+    out = response.statuses.add(  # built in place: no message copied into the list
         code=_CODES[status.code], limit_remaining=min(status.limit_remaining, 0xFFFFFFFF)
     )
     limit = status.current_limit
     if limit is not None:
-        out.current_limit.requests_per_unit = limit.requests_per_unit
-        out.current_limit.unit = _PROTO_UNITS[limit.unit]
+        current = out.current_limit
+        current.requests_per_unit = limit.requests_per_unit
+        current.unit = _PROTO_UNITS[limit.unit]
         if limit.name:
-            out.current_limit.name = limit.name
-    if status.duration_until_reset > 0:
-        seconds = math.floor(status.duration_until_reset)
-        out.duration_until_reset.seconds = seconds
-        out.duration_until_reset.nanos = int((status.duration_until_reset - seconds) * 1e9)
-    return out
+            current.name = limit.name
+    reset = status.duration_until_reset
+    if reset > 0:
+        seconds = math.floor(reset)
+        duration = out.duration_until_reset
+        duration.seconds = seconds
+        duration.nanos = int((reset - seconds) * 1e9)
 
 
 def response_to_proto(decision: Decision) -> rls_pb2.RateLimitResponse:
     """The RateLimitResponse Envoy reads its verdict and X-RateLimit headers from."""
-    return rls_pb2.RateLimitResponse(
-        overall_code=_CODES[decision.code],
-        statuses=[_status_to_proto(s) for s in decision.statuses],
-    )
+    response = rls_pb2.RateLimitResponse(overall_code=_CODES[decision.code])
+    for status in decision.statuses:
+        _add_status(response, status)
+    return response

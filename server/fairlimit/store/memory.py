@@ -13,6 +13,8 @@ from fairlimit.core.fairshare import FairnessFigures, fairness_figures, water_le
 from fairlimit.core.units import window_start
 from fairlimit.store.base import CapReport
 
+_SHRINK = 4  # compact the counter table once it holds under a quarter of its high mark
+
 
 class _Counter:
     __slots__ = ("count", "start", "window")
@@ -99,6 +101,12 @@ class _Cap:
             self.seen_weight += share.weight
         self.demand[share.client] += share.hits
 
+    def charge(self, share: Share) -> None:
+        """Count an admitted claim in this window and this period."""
+        client = share.client
+        self.admitted[client] = self.admitted.get(client, 0) + share.hits
+        self.period_admitted[client] = self.period_admitted.get(client, 0) + share.hits
+
 
 class MemoryStore:
     """The default backend: state in this process only."""
@@ -108,6 +116,7 @@ class MemoryStore:
         self._caps: dict[str, _Cap] = {}
         self._counter_deadlines: list[tuple[float, str]] = []
         self._cap_deadlines: list[tuple[float, str]] = []
+        self._high = 0  # the most counters held since the table was last compacted
 
     def __len__(self) -> int:
         """How many counters and caps are held (for tests and memory accounting)."""
@@ -133,11 +142,18 @@ class MemoryStore:
 
     def _expire(self, now: float) -> None:
         deadlines = self._counter_deadlines
-        while deadlines and deadlines[0][0] <= now:
-            _, key = heapq.heappop(deadlines)
-            counter = self._counters.get(key)
-            if counter is not None and counter.start + counter.window <= now:
-                del self._counters[key]
+        if deadlines and deadlines[0][0] <= now:
+            self._high = max(self._high, len(self._counters))
+            while deadlines and deadlines[0][0] <= now:
+                _, key = heapq.heappop(deadlines)
+                counter = self._counters.get(key)
+                if counter is not None and counter.start + counter.window <= now:
+                    del self._counters[key]
+            if len(self._counters) * _SHRINK < self._high:
+                # A dict never gives back the table it grew to: copy what is live into a
+                # table of its size, so memory follows the live clients down after a spike.
+                self._counters = dict(self._counters)
+                self._high = len(self._counters)
         caps = self._cap_deadlines
         while caps and caps[0][0] <= now:
             _, key = heapq.heappop(caps)
@@ -153,26 +169,25 @@ class MemoryStore:
     async def admit(self, plan: Plan, now: float) -> Outcome:
         self._expire(now)
         counters = [self._counter(c.key, c.window, now) for c in plan.counters]
+        counts = tuple([c.count for c in counters])
+        if not plan.shares:
+            admitted = admits(plan, counts, (), ())
+            if admitted:
+                for counter, spec in zip(counters, plan.counters, strict=True):
+                    counter.count += spec.hits
+            return Outcome(admitted, counts, (), ())
         caps = [self._cap(s, now) for s in plan.shares]
         for cap, share in zip(caps, plan.shares, strict=True):
-            cap.record(share)
-        counts = tuple(c.count for c in counters)
-        shared = tuple(
-            cap.admitted.get(s.client, 0) for cap, s in zip(caps, plan.shares, strict=True)
-        )
-        bounds = tuple(
-            share_bound(s, cap.level, cap.seen_weight)
-            for cap, s in zip(caps, plan.shares, strict=True)
-        )
+            cap.record(share)  # every claim first: the bounds below see this request's weight
+        pairs = list(zip(caps, plan.shares, strict=True))
+        shared = tuple([cap.admitted.get(s.client, 0) for cap, s in pairs])
+        bounds = tuple([share_bound(s, cap.level, cap.seen_weight) for cap, s in pairs])
         admitted = admits(plan, counts, shared, bounds)
         if admitted:
             for counter, spec in zip(counters, plan.counters, strict=True):
                 counter.count += spec.hits
-            for cap, share in zip(caps, plan.shares, strict=True):
-                cap.admitted[share.client] = cap.admitted.get(share.client, 0) + share.hits
-                cap.period_admitted[share.client] = (
-                    cap.period_admitted.get(share.client, 0) + share.hits
-                )
+            for cap, share in pairs:
+                cap.charge(share)
         return Outcome(admitted, counts, shared, bounds)
 
     async def caps(self) -> Mapping[str, CapReport]:
