@@ -40,8 +40,10 @@ class App:
         *,
         telemetry: Telemetry | None = None,
         metrics_registry: CollectorRegistry | None = None,
+        worker: int = 0,
     ) -> None:
         self.settings = settings
+        self.worker = worker  # with --workers N, this process's index; admin HTTP in 0 only
         self.telemetry = telemetry or Telemetry()  # the global providers cli.py installed
         loaded = load(settings.config, strict=settings.strict)
         for line in loaded.warnings:
@@ -54,8 +56,11 @@ class App:
             failure_mode=settings.failure_mode,
             telemetry=self.telemetry,
         )
-        self.grpc = GrpcServer(self.limiter, settings.grpc_addr, _tls(settings))
-        self.admin = AdminServer(self.limiter, settings.admin_addr, metrics_registry)
+        reuse_port = settings.workers > 1  # the workers share the port (workers.py)
+        self.grpc = GrpcServer(self.limiter, settings.grpc_addr, _tls(settings), reuse_port)
+        self.admin = (
+            None if worker else AdminServer(self.limiter, settings.admin_addr, metrics_registry)
+        )
         self.watcher = ConfigWatcher(
             settings.config, strict=settings.strict, apply=self._apply, reject=self._reject
         )
@@ -64,11 +69,17 @@ class App:
 
     async def start(self) -> None:
         await self.grpc.start()
-        await self.admin.start()
+        if self.admin is not None:
+            await self.admin.start()
         self.telemetry.config_load(True)
         _log_loaded("config loaded", self.limiter.loaded)
         log.info("serving gRPC on %s (port %d)", self.settings.grpc_addr, self.grpc.port)
-        log.info("serving admin HTTP on %s (port %d)", self.settings.admin_addr, self.admin.port)
+        if self.admin is not None:
+            log.info(
+                "serving admin HTTP on %s (port %d)", self.settings.admin_addr, self.admin.port
+            )
+        else:
+            log.info("worker %d: admin HTTP is served by worker 0 only", self.worker)
         self._spawn(self.watcher.run())
         self._spawn(self._refresh_fairness())
 
@@ -125,13 +136,15 @@ class App:
     async def shutdown(self) -> None:
         """NOT_SERVING and /readyz 503, drain in-flight calls, stop the rest."""
         log.info("draining: health NOT_SERVING, finishing in-flight calls")
-        self.admin.draining = True
+        if self.admin is not None:
+            self.admin.draining = True
         self.watcher.stop()
         await self.grpc.drain(DRAIN_SECONDS)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.admin.stop()
+        if self.admin is not None:
+            await self.admin.stop()
         await self.store.close()
         log.info("stopped")
 

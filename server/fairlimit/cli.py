@@ -7,10 +7,14 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from fairlimit import __version__
 from fairlimit.config.loader import Loaded, load
 from fairlimit.errors import ConfigError, ConfigUnreadable, SettingsError
+
+if TYPE_CHECKING:
+    from fairlimit.settings import Settings
 
 EXIT_OK, EXIT_VIOLATION, EXIT_UNUSABLE = 0, 1, 2
 
@@ -68,18 +72,33 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from fairlimit import otel
-    from fairlimit.app import App  # grpc is imported only when serving
     from fairlimit.settings import Settings
 
     given = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     settings = Settings.from_env(os.environ).override(given)
     _configure_logging(settings.log_format)
+    if settings.workers > 1:
+        from fairlimit.workers import run_workers
+
+        return run_workers(settings, _serve_worker)
+    return _serve_settings(settings)
+
+
+def _serve_worker(settings: "Settings", index: int) -> None:
+    """One of ``--workers N`` (a spawned process): serve, the admin HTTP only in worker 0."""
+    _configure_logging(settings.log_format)
+    raise SystemExit(_serve_settings(settings, worker=index))
+
+
+def _serve_settings(settings: "Settings", worker: int = 0) -> int:
+    from fairlimit import otel
+    from fairlimit.app import App  # grpc is imported only when serving
+
     sdk = otel.install(os.environ)  # the OpenTelemetry SDK, here and nowhere else
 
     async def serve() -> int:
         try:  # inside the loop: grpc.aio binds to the running loop
-            app = App(settings, metrics_registry=sdk.registry)
+            app = App(settings, metrics_registry=sdk.registry, worker=worker)
         except ConfigError as exc:
             for line in exc.problems:
                 logging.getLogger("fairlimit").error("%s", line)

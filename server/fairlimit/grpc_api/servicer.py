@@ -119,8 +119,12 @@ class TlsFiles:
 class GrpcServer:
     """The gRPC server: RLS, health (NOT_SERVING while draining) and reflection."""
 
-    def __init__(self, limiter: Limiter, address: str, tls: TlsFiles | None = None) -> None:
-        self.server = grpc.aio.server()
+    def __init__(
+        self, limiter: Limiter, address: str, tls: TlsFiles | None = None, reuse_port: bool = False
+    ) -> None:
+        # SO_REUSEPORT only where workers share the port on purpose: otherwise a second server
+        # on a busy port must fail to bind rather than quietly take half of its connections.
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
         self.server.add_generic_rpc_handlers((RateLimitServicer(limiter).handler(),))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
