@@ -31,8 +31,8 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
   # shellcheck disable=SC1091
   . .venv/bin/activate
 fi
-echo "== installing fairlimit[test] into ${VIRTUAL_ENV}"
-python -m pip install -q --disable-pip-version-check -e '.[test]'
+echo "== installing fairlimit[test,plot] into ${VIRTUAL_ENV}"
+python -m pip install -q --disable-pip-version-check -e '.[test,plot]'
 
 echo "== ruff"
 ruff check server tests
