@@ -13,11 +13,11 @@ Telemetry never fails a request: recording errors are caught, counted and logged
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvider, Observation
-from opentelemetry.trace import NoOpTracerProvider, TracerProvider
+from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerProvider
 
 from fairlimit import __version__
 from fairlimit.capstats import BucketWatch, CapRow, CapTable
@@ -79,6 +79,33 @@ _CAP_GAUGES: tuple[tuple[str, str, str, _Reading], ...] = (
 )  # fmt: skip
 
 
+class _Tally:
+    """A monotonic counter summed in a dict and reported when a reader collects.
+
+    Recording is one dict update; the SDK's synchronous ``Counter.add`` costs about 15 µs
+    (attribute hashing, locks, aggregation) and a request records two or three of them.
+    The collecting thread copies the dict in one C call, so it never sees it change size.
+    """
+
+    __slots__ = ("_totals",)
+
+    def __init__(self) -> None:
+        self._totals: dict[tuple[tuple[str, str], ...], int] = {}
+
+    def add(self, amount: int, attributes: Mapping[str, str]) -> None:
+        key = tuple(attributes.items())
+        self._totals[key] = self._totals.get(key, 0) + amount
+
+    def observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(total, dict(key)) for key, total in list(self._totals.items())]
+
+
+def _records_spans(tracer_provider: TracerProvider | None) -> bool:
+    """Whether spans go anywhere: a real provider given, or one installed globally."""
+    provider = tracer_provider or trace.get_tracer_provider()
+    return not isinstance(provider, NoOpTracerProvider | ProxyTracerProvider)
+
+
 class Telemetry:
     """The instruments and the fairness rows they report; one per process (or per test)."""
 
@@ -92,11 +119,14 @@ class Telemetry:
         self.enabled = enabled
         self.errors = 0  # recording failures, swallowed so that requests never fail
         self.tracer = trace.get_tracer("fairlimit", __version__, tracer_provider)
+        self.tracing = _records_spans(tracer_provider)  # no span machinery per call when not
         meter = metrics.get_meter("fairlimit", __version__, meter_provider)
-        self._rule = {
-            name: meter.create_counter(f"ratelimit.{name}", "{hit}", text)
-            for name, text in _RULE_COUNTERS
-        }
+        self._rule: dict[str, _Tally] = {}
+        for name, text in _RULE_COUNTERS:
+            self._rule[name] = _Tally()
+            meter.create_observable_counter(
+                f"ratelimit.{name}", [self._rule[name].observe], "{hit}", text
+            )
         self._rpc = meter.create_histogram(
             "fairlimit.rpc.duration",
             "s",
