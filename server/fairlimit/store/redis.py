@@ -39,6 +39,7 @@ from fairlimit.core.units import window_start
 from fairlimit.errors import StoreUnavailable
 from fairlimit.store.base import CapReport
 from fairlimit.store.overlimit_cache import OverLimitCache
+from fairlimit.store.redis_batch import ScriptBatcher
 from fairlimit.store.redis_client import Options, client_for, parse_url
 
 log = logging.getLogger(__name__)
@@ -258,6 +259,13 @@ class RedisStore:
         self._options = options
         self._cluster = cluster
         self._script = client.register_script(_SCRIPT)
+        # One pipeline for the calls of many requests (redis_batch.py); a Cluster's calls
+        # go one by one, each to its own slot's node.
+        self._batch = (
+            ScriptBatcher(client, self._script, options.timeout)
+            if isinstance(client, aioredis.Redis)
+            else None
+        )
         self._known = OverLimitCache(options.local_cache)
         self._registry = f"{options.key_prefix}caps"
         self._tasks: set[asyncio.Task[None]] = set()
@@ -333,6 +341,8 @@ class RedisStore:
         """
         self.round_trips += 1
         async with asyncio.timeout(self._options.timeout):
+            if self._batch is not None:
+                return await self._batch.call(keys, args)
             return await self._script(keys=keys, args=args)
 
     def _register(self, metas: Sequence[str]) -> None:
@@ -377,6 +387,8 @@ class RedisStore:
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        if self._batch is not None:
+            self._batch.close()
         try:
             await self._client.aclose()
         except _FAILURES as exc:
