@@ -1,0 +1,148 @@
+"""Processes the benchmark starts: on 127.0.0.1 only, each stopped explicitly."""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+_PORT = re.compile(r"serving gRPC on \S+ \(port (\d+)\)")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ensure_debian_package(command: str, package: str) -> str | None:
+    """``command``'s path, installing ``package`` with apt-get (as root) where missing."""
+    found = shutil.which(command)
+    if found or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return found
+    print(f"== installing {package} (Debian package) for {command}", file=sys.stderr)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=False, env=env, capture_output=True)
+    subprocess.run(["apt-get", "install", "-y", "-q", package], check=False, env=env,
+                   capture_output=True)  # fmt: skip
+    return shutil.which(command)
+
+
+class Proc:
+    """A child process with its output in a log file; stopped by SIGTERM, then SIGKILL."""
+
+    def __init__(self, name: str, command: list[str], workdir: Path,
+                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+        self.name = name
+        self.log = workdir / f"{name}.log"
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT / "server"), **(env or {})}
+        with self.log.open("w") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                            env=full_env, cwd=ROOT)  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, pattern: re.Pattern[str], count: int = 1, timeout: float = 30.0
+                 ) -> list[str]:  # fmt: skip
+        """The first ``count`` matches of ``pattern`` in the log (group 1)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = pattern.findall(self.text())
+            if len(found) >= count:
+                return found[:count]
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not start:\n{self.text()[-3000:]}")
+
+    def grpc_port(self, processes: int = 1) -> int:
+        ports = {int(p) for p in self.wait_for(_PORT, processes)}
+        if len(ports) != 1:
+            raise RuntimeError(f"{self.name}: workers on different ports {ports}")
+        return ports.pop()
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        return self.process.returncode
+
+
+def noop(workdir: Path) -> tuple[Proc, int]:
+    proc = Proc("noop", [sys.executable, str(BENCH / "noop.py"), "--addr", "127.0.0.1:0"],
+                workdir)  # fmt: skip
+    return proc, proc.grpc_port()
+
+
+def fairlimit(workdir: Path, name: str, backend: str, workers: int = 1) -> tuple[Proc, int]:
+    """``fairlimit serve`` with bench/bench.yaml; several workers share one port."""
+    port = free_port() if workers > 1 else 0  # workers need one known port to share
+    command = [sys.executable, "-m", "fairlimit", "serve", "--config", str(BENCH / "bench.yaml"),
+               "--backend", backend, "--grpc-addr", f"127.0.0.1:{port}",
+               "--admin-addr", "127.0.0.1:0", "--workers", str(workers)]  # fmt: skip
+    proc = Proc(name, command, workdir)
+    return proc, proc.grpc_port(workers)
+
+
+class Redis:
+    """A throwaway redis-server: no persistence, loopback only."""
+
+    def __init__(self, binary: str, workdir: Path) -> None:
+        import redis  # the bench runs where fairlimit's dependencies are installed
+
+        self.port = free_port()
+        command = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
+        self.proc = Proc("redis", command, workdir)
+        self.client = redis.Redis(port=self.port, socket_timeout=5, decode_responses=True)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client.ping()
+                break
+            except redis.RedisError:
+                if time.monotonic() > deadline or self.proc.process.poll() is not None:
+                    raise RuntimeError("redis-server did not start:\n" + self.proc.text()) from None
+                time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def calls(self) -> int:
+        """Commands Redis has processed so far (INFO stats)."""
+        return int(self.client.info("stats")["total_commands_processed"])
+
+    def script_calls(self) -> int:
+        """EVALSHA + EVAL calls so far (INFO commandstats)."""
+        stats = self.client.info("commandstats")
+        return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+    def round_trips(self) -> int:
+        """Network reads Redis served (INFO stats total_reads_processed): a pipeline of many
+        calls is one read when it arrives in one packet."""
+        return int(self.client.info("stats")["total_reads_processed"])
+
+    def flush(self) -> None:
+        self.client.flushall()
+        self.client.config_resetstat()
+
+    def stop(self) -> None:
+        self.client.close()
+        self.proc.stop()

@@ -1,0 +1,116 @@
+"""The benchmark's table, from the results dict bench/run.py also writes as JSON."""
+
+from typing import Any
+
+TARGETS = (
+    ("noop", "(a) no-op grpc.aio (ceiling)"),
+    ("memory", "(b) fairlimit memory://"),
+    ("redis", "(c) fairlimit redis://"),
+    ("redis-w2", "(d) redis:// --workers 2"),
+)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _ratio(x: float, ceiling: float | None) -> str:
+    return f"{x / ceiling:.2f}x" if ceiling else "-"
+
+
+def _grpc_rows(results: dict[str, Any]) -> list[str]:
+    targets = results.get("targets", {})
+    ceiling = targets.get("noop", {})
+    lines = [f"{'target':<32}{'workload':<30}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'vs (a)':>8}",
+             "-" * 97]  # fmt: skip
+    workloads = (("hot", "1 hot client, h2load"),
+                 ("hot_half_ceiling", "1 hot client @ half ceiling"),
+                 ("many_clients", f"{results.get('many', '10k')} clients, loadgen"))  # fmt: skip
+    for key, workload in workloads:
+        base = ceiling.get(key, {}).get("rps")
+        for name, label in TARGETS:
+            row = targets.get(name, {}).get(key)
+            if row is None:
+                continue
+            lines.append(f"{label:<32}{workload:<30}{row['rps']:>9.0f}{_ms(row['p50_ms']):>9}"
+                         f"{_ms(row['p99_ms']):>9}{_ratio(row['rps'], base):>8}")  # fmt: skip
+    return lines
+
+
+def _redis_rows(results: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, label in TARGETS[2:]:
+        row = results.get("targets", {}).get(name)
+        if not row:
+            continue
+        lines.append(f"{label}: hot client admitted: {row.get('redis_calls_per_request')} "
+                     f"script calls and {row.get('redis_round_trips_per_request')} Redis reads "
+                     "(round trips) per request")  # fmt: skip
+        storm = row.get("retry_storm")
+        if storm:
+            lines.append(f"{label}: retry storm (10/min client, {storm['done']} requests at "
+                         f"{storm['rps']:.0f} req/s): {storm['redis_script_calls']} script calls "
+                         f"= {storm['redis_calls_per_request']} per request")  # fmt: skip
+    return lines
+
+
+def _envoy_rows(results: dict[str, Any]) -> list[str]:
+    env = results.get("envoy")
+    if not env or "envoy" not in env:
+        return []
+    alone, both = env["envoy"], env["envoy+fairlimit"]
+    lines = []
+    for label, row in (("Envoy alone", alone), ("Envoy + fairlimit memory://", both)):
+        full, paced = row["full"], row["paced"]
+        lines.append(f"{label:<30} {full['rps']:>8.0f} req/s (p99 {_ms(full['p99_ms'])} ms);"
+                     f" at {paced['rate']} req/s: p50 {_ms(paced['p50_ms'])} ms,"
+                     f" p99 {_ms(paced['p99_ms'])} ms, non-2xx {paced['non_2xx']}")  # fmt: skip
+    added = both["paced"]["p99_ms"] - alone["paced"]["p99_ms"]
+    lines.append(f"fairlimit adds {added:.2f} ms p99 at {both['paced']['rate']} req/s; "
+                 f"Envoy + fairlimit = {both['full']['rps'] / alone['full']['rps']:.2f}x "
+                 "Envoy alone's req/s")  # fmt: skip
+    return lines
+
+
+def _inproc_rows(results: dict[str, Any]) -> list[str]:
+    lines = []
+    for row in results.get("lambda", {}).get("rows", []):
+        lines.append(f"λ recompute, {row['clients']:>7} clients: water_level "
+                     f"{row['water_level_ms']:.1f} ms, with fairness figures "
+                     f"{row['with_figures_ms']:.1f} ms")  # fmt: skip
+    clients = results.get("clients")
+    if clients:
+        for row in clients["rows"]:
+            new = "-" if row["new_client_us"] is None else f"{row['new_client_us']:.1f}"
+            lines.append(f"memory store, {row['live_clients']:>7} live clients: known client "
+                         f"{row['known_client_us']:.1f} µs/request, new client {new} µs/request,"
+                         f" store {row['store_bytes'] / 1e6:.1f} MB")  # fmt: skip
+        tm = clients["tracemalloc_check"]
+        lines.append(
+            f"memory per client: {clients['bytes_per_client']:.0f} B (store accounting),"
+            f" {tm['bytes_per_client']:.0f} B (tracemalloc, {tm['clients']} clients)"
+        )
+        lines.append(f"after {clients['clients']} clients expired: store "
+                     f"{clients['after_expiry_bytes']} B vs {clients['base_bytes']} B before "
+                     f"({clients['after_vs_base']:.2f}x);"
+                     f" tracemalloc: {tm['after_minus_base_bytes']:+d} B")  # fmt: skip
+    return lines
+
+
+def table(results: dict[str, Any]) -> str:
+    machine = results.get("machine", {})
+    model = next((s for s in machine.get("lscpu", []) if s.startswith("Model name")), "")
+    head = [f"machine: {model.split(':', 1)[-1].strip()}, nproc {machine.get('nproc')}, "
+            f"load average before {machine.get('loadavg_before')}", ""]  # fmt: skip
+    parts = [
+        head,
+        _grpc_rows(results),
+        [""],
+        _redis_rows(results),
+        [""],
+        _envoy_rows(results),
+        [""],
+        _inproc_rows(results),
+        [""] + [f"note: {n}" for n in results.get("notes", [])],
+    ]
+    return "\n".join(line for part in parts for line in part).rstrip()

