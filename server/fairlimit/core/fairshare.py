@@ -19,17 +19,19 @@ def water_level(
     capacity: float,
 ) -> float:
     """The level λ that shares ``capacity`` by weighted max-min fairness."""
-    wants = [min(d, lim) for d, lim in zip(demands, limits, strict=True)]
+    wants = [d if d <= lim else lim for d, lim in zip(demands, limits, strict=True)]
     if sum(wants) <= capacity:
         return INFINITE
-    order = sorted(range(len(wants)), key=lambda i: wants[i] / weights[i])
+    ratios = [w / wt for w, wt in zip(wants, weights, strict=True)]
+    order = sorted(range(len(wants)), key=ratios.__getitem__)  # a C key: no lambda per client
     left = float(capacity)
     weight_left = float(sum(weights))
     for i in order:
         level = left / weight_left
-        if wants[i] <= level * weights[i]:
-            left -= wants[i]
-            weight_left -= weights[i]
+        want, weight = wants[i], weights[i]
+        if want <= level * weight:
+            left -= want
+            weight_left -= weight
         else:
             return level
     return INFINITE  # unreachable when sum(wants) > capacity; kept total for safety
