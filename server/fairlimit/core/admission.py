@@ -17,6 +17,10 @@ from fairlimit.core.rules import RateLimit, Rule
 from fairlimit.core.units import seconds_until_reset
 from fairlimit.errors import RequestError
 
+# The request, its plan, the store's outcome and the statuses are built on every
+# request, so they are slotted but not frozen: a frozen dataclass's __init__ sets each field
+# through object.__setattr__, about five times the cost, and these classes hold some forty
+# fields per request between them. Nothing changes one after it is built.
 UNLIMITED_REMAINING = 4294967295
 _EPSILON = 1e-9
 
@@ -26,7 +30,7 @@ class Code(enum.Enum):
     OVER_LIMIT = 2
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request (see the note above)
 class Descriptor:
     """One request descriptor: its entries, an optional limit override and hits."""
 
@@ -35,7 +39,7 @@ class Descriptor:
     hits: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request (see the note above)
 class Request:
     """A ShouldRateLimit request, free of the wire format."""
 
@@ -49,7 +53,7 @@ class Request:
         return self.hits or 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request (see the note above)
 class Counter:
     """A fixed-window counter the request is checked and charged against."""
 
@@ -60,7 +64,7 @@ class Counter:
     shadow: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request (see the note above)
 class Share:
     """A client's claim at a fair-share cap (all amounts in the cap's window)."""
 
@@ -80,7 +84,7 @@ class Share:
         return float(min(self.window, 1))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request (see the note above)
 class Level:
     """One level a descriptor is charged against."""
 
@@ -90,14 +94,14 @@ class Level:
     rule: Rule | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request (see the note above)
 class DescriptorPlan:
     rule: Rule | None
     levels: tuple[Level, ...]
     unlimited: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request (see the note above)
 class Plan:
     """Everything a request charges, deduplicated across its descriptors."""
 
@@ -285,7 +289,7 @@ def admits(
     return not any(share_over(s, a, b) for s, a, b in zip(plan.shares, shared, bounds, strict=True))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request (see the note above)
 class Outcome:
     """What the store saw: the counters before the charge, and whether it was made."""
 
@@ -296,7 +300,7 @@ class Outcome:
     now: float | None = None  # the store's own clock when it keeps one (Redis TIME)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per request (see the note above)
 class Status:
     """One descriptor's answer, ready for Envoy's X-RateLimit headers."""
 
