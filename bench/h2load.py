@@ -60,7 +60,8 @@ def run(url: str, load: Load, workdir: Path, *, body: Path | None = None,
     """One bounded h2load run (duration plus warm-up); raises when h2load fails."""
     log = workdir / f"h2load-{label}.tsv"
     command = [binary() or "h2load", "-t", "1", "-c", str(load.clients), "-m", str(load.streams),
-               "-D", f"{load.seconds:g}", f"--warm-up-time={load.warmup:g}",
+               "-D", f"{round(load.seconds * 1000)}ms",
+               f"--warm-up-time={round(load.warmup * 1000)}ms",
                f"--log-file={log}"]  # fmt: skip
     if load.rps_per_client:
         command.append(f"--rps={load.rps_per_client:g}")

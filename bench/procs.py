@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 _PORT = re.compile(r"serving gRPC on \S+ \(port (\d+)\)")
+_ADMIN = re.compile(r"serving admin HTTP on \S+ \(port (\d+)\)")
 
 
 def free_port() -> int:
@@ -66,6 +67,25 @@ class Proc:
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"{self.name} did not start:\n{self.text()[-3000:]}")
+
+    def metrics(self) -> dict[str, float]:
+        """fairlimit's /metrics (worker 0's, with --workers): backend errors and calls."""
+        import urllib.request
+
+        found = _ADMIN.search(self.text())
+        if not found:
+            return {}
+        url = f"http://127.0.0.1:{found.group(1)}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        totals = {"backend_errors": 0.0, "rpc_calls": 0.0}
+        for line in text.splitlines():
+            name = line.partition("{")[0]
+            if name == "fairlimit_backend_errors_total":
+                totals["backend_errors"] += float(line.rsplit(" ", 1)[1])
+            elif name == "fairlimit_rpc_duration_seconds_count":
+                totals["rpc_calls"] += float(line.rsplit(" ", 1)[1])
+        return totals
 
     def grpc_port(self, processes: int = 1) -> int:
         ports = {int(p) for p in self.wait_for(_PORT, processes)}

@@ -39,6 +39,13 @@ def _grpc_rows(results: dict[str, Any]) -> list[str]:
 
 def _redis_rows(results: dict[str, Any]) -> list[str]:
     lines = []
+    for name, label in TARGETS[1:]:
+        m = results.get("targets", {}).get(name, {}).get("server_metrics")
+        if m:
+            lines.append(
+                f"{label}: {m['backend_errors']:.0f} backend errors in "
+                f"{m['rpc_calls']:.0f} calls (failure mode open: answered OK)"
+            )
     for name, label in TARGETS[2:]:
         row = results.get("targets", {}).get(name)
         if not row:

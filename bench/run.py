@@ -95,6 +95,8 @@ class Bench:
             row["many_clients"] = _loadgen(port, self.args.many, self.args.seconds)
             if redis is not None:
                 row["retry_storm"] = self.storm(port, name, redis)
+            if name != "noop":
+                row["server_metrics"] = proc.metrics()  # backend errors answered OK (open)
         finally:
             code = proc.stop()
             if code not in (0, -15, None):
@@ -140,7 +142,7 @@ class Bench:
                     "redis-w2", lambda: procs.fairlimit(wd, "redis-w2", redis.url, workers=2), redis
                 )
             except RuntimeError as exc:
-                self.note(f"redis --workers 2 failed: {str(exc)[:300]}")
+                self.note(f"redis --workers 2 failed: {str(exc).splitlines()[0]}")
         finally:
             redis.stop()
 
