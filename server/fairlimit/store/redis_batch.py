@@ -1,14 +1,14 @@
-"""Coalescing: the admission calls made while one pipeline is out go together in the next.
+"""Coalescing: the admission calls made while one is out go together in the next pipeline.
 
 Every request is one EVALSHA, but sending each on its own costs the event loop a connection
 checkout, a write, a read and a wake-up per call: at a few thousand requests per second
-that, not Redis, is the server's limit. The batcher keeps at most one pipeline in flight;
-calls arriving meanwhile queue and leave together when it returns (or on the next loop turn
-when none is out), so a busy server sends few, full pipelines and an idle one adds at most
-one loop turn. Each call is still its own atomic script run: only the round trip is shared.
-A pipeline has no transaction: one call's error (NOSCRIPT after a Redis restart, a script
-error) is that call's alone; NOSCRIPT is retried on its own through the script object,
-which loads the script again. Redis Cluster calls are not batched (one slot per call).
+that, not Redis, is the server's limit. A call that finds nothing in flight is sent at once
+(an idle server pays nothing); calls made while a call or pipeline is out queue, and leave
+together in one pipeline when it returns, so a busy server sends few, full pipelines. Each
+call is still its own atomic script run: only the round trip is shared. A pipeline has no
+transaction: one call's error (NOSCRIPT after a Redis restart, a script error) is that
+call's alone; NOSCRIPT is retried on its own through the script object, which loads the
+script again. Redis Cluster calls are not batched (one slot per call).
 """
 
 import asyncio
@@ -30,35 +30,43 @@ class ScriptBatcher:
         self._script = script
         self._timeout = timeout
         self._queue: list[_Call] = []
-        self._busy = False  # a pipeline is out, or a flush is scheduled
+        self._busy = False  # a call or a pipeline is out
         self._tasks: set[asyncio.Task[None]] = set()
         self.pipelines = 0  # round trips made (the benchmark reports calls per round trip)
 
     async def call(self, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-        """The script's reply for ``keys`` and ``args`` (its error raised, if it failed)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append((keys, args, future))
-        if not self._busy:
-            self._busy = True
-            loop.call_soon(self._flush)  # after the calls this loop turn still brings
-        return await future
+        """The script's reply for ``keys`` and ``args`` (its error raised, if it failed).
 
-    def _flush(self) -> None:
-        batch, self._queue = self._queue, []
-        batch = [call for call in batch if not call[2].done()]  # callers that gave up
-        if not batch:
+        A call that finds nothing in flight goes at once, on its own, as an unbatched call
+        would; calls made while it (or a pipeline) is out queue for the next pipeline.
+        """
+        if self._busy:
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            self._queue.append((keys, args, future))
+            return await future
+        self._busy = True
+        try:
+            return await self._script(keys=keys, args=args)
+        finally:
+            self._next()
+
+    def _next(self) -> None:
+        """Hand what queued meanwhile to a pipeline task, or go idle."""
+        if not self._queue:
             self._busy = False
             return
-        task = asyncio.get_running_loop().create_task(self._send(batch))
+        task = asyncio.get_running_loop().create_task(self._pump())
         self._tasks.add(task)
-        task.add_done_callback(self._sent)
+        task.add_done_callback(self._tasks.discard)
 
-    def _sent(self, task: "asyncio.Task[None]") -> None:
-        self._tasks.discard(task)
-        if self._queue:
-            self._flush()
-        else:
+    async def _pump(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                batch = [call for call in batch if not call[2].done()]  # callers gone
+                if batch:
+                    await self._send(batch)
+        finally:
             self._busy = False
 
     async def _send(self, batch: list[_Call]) -> None:
