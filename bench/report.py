@@ -25,6 +25,7 @@ def _grpc_rows(results: dict[str, Any]) -> list[str]:
              "-" * 97]  # fmt: skip
     workloads = (("hot", "1 hot client, h2load"),
                  ("hot_half_ceiling", "1 hot client @ half ceiling"),
+                 ("hot_half_own", "1 hot client @ half own max"),
                  ("many_clients", f"{results.get('many', '10k')} clients, loadgen"))  # fmt: skip
     for key, workload in workloads:
         base = ceiling.get(key, {}).get("rps")
@@ -34,6 +35,12 @@ def _grpc_rows(results: dict[str, Any]) -> list[str]:
                 continue
             lines.append(f"{label:<32}{workload:<30}{row['rps']:>9.0f}{_ms(row['p50_ms']):>9}"
                          f"{_ms(row['p99_ms']):>9}{_ratio(row['rps'], base):>8}")  # fmt: skip
+    rounds = [f"{name} {targets[name]['hot'].get('rounds_rps')}" for name, _ in TARGETS
+              if "rounds_rps" in targets.get(name, {}).get("hot", {})]  # fmt: skip
+    if rounds:
+        lines.append(
+            "1 hot client, req/s of each round (the median is shown): " + "; ".join(rounds)
+        )
     return lines
 
 
