@@ -198,8 +198,8 @@ class Bench:
         full = h2load.run(url, self.load, self.workdir, headers=headers, label=label)
         # One rate for both: half of what Envoy + fairlimit sustains, so p99s compare.
         rate = (done["envoy+fairlimit"]["full"]["rps"] if done else full.rps) / 2
-        paced = Load(self.load.clients, self.load.streams, self.load.seconds, self.load.warmup,
-                     rate / self.load.clients)  # fmt: skip
+        paced = Load(PACED_CONNECTIONS, 8, self.load.seconds, self.load.warmup,
+                     rate / PACED_CONNECTIONS)  # fmt: skip
         half = h2load.run(url, paced, self.workdir, headers=headers, label=label + "-paced")
         return {"full": full.as_dict(), "paced": {**half.as_dict(), "rate": round(rate)}}
 
