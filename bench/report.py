@@ -114,8 +114,10 @@ def _inproc_rows(results: dict[str, Any]) -> list[str]:
 def table(results: dict[str, Any]) -> str:
     machine = results.get("machine", {})
     model = next((s for s in machine.get("lscpu", []) if s.startswith("Model name")), "")
+    load = [round(x, 2) for x in machine.get("loadavg_before", ())]
     head = [f"machine: {model.split(':', 1)[-1].strip()}, nproc {machine.get('nproc')}, "
-            f"load average before {machine.get('loadavg_before')}", ""]  # fmt: skip
+            f"load average before {load}, CPU during the run "
+            f"{machine.get('cpu_during_run')}", ""]  # fmt: skip
     parts = [
         head,
         _grpc_rows(results),

@@ -211,6 +211,26 @@ class Bench:
         self.results["clients"] = inproc.clients_run(steps)
 
 
+def _cpu_times() -> list[int]:
+    """The machine's CPU time counters (/proc/stat): user nice system idle iowait irq
+    softirq steal; empty where there is no /proc."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(x) for x in stat.readline().split()[1:9]]
+    except OSError:
+        return []
+
+
+def _busy_and_steal(before: list[int], after: list[int]) -> dict[str, float]:
+    """Share of the machine's CPU time busy, and stolen by the hypervisor, over the run."""
+    if not before or not after:
+        return {}
+    delta = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(delta) or 1
+    return {"busy": round(1 - (delta[3] + delta[4]) / total, 3),
+            "steal": round(delta[7] / total, 3)}  # fmt: skip
+
+
 def _machine() -> dict[str, Any]:
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
@@ -243,7 +263,7 @@ def main() -> int:
         return 2
     redis_binary = procs.ensure_debian_package("redis-server", "redis-server")
     RESULTS.mkdir(exist_ok=True)
-    started = time.monotonic()
+    started, cpu = time.monotonic(), _cpu_times()
     with tempfile.TemporaryDirectory(prefix="fairlimit-bench-") as tmp:
         bench = Bench(args, Path(tmp))
         bench.results["machine"] = _machine()
@@ -254,6 +274,8 @@ def main() -> int:
         if "inproc" not in args.skip:
             bench.in_process()
     bench.results["seconds"] = round(time.monotonic() - started, 1)
+    bench.results["machine"]["cpu_during_run"] = _busy_and_steal(cpu, _cpu_times())
+    bench.results["machine"]["loadavg_after"] = os.getloadavg()
     out = RESULTS / time.strftime("bench-%Y%m%dT%H%M%S.json")
     out.write_text(json.dumps(bench.results, indent=1) + "\n")
     print(report.table(bench.results))
