@@ -148,6 +148,36 @@ def tracemalloc_check(clients: int = 20_000) -> dict[str, Any]:
             "after_minus_base_bytes": after - base}  # fmt: skip
 
 
+class _Context:
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("user-agent", "h2load"), ("te", "trailers"))
+
+
+def servicer_cost() -> dict[str, Any]:
+    """µs per request of everything fairlimit does for one call, without gRPC itself:
+    request bytes -> servicer -> limiter -> memory store -> response bytes, telemetry on
+    (the SDK as `serve` installs it). Best of 7 passes over 1000 hot + 1000 distinct."""
+    from fairlimit import otel
+    from fairlimit.grpc_api.servicer import RateLimitServicer
+    from fairlimit.telemetry import Telemetry
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from wire import message
+
+    sdk = otel.install({})
+    limiter = Limiter(load([CONFIG]), MemoryStore(), telemetry=Telemetry())
+    servicer, context = RateLimitServicer(limiter), _Context()
+    bodies = [message("public", "hot")] * 1000 + [message("public", f"c{i}") for i in range(1000)]
+    best = float("inf")
+    for _ in range(7):
+        started = time.perf_counter()
+        for body in bodies:
+            _drive(servicer.ShouldRateLimit(body, context)).SerializeToString()
+        best = min(best, (time.perf_counter() - started) / len(bodies) * 1e6)
+    sdk.shutdown()
+    return {"us_per_request": round(best, 1)}
+
+
 def _timed(fn: Any, *args: Any, repeat: int = 3) -> float:
     best = float("inf")
     for _ in range(repeat):

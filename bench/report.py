@@ -88,6 +88,10 @@ def _envoy_rows(results: dict[str, Any]) -> list[str]:
 
 def _inproc_rows(results: dict[str, Any]) -> list[str]:
     lines = []
+    own = results.get("servicer")
+    if own:
+        lines.append(f"fairlimit's own work per call (bytes in to bytes out, memory store, "
+                     f"telemetry on, no gRPC): {own['us_per_request']:.1f} µs")  # fmt: skip
     for row in results.get("lambda", {}).get("rows", []):
         lines.append(f"λ recompute, {row['clients']:>7} clients: water_level "
                      f"{row['water_level_ms']:.1f} ms, with fairness figures "

@@ -204,6 +204,8 @@ class Bench:
         return {"full": full.as_dict(), "paced": {**half.as_dict(), "rate": round(rate)}}
 
     def in_process(self) -> None:
+        print("== in-process: fairlimit's own work per call", file=sys.stderr)
+        self.results["servicer"] = inproc.servicer_cost()
         print("== in-process: λ recompute", file=sys.stderr)
         self.results["lambda"] = inproc.lambda_recompute()
         steps = (10_000, 100_000) if self.args.quick else (10_000, 100_000, 1_000_000)
