@@ -4,6 +4,8 @@ Redis-only: several workers share state through Redis; memory:// with --workers 
 (tests/test_cli.py). Linux-only checks read /proc to see which process holds which socket.
 """
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -107,6 +109,27 @@ class TestWorkers:
         assert answers.count(OK) == 10
         assert answers[:10] == [OK] * 10 and set(answers[10:]) == {OVER}
         assert code == 0
+        _wait_for_log(server, "workers exited", 1)  # the log is read by a thread
         log = "".join(server.lines)
         assert log.count("admin HTTP is served by worker 0 only") == 1
         assert "workers exited: 0, 0" in log
+
+    def test_a_worker_that_dies_takes_the_server_down(
+        self, redis_server: RedisProcess, tmp_path: Path
+    ) -> None:
+        """One worker killed: the parent stops the other and exits non-zero, for a supervisor."""
+        config = tmp_path / "edge.yaml"
+        config.write_text(CONFIG)
+        url = redis_server.url + "?timeout=0.5"
+        server = ServerProcess(["--config", str(config), "--backend", url, "--workers", "2"])
+        try:
+            _wait_for_log(server, "serving gRPC on", 2)
+            workers = [pid for pid in _children(server.process.pid) if _socket_inodes(pid)]
+            os.kill(workers[0], signal.SIGKILL)
+            code = server.process.wait(30)
+        finally:
+            server.stop()
+        assert code != 0
+        _wait_for_log(server, "workers exited", 1)  # the log is read by a thread
+        assert "stopping the others" in "".join(server.lines)
+        assert not any(Path(f"/proc/{pid}").exists() for pid in workers[1:])

@@ -1,6 +1,7 @@
 """Composition root: settings -> config -> store -> limiter -> servers, and the serve loop."""
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Callable, Coroutine
@@ -106,12 +107,17 @@ class App:
         self._spawn(self.watcher.reload())
 
     async def _refresh_fairness(self) -> None:
-        while True:
+        # Ends on the stop event, not only on cancellation: a cancel that lands inside a
+        # Redis call may come out of redis-py as a timeout, which the store reports as
+        # unavailable; the loop then went on for ever and a SIGTERM soon after start never
+        # finished draining (tests/test_workers.py kills a worker seconds after start).
+        while not self._stopping.is_set():
             try:
                 await self.limiter.refresh_fairness()
             except Exception:  # a gauge refresh must never take the server down
                 log.exception("refreshing the fairness figures failed")
-            await asyncio.sleep(REFRESH_SECONDS)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), REFRESH_SECONDS)
 
     def stop(self) -> None:
         """Ask the serve loop to drain and exit."""
@@ -135,6 +141,7 @@ class App:
 
     async def shutdown(self) -> None:
         """NOT_SERVING and /readyz 503, drain in-flight calls, stop the rest."""
+        self._stopping.set()  # also when called without stop(): the refresh loop ends on it
         log.info("draining: health NOT_SERVING, finishing in-flight calls")
         if self.admin is not None:
             self.admin.draining = True

@@ -86,8 +86,11 @@ class Parent:
         running = list(self.workers)
         while running:
             wait([p.sentinel for p in running], timeout=0.5)
-            ended = [p for p in running if p.exitcode is not None]
-            running = [p for p in running if p.exitcode is None]
+            # Each exit code read once: a worker reaped between two reads would otherwise
+            # leave the running list without being seen to end.
+            exited = [p.exitcode is not None for p in running]
+            ended = [p for p, gone in zip(running, exited, strict=True) if gone]
+            running = [p for p, gone in zip(running, exited, strict=True) if not gone]
             if ended and running and not self.stopping:
                 first = ended[0]
                 log.error("worker %s exited with %s: stopping the others", first.name,
