@@ -1,4 +1,4 @@
-"""Redis-only: concurrent admissions share pipelines (store/redis_batch.py), and each call
+"""Redis-only: concurrent admissions share pipelines (store/redis/batch.py), and each call
 keeps its own answer."""
 
 import asyncio

@@ -1,7 +1,9 @@
 """A Redis ``--backend`` URL -> options and a redis-py asyncio client (standalone, TLS,
-Sentinel or Cluster), with pools and timeouts bounded for Envoy's 20 ms budget."""
+Sentinel or Cluster), with pools and timeouts bounded for Envoy's 20 ms budget; and the one
+place where what such a client raises becomes StoreUnavailable."""
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -12,9 +14,23 @@ from redis.asyncio.connection import BlockingConnectionPool, Connection, SSLConn
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException, RedisError
 
-from fairlimit.errors import SettingsError
+from fairlimit.errors import SettingsError, StoreUnavailable
 from fairlimit.store.base import REDIS_SCHEMES
+
+# What a Redis client raises when it cannot answer; RedisClusterException (no node
+# reachable, a slot without a master) is not a RedisError.
+_FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
+
+
+@contextmanager
+def unavailable() -> Iterator[None]:
+    """Raise StoreUnavailable (from the original) for a client failure inside the block."""
+    try:
+        yield
+    except _FAILURES as exc:
+        raise StoreUnavailable(f"redis: {str(exc) or type(exc).__name__}") from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,20 +1,28 @@
--- admit.lua: the all-or-nothing admission of one slot group of a plan (core/admission.py
--- states the rule, store/memory.py is the reference; store/redis.py calls this by EVALSHA).
+-- admit.lua: the all-or-nothing admission of one slot group of a plan, with the λ
+-- hand-back (core/admission.py states the rule, store/memory.py is the reference;
+-- store/redis/store.py calls this by EVALSHA, store/redis/script.py builds the arguments).
 --
--- KEYS  1..n          one hash per counter: s = window start, n = count in that window
---       then 5 per cap: meta  (p = period of the level in force, v = level "none"|"inf"|λ,
---                              cap, declared, and the last period's fairness figures f_*)
---                       cur   (this period: _p, _sw seen weight, d:/a:/l:/w: + client =
---                              demand, admitted, limit, weight)
---                       prev  (the last period's cur, read to compute λ)
---                       adm   (_s = cap window start, c: + client = admitted at the cap)
---                       lock  (string: the period whose λ a replica is computing)
--- ARGV  mode ("admit" | "release"), now ("" = Redis TIME), may_lock ("1" | "0"), lock_ms,
---       n, then per counter: limit, window, hits, shadow ("1" | "0"),
---       m, then per cap: period, window, capacity, declared, cap key, given period ("" =
---          none), given level, then 6 figures (utilization, active, level, jain, top,
---          starved; "" when none),
---       k, then per share: cap index (1-based), client, client limit, weight, hits, shadow
+-- The layout (script.ADMIT states it too; tests/test_redis_script.py checks both agree):
+-- KEYS  per counter: counter
+-- KEYS  per cap: meta cur prev adm lock
+-- ARGV  head: now may_lock lock_ms
+-- ARGV  per counter: limit window hits shadow
+-- ARGV  per cap: period window capacity declared cap given_period given_level f_u f_a f_l f_j f_t f_s
+-- ARGV  per share: cap_index client limit weight hits shadow
+-- KEYS are the counter keys, then each cap's keys; ARGV is the head, then for counters,
+-- caps and shares in turn: their number, then that many rows.
+--
+-- counter  hash: s = window start, n = count in that window
+-- meta     hash: p = period of the level in force, v = level "none"|"inf"|λ, cap, declared,
+--          and the last period's fairness figures f_*
+-- cur      hash, this period: _p, _sw seen weight, d:/a:/l:/w: + client = demand, admitted,
+--          limit, weight
+-- prev     the last period's cur, read to compute λ
+-- adm      hash: _s = cap window start, c: + client = admitted at the cap
+-- lock     string: the period whose λ a replica is computing
+-- now ("" = Redis TIME), may_lock and shadow "1" | "0"; given_period "" = no λ given,
+-- given_level and the figures (utilization, active, level, jain, top, starved) then "";
+-- cap_index is 1-based into the caps.
 -- Returns {1 | 0, now, counts, admitted, bounds, fresh, rolled} (1 = charged, 0 = nothing
 --       moved; bounds as strings; fresh[i] = 1 when share i's level is this period's own;
 --       rolled = indexes of caps whose level was written by this call), or
@@ -22,6 +30,8 @@
 --       of a cap: nothing was recorded or charged; compute λ and call again with it.
 -- Every key written gets a TTL. Floats cross the boundary as %.17g strings, so Lua and
 -- Python see the same doubles.
+
+local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 4, 13, 6, 5
 
 local EPS = 1e-9
 local SLACK_MS = 1000
@@ -41,28 +51,28 @@ local function whole(x)
   return string.format('%.0f', x)
 end
 
-local mode, may_lock, lock_ms = ARGV[1], ARGV[3] == '1', ARGV[4]
+local may_lock, lock_ms = ARGV[2] == '1', ARGV[3]
 local now
-if ARGV[2] == '' then
+if ARGV[1] == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 else
-  now = tonumber(ARGV[2])
+  now = tonumber(ARGV[1])
 end
 
-local a = 5
+local a = 4
 local counters, caps, shares = {}, {}, {}
 for i = 1, tonumber(ARGV[a]) do
   local w = tonumber(ARGV[a + 2])
   local start = math.floor(now / w) * w
   counters[i] = {key = KEYS[i], limit = tonumber(ARGV[a + 1]), hits = tonumber(ARGV[a + 3]),
     shadow = ARGV[a + 4] == '1', ws = whole(start), ttl = (start + w - now) * 1000 + SLACK_MS}
-  a = a + 4
+  a = a + COUNTER_ARGS
 end
 a = a + 1
 local n = #counters
 for j = 1, tonumber(ARGV[a]) do
-  local b = n + (j - 1) * 5
+  local b = n + (j - 1) * CAP_KEYS
   local period, w = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local start = math.floor(now / w) * w
   local p = math.floor(now / period)
@@ -74,35 +84,15 @@ for j = 1, tonumber(ARGV[a]) do
     figures = figures, p = p, ps = whole(p), ws = whole(start),
     ttl = (start + w - now) * 1000 + SLACK_MS,
     keep = math.max(2 * w + 1, 2 * period + 10) * 1000}
-  a = a + 13
+  a = a + CAP_ARGS
 end
 a = a + 1
 for i = 1, tonumber(ARGV[a]) do
   shares[i] = {cap = caps[tonumber(ARGV[a + 1])], client = ARGV[a + 2],
     limit = num(ARGV[a + 3]), weight = tonumber(ARGV[a + 4]), hits = tonumber(ARGV[a + 5]),
     shadow = ARGV[a + 6] == '1'}
-  a = a + 6
+  a = a + SHARE_ARGS
 end
-
-local function release()
-  for _, c in ipairs(counters) do
-    if c.hits ~= 0 and redis.call('HGET', c.key, 's') == c.ws then
-      redis.call('HINCRBY', c.key, 'n', -c.hits)
-    end
-  end
-  for _, s in ipairs(shares) do
-    local cap = s.cap
-    if s.hits ~= 0 and redis.call('HGET', cap.adm, '_s') == cap.ws then
-      redis.call('HINCRBY', cap.adm, 'c:' .. s.client, -s.hits)
-    end
-    if s.hits ~= 0 and redis.call('HGET', cap.cur, '_p') == cap.ps then
-      redis.call('HINCRBY', cap.cur, 'a:' .. s.client, -s.hits)
-    end
-  end
-  return {1, fmt(now)}
-end
-
-if mode == 'release' then return release() end
 
 -- Move each cap to the period holding now: this period's demand starts empty, the last
 -- period's becomes prev (or none, after a gap) - as _Cap.roll in store/memory.py.

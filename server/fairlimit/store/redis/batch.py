@@ -19,34 +19,35 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-_Call = tuple[Sequence[str], Sequence[str | int], "asyncio.Future[Any]"]
+_Call = tuple[AsyncScript, Sequence[str], Sequence[str | int], "asyncio.Future[Any]"]
 
 
 class ScriptBatcher:
-    """Runs one script for many callers, a pipeline per batch."""
+    """Runs scripts for many callers, a pipeline per batch."""
 
-    def __init__(self, client: "aioredis.Redis", script: AsyncScript, timeout: float) -> None:
+    def __init__(self, client: "aioredis.Redis", timeout: float) -> None:
         self._client = client
-        self._script = script
         self._timeout = timeout
         self._queue: list[_Call] = []
         self._busy = False  # a call or a pipeline is out
         self._tasks: set[asyncio.Task[None]] = set()
         self.pipelines = 0  # round trips made (the benchmark reports calls per round trip)
 
-    async def call(self, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-        """The script's reply for ``keys`` and ``args`` (its error raised, if it failed).
+    async def call(
+        self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]
+    ) -> Any:
+        """``script``'s reply for ``keys`` and ``args`` (its error raised, if it failed).
 
         A call that finds nothing in flight goes at once, on its own, as an unbatched call
         would; calls made while it (or a pipeline) is out queue for the next pipeline.
         """
         if self._busy:
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            self._queue.append((keys, args, future))
+            self._queue.append((script, keys, args, future))
             return await future
         self._busy = True
         try:
-            return await self._script(keys=keys, args=args)
+            return await script(keys=keys, args=args)
         finally:
             self._next()
 
@@ -63,7 +64,7 @@ class ScriptBatcher:
         try:
             while self._queue:
                 batch, self._queue = self._queue, []
-                batch = [call for call in batch if not call[2].done()]  # callers gone
+                batch = [call for call in batch if not call[3].done()]  # callers gone
                 if batch:
                     await self._send(batch)
         finally:
@@ -76,31 +77,31 @@ class ScriptBatcher:
             # the client's retry once Redis answers again, and charge its calls twice.
             async with asyncio.timeout(self._timeout):
                 async with self._client.pipeline(transaction=False) as pipe:
-                    for keys, args, _ in batch:
-                        pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+                    for script, keys, args, _ in batch:
+                        pipe.evalsha(script.sha, len(keys), *keys, *args)
                     replies = await pipe.execute(raise_on_error=False)
         except Exception as exc:  # the round trip failed: every caller sees why
-            for _, _, future in batch:
+            for *_, future in batch:
                 if not future.done():
                     future.set_exception(exc)
             return
-        for (keys, args, future), reply in zip(batch, replies, strict=True):
+        for (script, keys, args, future), reply in zip(batch, replies, strict=True):
             if future.done():
                 continue
             if isinstance(reply, NoScriptError):
-                self._alone(keys, args, future)
+                self._alone(script, keys, args, future)
             elif isinstance(reply, Exception):
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
 
-    def _alone(self, keys: Sequence[str], args: Sequence[str | int], future: "asyncio.Future[Any]"
-               ) -> None:  # fmt: skip
+    def _alone(self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int],
+               future: "asyncio.Future[Any]") -> None:  # fmt: skip
         """One call through the script object, which loads the script first (NOSCRIPT)."""
 
         async def run() -> None:
             try:
-                reply = await self._script(keys=keys, args=args)
+                reply = await script(keys=keys, args=args)
             except Exception as exc:
                 if not future.done():
                     future.set_exception(exc)
@@ -115,6 +116,6 @@ class ScriptBatcher:
     def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        for _, _, future in self._queue:
+        for *_, future in self._queue:
             future.cancel()
         self._queue.clear()

@@ -1,0 +1,25 @@
+"""The Redis backend (standalone, TLS, Sentinel, Cluster) behind the Store contract.
+
+What each module owns:
+
+- ``keys.py``: key names, hash tags, the anchor cap of each counter, a plan's slot groups
+- ``script.py``: the KEYS/ARGV contract with ``lua/`` (layouts, argument builders, reply
+  parsers, script registration) and the λ computed for a hand-back
+- ``lua/``: one script per operation: ``admit.lua`` (admission, with the λ hand-back) and
+  ``release.lua`` (undo a reservation of a multi-slot request)
+- ``store.py``: RedisStore (one call per slot group, two-phase across slots, the cap registry)
+- ``client.py``: the URL, its options and the redis-py client; Redis errors -> StoreUnavailable
+- ``batch.py``: concurrent script calls coalesced into pipelines
+- ``overlimit_cache.py``: the local cache that answers known-over clients without Redis
+"""
+
+from fairlimit.store.redis.client import client_for, parse_url
+from fairlimit.store.redis.store import RedisStore
+
+__all__ = ["RedisStore", "open_redis", "parse_url"]
+
+
+def open_redis(url: str) -> RedisStore:
+    """A RedisStore for a ``redis://``, ``rediss://``, ``redis+sentinel://`` or cluster URL."""
+    parsed = parse_url(url)
+    return RedisStore(client_for(parsed), parsed.options, cluster=parsed.scheme == "redis+cluster")

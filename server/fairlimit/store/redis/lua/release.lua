@@ -1,0 +1,55 @@
+-- release.lua: undo what admit.lua charged for one slot group of a multi-slot request that
+-- another group refused (store/redis/store.py, the two-phase admission across slots).
+--
+-- The layout (script.RELEASE states it too; tests/test_redis_script.py checks both agree):
+-- KEYS  per counter: counter
+-- KEYS  per cap: cur adm
+-- ARGV  head: now
+-- ARGV  per counter: window hits
+-- ARGV  per cap: period window
+-- ARGV  per share: cap_index client hits
+-- KEYS are the counter keys, then each cap's keys; ARGV is the head, then for counters,
+-- caps and shares in turn: their number, then that many rows.
+--
+-- now is the clock admit.lua replied with, so the windows and the period are the ones it
+-- charged; a count is decremented only while that window (or period) is still the current
+-- one, as a later window starts from zero anyway. cap_index is 1-based into the caps.
+-- Returns 1.
+
+local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 2, 2, 3, 2
+
+local function whole(x)
+  return string.format('%.0f', x)
+end
+
+local now = tonumber(ARGV[1])
+local a = 2
+local n = tonumber(ARGV[a])
+for i = 1, n do
+  local w, hits = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  if hits ~= 0 and redis.call('HGET', KEYS[i], 's') == whole(math.floor(now / w) * w) then
+    redis.call('HINCRBY', KEYS[i], 'n', -hits)
+  end
+  a = a + COUNTER_ARGS
+end
+a = a + 1
+local caps = {}
+for j = 1, tonumber(ARGV[a]) do
+  local b = n + (j - 1) * CAP_KEYS
+  local period, w = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  caps[j] = {cur = KEYS[b + 1], adm = KEYS[b + 2], ps = whole(math.floor(now / period)),
+    ws = whole(math.floor(now / w) * w)}
+  a = a + CAP_ARGS
+end
+a = a + 1
+for _ = 1, tonumber(ARGV[a]) do
+  local cap, client, hits = caps[tonumber(ARGV[a + 1])], ARGV[a + 2], tonumber(ARGV[a + 3])
+  if hits ~= 0 and redis.call('HGET', cap.adm, '_s') == cap.ws then
+    redis.call('HINCRBY', cap.adm, 'c:' .. client, -hits)
+  end
+  if hits ~= 0 and redis.call('HGET', cap.cur, '_p') == cap.ps then
+    redis.call('HINCRBY', cap.cur, 'a:' .. client, -hits)
+  end
+  a = a + SHARE_ARGS
+end
+return 1

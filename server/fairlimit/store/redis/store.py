@@ -1,0 +1,225 @@
+"""RedisStore: one atomic admit.lua call per slot group, λ per cap by lock, a local
+over-limit cache in front.
+
+Requests spanning several slots (descriptors under different caps, on Redis Cluster only)
+are admitted in two phases so that a rejected request still consumes nothing: every slot
+group runs admit.lua in parallel and charges itself only if it admits (a reservation);
+when any group rejects or fails, the groups that charged run release.lua, which decrements
+exactly what they added. The residual race: between reservation and release (one round
+trip) other requests see the reserved hits and may be rejected although the request that
+held them is finally refused - never over-admitted. If the release itself fails, the
+reserved hits stay charged until their window ends.
+"""
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
+
+from fairlimit.core.admission import Outcome, Plan
+from fairlimit.core.fairshare import FairnessFigures
+from fairlimit.core.units import window_start
+from fairlimit.errors import StoreUnavailable
+from fairlimit.store.base import CapReport
+from fairlimit.store.redis import script
+from fairlimit.store.redis.batch import ScriptBatcher
+from fairlimit.store.redis.client import Options, unavailable
+from fairlimit.store.redis.keys import SlotGroup, slot_groups
+from fairlimit.store.redis.overlimit_cache import OverLimitCache
+from fairlimit.store.redis.script import ADMIT, NEED_LEVEL, RELEASE, GivenLevel, Seen
+
+log = logging.getLogger(__name__)
+
+_ATTEMPTS = 3  # a λ hand-back, a period boundary crossed meanwhile, then no more locking
+_REGISTRY_TTL = 86400
+
+
+@dataclass(slots=True)
+class _Combined:
+    """A plan's replies put together: the outcome and what the cache and registry need."""
+
+    outcome: Outcome
+    counter_left: list[float]  # seconds until each counter's window ends (store clock)
+    share_left: list[float]  # until the claim's window or λ period ends
+    fresh: list[bool]
+    rolled: list[str]  # meta keys of caps whose level was written
+
+
+def _combine(
+    plan: Plan, groups: Sequence[SlotGroup], seen: Sequence[Seen], admitted: bool
+) -> _Combined:
+    n, k = len(plan.counters), len(plan.shares)
+    counts, counter_left = [0] * n, [0.0] * n
+    shared, bounds, share_left, fresh = [0] * k, [0.0] * k, [0.0] * k, [False] * k
+    rolled: list[str] = []
+    for g, s in zip(groups, seen, strict=True):
+        for pos, i in enumerate(g.counters):
+            w = plan.counters[i].window
+            counts[i], counter_left[i] = s.counts[pos], window_start(w, s.now) + w - s.now
+        for pos, i in enumerate(g.shares):
+            sh = plan.shares[i]
+            period_end = (math.floor(s.now / sh.period) + 1) * sh.period
+            window_end = window_start(sh.window, s.now) + sh.window
+            shared[i], bounds[i], fresh[i] = s.shared[pos], s.bounds[pos], s.fresh[pos]
+            share_left[i] = min(period_end, window_end) - s.now
+        rolled.extend(g.cap_keys[j]["meta"] for j in s.rolled)
+    clock = seen[0].now if seen else None  # Redis TIME: resets agree across replicas
+    outcome = Outcome(admitted, tuple(counts), tuple(shared), tuple(bounds), clock)
+    return _Combined(outcome, counter_left, share_left, fresh, rolled)
+
+
+class RedisStore:
+    """Counters and caps in Redis, shared by every replica pointed at it."""
+
+    def __init__(
+        self, client: "aioredis.Redis | RedisCluster", options: Options, *, cluster: bool = False
+    ) -> None:
+        self._client = client
+        self._options = options
+        self._cluster = cluster
+        self._scripts = script.register(client)
+        # One pipeline for the calls of many requests (batch.py); a Cluster's calls go one
+        # by one, each to its own slot's node.
+        self._batch = (
+            ScriptBatcher(client, options.timeout) if isinstance(client, aioredis.Redis) else None
+        )
+        self._known = OverLimitCache(options.local_cache)
+        self._registry = f"{options.key_prefix}caps"
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.round_trips = 0  # script calls made (tests, the README's numbers)
+
+    @property
+    def _caller_clock(self) -> bool:
+        return self._options.clock == "caller"
+
+    async def admit(self, plan: Plan, now: float) -> Outcome:
+        base = now if self._caller_clock else time.monotonic()
+        local = self._known.answer(plan, base)
+        if local is not None:
+            return local
+        with unavailable():
+            combined = await self._admit(plan, repr(now) if self._caller_clock else "")
+        self._known.learn(plan, combined.outcome, combined, base)
+        if combined.rolled:
+            self._register(combined.rolled)
+        return combined.outcome
+
+    async def _admit(self, plan: Plan, now: str) -> _Combined:
+        groups = slot_groups(plan, self._options.key_prefix, self._cluster)
+        if len(groups) == 1:
+            only = await self._run(plan, groups[0], now)
+            return _combine(plan, groups, [only], only.admitted)
+        results = await asyncio.gather(
+            *(self._run(plan, g, now) for g in groups), return_exceptions=True
+        )
+        seen = [r for r in results if isinstance(r, Seen)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        admitted = not failed and all(s.admitted for s in seen)
+        if not admitted:
+            charged = [(g, r) for g, r in zip(groups, results, strict=True)
+                       if isinstance(r, Seen) and r.admitted]  # fmt: skip
+            await self._release(plan, charged)
+        if failed:
+            raise failed[0]
+        return _combine(plan, groups, seen, admitted)
+
+    async def _run(self, plan: Plan, g: SlotGroup, now: str) -> Seen:
+        given: dict[str, GivenLevel] = {}
+        keys = script.keys(ADMIT, g)
+        for attempt in range(_ATTEMPTS):
+            lock = (attempt < _ATTEMPTS - 1, self._options.lock_ms)
+            args = script.admit_args(plan, g, now, lock, given)
+            reply = await self._call(self._scripts.admit, keys, args)
+            if int(reply[0]) != NEED_LEVEL:
+                return script.seen(reply)
+            given.update(script.levels_wanted(plan, g, reply))
+        raise StoreUnavailable("redis: the admission script kept asking for λ")
+
+    async def _release(self, plan: Plan, charged: Sequence[tuple[SlotGroup, Seen]]) -> None:
+        """Undo the reservations of the slot groups that admitted (best effort)."""
+        calls = [
+            self._call(
+                self._scripts.release,
+                script.keys(RELEASE, g),
+                script.release_args(plan, g, repr(s.now)),
+            )
+            for g, s in charged
+        ]
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, BaseException):
+                log.warning("redis: a reservation could not be released: %s", result)
+
+    async def _call(self, lua: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        """One EVALSHA (EVAL after NOSCRIPT), given up after the timeout.
+
+        The deadline is per call, not per request: the λ hand-back (once per period per cap
+        for the whole deployment) may take two calls and the water-filling in between.
+        """
+        self.round_trips += 1
+        async with asyncio.timeout(self._options.timeout):
+            if self._batch is not None:
+                return await self._batch.call(lua, keys, args)
+            return await lua(keys=keys, args=args)
+
+    def _register(self, metas: Sequence[str]) -> None:
+        """Add caps to the registry that caps() reads (in the background, once per period)."""
+
+        async def register() -> None:
+            try:
+                with unavailable():
+                    async with self._client.pipeline(transaction=False) as pipe:
+                        pipe.sadd(self._registry, *metas)
+                        pipe.expire(self._registry, _REGISTRY_TTL)
+                        await pipe.execute()
+            except StoreUnavailable as exc:
+                log.debug("cap registry not updated: %s", exc)
+
+        task = asyncio.get_running_loop().create_task(register())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def caps(self) -> Mapping[str, CapReport]:
+        with unavailable():
+            async with asyncio.timeout(max(self._options.timeout, 1.0)):
+                metas = sorted(await self._client.smembers(self._registry))
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for meta in metas:
+                        pipe.hgetall(meta)
+                    states = await pipe.execute() if metas else []
+                gone = [m for m, state in zip(metas, states, strict=True) if not state]
+                if gone:
+                    await self._client.srem(self._registry, *gone)
+        reports = (_report(state) for state in states if state)
+        return {report.cap: report for report in reports}
+
+    async def ping(self) -> None:
+        with unavailable():
+            async with asyncio.timeout(max(self._options.timeout, 0.25)):
+                await self._client.ping()
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._batch is not None:
+            self._batch.close()
+        try:
+            with unavailable():
+                await self._client.aclose()
+        except StoreUnavailable as exc:
+            log.debug("close: %s", exc)
+
+
+def _report(state: Mapping[str, str]) -> CapReport:
+    level = None if state.get("v", "none") == "none" else float(state["v"])
+    figures = None
+    if "f_u" in state:
+        u, a, lv, j, t, s = (float(state[f]) for f in script.FIGURES)
+        figures = FairnessFigures(u, int(a), lv, j, t, int(s))
+    return CapReport(state.get("cap", ""), level, int(state.get("declared", 0)), figures)
