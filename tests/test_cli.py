@@ -94,6 +94,7 @@ class TestServe:
         [
             (["--workers", "2"], "--workers: several workers need shared state"),
             (["--backend", "mongodb://x"], "--backend: unknown backend URL 'mongodb://x'"),
+            (["--backend", "redis://h/?tiemout=1"], "--backend: unknown Redis URL option(s)"),
             (["--grpc-addr", "nowhere"], "--grpc-addr: expected HOST:PORT, got 'nowhere'"),
         ],
     )

@@ -23,7 +23,7 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit.core import admission
 from fairlimit.core.admission import Plan
 from fairlimit.core.matching import Matcher
-from fairlimit.errors import SettingsError, StoreUnavailable
+from fairlimit.errors import StoreUnavailable, UnsupportedBackend
 from fairlimit.store import open_store
 from fairlimit.store.memory import MemoryStore
 from fairlimit.store.redis import RedisStore, parse_url
@@ -405,10 +405,13 @@ class TestUrls:
             ("redis://h/?timeout=soon", "timeout='soon' is not a float"),
             ("redis://h/?clock=wall", "clock must be redis or caller"),
             ("redis://h:port", "bad Redis host 'h:port'"),
+            ("mongodb://x", "unknown backend URL 'mongodb://x'; use one of memory://, redis://"),
         ],
     )
     def test_bad_urls_say_what_is_wrong(self, url: str, message: str) -> None:
-        with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(
+            UnsupportedBackend, match=message.replace("(", r"\(").replace(")", r"\)")
+        ):
             open_store(url)
 
     async def test_every_scheme_opens_a_redis_store(self) -> None:

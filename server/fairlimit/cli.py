@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from fairlimit import __version__
 from fairlimit.config.loader import Loaded, load
-from fairlimit.errors import ConfigError, ConfigUnreadable, SettingsError
+from fairlimit.errors import ConfigError, ConfigUnreadable, SettingsError, UnsupportedBackend
 
 if TYPE_CHECKING:
     from fairlimit.settings import Settings
@@ -206,6 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except SettingsError as exc:
         print(f"fairlimit: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except UnsupportedBackend as exc:  # the store does not know the flag that named it
+        print(f"fairlimit: --backend: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
 
 

@@ -8,6 +8,7 @@
     │   └── ConfigWarningError a warning promoted to an error by --strict
     ├── RequestError           a ShouldRateLimit request is malformed (INVALID_ARGUMENT)
     ├── StoreUnavailable       the backend cannot answer now (failure mode decides)
+    ├── UnsupportedBackend     a backend URL the store cannot use (scheme, host, options)
     └── SettingsError          a flag or environment variable is unusable
 """
 
@@ -38,6 +39,10 @@ class RequestError(FairlimitError):
 
 class StoreUnavailable(FairlimitError):
     """The backend did not answer; the failure mode decides what the caller sees."""
+
+
+class UnsupportedBackend(FairlimitError):
+    """A backend URL names no store, or one the store cannot open as written."""
 
 
 class SettingsError(FairlimitError):

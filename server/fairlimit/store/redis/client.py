@@ -16,7 +16,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError
 
-from fairlimit.errors import SettingsError, StoreUnavailable
+from fairlimit.errors import StoreUnavailable, UnsupportedBackend
 from fairlimit.store.base import REDIS_SCHEMES
 
 # What a Redis client raises when it cannot answer; RedisClusterException (no node
@@ -84,7 +84,7 @@ def _host(text: str, default_port: int) -> tuple[str, int]:
     if not sep:
         host, port = text, str(default_port)
     if not host or not port.isdigit():
-        raise SettingsError(f"--backend: bad Redis host {text!r}; expected HOST[:PORT]")
+        raise UnsupportedBackend(f"bad Redis host {text!r}; expected HOST[:PORT]")
     return host.strip("[]"), int(port)
 
 
@@ -96,24 +96,24 @@ def _options(query: Mapping[str, str]) -> Options:
                 values[name] = kind(query[name])
             except ValueError:
                 problem = f"{name}={query[name]!r} is not a {kind.__name__}"
-                raise SettingsError(f"--backend: {problem}") from None
+                raise UnsupportedBackend(problem) from None
     options = Options(**values)
     if options.clock not in ("redis", "caller"):
-        raise SettingsError("--backend: clock must be redis or caller")
+        raise UnsupportedBackend("clock must be redis or caller")
     if min(options.timeout, options.max_connections, options.lock_ms) <= 0:
-        raise SettingsError("--backend: timeout, max_connections and lock_ms must be positive")
+        raise UnsupportedBackend("timeout, max_connections and lock_ms must be positive")
     if options.local_cache < 0:
-        raise SettingsError("--backend: local_cache must be 0 (off) or more")
+        raise UnsupportedBackend("local_cache must be 0 (off) or more")
     if "{" in options.key_prefix or "}" in options.key_prefix:
-        raise SettingsError("--backend: key_prefix must not contain { or }")
+        raise UnsupportedBackend("key_prefix must not contain { or }")
     return options
 
 
 def parse_url(url: str) -> RedisUrl:
-    """Split a Redis ``--backend`` URL; SettingsError names what is wrong."""
+    """Split a Redis backend URL; UnsupportedBackend names what is wrong."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in REDIS_SCHEMES:
-        raise SettingsError(f"--backend: {url!r} is not a Redis URL")
+        raise UnsupportedBackend(f"{url!r} is not a Redis URL")
     rest, _, query_text = rest.partition("?")
     netloc, _, path = rest.partition("/")
     userinfo, at, hostlist = netloc.rpartition("@")
@@ -123,7 +123,7 @@ def parse_url(url: str) -> RedisUrl:
     query = dict(parse_qsl(query_text, keep_blank_values=True))
     unknown = sorted(set(query) - set(_OPTION_TYPES) - _CLIENT_QUERY)
     if unknown:
-        raise SettingsError(f"--backend: unknown Redis URL option(s): {', '.join(unknown)}")
+        raise UnsupportedBackend(f"unknown Redis URL option(s): {', '.join(unknown)}")
     return RedisUrl(
         scheme,
         hosts,
@@ -159,7 +159,7 @@ def _common(u: RedisUrl) -> dict[str, Any]:
 def _db(u: RedisUrl) -> int:
     text = u.query.get("db", u.path if u.scheme != "redis+sentinel" else "") or "0"
     if not text.isdigit():
-        raise SettingsError(f"--backend: database must be a number, got {text!r}")
+        raise UnsupportedBackend(f"database must be a number, got {text!r}")
     return int(text)
 
 
@@ -176,7 +176,7 @@ def client_for(u: RedisUrl) -> "aioredis.Redis | RedisCluster":
     if u.scheme == "redis+sentinel":
         return _sentinel_client(u, common, tls_kwargs)
     if len(u.hosts) > 1:
-        raise SettingsError(f"--backend: {u.scheme}:// takes one host; use redis+cluster://")
+        raise UnsupportedBackend(f"{u.scheme}:// takes one host; use redis+cluster://")
     host, port = u.hosts[0]
     pool = BlockingConnectionPool(
         host=host,
@@ -196,7 +196,7 @@ def _sentinel_client(
 ) -> "aioredis.Redis":
     service = u.query.get("service") or u.path
     if not service:
-        raise SettingsError("--backend: redis+sentinel:// needs a service name as path")
+        raise UnsupportedBackend("redis+sentinel:// needs a service name as path")
     watchers = {"socket_timeout": u.options.timeout, "password": u.query.get("sentinel_password")}
     sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
         list(u.hosts), sentinel_kwargs=watchers, **common
