@@ -23,7 +23,6 @@ from conftest import FakeClock, LimiterFactory, load_text
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit.admin import AdminServer
-from fairlimit.capstats import CapTable, parse_counter_key
 from fairlimit.core.admission import Descriptor, Request, counter_key
 from fairlimit.core.fairshare import FairnessFigures
 from fairlimit.errors import StoreUnavailable
@@ -32,6 +31,7 @@ from fairlimit.limiter import Limiter
 from fairlimit.store.base import CapReport
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
+from fairlimit.telemetry.fairness import CapTable, parse_counter_key
 from helpers import desc, req
 from traffic import drive
 

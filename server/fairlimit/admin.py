@@ -8,7 +8,6 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from fairlimit.capstats import CapRow
 from fairlimit.config.loader import Loaded
 from fairlimit.core.admission import Code
 from fairlimit.core.rules import Rule
@@ -17,6 +16,7 @@ from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.limiter import Limiter
 from fairlimit.settings import parse_address
+from fairlimit.telemetry.fairness import CapRow
 
 MAX_BODY = 64 * 1024  # a RateLimitRequest within the request bounds is far smaller
 

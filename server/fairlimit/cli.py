@@ -91,10 +91,10 @@ def _serve_worker(settings: "Settings", index: int) -> None:
 
 
 def _serve_settings(settings: "Settings", worker: int = 0) -> int:
-    from fairlimit import otel
     from fairlimit.app import App  # grpc is imported only when serving
+    from fairlimit.telemetry import sdk as otel_sdk
 
-    sdk = otel.install(os.environ)  # the OpenTelemetry SDK, here and nowhere else
+    sdk = otel_sdk.install(os.environ)  # the OpenTelemetry SDK, here and nowhere else
 
     async def serve() -> int:
         try:  # inside the loop: grpc.aio binds to the running loop

@@ -5,7 +5,7 @@ Per rule (attributes ``domain`` and ``rule``, the rule path; ``value``, the requ
 meanings, in hits: ``ratelimit.total_hits``, ``.over_limit`` (shadow-mode overs included),
 ``.near_limit`` (admitted hits that took the rule past 80% of its current limit),
 ``.within_limit``, ``.shadow_mode``. Per cap rule, observable gauges read from the last
-``refresh`` (attributes ``domain`` and ``rule``; never a client value): see ``capstats``.
+``refresh`` (attributes ``domain`` and ``rule``; never a client value): see ``fairness``.
 Service: ``fairlimit.rpc.duration``, ``fairlimit.backend.errors``, ``fairlimit.config.loads``.
 
 Telemetry never fails a request: recording errors are caught, counted and logged once.
@@ -20,11 +20,11 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvi
 from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerProvider
 
 from fairlimit import __version__
-from fairlimit.capstats import BucketWatch, CapRow, CapTable
 from fairlimit.config.loader import Loaded
 from fairlimit.core.admission import Code, Request, Status
 from fairlimit.core.fairshare import FairnessFigures
 from fairlimit.store.base import CapReport
+from fairlimit.telemetry.fairness import BucketWatch, CapRow, CapTable
 
 log = logging.getLogger(__name__)
 
