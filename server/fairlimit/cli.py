@@ -164,28 +164,27 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from fairlimit import simulate, simulate_report  # only this command needs them
-    from fairlimit.simulate_scenario import load_scenario
+    from fairlimit.simulate import load_scenario, plot, report, run  # only this command
 
     try:
         if args.plot:
-            simulate_report.plotting()  # before the run: a missing extra is unusable input
+            plot.plotting()  # before the run: a missing extra is unusable input
     except ModuleNotFoundError as exc:
         print(f"fairlimit: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     try:
-        result = simulate.run(load_scenario(args.scenario), args.config)
-    except ConfigError as exc:
+        result = run(load_scenario(args.scenario), args.config)
+    except ConfigError as exc:  # ScenarioError included
         for line in exc.problems:
             print(line, file=sys.stderr)
         return EXIT_UNUSABLE
     if args.format == "json":
-        print(json.dumps(simulate_report.as_json(result), indent=2))
+        print(json.dumps(report.as_json(result), indent=2))
     else:
-        print(simulate_report.text(result))
+        print(report.text(result))
     if args.plot:
         try:
-            simulate_report.plot(result, args.plot)
+            plot.plot(result, args.plot)
         except OSError as exc:
             print(f"fairlimit: cannot write {args.plot}: {exc}", file=sys.stderr)
             return EXIT_UNUSABLE
