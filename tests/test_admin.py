@@ -13,7 +13,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from conftest import FakeClock, load_text
 from fairlimit.admin import AdminServer
 from fairlimit.errors import StoreUnavailable
-from fairlimit.limiter import FailureMode, Limiter
+from fairlimit.limiter import Limiter
+from fairlimit.settings import FailureMode
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
 from helpers import desc, req

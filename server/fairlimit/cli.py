@@ -87,7 +87,12 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_worker(settings: "Settings", index: int) -> None:
     """One of ``--workers N`` (a spawned process): serve, the admin HTTP only in worker 0."""
     _configure_logging(settings.log_format)
-    raise SystemExit(_serve_settings(settings, worker=index))
+    try:
+        code = _serve_settings(settings, worker=index)
+    except SettingsError as exc:  # the store checks --backend when it opens, in each worker
+        print(f"fairlimit: {exc}", file=sys.stderr)
+        code = EXIT_UNUSABLE
+    raise SystemExit(code)
 
 
 def _serve_settings(settings: "Settings", worker: int = 0) -> int:

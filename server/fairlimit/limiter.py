@@ -1,6 +1,5 @@
 """The use case: a request -> the core's plan -> the store's atomic admission -> statuses."""
 
-import enum
 import logging
 import time
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from fairlimit.core import admission
 from fairlimit.core.admission import Code, Request, Status
 from fairlimit.core.matching import Matcher
 from fairlimit.errors import StoreUnavailable
+from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
 from fairlimit.telemetry import Telemetry
 
@@ -28,11 +28,6 @@ class SystemClock:
 
     def now(self) -> float:
         return time.time()
-
-
-class FailureMode(enum.Enum):
-    OPEN = "open"  # answer OK when the backend is down, and count it
-    CLOSED = "closed"  # answer UNAVAILABLE so Envoy's failure_mode_deny decides
 
 
 @dataclass(frozen=True, slots=True)
