@@ -165,8 +165,9 @@ def servicer_cost() -> dict[str, Any]:
     from wire import message
 
     sdk = otel_sdk.install({})
-    limiter = Limiter(load([CONFIG]), MemoryStore(), telemetry=Telemetry())
-    servicer, context = RateLimitServicer(limiter), _Context()
+    telemetry = Telemetry()
+    limiter = Limiter(load([CONFIG]), MemoryStore(), telemetry=telemetry)
+    servicer, context = RateLimitServicer(limiter, telemetry), _Context()
     bodies = [message("public", "hot")] * 1000 + [message("public", f"c{i}") for i in range(1000)]
     best = float("inf")
     for _ in range(7):

@@ -13,6 +13,7 @@ from fairlimit.errors import StoreUnavailable
 from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
 from fairlimit.telemetry import Telemetry
+from fairlimit.telemetry.fairness import CapRow
 
 log = logging.getLogger(__name__)
 
@@ -116,14 +117,14 @@ class Limiter:
         self._backend_state(None)
         return True
 
-    async def refresh_fairness(self) -> None:
-        """Read the caps' fairness figures from the store into the telemetry's rows."""
+    async def refresh_fairness(self) -> tuple[CapRow, ...]:
+        """Read the caps' fairness figures from the store into the gauges; returns the rows."""
         try:
             reports = list((await self.store.caps()).values())
         except StoreUnavailable as exc:
             self._backend_state(exc)
             reports = []
-        self.telemetry.refresh(self.loaded, reports, self.clock.now())
+        return self.telemetry.refresh(self.loaded, reports, self.clock.now())
 
     def _backend_state(self, error: StoreUnavailable | None) -> None:
         """Count a failed store call; log each healthy <-> unavailable transition once."""
