@@ -65,7 +65,6 @@ class Limiter:
         self.clock = clock or SystemClock()
         self.shadow = shadow
         self.failure_mode = failure_mode
-        self.backend_failures = 0
         self.backend_healthy = True
         self.telemetry = telemetry or Telemetry.off()
         self.telemetry.use(loaded)
@@ -129,7 +128,6 @@ class Limiter:
     def _backend_state(self, error: StoreUnavailable | None) -> None:
         """Count a failed store call; log each healthy <-> unavailable transition once."""
         if error is not None:
-            self.backend_failures += 1
             self.telemetry.backend_error()
         if (error is None) == self.backend_healthy:
             return
