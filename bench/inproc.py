@@ -157,16 +157,17 @@ def servicer_cost() -> dict[str, Any]:
     """µs per request of everything fairlimit does for one call, without gRPC itself:
     request bytes -> servicer -> limiter -> memory store -> response bytes, telemetry on
     (the SDK as `serve` installs it). Best of 7 passes over 1000 hot + 1000 distinct."""
-    from fairlimit import otel
     from fairlimit.grpc_api.servicer import RateLimitServicer
     from fairlimit.telemetry import Telemetry
+    from fairlimit.telemetry import sdk as otel_sdk
 
     sys.path.insert(0, str(ROOT / "bench"))
     from wire import message
 
-    sdk = otel.install({})
-    limiter = Limiter(load([CONFIG]), MemoryStore(), telemetry=Telemetry())
-    servicer, context = RateLimitServicer(limiter), _Context()
+    sdk = otel_sdk.install({})
+    telemetry = Telemetry()
+    limiter = Limiter(load([CONFIG]), MemoryStore(), telemetry=telemetry)
+    servicer, context = RateLimitServicer(limiter, telemetry), _Context()
     bodies = [message("public", "hot")] * 1000 + [message("public", f"c{i}") for i in range(1000)]
     best = float("inf")
     for _ in range(7):

@@ -11,12 +11,16 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
 from conftest import FakeClock, load_text
-from fairlimit.admin import AdminServer
+from fairlimit.admin import AdminServer, JsonCodec
 from fairlimit.errors import StoreUnavailable
-from fairlimit.limiter import FailureMode, Limiter
+from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
+from fairlimit.limiter import Limiter
+from fairlimit.settings import FailureMode
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
 from helpers import desc, req
+
+JSON_CODEC = JsonCodec(request_from_json, response_to_json)  # as app.py passes it
 
 CONFIG = """
 domain: edge
@@ -62,7 +66,7 @@ async def serve(tmp_path: Path) -> AsyncIterator[Serve]:
         store = store if store is not None else MemoryStore()  # an empty store is falsy
         loaded = load_text(tmp_path, CONFIG)
         limiter = Limiter(loaded, store, FakeClock(), telemetry=telemetry, **options)
-        server = AdminServer(limiter, "127.0.0.1:0")
+        server = AdminServer(limiter, "127.0.0.1", 0, JSON_CODEC)
         await server.start()
         servers.append(server)
         return f"http://127.0.0.1:{server.port}", limiter
@@ -102,7 +106,7 @@ class TestHealth:
     ) -> None:
         """/readyz is 503 once draining, so load balancers stop sending."""
         limiter = Limiter(load_text(tmp_path, CONFIG), MemoryStore(), FakeClock())
-        server = AdminServer(limiter, "127.0.0.1:0")
+        server = AdminServer(limiter, "127.0.0.1", 0, JSON_CODEC)
         await server.start()
         server.draining = True
         try:

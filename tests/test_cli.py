@@ -93,8 +93,8 @@ class TestServe:
         ("args", "message"),
         [
             (["--workers", "2"], "--workers: several workers need shared state"),
-            (["--backend", "mongodb://x"], "--backend: unknown backend URL 'mongodb://x'"),
             (["--backend", "redis://h/?tiemout=1"], "--backend: unknown Redis URL option(s)"),
+            (["--backend", "localhost:6379"], "--backend: expected a URL (SCHEME://...)"),
             (["--grpc-addr", "nowhere"], "--grpc-addr: expected HOST:PORT, got 'nowhere'"),
         ],
     )
@@ -102,6 +102,17 @@ class TestServe:
         """Unusable settings are refused before anything starts."""
         out = run("serve", *args)
         assert out.returncode == 2 and message in out.stderr
+
+    @pytest.mark.parametrize("workers", ["1", "2"])
+    def test_an_unknown_backend_scheme_exits_2_naming_the_supported_ones(
+        self, workers: str
+    ) -> None:
+        """The store refuses a scheme it does not know, before serving; the flag is named."""
+        local = ("--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0")
+        out = run("serve", "--backend", "mongodb://x", "--workers", workers, *local)
+        assert out.returncode == 2
+        assert "--backend: " in out.stderr and "mongodb://" in out.stderr
+        assert "memory://" in out.stderr and "redis://" in out.stderr
 
     def test_bad_env_value_names_the_variable(self) -> None:
         """A bad FAIRLIMIT_* value names the variable."""

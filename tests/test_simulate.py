@@ -12,7 +12,8 @@ import yaml
 
 from fairlimit import simulate
 from fairlimit.cli import main
-from fairlimit.simulate_scenario import load_scenario
+from fairlimit.errors import ScenarioError
+from fairlimit.simulate import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "descriptors" / "scenarios" / "seed-trace.yaml"
@@ -368,6 +369,15 @@ class TestScenarioErrors:
         code, _, err = _cli("simulate", str(path))
         assert code == 2
         assert err.startswith(f"{path}: line 2 column 1: invalid YAML: ")
+
+    def test_scenario_problems_are_scenario_errors(self, tmp_path: Path) -> None:
+        """Unreadable, not YAML, or wrong: the scenario's problems raise ScenarioError."""
+        broken = tmp_path / "broken.yaml"
+        broken.write_text("name: [unclosed\n")
+        wrong = _write_case(tmp_path, {"tick": 0.3})
+        for path in (tmp_path / "absent.yaml", broken, wrong):
+            with pytest.raises(ScenarioError):
+                load_scenario(path)
 
     def test_a_broken_config_exits_2_with_the_loaders_message(self, tmp_path: Path) -> None:
         """A config the loader rejects exits 2 with the loader's own FILE: PATH: message."""

@@ -22,18 +22,21 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import FakeClock, LimiterFactory, load_text
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from fairlimit.admin import AdminServer
-from fairlimit.capstats import CapTable, parse_counter_key
+from fairlimit.admin import AdminServer, JsonCodec
 from fairlimit.core.admission import Descriptor, Request, counter_key
 from fairlimit.core.fairshare import FairnessFigures
 from fairlimit.errors import StoreUnavailable
+from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer
 from fairlimit.limiter import Limiter
 from fairlimit.store.base import CapReport
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
+from fairlimit.telemetry.fairness import CapTable, parse_counter_key
 from helpers import desc, req
 from traffic import drive
+
+JSON_CODEC = JsonCodec(request_from_json, response_to_json)  # as app.py passes it
 
 Points = dict[tuple[str, frozenset[tuple[str, object]]], float]
 
@@ -287,7 +290,7 @@ class TestSeedTraceGauges:
         clock = FakeClock()
         limiter = Limiter(load_text(tmp_path, config), MemoryStore(), clock, telemetry=telemetry)
         await _seed_trace(limiter, clock, config)
-        admin = AdminServer(limiter, "127.0.0.1:0", registry)
+        admin = AdminServer(limiter, "127.0.0.1", 0, JSON_CODEC, registry)
         await admin.start()
         try:
             async with (
@@ -360,7 +363,7 @@ async def traced(
     meter_provider = MeterProvider(metric_readers=[reader])
     telemetry = Telemetry(meter_provider, tracer_provider)
     limiter = Limiter(load_text(tmp_path, RULES), MemoryStore(), telemetry=telemetry)
-    server = GrpcServer(limiter, "127.0.0.1:0")
+    server = GrpcServer(limiter, telemetry, "127.0.0.1:0")
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         yield rls_pb2_grpc.RateLimitServiceStub(channel), exporter, reader

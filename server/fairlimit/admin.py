@@ -2,34 +2,49 @@
 
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from fairlimit.capstats import CapRow
 from fairlimit.config.loader import Loaded
-from fairlimit.core.admission import Code
+from fairlimit.core.admission import Code, Request
 from fairlimit.core.rules import Rule
 from fairlimit.core.validation import Classification
 from fairlimit.errors import RequestError, StoreUnavailable
-from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
-from fairlimit.limiter import Limiter
-from fairlimit.settings import parse_address
+from fairlimit.limiter import Decision, Limiter
+from fairlimit.telemetry.fairness import CapRow
 
 MAX_BODY = 64 * 1024  # a RateLimitRequest within the request bounds is far smaller
+
+
+@dataclass(frozen=True, slots=True)
+class JsonCodec:
+    """How ``POST /json`` reads a request and writes its answer (proto3 JSON: the app passes
+    grpc_api's, so that the wire format is defined in one place)."""
+
+    read_request: Callable[[bytes], Request]  # RequestError when malformed
+    write_response: Callable[[Decision], str]
 
 
 class AdminServer:
     """``/healthz``, ``/readyz``, ``/metrics``, ``/rlconfig`` and ``POST /json``."""
 
     def __init__(
-        self, limiter: Limiter, address: str, registry: CollectorRegistry | None = None
+        self,
+        limiter: Limiter,
+        host: str,
+        port: int,
+        codec: JsonCodec,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.limiter = limiter
+        self.codec = codec
         self.registry = registry  # the Prometheus reader's, from the CLI's SDK wiring
-        self.host, self.port = parse_address("--admin-addr", address)
+        self.host, self.port = host, port
         self.draining = False
         app = web.Application(client_max_size=MAX_BODY)
         app.add_routes(
@@ -73,14 +88,15 @@ class AdminServer:
 
     async def rlconfig(self, request: web.Request) -> web.Response:
         """The loaded rules, each cap's classification and its live fairness figures."""
-        await self.limiter.refresh_fairness()
-        report = config_report(self.limiter.loaded, self.limiter.telemetry.rows)
+        rows = await self.limiter.refresh_fairness()
+        report = config_report(self.limiter.loaded, rows)
         return web.json_response(report, dumps=lambda o: json.dumps(o, indent=2))
 
     async def json(self, request: web.Request) -> web.Response:
         """A RateLimitRequest in proto3 JSON: 200 OK, 429 over, 400 bad, 503 backend down."""
         try:
-            decision = await self.limiter.should_rate_limit(request_from_json(await request.read()))
+            asked = self.codec.read_request(await request.read())
+            decision = await self.limiter.should_rate_limit(asked)
         except RequestError as exc:
             return web.json_response({"error": str(exc)}, status=400)
         except StoreUnavailable as exc:  # --failure-mode closed
@@ -88,7 +104,9 @@ class AdminServer:
         # failure-open answers OK with the backend down: 503, with what Envoy got as the body
         status = 503 if decision.backend_failed else 200 if decision.code is Code.OK else 429
         return web.Response(
-            status=status, text=response_to_json(decision), content_type="application/json"
+            status=status,
+            text=self.codec.write_response(decision),
+            content_type="application/json",
         )
 
 

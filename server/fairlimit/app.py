@@ -8,13 +8,14 @@ from collections.abc import Callable, Coroutine
 
 from prometheus_client import CollectorRegistry
 
-from fairlimit.admin import AdminServer
+from fairlimit.admin import AdminServer, JsonCodec
 from fairlimit.config.loader import Loaded, load
 from fairlimit.config.watch import ConfigWatcher
 from fairlimit.errors import ConfigError
+from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer, TlsFiles
 from fairlimit.limiter import Limiter
-from fairlimit.settings import Settings
+from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
 from fairlimit.telemetry import Telemetry
 
@@ -58,15 +59,20 @@ class App:
             telemetry=self.telemetry,
         )
         reuse_port = settings.workers > 1  # the workers share the port (workers.py)
-        self.grpc = GrpcServer(self.limiter, settings.grpc_addr, _tls(settings), reuse_port)
-        self.admin = (
-            None if worker else AdminServer(self.limiter, settings.admin_addr, metrics_registry)
+        self.grpc = GrpcServer(
+            self.limiter, self.telemetry, settings.grpc_addr, _tls(settings), reuse_port
         )
+        self.admin = None if worker else self._admin(metrics_registry)
         self.watcher = ConfigWatcher(
             settings.config, strict=settings.strict, apply=self._apply, reject=self._reject
         )
         self._tasks: set[asyncio.Task[object]] = set()
         self._stopping = asyncio.Event()
+
+    def _admin(self, registry: CollectorRegistry | None) -> AdminServer:
+        host, port = parse_address("--admin-addr", self.settings.admin_addr)
+        codec = JsonCodec(request_from_json, response_to_json)
+        return AdminServer(self.limiter, host, port, codec, registry)
 
     async def start(self) -> None:
         await self.grpc.start()

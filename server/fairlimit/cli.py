@@ -87,14 +87,18 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_worker(settings: "Settings", index: int) -> None:
     """One of ``--workers N`` (a spawned process): serve, the admin HTTP only in worker 0."""
     _configure_logging(settings.log_format)
-    raise SystemExit(_serve_settings(settings, worker=index))
+    try:
+        code = _serve_settings(settings, worker=index)
+    except (SettingsError, UnsupportedBackend) as exc:  # the store checks --backend in each worker
+        code = _unusable(exc)
+    raise SystemExit(code)
 
 
 def _serve_settings(settings: "Settings", worker: int = 0) -> int:
-    from fairlimit import otel
     from fairlimit.app import App  # grpc is imported only when serving
+    from fairlimit.telemetry import sdk as otel_sdk
 
-    sdk = otel.install(os.environ)  # the OpenTelemetry SDK, here and nowhere else
+    sdk = otel_sdk.install(os.environ)  # the OpenTelemetry SDK, here and nowhere else
 
     async def serve() -> int:
         try:  # inside the loop: grpc.aio binds to the running loop
@@ -164,28 +168,27 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from fairlimit import simulate, simulate_report  # only this command needs them
-    from fairlimit.simulate_scenario import load_scenario
+    from fairlimit.simulate import load_scenario, plot, report, run  # only this command
 
     try:
         if args.plot:
-            simulate_report.plotting()  # before the run: a missing extra is unusable input
+            plot.plotting()  # before the run: a missing extra is unusable input
     except ModuleNotFoundError as exc:
         print(f"fairlimit: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     try:
-        result = simulate.run(load_scenario(args.scenario), args.config)
-    except ConfigError as exc:
+        result = run(load_scenario(args.scenario), args.config)
+    except ConfigError as exc:  # ScenarioError included
         for line in exc.problems:
             print(line, file=sys.stderr)
         return EXIT_UNUSABLE
     if args.format == "json":
-        print(json.dumps(simulate_report.as_json(result), indent=2))
+        print(json.dumps(report.as_json(result), indent=2))
     else:
-        print(simulate_report.text(result))
+        print(report.text(result))
     if args.plot:
         try:
-            simulate_report.plot(result, args.plot)
+            plot.plot(result, args.plot)
         except OSError as exc:
             print(f"fairlimit: cannot write {args.plot}: {exc}", file=sys.stderr)
             return EXIT_UNUSABLE
@@ -204,12 +207,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _simulate(args)
         print(f"fairlimit {__version__}")
         return EXIT_OK
-    except SettingsError as exc:
-        print(f"fairlimit: {exc}", file=sys.stderr)
-        return EXIT_UNUSABLE
-    except UnsupportedBackend as exc:  # the store does not know the flag that named it
-        print(f"fairlimit: --backend: {exc}", file=sys.stderr)
-        return EXIT_UNUSABLE
+    except (SettingsError, UnsupportedBackend) as exc:
+        return _unusable(exc)
+
+
+def _unusable(exc: SettingsError | UnsupportedBackend) -> int:
+    """Print a settings error; the store's own error does not know the flag that named it."""
+    flag = "--backend: " if isinstance(exc, UnsupportedBackend) else ""
+    print(f"fairlimit: {flag}{exc}", file=sys.stderr)
+    return EXIT_UNUSABLE
 
 
 if __name__ == "__main__":  # pragma: no cover

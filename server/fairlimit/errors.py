@@ -5,7 +5,8 @@
     FairlimitError
     ├── ConfigError            a descriptor file or rule is unusable (FILE: PATH: message)
     │   ├── ConfigUnreadable   a path is missing, unreadable or not YAML at all
-    │   └── ConfigWarningError a warning promoted to an error by --strict
+    │   ├── ConfigWarningError a warning promoted to an error by --strict
+    │   └── ScenarioError      a simulate scenario is unusable or fits none of its configs
     ├── RequestError           a ShouldRateLimit request is malformed (INVALID_ARGUMENT)
     ├── StoreUnavailable       the backend cannot answer now (failure mode decides)
     ├── UnsupportedBackend     a backend URL the store cannot use (scheme, host, options)
@@ -31,6 +32,14 @@ class ConfigUnreadable(ConfigError):
 
 class ConfigWarningError(ConfigError):
     """A classification warning that ``--strict`` turns into a load error."""
+
+
+class ScenarioError(ConfigError):
+    """A traffic scenario cannot be run (``simulate`` exits 2); lines as ``FILE: PATH: message``.
+
+    Under ConfigError because it is reported the same way, one line per problem, and a run
+    can fail on either the scenario or one of its configs.
+    """
 
 
 class RequestError(FairlimitError):

@@ -1,6 +1,5 @@
 """The use case: a request -> the core's plan -> the store's atomic admission -> statuses."""
 
-import enum
 import logging
 import time
 from dataclasses import dataclass
@@ -11,8 +10,10 @@ from fairlimit.core import admission
 from fairlimit.core.admission import Code, Request, Status
 from fairlimit.core.matching import Matcher
 from fairlimit.errors import StoreUnavailable
+from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
 from fairlimit.telemetry import Telemetry
+from fairlimit.telemetry.fairness import CapRow
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +29,6 @@ class SystemClock:
 
     def now(self) -> float:
         return time.time()
-
-
-class FailureMode(enum.Enum):
-    OPEN = "open"  # answer OK when the backend is down, and count it
-    CLOSED = "closed"  # answer UNAVAILABLE so Envoy's failure_mode_deny decides
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +65,6 @@ class Limiter:
         self.clock = clock or SystemClock()
         self.shadow = shadow
         self.failure_mode = failure_mode
-        self.backend_failures = 0
         self.backend_healthy = True
         self.telemetry = telemetry or Telemetry.off()
         self.telemetry.use(loaded)
@@ -121,19 +116,18 @@ class Limiter:
         self._backend_state(None)
         return True
 
-    async def refresh_fairness(self) -> None:
-        """Read the caps' fairness figures from the store into the telemetry's rows."""
+    async def refresh_fairness(self) -> tuple[CapRow, ...]:
+        """Read the caps' fairness figures from the store into the gauges; returns the rows."""
         try:
             reports = list((await self.store.caps()).values())
         except StoreUnavailable as exc:
             self._backend_state(exc)
             reports = []
-        self.telemetry.refresh(self.loaded, reports, self.clock.now())
+        return self.telemetry.refresh(self.loaded, reports, self.clock.now())
 
     def _backend_state(self, error: StoreUnavailable | None) -> None:
         """Count a failed store call; log each healthy <-> unavailable transition once."""
         if error is not None:
-            self.backend_failures += 1
             self.telemetry.backend_error()
         if (error is None) == self.backend_healthy:
             return

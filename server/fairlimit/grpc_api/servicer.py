@@ -8,13 +8,13 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from opentelemetry import propagate
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
 from fairlimit.limiter import Limiter
+from fairlimit.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,9 @@ class RateLimitServicer:
     INVALID_ARGUMENT.
     """
 
-    def __init__(self, limiter: Limiter) -> None:
+    def __init__(self, limiter: Limiter, telemetry: Telemetry) -> None:
         self.limiter = limiter
+        self.telemetry = telemetry  # spans and the latency metric; the limiter counts hits
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.unary_unary_rpc_method_handler(
@@ -71,7 +72,7 @@ class RateLimitServicer:
         Where no tracer provider records spans (no OTLP traces endpoint), the context is not
         extracted and no span is made: nothing would read either, and it costs ~15 µs a call.
         """
-        telemetry = self.limiter.telemetry
+        telemetry = self.telemetry
         started = time.perf_counter()
         if telemetry.tracing:
             answer, result = await self._traced(payload, context)
@@ -88,9 +89,7 @@ class RateLimitServicer:
         self, payload: bytes, context: grpc.aio.ServicerContext
     ) -> tuple[rls_pb2.RateLimitResponse | _Failure, str]:
         carrier = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-        with self.limiter.telemetry.tracer.start_as_current_span(
-            _SPAN, propagate.extract(carrier), SpanKind.SERVER, _SPAN_ATTRIBUTES
-        ) as span:
+        with self.telemetry.rpc_span(_SPAN, carrier, _SPAN_ATTRIBUTES) as span:
             answer = await self._answer(payload, span)
             result = _result(answer)
             if isinstance(answer, tuple) and answer[0] in _FAILED:
@@ -138,12 +137,17 @@ class GrpcServer:
     """The gRPC server: RLS, health (NOT_SERVING while draining) and reflection."""
 
     def __init__(
-        self, limiter: Limiter, address: str, tls: TlsFiles | None = None, reuse_port: bool = False
+        self,
+        limiter: Limiter,
+        telemetry: Telemetry,
+        address: str,
+        tls: TlsFiles | None = None,
+        reuse_port: bool = False,
     ) -> None:
         # SO_REUSEPORT only where workers share the port on purpose: otherwise a second server
         # on a busy port must fail to bind rather than quietly take half of its connections.
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
-        self.server.add_generic_rpc_handlers((RateLimitServicer(limiter).handler(),))
+        self.server.add_generic_rpc_handlers((RateLimitServicer(limiter, telemetry).handler(),))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (

@@ -10,7 +10,7 @@ span is recorded, but the W3C context still flows.
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from opentelemetry import metrics, trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -34,7 +34,6 @@ class Sdk:
     registry: CollectorRegistry
     meter_provider: MeterProvider
     tracer_provider: TracerProvider | None = None
-    otlp: set[str] = field(default_factory=set)  # the signals exported by OTLP
 
     def shutdown(self) -> None:
         """Flush and stop the exporters (on exit)."""
@@ -77,7 +76,7 @@ def install(environ: Mapping[str, str]) -> Sdk:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
-    sdk = Sdk(registry, MeterProvider(metric_readers=readers, resource=resource), otlp=signals)
+    sdk = Sdk(registry, MeterProvider(metric_readers=readers, resource=resource))
     metrics.set_meter_provider(sdk.meter_provider)
     if "traces" in signals:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter

@@ -21,7 +21,7 @@ one by one. A retry storm then costs two limiter calls per client and tick, not 
 The run checks the limiter agrees (RuntimeError otherwise), and the tests compare it with
 sending every attempt alone.
 
-The scenario file is read by ``simulate_scenario``; the report is ``simulate_report``.
+The scenario file is read by ``scenario``; the report is ``report`` (and ``plot``).
 """
 
 import asyncio
@@ -36,13 +36,10 @@ from fairlimit.config.loader import Loaded, load
 from fairlimit.core import admission
 from fairlimit.core.admission import Code, Descriptor, Request
 from fairlimit.core.matching import Matcher
-from fairlimit.errors import ConfigError
+from fairlimit.errors import ScenarioError
 from fairlimit.limiter import Limiter
-from fairlimit.simulate_report import ClientResult, ConfigResult, Result, Summary, shared_limit
-from fairlimit.simulate_scenario import (
-    Client,
-    Scenario,
-)
+from fairlimit.simulate.report import ClientResult, ConfigResult, Result, Summary, shared_limit
+from fairlimit.simulate.scenario import Client, Scenario
 from fairlimit.store.memory import MemoryStore
 
 EPOCH = 1_699_920_000  # a day boundary (19675 x 86400): scenario time 0
@@ -298,7 +295,8 @@ async def _run_all(
 def run(scenario: Scenario, override: Sequence[str] = (), *, coalesce: bool = True) -> Result:
     """Run ``scenario`` against its configs (or ``override`` paths), side by side.
 
-    Raises ConfigError (every line ``FILE: PATH: message``) when a config is unusable.
+    Raises ConfigError (every line ``FILE: PATH: message``) when a config is unusable, its
+    subclass ScenarioError when the scenario and its configs do not fit together.
     """
     configs = load_configs(scenario, override)
     return asyncio.run(_run_all(scenario, configs, coalesce))
@@ -307,26 +305,26 @@ def run(scenario: Scenario, override: Sequence[str] = (), *, coalesce: bool = Tr
 def _check_config(
     scenario: Scenario, where: str, path: str, loaded: Loaded, requests: Sequence[Request]
 ) -> None:
-    """ConfigError unless ``loaded`` limits the scenario's requests at all."""
+    """ScenarioError unless ``loaded`` limits the scenario's requests at all."""
     domains = sorted(loaded.config.domains)
     if scenario.domain not in domains:
         found = ", ".join(domains) or "none"
         message = f"{path} has no domain '{scenario.domain}' (it has: {found})"
-        raise ConfigError([f"{scenario.source}: {where}: {message}"])
+        raise ScenarioError([f"{scenario.source}: {where}: {message}"])
     matcher = Matcher(loaded.config)
     if not any(admission.plan(r, matcher).counters for r in requests):
         message = f"no rule in {path} limits the scenario's descriptors"
-        raise ConfigError([f"{scenario.source}: {where}: {message}"])
+        raise ScenarioError([f"{scenario.source}: {where}: {message}"])
 
 
 def load_configs(scenario: Scenario, override: Sequence[str]) -> list[tuple[str, str, Loaded]]:
-    """(label, path, loaded) per config; ConfigError when one cannot serve the scenario."""
+    """(label, path, loaded) per config; ConfigError if one is unusable, ScenarioError if unfit."""
     refs = [(Path(p).stem, str(p), f"--config[{i}]") for i, p in enumerate(override)] or [
         (r.label, str(r.path), f"configs[{i}].path") for i, r in enumerate(scenario.configs)
     ]
     if not refs:
         message = "no configs to run: name them under 'configs' or pass --config"
-        raise ConfigError([f"{scenario.source}: configs: {message}"])
+        raise ScenarioError([f"{scenario.source}: configs: {message}"])
     requests = requests_for(scenario)
     out = []
     for label, path, where in refs:

@@ -5,7 +5,7 @@ Per rule (attributes ``domain`` and ``rule``, the rule path; ``value``, the requ
 meanings, in hits: ``ratelimit.total_hits``, ``.over_limit`` (shadow-mode overs included),
 ``.near_limit`` (admitted hits that took the rule past 80% of its current limit),
 ``.within_limit``, ``.shadow_mode``. Per cap rule, observable gauges read from the last
-``refresh`` (attributes ``domain`` and ``rule``; never a client value): see ``capstats``.
+``refresh`` (attributes ``domain`` and ``rule``; never a client value): see ``fairness``.
 Service: ``fairlimit.rpc.duration``, ``fairlimit.backend.errors``, ``fairlimit.config.loads``.
 
 Telemetry never fails a request: recording errors are caught, counted and logged once.
@@ -14,17 +14,24 @@ Telemetry never fails a request: recording errors are caught, counted and logged
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
-from opentelemetry import metrics, trace
+from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvider, Observation
-from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerProvider
+from opentelemetry.trace import (
+    NoOpTracerProvider,
+    ProxyTracerProvider,
+    Span,
+    SpanKind,
+    TracerProvider,
+)
 
 from fairlimit import __version__
-from fairlimit.capstats import BucketWatch, CapRow, CapTable
 from fairlimit.config.loader import Loaded
 from fairlimit.core.admission import Code, Request, Status
 from fairlimit.core.fairshare import FairnessFigures
 from fairlimit.store.base import CapReport
+from fairlimit.telemetry.fairness import BucketWatch, CapRow, CapTable
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +125,7 @@ class Telemetry:
     ) -> None:
         self.enabled = enabled
         self.errors = 0  # recording failures, swallowed so that requests never fail
-        self.tracer = trace.get_tracer("fairlimit", __version__, tracer_provider)
+        self._tracer = trace.get_tracer("fairlimit", __version__, tracer_provider)
         self.tracing = _records_spans(tracer_provider)  # no span machinery per call when not
         meter = metrics.get_meter("fairlimit", __version__, meter_provider)
         self._rule: dict[str, _Tally] = {}
@@ -146,7 +153,7 @@ class Telemetry:
         meter.create_observable_gauge(
             "fairlimit.cap.mode", [self._modes], "1", "1 for the cap's classification (mode)"
         )
-        self.rows: tuple[CapRow, ...] = ()
+        self._rows: tuple[CapRow, ...] = ()
         self._buckets = BucketWatch()
         self._table = CapTable()
 
@@ -196,6 +203,15 @@ class Telemetry:
     def config_load(self, ok: bool) -> None:
         self._safely(self._loads.add, 1, {"result": "success" if ok else "failure"})
 
+    def rpc_span(
+        self, name: str, carrier: Mapping[str, str], attributes: Mapping[str, str]
+    ) -> AbstractContextManager[Span]:
+        """A SERVER span for one call, current while open; its parent the W3C context in
+        ``carrier`` (the call's metadata). Only worth making when ``tracing``."""
+        return self._tracer.start_as_current_span(
+            name, propagate.extract(carrier), SpanKind.SERVER, attributes
+        )
+
     def rpc_finished(self, seconds: float, result: str) -> None:
         """One ShouldRateLimit call took ``seconds``; ``result`` is its code's name."""
         self._safely(self._rpc.record, seconds, {"result": result})
@@ -208,14 +224,20 @@ class Telemetry:
         except Exception:
             self._failed()
 
-    def refresh(self, loaded: Loaded, reports: Iterable[CapReport], now: float) -> None:
-        """Rebuild the fairness rows the gauges and /rlconfig read."""
+    def refresh(
+        self, loaded: Loaded, reports: Iterable[CapReport], now: float
+    ) -> tuple[CapRow, ...]:
+        """Rebuild the fairness rows the gauges read; returns them (for /rlconfig).
+
+        When disabled, or when rebuilding fails, the previous rows stay and are returned.
+        """
         if not self.enabled:
-            return
+            return self._rows
         try:
-            self.rows = self._table.rows(loaded, reports, self._buckets.figures(now))
+            self._rows = self._table.rows(loaded, reports, self._buckets.figures(now))
         except Exception:
             self._failed()
+        return self._rows
 
     def _failed(self) -> None:
         self.errors += 1
@@ -225,7 +247,7 @@ class Telemetry:
     def _observer(self, read: _Reading) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             out = []
-            for row in self.rows:
+            for row in self._rows:
                 value = read(row)
                 if value is not None:
                     out.append(Observation(value, {"domain": row.domain, "rule": row.rule}))
@@ -236,5 +258,5 @@ class Telemetry:
     def _modes(self, options: CallbackOptions) -> Iterable[Observation]:
         return [
             Observation(1, {"domain": r.domain, "rule": r.rule, "mode": r.mode.value})
-            for r in self.rows
+            for r in self._rows
         ]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from fairlimit.config.loader import yaml_mapping
-from fairlimit.errors import ConfigError, ConfigUnreadable
+from fairlimit.errors import ConfigError, ScenarioError
 
 MAX_RETRIES = 1_000_000
 MAX_OFFERED = 10_000_000  # original requests per run: beyond, a run takes minutes
@@ -224,8 +224,11 @@ def _steady(reader: _Reader, raw: object, duration: float) -> tuple[float, float
 
 
 def parse_scenario(text: str, source: str, base: Path) -> Scenario:
-    """One scenario file's text -> Scenario; ConfigError lists every problem."""
-    raw = yaml_mapping(text, source, "a scenario")
+    """One scenario file's text -> Scenario; ScenarioError lists every problem."""
+    try:
+        raw = yaml_mapping(text, source, "a scenario")
+    except ConfigError as exc:  # the YAML reader is the config loader's
+        raise ScenarioError(exc.problems) from exc
     reader = _Reader(source)
     reader.mapping(raw, "(file)", SCENARIO_KEYS)
     name = reader.text(raw, "name", "name")
@@ -239,7 +242,7 @@ def parse_scenario(text: str, source: str, base: Path) -> Scenario:
     clients = _clients(reader, raw.get("clients"), span)
     steady = _steady(reader, raw.get("steady"), span)
     if reader.lines or duration is None:
-        raise ConfigError(reader.lines)
+        raise ScenarioError(reader.lines)
     return Scenario(name, source, duration, tick, domain, templates, configs, clients, steady)
 
 
@@ -248,5 +251,5 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigUnreadable([f"{path}: (file): cannot read: {exc}"]) from exc
+        raise ScenarioError([f"{path}: (file): cannot read: {exc}"]) from exc
     return parse_scenario(text, str(path), Path(path).parent)

@@ -1,0 +1,12 @@
+"""``fairlimit simulate``: traffic scenarios through the real limiter on a simulated clock.
+
+- ``scenario``: reading and checking a scenario file (ScenarioError, FILE: PATH: message).
+- ``engine``: the run, tick by tick, one fresh memory store per config (``run``).
+- ``report``: what a run measured, as text or JSON; ``plot``: the same drawn with matplotlib.
+"""
+
+from fairlimit.simulate.engine import run
+from fairlimit.simulate.report import ClientResult, Result
+from fairlimit.simulate.scenario import load_scenario
+
+__all__ = ["ClientResult", "Result", "load_scenario", "run"]

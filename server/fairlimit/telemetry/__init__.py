@@ -1,0 +1,14 @@
+"""What fairlimit tells monitoring: instruments, fairness figures per cap, the SDK wiring.
+
+- ``instruments``: the ``Telemetry`` object the limiter records into, made through the
+  OpenTelemetry API only (per-rule hit counters, RPC latency, backend errors, config loads,
+  and the per-cap fairness gauges).
+- ``fairness``: one row of fairness figures per classified rule, folded from the store's cap
+  reports and, for global buckets, measured on the request path (``/rlconfig`` reads them too).
+- ``sdk``: the OpenTelemetry SDK (Prometheus registry, OTLP exporters), installed by the CLI
+  and nowhere else; it is not imported here, so the rest never loads the SDK.
+"""
+
+from fairlimit.telemetry.instruments import Telemetry
+
+__all__ = ["Telemetry"]
