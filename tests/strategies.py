@@ -43,3 +43,15 @@ def entries_lists(draw: st.DrawFn, rules: tuple[Rule, ...]) -> list[tuple[str, s
             entries.append((draw(KEYS), draw(PLAIN_VALUES)))
             level = ()
     return entries
+
+
+# Text rich in the characters a counter key escapes or splits on.
+KEY_TEXT = st.text(st.sampled_from("ab\\/=#%{}ü"), max_size=6) | st.text(max_size=6)
+
+
+@st.composite
+def descriptor_keys(draw: st.DrawFn) -> tuple[str, list[tuple[str, str]], int]:
+    """(domain, entries, window) for a counter key: non-empty domain and keys."""
+    domain = draw(KEY_TEXT.filter(bool))
+    entries = draw(st.lists(st.tuples(KEY_TEXT.filter(bool), KEY_TEXT), max_size=4))
+    return domain, entries, draw(st.integers(1, 10**8))

@@ -9,9 +9,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from fairlimit.capstats import CapRow
-from fairlimit.config.loader import Loaded
 from fairlimit.core.admission import Code
-from fairlimit.core.rules import Rule
+from fairlimit.core.rules import Loaded, Rule
 from fairlimit.core.validation import Classification
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json

@@ -22,10 +22,12 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from fairlimit.config.loader import Loaded
-from fairlimit.core.admission import Code, Request, Status
+from fairlimit.core.admission import Code, Status
 from fairlimit.core.fairshare import FairnessFigures, fairness_figures
+from fairlimit.core.keys import parse_counter_key
 from fairlimit.core.matching import Entry, Matcher
+from fairlimit.core.request import Request
+from fairlimit.core.rules import Loaded
 from fairlimit.core.validation import Mode
 from fairlimit.store.base import CapReport
 
@@ -52,27 +54,6 @@ class CapRow:
             and declared is not None
             and (self.figures.active_clients > declared)
         )
-
-
-def parse_counter_key(key: str) -> tuple[str, tuple[Entry, ...]] | None:
-    """(domain, entries) of a key made by ``core.admission.counter_key``; None otherwise."""
-    body, sep, window = key.rpartition("#")
-    if not sep or not window.isdigit():
-        return None
-    segments: list[list[str]] = [[""]]  # split on unescaped '/', then on unescaped '='
-    chars = iter(body)
-    for char in chars:
-        if char == "\\":
-            segments[-1][-1] += next(chars, "")
-        elif char == "/":
-            segments.append([""])
-        elif char == "=":
-            segments[-1].append("")
-        else:
-            segments[-1][-1] += char
-    if len(segments[0]) != 1 or any(len(s) != 2 for s in segments[1:]):
-        return None
-    return segments[0][0], tuple((s[0], s[1]) for s in segments[1:])
 
 
 def fold(figures: Sequence[FairnessFigures]) -> FairnessFigures:

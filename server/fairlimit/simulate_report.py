@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fairlimit.config.loader import Loaded
-from fairlimit.core import admission
-from fairlimit.core.admission import Request
 from fairlimit.core.fairshare import FairnessFigures, fairness_figures
 from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import plan
+from fairlimit.core.request import Request
+from fairlimit.core.rules import Loaded
 
 PLOT_HINT = "--plot needs matplotlib: pip install 'fairlimit[plot]'"
 
@@ -67,7 +67,7 @@ def shared_limit(loaded: Loaded, requests: Sequence[Request]) -> SharedLimit | N
     with its whole limit as each one's own limit and weight 1.
     """
     matcher = Matcher(loaded.config)
-    plans = [admission.plan(r, matcher) for r in requests]
+    plans = [plan(r, matcher) for r in requests]
     keys = [s.cap for s in plans[0].shares] + [c.key for c in plans[0].counters]
     common = [k for k in keys if all(any(c.key == k for c in p.counters) for p in plans)]
     if not common:

@@ -4,8 +4,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from fairlimit.core.admission import Outcome, Plan
+from fairlimit.core.admission import Outcome
 from fairlimit.core.fairshare import FairnessFigures
+from fairlimit.core.plan import Plan
 
 REDIS_SCHEMES = ("redis", "rediss", "redis+sentinel", "redis+cluster")
 BACKEND_SCHEMES = ("memory", *REDIS_SCHEMES)

@@ -8,8 +8,9 @@ import heapq
 import math
 from collections.abc import Mapping
 
-from fairlimit.core.admission import Outcome, Plan, Share, admits, share_bound
+from fairlimit.core.admission import Outcome, admits, share_bound
 from fairlimit.core.fairshare import FairnessFigures, fairness_figures, water_level
+from fairlimit.core.plan import Plan, Share
 from fairlimit.core.units import window_start
 from fairlimit.store.base import CapReport
 

@@ -33,8 +33,10 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
-from fairlimit.core.admission import Outcome, Plan, Share
+from fairlimit.core.admission import Outcome
 from fairlimit.core.fairshare import FairnessFigures, fairness_figures, water_level
+from fairlimit.core.keys import key_path
+from fairlimit.core.plan import Plan, Share
 from fairlimit.core.units import window_start
 from fairlimit.errors import StoreUnavailable
 from fairlimit.store.base import CapReport
@@ -66,7 +68,7 @@ def open_redis(url: str) -> "RedisStore":
 
 def _tag(counter_key: str) -> str:
     """The hash tag text for a counter key: its path, with braces and % escaped."""
-    path = counter_key.rpartition("#")[0] or counter_key
+    path = key_path(counter_key)
     return path.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
 
 
