@@ -22,13 +22,12 @@ from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit.admin import AdminServer
 from fairlimit.capstats import CapTable
-from fairlimit.core.fairshare import FairnessFigures
+from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.keys import descriptor_key
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.errors import StoreUnavailable
 from fairlimit.grpc_api.servicer import GrpcServer
 from fairlimit.limiter import Limiter
-from fairlimit.store.base import CapReport
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
 from helpers import desc, req

@@ -22,10 +22,9 @@ from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerP
 from fairlimit import __version__
 from fairlimit.capstats import BucketWatch, CapRow, CapTable
 from fairlimit.core.admission import Code, Status
-from fairlimit.core.fairshare import FairnessFigures
+from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.request import Request
 from fairlimit.core.rules import Loaded
-from fairlimit.store.base import CapReport
 
 log = logging.getLogger(__name__)
 

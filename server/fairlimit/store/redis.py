@@ -34,12 +34,17 @@ from redis.crc import key_slot
 from redis.exceptions import RedisClusterException, RedisError
 
 from fairlimit.core.admission import Outcome
-from fairlimit.core.fairshare import FairnessFigures, fairness_figures, water_level
+from fairlimit.core.fairshare import (
+    CapReport,
+    FairnessFigures,
+    PeriodDemand,
+    figures_of,
+    level_of,
+)
 from fairlimit.core.keys import key_path
 from fairlimit.core.plan import Plan, Share
 from fairlimit.core.units import window_start
 from fairlimit.errors import StoreUnavailable
-from fairlimit.store.base import CapReport
 from fairlimit.store.overlimit_cache import OverLimitCache
 from fairlimit.store.redis_batch import ScriptBatcher
 from fairlimit.store.redis_client import Options, client_for, parse_url
@@ -168,18 +173,18 @@ def _args(
 
 
 def _compute_level(share: Share, period: str, flat: Sequence[str]) -> _Level:
-    """λ for ``period`` from the last period's demand hash (as _Cap._recompute in memory)."""
+    """λ for ``period`` from the last period's demand hash (``core.fairshare``, as memory)."""
     prev = dict(zip(flat[::2], flat[1::2], strict=True))
     clients = [f[2:] for f in prev if f.startswith("d:")]
-    scale = share.window / share.period
-    demands = [float(prev["d:" + c]) for c in clients]
-    limits = [float(prev["l:" + c]) for c in clients]
-    weights = [float(prev["w:" + c]) for c in clients]
-    admitted = [float(prev.get("a:" + c, 0)) for c in clients]
-    level = water_level([d * scale for d in demands], limits, weights, share.capacity)
-    fig = fairness_figures(
-        demands, admitted, [lim / scale for lim in limits], weights, share.capacity / scale
+    last = PeriodDemand(
+        share.capacity,
+        share.window / share.period,
+        tuple([float(prev["d:" + c]) for c in clients]),
+        tuple([float(prev.get("a:" + c, 0)) for c in clients]),
+        tuple([float(prev["l:" + c]) for c in clients]),
+        tuple([float(prev["w:" + c]) for c in clients]),
     )
+    level, fig = level_of(last), figures_of(last)
     figures = (fig.utilization, fig.active_clients, fig.level, fig.jain_index,
                fig.top_client_share, fig.starved_clients)  # fmt: skip
     return _Level(period, _num(level), tuple(_num(x) for x in figures))
