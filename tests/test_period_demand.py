@@ -24,14 +24,14 @@ class TestPeriodDemand:
     def test_of_fills_in_what_a_shared_bucket_lacks(self) -> None:
         """No limits means none, no weights means 1, a client never admitted has 0."""
         period = PeriodDemand.of(5, {"a": 3, "b": 4}, {"b": 4})
-        assert period == PeriodDemand(5, 1.0, (3.0, 4.0), (0.0, 4.0), (math.inf,) * 2, (1.0,) * 2)
+        assert period == PeriodDemand(5, 1.0, [3.0, 4.0], [0.0, 4.0], [math.inf] * 2, [1.0] * 2)
 
     def test_of_keeps_each_clients_limit_and_weight(self) -> None:
         """Clients are taken in the order of the demand, each with its own limit and weight."""
         period = PeriodDemand.of(
             9, {"b": 1, "a": 2}, {}, limits={"a": 3.0, "b": 4.0}, weights={"a": 2.0, "b": 1.0}
         )
-        assert (period.limits, period.weights) == ((4.0, 3.0), (1.0, 2.0))
+        assert (period.limits, period.weights) == ([4.0, 3.0], [1.0, 2.0])
 
     def test_uncontended_period_has_no_level(self) -> None:
         """When every demand fits, λ is infinite in both units."""

@@ -116,15 +116,17 @@ class PeriodDemand:
     """One finished period at a cap: what each client asked for and was admitted.
 
     ``demands`` and ``admitted`` are hits in the period; ``capacity`` and ``limits`` are in
-    the cap's window, which is ``scale`` periods long (window / period).
+    the cap's window, which is ``scale`` periods long (window / period). The sequences are
+    not copied (a period can hold 100k clients, and the request that ends it waits for λ):
+    nothing changes them once built.
     """
 
     capacity: float
     scale: float
-    demands: tuple[float, ...]
-    admitted: tuple[float, ...]
-    limits: tuple[float, ...]
-    weights: tuple[float, ...]
+    demands: Sequence[float]
+    admitted: Sequence[float]
+    limits: Sequence[float]
+    weights: Sequence[float]
 
     @classmethod
     def of(
@@ -142,10 +144,10 @@ class PeriodDemand:
         return cls(
             capacity,
             scale,
-            tuple([float(demand[c]) for c in clients]),
-            tuple([float(admitted.get(c, 0)) for c in clients]),
-            tuple([limits[c] for c in clients]) if limits is not None else (INFINITE,) * n,
-            tuple([weights[c] for c in clients]) if weights is not None else (1.0,) * n,
+            [float(demand[c]) for c in clients],
+            [float(admitted.get(c, 0)) for c in clients],
+            [limits[c] for c in clients] if limits is not None else [INFINITE] * n,
+            [weights[c] for c in clients] if weights is not None else [1.0] * n,
         )
 
 

@@ -179,10 +179,10 @@ def _compute_level(share: Share, period: str, flat: Sequence[str]) -> _Level:
     last = PeriodDemand(
         share.capacity,
         share.window / share.period,
-        tuple([float(prev["d:" + c]) for c in clients]),
-        tuple([float(prev.get("a:" + c, 0)) for c in clients]),
-        tuple([float(prev["l:" + c]) for c in clients]),
-        tuple([float(prev["w:" + c]) for c in clients]),
+        [float(prev["d:" + c]) for c in clients],
+        [float(prev.get("a:" + c, 0)) for c in clients],
+        [float(prev["l:" + c]) for c in clients],
+        [float(prev["w:" + c]) for c in clients],
     )
     level, fig = level_of(last), figures_of(last)
     figures = (fig.utilization, fig.active_clients, fig.level, fig.jain_index,
