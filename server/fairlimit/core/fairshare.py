@@ -5,7 +5,8 @@ demand fits under the cap. Water-filling sorts clients by ``min(d_i, L_i) / w_i`
 one level: O(n log n), run once per period per cap, never per request.
 
 Every store and the telemetry of global buckets turn a finished period into λ and figures
-the same way: ``PeriodDemand`` -> ``level_of`` and ``figures_of``.
+the same way: ``PeriodDemand`` -> ``level_of`` and ``figures_of``. A store reports each
+cap instance as a ``CapReport``.
 """
 
 import math
@@ -71,16 +72,6 @@ class FairnessFigures:
     jain_index: float  # over x_i = admitted_i / min(d_i, L_i, λ·w_i)
     top_client_share: float  # largest client's part of what was admitted
     starved_clients: int  # clients with x_i < 0.9
-
-
-@dataclass(frozen=True, slots=True)
-class CapReport:
-    """A cap instance's state for telemetry: λ in force and the last full period's figures."""
-
-    cap: str
-    level: float | None  # None: no history yet (equal split among clients seen)
-    declared_clients: int
-    figures: FairnessFigures | None
 
 
 STARVED_BELOW = 0.9
@@ -168,3 +159,13 @@ def figures_of(period: PeriodDemand) -> FairnessFigures:
         period.weights,
         period.capacity / scale,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class CapReport:
+    """A cap instance's state for telemetry: λ in force and the last full period's figures."""
+
+    cap: str
+    level: float | None  # None: no history yet (equal split among clients seen)
+    declared_clients: int
+    figures: FairnessFigures | None
