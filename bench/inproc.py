@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT / "server"))
 
 from fairlimit.config.loader import load  # noqa: E402
 from fairlimit.core import fairshare  # noqa: E402
-from fairlimit.core.admission import Code, Descriptor, Request  # noqa: E402
+from fairlimit.core.admission import Code  # noqa: E402
+from fairlimit.core.request import Descriptor, Request  # noqa: E402
 from fairlimit.limiter import Limiter  # noqa: E402
 from fairlimit.store.memory import MemoryStore  # noqa: E402
 

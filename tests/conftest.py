@@ -11,7 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "server"))
 
-from fairlimit.config.loader import Loaded, load  # noqa: E402
+from fairlimit.config.loader import load  # noqa: E402
+from fairlimit.core.rules import Loaded  # noqa: E402
 from fairlimit.limiter import Limiter  # noqa: E402
 from fairlimit.store.base import Store  # noqa: E402
 from fairlimit.store.memory import MemoryStore  # noqa: E402

@@ -1,6 +1,6 @@
 """Small builders for requests in tests."""
 
-from fairlimit.core.admission import Descriptor, Request
+from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import RateLimit
 
 

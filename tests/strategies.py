@@ -1,7 +1,10 @@
-"""Shared Hypothesis strategies: rule trees and request entries drawn from them."""
+"""Shared Hypothesis strategies: rule trees, request entries, counter keys, cap periods."""
+
+import math
 
 from hypothesis import strategies as st
 
+from fairlimit.core.fairshare import PeriodDemand
 from fairlimit.core.rules import RateLimit, Rule
 from fairlimit.core.units import Unit
 
@@ -43,3 +46,29 @@ def entries_lists(draw: st.DrawFn, rules: tuple[Rule, ...]) -> list[tuple[str, s
             entries.append((draw(KEYS), draw(PLAIN_VALUES)))
             level = ()
     return entries
+
+
+# Text rich in the characters a counter key escapes or splits on.
+KEY_TEXT = st.text(st.sampled_from("ab\\/=#%{}ü"), max_size=6) | st.text(max_size=6)
+
+
+@st.composite
+def descriptor_keys(draw: st.DrawFn) -> tuple[str, list[tuple[str, str]], int]:
+    """(domain, entries, window) for a counter key: non-empty domain and keys."""
+    domain = draw(KEY_TEXT.filter(bool))
+    entries = draw(st.lists(st.tuples(KEY_TEXT.filter(bool), KEY_TEXT), max_size=4))
+    return domain, entries, draw(st.integers(1, 10**8))
+
+
+@st.composite
+def periods(draw: st.DrawFn) -> PeriodDemand:
+    """A finished period at a cap: 1 to 12 clients, a window of 1 to 60 periods."""
+    n = draw(st.integers(1, 12))
+    amounts = st.lists(st.integers(0, 1000).map(float), min_size=n, max_size=n)
+    demands = draw(amounts)
+    admitted = tuple(min(a, d) for a, d in zip(draw(amounts), demands, strict=True))
+    scale = float(draw(st.integers(1, 60)))
+    limits = draw(st.lists(st.floats(1, 10**5) | st.just(math.inf), min_size=n, max_size=n))
+    weights = draw(st.lists(st.floats(0.1, 10), min_size=n, max_size=n))
+    capacity = draw(st.floats(1, 10**5))
+    return PeriodDemand(capacity, scale, tuple(demands), admitted, tuple(limits), tuple(weights))

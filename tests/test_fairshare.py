@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairlimit.config.loader import Loaded, parse_domain
+from fairlimit.config.loader import parse_domain
 from fairlimit.core.admission import Code
 from fairlimit.core.fairshare import fairness_figures, grants, jain_index, water_level
-from fairlimit.core.rules import Config
+from fairlimit.core.rules import Config, Loaded
 from fairlimit.limiter import Limiter
 from fairlimit.store.memory import MemoryStore
 from helpers import desc, req

@@ -20,9 +20,10 @@ import pytest
 from conftest import load_text
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from fairlimit.core import admission
-from fairlimit.core.admission import Plan
 from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import Plan
+from fairlimit.core.plan import plan as make_plan
+from fairlimit.core.request import Descriptor
 from fairlimit.errors import StoreUnavailable, UnsupportedBackend
 from fairlimit.store import open_store
 from fairlimit.store.memory import MemoryStore
@@ -65,8 +66,8 @@ def matcher(tmp_path: Path) -> Matcher:
     return Matcher(load_text(tmp_path, CONFIG).config)
 
 
-def plan_of(matcher: Matcher, *descriptors: admission.Descriptor) -> Plan:
-    return admission.plan(req("edge", *descriptors), matcher)
+def plan_of(matcher: Matcher, *descriptors: Descriptor) -> Plan:
+    return make_plan(req("edge", *descriptors), matcher)
 
 
 def client_plan(matcher: Matcher, client: str, route: str = "public") -> Plan:
@@ -102,9 +103,7 @@ class TestParityWithMemory:
                     else desc(f"route={r}", f"client_id={rnd.choice(clients)}")
                     for r in routes
                 ]
-                plan = admission.plan(
-                    req("edge", *descriptors, hits=rnd.choice([0, 1, 2])), matcher
-                )
+                plan = make_plan(req("edge", *descriptors, hits=rnd.choice([0, 1, 2])), matcher)
                 got, want = await store.admit(plan, now), await memory.admit(plan, now)
                 assert got.now == now  # the caller clock is the store clock here
                 assert dataclasses.replace(got, now=None) == want

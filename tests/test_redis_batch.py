@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import load_text
-from fairlimit.core import admission
 from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import plan
 from fairlimit.store.redis import RedisStore
 from helpers import desc, req
 from redis_servers import RedisProcess, StoreFactory
@@ -28,7 +28,7 @@ def matcher(tmp_path: Path) -> Matcher:
 
 
 async def _admit_all(store: RedisStore, matcher: Matcher, clients: list[str]) -> list[bool]:
-    plans = [admission.plan(req("edge", desc(f"client_id={c}")), matcher) for c in clients]
+    plans = [plan(req("edge", desc(f"client_id={c}")), matcher) for c in clients]
     outcomes = await asyncio.gather(*(store.admit(p, T0) for p in plans))
     return [o.admitted for o in outcomes]
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from conftest import load_text
-from fairlimit.core import admission
-from fairlimit.core.admission import Plan
 from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import Plan
+from fairlimit.core.plan import plan as make_plan
 from fairlimit.store.redis import script
 from fairlimit.store.redis.keys import CAP_KINDS, SlotGroup, slot_groups
 from fairlimit.store.redis.script import ADMIT, LAYOUTS, RELEASE, GivenLevel, Layout
@@ -80,7 +80,7 @@ def plan(tmp_path: Path) -> Plan:
     matcher = Matcher(load_text(tmp_path, CONFIG).config)
     request = req("edge", desc("route=public", "client_id=heavy"),
                   desc("route=admin", "client_id=a"), desc("user=u"))  # fmt: skip
-    return admission.plan(request, matcher)
+    return make_plan(request, matcher)
 
 
 @pytest.fixture

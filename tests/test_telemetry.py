@@ -8,8 +8,6 @@ from pathlib import Path
 import aiohttp
 import grpc
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -23,16 +21,16 @@ from conftest import FakeClock, LimiterFactory, load_text
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit.admin import AdminServer, JsonCodec
-from fairlimit.core.admission import Descriptor, Request, counter_key
-from fairlimit.core.fairshare import FairnessFigures
+from fairlimit.core.fairshare import CapReport, FairnessFigures
+from fairlimit.core.keys import descriptor_key
+from fairlimit.core.request import Descriptor, Request
 from fairlimit.errors import StoreUnavailable
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer
 from fairlimit.limiter import Limiter
-from fairlimit.store.base import CapReport
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
-from fairlimit.telemetry.fairness import CapTable, parse_counter_key
+from fairlimit.telemetry.fairness import CapTable
 from helpers import desc, req
 from traffic import drive
 
@@ -315,17 +313,6 @@ class TestSeedTraceGauges:
 
 
 class TestCapTable:
-    @given(
-        st.text(min_size=1),
-        st.lists(st.tuples(st.text(min_size=1), st.text()), max_size=4),
-        st.integers(1, 10**8),
-    )
-    def test_counter_keys_parse_back(
-        self, domain: str, entries: list[tuple[str, str]], window: int
-    ) -> None:
-        """parse_counter_key inverts core.admission.counter_key, whatever the text holds."""
-        assert parse_counter_key(counter_key(domain, entries, window)) == (domain, tuple(entries))
-
     def test_instances_of_one_cap_rule_fold_into_one_row(self, tmp_path: Path) -> None:
         """Tenant caps fold into their rule: worst Jain, summed starved, no tenant value."""
         loaded = load_text(tmp_path, """
@@ -341,7 +328,7 @@ class TestCapTable:
 
         def report(tenant: str, jain: float, starved: int, active: int) -> CapReport:
             figures = FairnessFigures(0.5, active, math.inf, jain, 0.5, starved)
-            return CapReport(counter_key("api", [("tenant", tenant)], 1), None, 2, figures)
+            return CapReport(descriptor_key("api", [("tenant", tenant)], 1), None, 2, figures)
 
         reports = [report("acme", 0.9, 1, 2), report("globex", 0.6, 2, 3), report("x/y=z", 1, 0, 1)]
         (row,) = CapTable().rows(loaded, reports, {})

@@ -10,9 +10,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from fairlimit.config.loader import Loaded
-from fairlimit.core.admission import Code, Request
-from fairlimit.core.rules import Rule
+from fairlimit.core.admission import Code
+from fairlimit.core.request import Request
+from fairlimit.core.rules import Loaded, Rule
 from fairlimit.core.validation import Classification
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.limiter import Decision, Limiter

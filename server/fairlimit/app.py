@@ -9,8 +9,9 @@ from collections.abc import Callable, Coroutine
 from prometheus_client import CollectorRegistry
 
 from fairlimit.admin import AdminServer, JsonCodec
-from fairlimit.config.loader import Loaded, load
+from fairlimit.config.loader import load
 from fairlimit.config.watch import ConfigWatcher
+from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer, TlsFiles

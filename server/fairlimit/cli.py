@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from fairlimit import __version__
-from fairlimit.config.loader import Loaded, load
+from fairlimit.config.loader import load
+from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError, ConfigUnreadable, SettingsError, UnsupportedBackend
 
 if TYPE_CHECKING:

@@ -5,10 +5,12 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from fairlimit.config.loader import Loaded
 from fairlimit.core import admission
-from fairlimit.core.admission import Code, Request, Status
+from fairlimit.core.admission import Code, Outcome, Status
 from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import plan as make_plan
+from fairlimit.core.request import Request, validate
+from fairlimit.core.rules import Loaded
 from fairlimit.errors import StoreUnavailable
 from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
@@ -80,12 +82,12 @@ class Limiter:
 
     async def should_rate_limit(self, request: Request) -> Decision:
         """Decide ``request``; RequestError for a malformed one, StoreUnavailable if closed."""
-        admission.validate(request)
-        plan = admission.plan(request, self._active.matcher)
+        validate(request)
+        plan = make_plan(request, self._active.matcher)
         now = self.clock.now()
         backend = 0.0
         if not plan.counters:
-            outcome = admission.Outcome(True, (), (), ())
+            outcome = Outcome(True, (), (), ())
         else:
             started = time.perf_counter()  # a latency, so real time: windows use self.clock
             try:

@@ -5,16 +5,15 @@ Loading is all or nothing: any problem in any file rejects the whole set.
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import yaml
 
-from fairlimit.core.rules import Config, Domain, FairShare, RateLimit, Rule
+from fairlimit.core.rules import Config, Domain, FairShare, Loaded, RateLimit, Rule
 from fairlimit.core.units import Unit
-from fairlimit.core.validation import Classification, classify
+from fairlimit.core.validation import classify
 from fairlimit.errors import ConfigError, ConfigUnreadable, ConfigWarningError
 
 ROOT_KEYS = frozenset({"domain", "descriptors"})
@@ -24,19 +23,6 @@ DESCRIPTOR_KEYS = frozenset(
 RATE_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
 FAIR_SHARE_KEYS = frozenset({"active_clients", "weights"})
 YAML_SUFFIXES = (".yaml", ".yml")
-
-
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    """A loaded configuration with its classification and the files it came from."""
-
-    config: Config
-    classifications: tuple[Classification, ...]
-    files: tuple[Path, ...]
-
-    @property
-    def warnings(self) -> list[str]:
-        return [c.line for c in self.classifications if c.is_warning]
 
 
 class _Problems:

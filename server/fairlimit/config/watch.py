@@ -15,7 +15,8 @@ from pathlib import Path
 
 import watchfiles
 
-from fairlimit.config.loader import Loaded, load
+from fairlimit.config.loader import load
+from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError
 
 log = logging.getLogger(__name__)

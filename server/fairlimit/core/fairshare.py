@@ -3,10 +3,14 @@
 The level λ solves ``sum_i min(d_i, L_i, λ·w_i) = C``; it is infinite when every capped
 demand fits under the cap. Water-filling sorts clients by ``min(d_i, L_i) / w_i`` and raises
 one level: O(n log n), run once per period per cap, never per request.
+
+Every store and the telemetry of global buckets turn a finished period into λ and figures
+the same way: ``PeriodDemand`` -> ``level_of`` and ``figures_of``. A store reports each
+cap instance as a ``CapReport``.
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 INFINITE = math.inf
@@ -96,3 +100,72 @@ def fairness_figures(
         top_client_share=max(admitted) / total if total > 0 else 0.0,
         starved_clients=sum(1 for x in ratios if x < STARVED_BELOW),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodDemand:
+    """One finished period at a cap: what each client asked for and was admitted.
+
+    ``demands`` and ``admitted`` are hits in the period; ``capacity`` and ``limits`` are in
+    the cap's window, which is ``scale`` periods long (window / period). The sequences are
+    not copied (a period can hold 100k clients, and the request that ends it waits for λ):
+    nothing changes them once built.
+    """
+
+    capacity: float
+    scale: float
+    demands: Sequence[float]
+    admitted: Sequence[float]
+    limits: Sequence[float]
+    weights: Sequence[float]
+
+    @classmethod
+    def of(
+        cls,
+        capacity: float,
+        demand: Mapping[str, float],
+        admitted: Mapping[str, float],
+        limits: Mapping[str, float] | None = None,
+        weights: Mapping[str, float] | None = None,
+        scale: float = 1.0,
+    ) -> "PeriodDemand":
+        """The period of the clients in ``demand``; no limits means none, no weights all 1."""
+        clients = list(demand)
+        n = len(clients)
+        return cls(
+            capacity,
+            scale,
+            [float(demand[c]) for c in clients],
+            [float(admitted.get(c, 0)) for c in clients],
+            [limits[c] for c in clients] if limits is not None else [INFINITE] * n,
+            [weights[c] for c in clients] if weights is not None else [1.0] * n,
+        )
+
+
+def level_of(period: PeriodDemand) -> float:
+    """λ for the next period, in the cap's window: the level that shares this period's demand."""
+    scale = period.scale
+    demands = [d * scale for d in period.demands]
+    return water_level(demands, period.limits, period.weights, period.capacity)
+
+
+def figures_of(period: PeriodDemand) -> FairnessFigures:
+    """The period's fairness figures, in hits per period."""
+    scale = period.scale
+    return fairness_figures(
+        period.demands,
+        period.admitted,
+        [lim / scale for lim in period.limits],
+        period.weights,
+        period.capacity / scale,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CapReport:
+    """A cap instance's state for telemetry: λ in force and the last full period's figures."""
+
+    cap: str
+    level: float | None  # None: no history yet (equal split among clients seen)
+    declared_clients: int
+    figures: FairnessFigures | None

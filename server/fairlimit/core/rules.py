@@ -2,9 +2,16 @@
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from fairlimit.core.units import Unit
+
+if TYPE_CHECKING:
+    # validation classifies these rules, so it imports this module: a type-only import
+    # keeps the two from importing each other at run time.
+    from fairlimit.core.validation import Classification
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,19 @@ class Config:
     @classmethod
     def of(cls, domains: list[Domain]) -> "Config":
         return cls(MappingProxyType({d.name: d for d in domains}))
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A loaded configuration with its classification and the files it came from."""
+
+    config: Config
+    classifications: tuple["Classification", ...]
+    files: tuple[PurePath, ...]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [c.line for c in self.classifications if c.is_warning]
 
 
 def walk(rules: tuple[Rule, ...]) -> list[tuple[Rule, tuple[Rule, ...]]]:

@@ -4,7 +4,8 @@ import math
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
-from fairlimit.core.admission import Code, Descriptor, Request, Status
+from fairlimit.core.admission import Code, Status
+from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import RateLimit
 from fairlimit.core.units import Unit
 from fairlimit.errors import RequestError

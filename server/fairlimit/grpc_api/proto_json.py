@@ -3,7 +3,7 @@
 from google.protobuf import json_format
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
-from fairlimit.core.admission import Request
+from fairlimit.core.request import Request
 from fairlimit.errors import RequestError
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
 from fairlimit.limiter import Decision

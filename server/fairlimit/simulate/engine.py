@@ -32,10 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fairlimit.config.loader import Loaded, load
-from fairlimit.core import admission
-from fairlimit.core.admission import Code, Descriptor, Request
+from fairlimit.config.loader import load
+from fairlimit.core.admission import Code
 from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import plan
+from fairlimit.core.request import Descriptor, Request
+from fairlimit.core.rules import Loaded
 from fairlimit.errors import ScenarioError
 from fairlimit.limiter import Limiter
 from fairlimit.simulate.report import ClientResult, ConfigResult, Result, Summary, shared_limit
@@ -312,7 +314,7 @@ def _check_config(
         message = f"{path} has no domain '{scenario.domain}' (it has: {found})"
         raise ScenarioError([f"{scenario.source}: {where}: {message}"])
     matcher = Matcher(loaded.config)
-    if not any(admission.plan(r, matcher).counters for r in requests):
+    if not any(plan(r, matcher).counters for r in requests):
         message = f"no rule in {path} limits the scenario's descriptors"
         raise ScenarioError([f"{scenario.source}: {where}: {message}"])
 

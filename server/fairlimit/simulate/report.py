@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fairlimit.config.loader import Loaded
-from fairlimit.core import admission
-from fairlimit.core.admission import Request
 from fairlimit.core.fairshare import FairnessFigures, fairness_figures
 from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import plan
+from fairlimit.core.request import Request
+from fairlimit.core.rules import Loaded
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ def shared_limit(loaded: Loaded, requests: Sequence[Request]) -> SharedLimit | N
     with its whole limit as each one's own limit and weight 1.
     """
     matcher = Matcher(loaded.config)
-    plans = [admission.plan(r, matcher) for r in requests]
+    plans = [plan(r, matcher) for r in requests]
     keys = [s.cap for s in plans[0].shares] + [c.key for c in plans[0].counters]
     common = [k for k in keys if all(any(c.key == k for c in p.counters) for p in plans)]
     if not common:
@@ -72,7 +72,7 @@ def shared_limit(loaded: Loaded, requests: Sequence[Request]) -> SharedLimit | N
     counters = [next(c for c in p.counters if c.key == common[0]) for p in plans]
     shares = [next((s for s in p.shares if s.cap == common[0]), None) for p in plans]
     index = plans[0].counters.index(counters[0])
-    rule = next(lv.rule for d in plans[0].descriptors for lv in d.levels if lv.counter == index)
+    rule = next(lv.rule for d in plans[0].descriptors for lv in d.charges if lv.counter == index)
     path = rule.path if rule else common[0]
     modes = [c.mode.value for c in loaded.classifications if c.path == path]
     limit, window = counters[0].limit, counters[0].window

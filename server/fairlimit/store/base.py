@@ -1,24 +1,14 @@
-"""The Store protocol: the narrow contract every backend keeps, and the shared cap report."""
+"""The Store protocol: the narrow contract every backend keeps."""
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
-from fairlimit.core.admission import Outcome, Plan
-from fairlimit.core.fairshare import FairnessFigures
+from fairlimit.core.admission import Outcome
+from fairlimit.core.fairshare import CapReport
+from fairlimit.core.plan import Plan
 
 REDIS_SCHEMES = ("redis", "rediss", "redis+sentinel", "redis+cluster")
 BACKEND_SCHEMES = ("memory", *REDIS_SCHEMES)
-
-
-@dataclass(frozen=True, slots=True)
-class CapReport:
-    """A cap instance's state for telemetry: λ in force and the last full period's figures."""
-
-    cap: str
-    level: float | None  # None: no history yet (equal split among clients seen)
-    declared_clients: int
-    figures: FairnessFigures | None
 
 
 class Store(Protocol):

@@ -8,12 +8,11 @@ import heapq
 import math
 from collections.abc import Mapping
 
-from fairlimit.core.admission import Outcome, Plan, Share, admits, share_bound
-from fairlimit.core.fairshare import FairnessFigures, fairness_figures, water_level
+from fairlimit.core.admission import Outcome, admits, share_bound
+from fairlimit.core.fairshare import CapReport, FairnessFigures, PeriodDemand, figures_of, level_of
+from fairlimit.core.plan import Plan, Share
 from fairlimit.core.units import window_start
-from fairlimit.store.base import CapReport
 
-_Period = tuple[list[float], list[float], list[float], list[float], float]
 _SHRINK = 4  # compact the counter table once it holds under a quarter of its high mark
 
 
@@ -54,7 +53,7 @@ class _Cap:
         self.period = -1
         self.level: float | None = None
         self.figures: FairnessFigures | None = None
-        self.last_period: _Period | None = None  # the inputs of figures, until asked for
+        self.last_period: PeriodDemand | None = None  # the inputs of figures, until asked for
         self.demand: dict[str, int] = {}
         self.period_admitted: dict[str, int] = {}
         self.limits: dict[str, float] = {}
@@ -81,25 +80,20 @@ class _Cap:
         self.last_seen = now
 
     def _recompute(self, share: Share) -> None:
-        clients = list(self.demand)
         scale = share.window / share.period
-        demands = [float(self.demand[c]) for c in clients]
-        limits = [self.limits[c] for c in clients]
-        weights = [self.weights[c] for c in clients]
-        self.level = water_level([d * scale for d in demands], limits, weights, self.capacity)
+        last = PeriodDemand.of(
+            self.capacity, self.demand, self.period_admitted, self.limits, self.weights, scale
+        )
+        self.level = level_of(last)
         # The figures are for telemetry only: worked out when caps() asks, not in the
         # request that rolls the period (at 100k clients they cost twice λ's time).
-        admitted = [float(self.period_admitted.get(c, 0)) for c in clients]
         self.figures = None
-        self.last_period = (demands, admitted, limits, weights, scale)
+        self.last_period = last
 
     def report_figures(self) -> FairnessFigures | None:
         """The last full period's fairness figures (computed on first ask)."""
         if self.last_period is not None:
-            demands, admitted, limits, weights, scale = self.last_period
-            self.figures = fairness_figures(
-                demands, admitted, [lim / scale for lim in limits], weights, self.capacity / scale
-            )
+            self.figures = figures_of(self.last_period)
             self.last_period = None
         return self.figures
 

@@ -22,12 +22,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from fairlimit.config.loader import Loaded
-from fairlimit.core.admission import Code, Request, Status
-from fairlimit.core.fairshare import FairnessFigures, fairness_figures
+from fairlimit.core.admission import Code, Status
+from fairlimit.core.fairshare import CapReport, FairnessFigures, PeriodDemand, figures_of
+from fairlimit.core.keys import parse_counter_key
 from fairlimit.core.matching import Entry, Matcher
+from fairlimit.core.request import Request
+from fairlimit.core.rules import Loaded
 from fairlimit.core.validation import Mode
-from fairlimit.store.base import CapReport
 
 PERIOD = 1.0  # seconds: P = min(window, 1 s), and windows are at least 1 s
 
@@ -52,27 +53,6 @@ class CapRow:
             and declared is not None
             and (self.figures.active_clients > declared)
         )
-
-
-def parse_counter_key(key: str) -> tuple[str, tuple[Entry, ...]] | None:
-    """(domain, entries) of a key made by ``core.admission.counter_key``; None otherwise."""
-    body, sep, window = key.rpartition("#")
-    if not sep or not window.isdigit():
-        return None
-    segments: list[list[str]] = [[""]]  # split on unescaped '/', then on unescaped '='
-    chars = iter(body)
-    for char in chars:
-        if char == "\\":
-            segments[-1][-1] += next(chars, "")
-        elif char == "/":
-            segments.append([""])
-        elif char == "=":
-            segments[-1].append("")
-        else:
-            segments[-1][-1] += char
-    if len(segments[0]) != 1 or any(len(s) != 2 for s in segments[1:]):
-        return None
-    return segments[0][0], tuple((s[0], s[1]) for s in segments[1:])
 
 
 def fold(figures: Sequence[FairnessFigures]) -> FairnessFigures:
@@ -105,14 +85,8 @@ class _Period:
         if index == self.index:
             return
         if index == self.index + 1 and self.demand:
-            clients = list(self.demand)
-            self.figures = fairness_figures(
-                [float(self.demand[c]) for c in clients],
-                [float(self.admitted.get(c, 0)) for c in clients],
-                [math.inf] * len(clients),  # a shared bucket has no per-client limit
-                [1.0] * len(clients),
-                self.capacity,
-            )
+            # A shared bucket has no per-client limit and no weights.
+            self.figures = figures_of(PeriodDemand.of(self.capacity, self.demand, self.admitted))
         else:
             self.figures = None  # a period without traffic: nothing current to say
         self.index, self.demand, self.admitted = index, {}, {}

@@ -27,10 +27,10 @@ from opentelemetry.trace import (
 )
 
 from fairlimit import __version__
-from fairlimit.config.loader import Loaded
-from fairlimit.core.admission import Code, Request, Status
-from fairlimit.core.fairshare import FairnessFigures
-from fairlimit.store.base import CapReport
+from fairlimit.core.admission import Code, Status
+from fairlimit.core.fairshare import CapReport, FairnessFigures
+from fairlimit.core.request import Request
+from fairlimit.core.rules import Loaded
 from fairlimit.telemetry.fairness import BucketWatch, CapRow, CapTable
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from redis.crc import key_slot
 
-from fairlimit.core.admission import Plan
+from fairlimit.core.keys import key_path
+from fairlimit.core.plan import Plan
 
 COUNTER_KIND = "c"
 # A cap's keys by kind; the scripts' KEYS name them (script.py states which each takes).
@@ -20,7 +21,7 @@ CAP_KINDS = {"meta": "m", "cur": "p", "prev": "q", "adm": "a", "lock": "l"}
 
 def tag(counter_key: str) -> str:
     """The hash tag text for a counter key: its path, with braces and % escaped."""
-    path = counter_key.rpartition("#")[0] or counter_key
+    path = key_path(counter_key)
     return path.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
 
 
@@ -35,9 +36,9 @@ def anchors(plan: Plan, cluster: bool) -> dict[str, str]:
     """
     found: dict[str, str] = {}
     for dplan in plan.descriptors if cluster else ():
-        caps = [plan.shares[lv.share].cap for lv in dplan.levels if lv.share is not None]
+        caps = [plan.shares[lv.share].cap for lv in dplan.charges if lv.share is not None]
         outer = caps[0] if caps else None  # levels list the caps outermost first
-        for level in dplan.levels:
+        for level in dplan.charges:
             key = plan.counters[level.counter].key
             found.setdefault(key, outer or key)
     for counter in plan.counters:

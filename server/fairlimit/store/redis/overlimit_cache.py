@@ -3,7 +3,8 @@
 from collections import OrderedDict
 from typing import Protocol
 
-from fairlimit.core.admission import Outcome, Plan, counter_over, share_over
+from fairlimit.core.admission import Outcome, counter_over, share_over
+from fairlimit.core.plan import Plan
 
 
 class Lifetimes(Protocol):

@@ -17,8 +17,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
-from fairlimit.core.admission import Plan, Share
-from fairlimit.core.fairshare import fairness_figures, water_level
+from fairlimit.core.fairshare import PeriodDemand, figures_of, level_of
+from fairlimit.core.plan import Plan, Share
 from fairlimit.store.redis.keys import SlotGroup
 
 # The fairness figures of the last period, as named in a cap's meta hash.
@@ -139,18 +139,18 @@ def release_args(plan: Plan, g: SlotGroup, now: str) -> list[str | int]:
 
 
 def _compute_level(share: Share, period: str, flat: Sequence[str]) -> GivenLevel:
-    """λ for ``period`` from the last period's demand hash (as _Cap._recompute in memory)."""
+    """λ for ``period`` from the last period's demand hash (``core.fairshare``, as memory)."""
     prev = dict(zip(flat[::2], flat[1::2], strict=True))
     clients = [f[2:] for f in prev if f.startswith("d:")]
-    scale = share.window / share.period
-    demands = [float(prev["d:" + c]) for c in clients]
-    limits = [float(prev["l:" + c]) for c in clients]
-    weights = [float(prev["w:" + c]) for c in clients]
-    admitted = [float(prev.get("a:" + c, 0)) for c in clients]
-    level = water_level([d * scale for d in demands], limits, weights, share.capacity)
-    fig = fairness_figures(
-        demands, admitted, [lim / scale for lim in limits], weights, share.capacity / scale
+    last = PeriodDemand(
+        share.capacity,
+        share.window / share.period,
+        [float(prev["d:" + c]) for c in clients],
+        [float(prev.get("a:" + c, 0)) for c in clients],
+        [float(prev["l:" + c]) for c in clients],
+        [float(prev["w:" + c]) for c in clients],
     )
+    level, fig = level_of(last), figures_of(last)
     figures = (fig.utilization, fig.active_clients, fig.level, fig.jain_index,
                fig.top_client_share, fig.starved_clients)  # fmt: skip
     return GivenLevel(period, _num(level), tuple(_num(x) for x in figures))

@@ -23,11 +23,11 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
-from fairlimit.core.admission import Outcome, Plan
-from fairlimit.core.fairshare import FairnessFigures
+from fairlimit.core.admission import Outcome
+from fairlimit.core.fairshare import CapReport, FairnessFigures
+from fairlimit.core.plan import Plan
 from fairlimit.core.units import window_start
 from fairlimit.errors import StoreUnavailable
-from fairlimit.store.base import CapReport
 from fairlimit.store.redis import script
 from fairlimit.store.redis.batch import ScriptBatcher
 from fairlimit.store.redis.client import Options, unavailable

@@ -1,0 +1,191 @@
+"""What a request charges: its counters and fair-share claims, deduplicated.
+
+Each descriptor charges its matched limit (or the request's override) and every
+``fair_share`` cap above it; limits named in any charged limit's ``replaces`` drop out.
+"""
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fairlimit.core.keys import counter_key, key_paths
+from fairlimit.core.matching import Match, Matcher
+from fairlimit.core.request import Descriptor, Request
+from fairlimit.core.rules import RateLimit, Rule
+
+
+# A plan is built on every request, so its classes are slotted but not frozen: a frozen
+# dataclass's __init__ sets each field through object.__setattr__, about five times the
+# cost, and a plan holds dozens of fields. Nothing changes one after it is built.
+@dataclass(slots=True)
+class Counter:
+    """A fixed-window counter the request is checked and charged against."""
+
+    key: str
+    limit: int
+    window: int
+    hits: int
+    shadow: bool
+
+
+@dataclass(slots=True)  # not frozen: built per request (see Counter)
+class Share:
+    """A client's claim at a fair-share cap (all amounts in the cap's window)."""
+
+    cap: str  # the cap's counter key
+    client: str
+    capacity: int
+    window: int
+    client_limit: float
+    weight: float
+    hits: int
+    shadow: bool
+    declared: int
+
+    @property
+    def period(self) -> float:
+        """How often λ is recomputed: P = min(window, 1 s)."""
+        return float(min(self.window, 1))
+
+
+@dataclass(slots=True)  # not frozen: built per request (see Counter)
+class Charge:
+    """One level a descriptor is charged at: a counter, and a claim when it is a cap."""
+
+    counter: int  # index into Plan.counters
+    share: int | None  # index into Plan.shares, for a cap
+    limit: RateLimit
+    rule: Rule | None
+
+
+@dataclass(slots=True)  # not frozen: built per request (see Counter)
+class DescriptorPlan:
+    rule: Rule | None
+    charges: tuple[Charge, ...]  # its own limit first, then the caps above, outermost first
+    unlimited: bool = False
+
+
+@dataclass(slots=True)  # not frozen: built per request (see Counter)
+class Plan:
+    """Everything a request charges, deduplicated across its descriptors."""
+
+    descriptors: tuple[DescriptorPlan, ...]
+    counters: tuple[Counter, ...]
+    shares: tuple[Share, ...]
+
+
+class _Builder:
+    """Collects counters and shares, summing the hits of repeats (indexes kept by key)."""
+
+    __slots__ = ("_counter_at", "_share_at", "counters", "shares")
+
+    def __init__(self) -> None:
+        self.counters: list[Counter] = []
+        self.shares: list[Share] = []
+        self._counter_at: dict[str, int] = {}
+        self._share_at: dict[tuple[str, str], int] = {}
+
+    def counter(self, key: str, limit: RateLimit, hits: int, shadow: bool) -> int:
+        at = self._counter_at.get(key)
+        if at is None:
+            at = self._counter_at[key] = len(self.counters)
+            self.counters.append(Counter(key, limit.requests_per_unit, limit.window, hits, shadow))
+            return at
+        known = self.counters[at]
+        self.counters[at] = Counter(key, known.limit, known.window, known.hits + hits, known.shadow)
+        return at
+
+    def share(self, share: Share) -> int:
+        ident = (share.cap, share.client)
+        at = self._share_at.get(ident)
+        if at is None:
+            at = self._share_at[ident] = len(self.shares)
+            self.shares.append(share)
+            return at
+        known = self.shares[at]
+        self.shares[at] = dataclasses.replace(known, hits=known.hits + share.hits)
+        return at
+
+
+def _cap_charges(
+    builder: _Builder,
+    paths: Sequence[str],
+    descriptor: Descriptor,
+    hits: int,
+    trail: Sequence[Rule],
+    replaced: set[str],
+) -> list[Charge]:
+    charges: list[Charge] = []
+    for depth in range(len(trail) - 1):
+        cap = trail[depth]
+        limit, fair_share = cap.rate_limit, cap.fair_share
+        if fair_share is None or limit is None or limit.name in replaced:
+            continue
+        key = counter_key(paths[depth], limit.window)
+        child_limit = trail[depth + 1].rate_limit
+        per_client = (
+            math.inf
+            if child_limit is None or child_limit.unlimited
+            else child_limit.per_second * limit.window
+        )
+        client = descriptor.entries[depth + 1][1]
+        share = Share(
+            key,
+            client,
+            limit.requests_per_unit,
+            limit.window,
+            per_client,
+            fair_share.weight(client),
+            hits,
+            cap.shadow_mode,
+            fair_share.active_clients,
+        )
+        counter = builder.counter(key, limit, hits, cap.shadow_mode)
+        charges.append(Charge(counter, builder.share(share), limit, cap))
+    return charges
+
+
+def _descriptor_plan(
+    builder: _Builder,
+    request: Request,
+    descriptor: Descriptor,
+    match: Match | None,
+    replaced: set[str],
+) -> DescriptorPlan:
+    rule = match.rule if match else None
+    limit = descriptor.limit or (rule.rate_limit if rule else None)
+    if limit is not None and limit.unlimited:
+        return DescriptorPlan(rule, (), unlimited=True)
+    charges: list[Charge] = []
+    charged = limit is not None and limit.name not in replaced
+    if not charged and (match is None or len(match.trail) < 2):
+        return DescriptorPlan(rule, ())  # nothing to charge: no key to build
+    paths = key_paths(request.domain, descriptor.entries)
+    hits = request.hits_for(descriptor)
+    if charged:
+        assert limit is not None
+        shadow = rule is not None and rule.shadow_mode and descriptor.limit is None
+        counter = builder.counter(counter_key(paths[-1], limit.window), limit, hits, shadow)
+        charges.append(Charge(counter, None, limit, rule))
+    if match is not None:
+        charges.extend(_cap_charges(builder, paths, descriptor, hits, match.trail, replaced))
+    return DescriptorPlan(rule, tuple(charges))
+
+
+def plan(request: Request, matcher: Matcher) -> Plan:
+    """What ``request`` charges under the configuration of ``matcher``."""
+    if not matcher.has_domain(request.domain):
+        return Plan(tuple(DescriptorPlan(None, ()) for _ in request.descriptors), (), ())
+    matches = [matcher.match(request.domain, d.entries) for d in request.descriptors]
+    replaced: set[str] = set()
+    for descriptor, match in zip(request.descriptors, matches, strict=True):
+        limit = descriptor.limit or (match.rule.rate_limit if match else None)
+        if limit is not None and limit.replaces:
+            replaced.update(limit.replaces)
+    builder = _Builder()
+    plans = tuple(
+        _descriptor_plan(builder, request, d, m, replaced)
+        for d, m in zip(request.descriptors, matches, strict=True)
+    )
+    return Plan(plans, tuple(builder.counters), tuple(builder.shares))

@@ -1,0 +1,64 @@
+"""Counter and cap keys (core/keys.py): built and parsed in one place."""
+
+from hypothesis import given
+
+from fairlimit.core.keys import (
+    counter_key,
+    descriptor_key,
+    escape,
+    key_path,
+    key_paths,
+    parse_counter_key,
+)
+from strategies import descriptor_keys
+
+Parts = tuple[str, list[tuple[str, str]], int]
+
+
+class TestBuild:
+    def test_a_key_is_the_escaped_path_and_the_window(self) -> None:
+        """domain/key=value/...#window, with backslash, slash and equals escaped."""
+        key = descriptor_key("api", [("route", "a/b"), ("user", "x=y\\z")], 60)
+        assert key == "api/route=a\\/b/user=x\\=y\\\\z#60"
+
+    def test_plain_text_is_not_copied(self) -> None:
+        """Text with nothing to escape comes back as the same object (the hot path)."""
+        text = "".join(["client", "-7"])
+        assert escape(text) is text
+
+    def test_each_prefix_has_its_path(self) -> None:
+        """A cap's key is the key of a prefix of its clients' descriptor."""
+        paths = key_paths("api", [("tenant", "acme"), ("user", "u1")])
+        assert paths == ["api/tenant=acme", "api/tenant=acme/user=u1"]
+        assert counter_key(paths[0], 1) == descriptor_key("api", [("tenant", "acme")], 1)
+
+    def test_no_entries_is_the_domain_alone(self) -> None:
+        """A descriptor without entries keys on its domain."""
+        assert descriptor_key("a/b", [], 5) == "a\\/b#5"
+
+
+class TestParse:
+    @given(descriptor_keys())
+    def test_keys_parse_back(self, parts: Parts) -> None:
+        """parse_counter_key inverts descriptor_key, whatever the text holds."""
+        domain, entries, window = parts
+        assert parse_counter_key(descriptor_key(domain, entries, window)) == (
+            domain,
+            tuple(entries),
+        )
+
+    @given(descriptor_keys())
+    def test_key_path_is_the_last_prefix_path(self, parts: Parts) -> None:
+        """key_path drops exactly the ``#window`` that counter_key added."""
+        domain, entries, window = parts
+        paths = key_paths(domain, entries) or [escape(domain)]
+        assert key_path(descriptor_key(domain, entries, window)) == paths[-1]
+
+    def test_text_that_is_not_a_key_parses_to_none(self) -> None:
+        """No window, a window that is not a number, or an entry without '=' is no key."""
+        for text in ("api/a=b", "api/a=b#x", "api/a#5", "api/a=b=c#5"):
+            assert parse_counter_key(text) is None
+
+    def test_key_path_of_text_without_a_window_is_the_text(self) -> None:
+        """A key without '#' is its own path (the hash tag of any key is defined)."""
+        assert key_path("api/a=b") == "api/a=b"
