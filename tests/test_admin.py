@@ -10,13 +10,12 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
-from conftest import FakeClock, load_text
 from fairlimit.admin import AdminServer
 from fairlimit.errors import StoreUnavailable
 from fairlimit.limiter import FailureMode, Limiter
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
-from helpers import desc, req
+from helpers import FakeClock, desc, load_text, req
 
 CONFIG = """
 domain: edge

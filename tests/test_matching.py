@@ -5,9 +5,9 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import load_text
 from fairlimit.core.matching import Matcher
 from fairlimit.core.rules import Config, Domain, Rule
+from helpers import load_text
 from strategies import entries_lists, rule_trees
 
 TREE = """

@@ -17,7 +17,6 @@ from typing import Any
 import grpc
 import pytest
 
-from conftest import load_text
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit.core import admission
@@ -27,7 +26,7 @@ from fairlimit.errors import SettingsError, StoreUnavailable
 from fairlimit.store import open_store
 from fairlimit.store.memory import MemoryStore
 from fairlimit.store.redis import RedisStore, parse_url
-from helpers import desc, req
+from helpers import desc, load_text, req
 from redis_servers import RedisClusterProcesses, RedisProcess, RedisSentinel, free_port
 from servers import ServerProcess
 

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_text
 from fairlimit.core import admission
 from fairlimit.core.matching import Matcher
 from fairlimit.store.redis import RedisStore
-from helpers import desc, req
+from helpers import desc, load_text, req
 from redis_servers import RedisProcess, StoreFactory
 
 T0 = 1_700_000_000.0

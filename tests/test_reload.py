@@ -16,7 +16,6 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
-from conftest import FakeClock
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit.app import App
@@ -27,7 +26,7 @@ from fairlimit.limiter import Limiter
 from fairlimit.settings import Settings
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
-from helpers import desc, req
+from helpers import FakeClock, desc, req
 from servers import ServerProcess
 
 EDGE = """

@@ -19,7 +19,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import FakeClock, LimiterFactory, load_text
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit.admin import AdminServer
@@ -32,7 +31,7 @@ from fairlimit.limiter import Limiter
 from fairlimit.store.base import CapReport
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
-from helpers import desc, req
+from helpers import FakeClock, LimiterFactory, desc, load_text, req
 from traffic import drive
 
 Points = dict[tuple[str, frozenset[tuple[str, object]]], float]
