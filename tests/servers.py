@@ -36,7 +36,8 @@ class ServerProcess:
         )
         self.lines: list[str] = []
         self.grpc_port = self._wait_for_port(timeout=20.0)
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
 
     @property
     def target(self) -> str:
@@ -54,6 +55,8 @@ class ServerProcess:
             if found:
                 return int(found.group(1))
         self.process.kill()
+        self.process.wait()
+        self.process.stderr.close()
         raise RuntimeError("fairlimit did not start:\n" + "".join(self.lines))
 
     def _drain(self) -> None:
@@ -70,6 +73,10 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        # The drainer ends at the pipe's EOF; closing the pipe after it keeps no file open.
+        self._drainer.join(timeout=5.0)
+        assert self.process.stderr is not None
+        self.process.stderr.close()
         return self.process.returncode
 
 

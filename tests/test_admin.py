@@ -17,6 +17,8 @@ from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
 from helpers import FakeClock, desc, load_text, req
 
+pytestmark = pytest.mark.behaviour
+
 CONFIG = """
 domain: edge
 descriptors:

@@ -26,7 +26,7 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1}
 """
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
 
 class TestFixedWindows:

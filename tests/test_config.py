@@ -11,6 +11,8 @@ from fairlimit.core.validation import Mode
 from fairlimit.errors import ConfigError, ConfigUnreadable, ConfigWarningError
 from helpers import load_text
 
+pytestmark = pytest.mark.unit
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

@@ -7,7 +7,7 @@ from fairlimit.core.fairshare import grants, jain_index
 from helpers import FakeClock, LimiterFactory, desc, req
 from traffic import drive
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
 SIZED = """
 domain: edge

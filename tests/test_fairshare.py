@@ -15,6 +15,8 @@ from fairlimit.limiter import Limiter
 from fairlimit.store.memory import MemoryStore
 from helpers import desc, req
 
+pytestmark = pytest.mark.unit
+
 amounts = st.floats(0, 1000, allow_nan=False)
 weights = st.floats(0.1, 10, allow_nan=False)
 

@@ -11,6 +11,8 @@ from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from servers import ROOT, ServerProcess
 
+pytestmark = pytest.mark.process
+
 RLS = rls_pb2.RateLimitResponse
 D = ratelimit_pb2.RateLimitDescriptor
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"

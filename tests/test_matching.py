@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -9,6 +10,8 @@ from fairlimit.core.matching import Matcher
 from fairlimit.core.rules import Config, Domain, Rule
 from helpers import load_text
 from strategies import entries_lists, rule_trees
+
+pytestmark = pytest.mark.unit
 
 TREE = """
 domain: d

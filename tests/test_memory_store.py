@@ -6,6 +6,8 @@ from fairlimit.limiter import Limiter
 from fairlimit.store.memory import MemoryStore
 from helpers import FakeClock, desc, load_text, req
 
+pytestmark = pytest.mark.behaviour
+
 CONFIG = """
 domain: edge
 descriptors:

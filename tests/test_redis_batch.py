@@ -12,6 +12,8 @@ from fairlimit.store.redis import RedisStore
 from helpers import desc, load_text, req
 from redis_servers import RedisProcess, StoreFactory
 
+pytestmark = pytest.mark.behaviour
+
 T0 = 1_700_000_000.0
 CONFIG = """
 domain: edge

@@ -29,6 +29,8 @@ from fairlimit.telemetry import Telemetry
 from helpers import FakeClock, desc, req
 from servers import ServerProcess
 
+pytestmark = pytest.mark.behaviour
+
 EDGE = """
 domain: edge
 descriptors:
@@ -207,6 +209,7 @@ def _wait_for(server: ServerProcess, pattern: str) -> str:
         time.sleep(0.02)
 
 
+@pytest.mark.process
 class TestSighup:
     def test_sighup_forces_a_reload(self, tmp_path: Path) -> None:
         """SIGHUP to a serving process reloads the config and counts the load at /metrics."""

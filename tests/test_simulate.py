@@ -15,6 +15,8 @@ from fairlimit.cli import main
 from fairlimit.simulate_scenario import load_scenario
 from helpers import require_module
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "descriptors" / "scenarios" / "seed-trace.yaml"
 WEB = [f"web-{i}" for i in range(1, 10)]

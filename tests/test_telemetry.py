@@ -34,6 +34,8 @@ from fairlimit.telemetry import Telemetry
 from helpers import FakeClock, LimiterFactory, desc, load_text, req
 from traffic import drive
 
+pytestmark = pytest.mark.behaviour
+
 Points = dict[tuple[str, frozenset[tuple[str, object]]], float]
 
 RULES = """

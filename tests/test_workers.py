@@ -17,6 +17,8 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from redis_servers import RedisProcess
 from servers import ServerProcess
 
+pytestmark = pytest.mark.process
+
 CONFIG = """\
 domain: edge
 descriptors:
