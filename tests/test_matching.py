@@ -63,6 +63,8 @@ class TestPrecedence:
         """Of two matching wildcards the one declared first applies."""
         assert _limit(tmp_path, ("k", "exact-ish")) == 2
         assert _limit(tmp_path, ("k", "react")) == 3
+        # 'extract' is taken by both 'ex*' (declared first) and '*act'.
+        assert _limit(tmp_path, ("k", "extract")) == 2
 
     def test_wildcard_star_anywhere(self, tmp_path: Path) -> None:
         """A '*' may stand anywhere in the value, and for any run of characters."""
