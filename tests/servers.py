@@ -64,6 +64,20 @@ class ServerProcess:
         for line in self.process.stderr:
             self.lines.append(line)
 
+    def wait_for(self, pattern: str, timeout: float = 20.0) -> str:
+        """The first group (or the whole match) of the first log line matching ``pattern``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in list(self.lines):
+                if found := re.search(pattern, line):
+                    return found.group(found.lastindex or 0)
+            assert time.monotonic() < deadline, "".join(self.lines)
+            time.sleep(0.02)  # polls the log the drainer thread fills; asserts no duration
+
+    @property
+    def admin_port(self) -> int:
+        return int(self.wait_for(r"serving admin HTTP on \S+ \(port (\d+)\)"))
+
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM, then wait; returns the exit code."""
         if self.process.poll() is None:

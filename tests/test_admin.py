@@ -98,20 +98,6 @@ class TestHealth:
         async with http.get(base + "/healthz") as response:
             assert response.status == 200
 
-    async def test_not_ready_while_draining(
-        self, tmp_path: Path, http: aiohttp.ClientSession
-    ) -> None:
-        """/readyz is 503 once draining, so load balancers stop sending."""
-        limiter = Limiter(load_text(tmp_path, CONFIG), MemoryStore(), FakeClock())
-        server = AdminServer(limiter, "127.0.0.1:0")
-        await server.start()
-        server.draining = True
-        try:
-            async with http.get(f"http://127.0.0.1:{server.port}/readyz") as response:
-                assert response.status == 503
-        finally:
-            await server.stop()
-
 
 class TestJson:
     async def test_ok_then_over_limit(self, serve: Serve, http: aiohttp.ClientSession) -> None:
