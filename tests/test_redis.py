@@ -1,7 +1,7 @@
 """Redis-only behaviour: what the shared suite cannot see because memory has no such thing.
 
 Each class says why it is Redis-only. The admission and fairness rules themselves are pinned
-by the behaviour suite (test_admission.py, test_fairness.py) on every backend.
+by the behaviour suite (test_admission.py, test_fair_share_invariants.py) on every backend.
 """
 
 import asyncio
