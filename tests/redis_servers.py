@@ -226,7 +226,8 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 StoreFactory = Callable[..., Awaitable[object]]
 
 
-def _suite_url(url: str, **options: object) -> str:
+def suite_url(url: str, **options: object) -> str:
+    """``url`` with the suite's options: the caller's (injected) clock, a generous timeout."""
     query = {"clock": "caller", "timeout": SUITE_TIMEOUT, **options}
     return url + "/?" + "&".join(f"{k}={v}" for k, v in query.items())
 
@@ -239,7 +240,7 @@ def redis_store_factory(redis_server: RedisProcess) -> StoreFactory:
     async def make(**options: object) -> object:
         with redis_server.client() as client:
             client.flushall()
-        return open_redis(_suite_url(redis_server.url, **options))
+        return open_redis(suite_url(redis_server.url, **options))
 
     return make
 
@@ -251,6 +252,6 @@ def redis_cluster_store_factory(redis_cluster: RedisClusterProcesses) -> StoreFa
 
     async def make(**options: object) -> object:
         redis_cluster.flush()
-        return open_redis(_suite_url(redis_cluster.url, **options))
+        return open_redis(suite_url(redis_cluster.url, **options))
 
     return make
