@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from fairlimit._proto.envoy.type.v3 import ratelimit_unit_pb2
 from servers import ROOT, ServerProcess
 
 pytestmark = pytest.mark.process
@@ -197,10 +198,16 @@ class TestFuzz:
     def test_server_still_answers_correctly_after_the_fuzz(
         self, stub: rls_pb2_grpc.RateLimitServiceStub
     ) -> None:
-        """After the fuzz a fresh client is limited exactly as before."""
+        """After the fuzz a fresh client is limited exactly as before, up to its edge."""
         request = _request(("route", "admin"), ("client_id", "after-fuzz"))
-        codes = [stub.ShouldRateLimit(request, timeout=5).overall_code for _ in range(3)]
-        assert codes == [RLS.OK] * 3
+        first = stub.ShouldRateLimit(request, timeout=5).statuses[0]
+        assert (first.current_limit.requests_per_unit, first.limit_remaining) == (120, 119)
+        # A yearly override of 2 reaches the edge without racing a window boundary.
+        override = D.RateLimitOverride(requests_per_unit=2, unit=ratelimit_unit_pb2.YEAR)
+        edge = _request(("route", "admin"), ("client_id", "after-fuzz-edge"), limit=override)
+        replies = [stub.ShouldRateLimit(edge, timeout=5) for _ in range(3)]
+        assert [r.overall_code for r in replies] == [RLS.OK, RLS.OK, RLS.OVER_LIMIT]
+        assert [r.statuses[0].limit_remaining for r in replies] == [1, 0, 0]
 
 
 def _watch(channel: grpc.Channel, service: str) -> Iterator[health_pb2.HealthCheckResponse]:
