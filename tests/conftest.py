@@ -1,8 +1,9 @@
-"""Shared fixtures: an injected clock, limiters over every backend, loaded configs."""
+"""Shared fixtures: an injected clock, a store and limiters over every backend.
 
-import os
+Fixtures only; shared helpers (FakeClock, load_text, skip_or_fail, ...) live in helpers.py.
+"""
+
 import sys
-import textwrap
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -11,16 +12,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "server"))
 
-from fairlimit.config.loader import load  # noqa: E402
-from fairlimit.core.rules import Loaded  # noqa: E402
 from fairlimit.limiter import Limiter  # noqa: E402
 from fairlimit.store.base import Store  # noqa: E402
 from fairlimit.store.memory import MemoryStore  # noqa: E402
+from helpers import FakeClock, load_text  # noqa: E402
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
-
-# Every backend the behaviour suite runs against. The Redis issue adds "redis" and
-# "redis-cluster" here, with fixtures that start real redis-server processes.
+# Every backend the behaviour suite runs against: memory, and real redis-server processes
+# (standalone and a three-master cluster).
 BACKENDS = ["memory", "redis", "redis-cluster"]
 
 # Real redis-server processes and the redis_store_factory / redis_cluster_store_factory
@@ -28,29 +26,9 @@ BACKENDS = ["memory", "redis", "redis-cluster"]
 pytest_plugins = ["redis_servers"]
 
 
-class FakeClock:
-    """An injected clock: time moves only when a test moves it."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.t = start
-
-    def now(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
-
-
-def load_text(tmp_path: Path, text: str, name: str = "test.yaml") -> Loaded:
-    """Load one descriptor file written from ``text`` (dedented)."""
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return load([path])
 
 
 @pytest.fixture(params=BACKENDS)
@@ -68,9 +46,6 @@ async def store(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[S
         made = await factory()
     yield made
     await made.close()
-
-
-LimiterFactory = Callable[..., Limiter]
 
 
 @pytest.fixture

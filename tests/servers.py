@@ -36,7 +36,8 @@ class ServerProcess:
         )
         self.lines: list[str] = []
         self.grpc_port = self._wait_for_port(timeout=20.0)
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
 
     @property
     def target(self) -> str:
@@ -54,12 +55,28 @@ class ServerProcess:
             if found:
                 return int(found.group(1))
         self.process.kill()
+        self.process.wait()
+        self.process.stderr.close()
         raise RuntimeError("fairlimit did not start:\n" + "".join(self.lines))
 
     def _drain(self) -> None:
         assert self.process.stderr is not None
         for line in self.process.stderr:
             self.lines.append(line)
+
+    def wait_for(self, pattern: str, timeout: float = 20.0) -> str:
+        """The first group (or the whole match) of the first log line matching ``pattern``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in list(self.lines):
+                if found := re.search(pattern, line):
+                    return found.group(found.lastindex or 0)
+            assert time.monotonic() < deadline, "".join(self.lines)
+            time.sleep(0.02)  # polls the log the drainer thread fills; asserts no duration
+
+    @property
+    def admin_port(self) -> int:
+        return int(self.wait_for(r"serving admin HTTP on \S+ \(port (\d+)\)"))
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM, then wait; returns the exit code."""
@@ -70,6 +87,10 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        # The drainer ends at the pipe's EOF; closing the pipe after it keeps no file open.
+        self._drainer.join(timeout=5.0)
+        assert self.process.stderr is not None
+        self.process.stderr.close()
         return self.process.returncode
 
 

@@ -10,7 +10,6 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
-from conftest import FakeClock, load_text
 from fairlimit.admin import AdminServer, JsonCodec
 from fairlimit.errors import StoreUnavailable
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
@@ -18,7 +17,9 @@ from fairlimit.limiter import Limiter
 from fairlimit.settings import FailureMode
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
-from helpers import desc, req
+from helpers import FakeClock, desc, load_text, req
+
+pytestmark = pytest.mark.behaviour
 
 JSON_CODEC = JsonCodec(request_from_json, response_to_json)  # as app.py passes it
 
@@ -100,20 +101,6 @@ class TestHealth:
             assert "backend unavailable" in await response.text()
         async with http.get(base + "/healthz") as response:
             assert response.status == 200
-
-    async def test_not_ready_while_draining(
-        self, tmp_path: Path, http: aiohttp.ClientSession
-    ) -> None:
-        """/readyz is 503 once draining, so load balancers stop sending."""
-        limiter = Limiter(load_text(tmp_path, CONFIG), MemoryStore(), FakeClock())
-        server = AdminServer(limiter, "127.0.0.1", 0, JSON_CODEC)
-        await server.start()
-        server.draining = True
-        try:
-            async with http.get(f"http://127.0.0.1:{server.port}/readyz") as response:
-                assert response.status == 503
-        finally:
-            await server.stop()
 
 
 class TestJson:

@@ -2,12 +2,11 @@
 
 import pytest
 
-from conftest import FakeClock, LimiterFactory
 from fairlimit.core.admission import UNLIMITED_REMAINING, Code
 from fairlimit.core.rules import RateLimit
 from fairlimit.core.units import Unit
 from fairlimit.errors import RequestError
-from helpers import desc, req
+from helpers import FakeClock, LimiterFactory, desc, req
 
 CONFIG = """
 domain: edge
@@ -27,7 +26,7 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1}
 """
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
 
 class TestFixedWindows:

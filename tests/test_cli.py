@@ -10,6 +10,8 @@ import pytest
 
 from servers import ROOT, fairlimit_server
 
+pytestmark = pytest.mark.process
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

@@ -5,11 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_text
 from fairlimit.config.loader import load
 from fairlimit.core.units import Unit
 from fairlimit.core.validation import Mode
 from fairlimit.errors import ConfigError, ConfigUnreadable, ConfigWarningError
+from helpers import load_text
+
+pytestmark = pytest.mark.unit
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -6,8 +6,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from envoy_proxy import envoy_in_front, http_get
 from servers import fairlimit_server
+
+pytestmark = pytest.mark.process
 
 FIXTURES = Path(__file__).parent / "fixtures" / "e2e"
 MINUTE_ROUTE = {"descriptor_value: public": "descriptor_value: e2e-minute"}

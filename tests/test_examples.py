@@ -20,6 +20,8 @@ import yaml
 from envoy_proxy import envoy_binary, envoy_in_front, http_get
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[1]
 ENVOY_EXAMPLES = sorted((ROOT / "examples" / "envoy").glob("*.yaml"))
 ENVOY_EXAMPLE = ROOT / "examples" / "envoy" / "envoy.yaml"

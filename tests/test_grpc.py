@@ -1,5 +1,10 @@
 """The gRPC surface through real channels: RLS answers, error statuses, health, reflection, fuzz."""
 
+import signal
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -9,10 +14,14 @@ from hypothesis import strategies as st
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from fairlimit._proto.envoy.type.v3 import ratelimit_unit_pb2
 from servers import ROOT, ServerProcess
+
+pytestmark = pytest.mark.process
 
 RLS = rls_pb2.RateLimitResponse
 D = ratelimit_pb2.RateLimitDescriptor
+RLS_SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
 
@@ -124,6 +133,14 @@ class TestHealthAndReflection:
         assert "envoy.service.ratelimit.v3.RateLimitService" in names
 
 
+def _get_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
 texts = st.text(max_size=40) | st.sampled_from(
     ["", "route", "public", "client_id", "\x00", "é" * 2000]
 )
@@ -181,13 +198,64 @@ class TestFuzz:
     def test_server_still_answers_correctly_after_the_fuzz(
         self, stub: rls_pb2_grpc.RateLimitServiceStub
     ) -> None:
-        """After the fuzz a fresh client is limited exactly as before."""
+        """After the fuzz a fresh client is limited exactly as before, up to its edge."""
         request = _request(("route", "admin"), ("client_id", "after-fuzz"))
-        codes = [stub.ShouldRateLimit(request, timeout=5).overall_code for _ in range(3)]
-        assert codes == [RLS.OK] * 3
+        first = stub.ShouldRateLimit(request, timeout=5).statuses[0]
+        assert (first.current_limit.requests_per_unit, first.limit_remaining) == (120, 119)
+        # A yearly override of 2 reaches the edge without racing a window boundary.
+        override = D.RateLimitOverride(requests_per_unit=2, unit=ratelimit_unit_pb2.YEAR)
+        edge = _request(("route", "admin"), ("client_id", "after-fuzz-edge"), limit=override)
+        replies = [stub.ShouldRateLimit(edge, timeout=5) for _ in range(3)]
+        assert [r.overall_code for r in replies] == [RLS.OK, RLS.OK, RLS.OVER_LIMIT]
+        assert [r.statuses[0].limit_remaining for r in replies] == [1, 0, 0]
+
+
+def _watch(channel: grpc.Channel, service: str) -> Iterator[health_pb2.HealthCheckResponse]:
+    """A health Watch stream; it is an in-flight call, so it also holds a drain open."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    stream: Iterator[health_pb2.HealthCheckResponse] = stub.Watch(
+        health_pb2.HealthCheckRequest(service=service), timeout=30
+    )
+    return stream
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class TestShutdown:
+    def test_sigterm_turns_grpc_health_not_serving_on_the_wire(self) -> None:
+        """SIGTERM: health watchers of both names see SERVING turn NOT_SERVING; then exit 0."""
+        process = ServerProcess(["--config", str(ROOT / "descriptors")])
+        try:
+            with grpc.insecure_channel(process.target) as ch:
+                watches = [_watch(ch, name) for name in ("", RLS_SERVICE)]
+                assert [next(w).status for w in watches] == [SERVING, SERVING]
+                process.process.send_signal(signal.SIGTERM)
+                assert [next(w).status for w in watches] == [NOT_SERVING, NOT_SERVING]
+                for w in watches:
+                    w.cancel()  # type: ignore[attr-defined]  # a grpc call is also a future
+        finally:
+            assert process.stop() == 0
+
+    def test_sigterm_makes_readyz_answer_503_while_draining(self) -> None:
+        """SIGTERM: while in-flight calls drain, /readyz answers 503 so balancers stop sending."""
+        process = ServerProcess(["--config", str(ROOT / "descriptors")])
+        try:
+            url = f"http://127.0.0.1:{process.admin_port}/readyz"
+            assert _get_status(url) == 200
+            with grpc.insecure_channel(process.target) as ch:
+                watch = _watch(ch, "")
+                assert next(watch).status == SERVING
+                process.process.send_signal(signal.SIGTERM)
+                # The server is draining once the watch stream says so (it says so before
+                # the drain waits for this very call, which keeps the admin server up).
+                next(watch)
+                assert _get_status(url) == 503
+                watch.cancel()  # type: ignore[attr-defined]  # a grpc call is also a future
+        finally:
+            assert process.stop() == 0
+
     def test_sigterm_drains_and_exits_cleanly(self) -> None:
         """SIGTERM: the server answers NOT_SERVING or closes, then exits 0."""
         process = ServerProcess(["--config", str(ROOT / "descriptors")])

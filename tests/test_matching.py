@@ -2,13 +2,16 @@
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import load_text
 from fairlimit.core.matching import Matcher
 from fairlimit.core.rules import Config, Domain, Rule
+from helpers import load_text
 from strategies import entries_lists, rule_trees
+
+pytestmark = pytest.mark.unit
 
 TREE = """
 domain: d
@@ -60,6 +63,8 @@ class TestPrecedence:
         """Of two matching wildcards the one declared first applies."""
         assert _limit(tmp_path, ("k", "exact-ish")) == 2
         assert _limit(tmp_path, ("k", "react")) == 3
+        # 'extract' is taken by both 'ex*' (declared first) and '*act'.
+        assert _limit(tmp_path, ("k", "extract")) == 2
 
     def test_wildcard_star_anywhere(self, tmp_path: Path) -> None:
         """A '*' may stand anywhere in the value, and for any run of characters."""

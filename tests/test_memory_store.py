@@ -2,10 +2,11 @@
 
 import pytest
 
-from conftest import FakeClock, load_text
 from fairlimit.limiter import Limiter
 from fairlimit.store.memory import MemoryStore
-from helpers import desc, req
+from helpers import FakeClock, desc, load_text, req
+
+pytestmark = pytest.mark.behaviour
 
 CONFIG = """
 domain: edge

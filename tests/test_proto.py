@@ -24,6 +24,9 @@ from google.protobuf import json_format
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from helpers import require
+
+pytestmark = pytest.mark.process
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GENERATED = REPO_ROOT / "server" / "fairlimit" / "_proto"
@@ -311,12 +314,7 @@ class TestConformance:
 class TestBufLint:
     def test_passes(self) -> None:
         """buf lint accepts proto/ under the rules buf.yaml selects."""
-        buf = shutil.which("buf")
-        if buf is None:
-            message = "buf not found on PATH (npm package @bufbuild/buf)"
-            if os.environ.get("CI") == "true":
-                pytest.fail(message)
-            pytest.skip(message)
+        buf = require("buf", "npm package @bufbuild/buf")
         proc = subprocess.run(
             [buf, "lint"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=False
         )

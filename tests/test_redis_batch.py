@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_text
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import plan
 from fairlimit.store.redis import RedisStore
-from helpers import desc, req
+from helpers import desc, load_text, req
 from redis_servers import RedisProcess, StoreFactory
+
+pytestmark = pytest.mark.behaviour
 
 T0 = 1_700_000_000.0
 CONFIG = """

@@ -16,7 +16,6 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
-from conftest import FakeClock
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit.app import App
@@ -27,8 +26,10 @@ from fairlimit.limiter import Limiter
 from fairlimit.settings import Settings
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
-from helpers import desc, req
+from helpers import FakeClock, desc, req
 from servers import ServerProcess
+
+pytestmark = pytest.mark.behaviour
 
 EDGE = """
 domain: edge
@@ -197,27 +198,17 @@ class TestLiveReload:
         assert loads["failure"] == 1 and loads["success"] >= 4  # the start and three changes
 
 
-def _wait_for(server: ServerProcess, pattern: str) -> str:
-    """The first group (or the whole match) of the first log line matching ``pattern``."""
-    deadline = time.monotonic() + WAIT
-    while True:
-        for line in list(server.lines):
-            if found := re.search(pattern, line):
-                return found.group(found.lastindex or 0)
-        assert time.monotonic() < deadline, "".join(server.lines)
-        time.sleep(0.02)
-
-
+@pytest.mark.process
 class TestSighup:
     def test_sighup_forces_a_reload(self, tmp_path: Path) -> None:
         """SIGHUP to a serving process reloads the config and counts the load at /metrics."""
         write(tmp_path, "edge.yaml", EDGE.format(limit=100, other=1))
         server = ServerProcess(["--config", str(tmp_path)])
         try:
-            admin = _wait_for(server, r"serving admin HTTP on \S+ \(port (\d+)\)")
+            admin = server.admin_port
             server.process.send_signal(signal.SIGHUP)
-            _wait_for(server, r"config reloaded")
-            url = f"http://127.0.0.1:{int(admin)}/metrics"
+            server.wait_for(r"config reloaded", WAIT)
+            url = f"http://127.0.0.1:{admin}/metrics"
             with urllib.request.urlopen(url, timeout=5) as response:
                 text = response.read().decode()
             assert re.search(

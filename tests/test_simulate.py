@@ -14,6 +14,9 @@ from fairlimit import simulate
 from fairlimit.cli import main
 from fairlimit.errors import ScenarioError
 from fairlimit.simulate import load_scenario
+from helpers import require_module
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "descriptors" / "scenarios" / "seed-trace.yaml"
@@ -391,7 +394,7 @@ class TestScenarioErrors:
 class TestPlot:
     def test_plot_writes_a_png(self, tmp_path: Path) -> None:
         """--plot OUT.png draws the admitted rate per client (needs matplotlib)."""
-        pytest.importorskip("matplotlib", reason="matplotlib is not installed (the plot extra)")
+        require_module("matplotlib", "the plot extra: pip install 'fairlimit[plot]'")
         path = _scenario(tmp_path, [{"name": "a", "rate": 20}, {"name": "b", "rate": 5}])
         out = tmp_path / "out.png"
         code, _, _ = _cli("simulate", str(path), "--plot", str(out))

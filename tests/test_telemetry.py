@@ -17,7 +17,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import FakeClock, LimiterFactory, load_text
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit.admin import AdminServer, JsonCodec
@@ -31,10 +30,12 @@ from fairlimit.limiter import Limiter
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.fairness import CapTable
-from helpers import desc, req
+from helpers import FakeClock, LimiterFactory, desc, load_text, req
 from traffic import drive
 
 JSON_CODEC = JsonCodec(request_from_json, response_to_json)  # as app.py passes it
+
+pytestmark = pytest.mark.behaviour
 
 Points = dict[tuple[str, frozenset[tuple[str, object]]], float]
 

@@ -10,6 +10,8 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from servers import ServerProcess
 from test_cli import run
 
+pytestmark = pytest.mark.process
+
 D = ratelimit_pb2.RateLimitDescriptor
 REQUEST = rls_pb2.RateLimitRequest(
     domain="edge", descriptors=[D(entries=[D.Entry(key="route", value="public")])]

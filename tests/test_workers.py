@@ -14,8 +14,11 @@ import pytest
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from helpers import skip_or_fail
 from redis_servers import RedisProcess
 from servers import ServerProcess
+
+pytestmark = pytest.mark.process
 
 CONFIG = """\
 domain: edge
@@ -78,9 +81,13 @@ def _workers_holding(server: ServerProcess, inodes: set[str]) -> set[int]:
     return {pid for pid in _children(server.process.pid) if _socket_inodes(pid) & inodes}
 
 
-@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux /proc")
 class TestWorkers:
     """Two worker processes on one Redis: one port, one limit."""
+
+    @pytest.fixture(autouse=True)
+    def _linux_proc(self) -> None:
+        if not Path("/proc/net/tcp").exists():
+            skip_or_fail("reads Linux /proc to see which worker holds which socket")
 
     def test_two_workers_answer_on_one_port_and_share_one_limit(
         self, redis_server: RedisProcess, tmp_path: Path
@@ -125,6 +132,7 @@ class TestWorkers:
         try:
             _wait_for_log(server, "serving gRPC on", 2)
             workers = [pid for pid in _children(server.process.pid) if _socket_inodes(pid)]
+            assert len(workers) == 2, workers  # with one, "stops the other" would be vacuous
             os.kill(workers[0], signal.SIGKILL)
             code = server.process.wait(30)
         finally:
@@ -132,4 +140,4 @@ class TestWorkers:
         assert code != 0
         _wait_for_log(server, "workers exited", 1)  # the log is read by a thread
         assert "stopping the others" in "".join(server.lines)
-        assert not any(Path(f"/proc/{pid}").exists() for pid in workers[1:])
+        assert not Path(f"/proc/{workers[1]}").exists()

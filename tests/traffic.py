@@ -4,10 +4,9 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from conftest import FakeClock
 from fairlimit.core.admission import Code
 from fairlimit.limiter import Limiter
-from helpers import desc, req
+from helpers import FakeClock, desc, req
 
 
 @dataclass

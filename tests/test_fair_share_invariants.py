@@ -2,13 +2,12 @@
 
 import pytest
 
-from conftest import FakeClock, LimiterFactory
 from fairlimit.core.admission import Code
 from fairlimit.core.fairshare import grants, jain_index
-from helpers import desc, req
+from helpers import FakeClock, LimiterFactory, desc, req
 from traffic import drive
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
 SIZED = """
 domain: edge

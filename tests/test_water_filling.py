@@ -1,19 +1,14 @@
 """Weighted water-filling and the fairness figures (pure core), with Hypothesis properties."""
 
-import asyncio
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from fairlimit.config.loader import parse_domain
-from fairlimit.core.admission import Code
 from fairlimit.core.fairshare import fairness_figures, grants, jain_index, water_level
-from fairlimit.core.rules import Config, Loaded
-from fairlimit.limiter import Limiter
-from fairlimit.store.memory import MemoryStore
-from helpers import desc, req
+
+pytestmark = pytest.mark.unit
 
 amounts = st.floats(0, 1000, allow_nan=False)
 weights = st.floats(0.1, 10, allow_nan=False)
@@ -100,77 +95,3 @@ class TestFigures:
         figures = fairness_figures(demands, admitted, [100.0] * 10, [1.0] * 10, 1000)
         assert figures.jain_index == pytest.approx(1) and figures.starved_clients == 0
         assert figures.utilization == pytest.approx(0.55)
-
-
-CONFIG = """
-domain: d
-descriptors:
-  - key: cap
-    value: c
-    rate_limit: {unit: second, requests_per_unit: 5}
-    fair_share: {active_clients: 2}
-    descriptors:
-      - key: user
-        rate_limit: {unit: second, requests_per_unit: 3}
-  - key: flat
-    rate_limit: {unit: second, requests_per_unit: 2}
-"""
-
-descriptor_choices = st.sampled_from(
-    [
-        ("cap=c", "user=a"),
-        ("cap=c", "user=b"),
-        ("cap=c", "user=c"),
-        ("flat=x",),
-        ("flat=y",),
-        ("cap=c",),
-    ]
-)
-requests = st.lists(
-    st.tuples(
-        st.lists(descriptor_choices, min_size=1, max_size=3), st.integers(0, 3), st.booleans()
-    ),
-    max_size=40,
-)
-
-
-class TestAllOrNothingProperty:
-    @settings(max_examples=60, deadline=None)
-    @given(requests)
-    def test_counters_move_only_for_admitted_requests(
-        self, steps: list[tuple[list[tuple[str, ...]], int, bool]]
-    ) -> None:
-        """Over any request sequence: limits hold, and a rejected request changes no remaining."""
-        domain = parse_domain(CONFIG, "p.yaml")
-        limiter = Limiter(Loaded(Config.of([domain]), (), ()), MemoryStore(), _Clock())
-
-        async def run() -> None:
-            probes = [req("d", desc(*p, hits=0)) for p in [("cap=c",), ("flat=x",), ("flat=y",)]]
-            for descriptors, hits, tick in steps:
-                if tick:
-                    limiter.clock.advance(1.0)  # type: ignore[attr-defined]
-                before = [
-                    (await limiter.should_rate_limit(p)).statuses[0].limit_remaining for p in probes
-                ]
-                out = await limiter.should_rate_limit(
-                    req("d", *[desc(*d) for d in descriptors], hits=hits)
-                )
-                after = [
-                    (await limiter.should_rate_limit(p)).statuses[0].limit_remaining for p in probes
-                ]
-                if out.code is Code.OVER_LIMIT:
-                    assert after == before
-                assert all(r >= 0 for r in after)
-
-        asyncio.run(run())
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def now(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
