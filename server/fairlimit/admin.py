@@ -17,8 +17,10 @@ from fairlimit.core.validation import Classification
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.limiter import Decision, Limiter
 from fairlimit.telemetry.fairness import CapRow
+from fairlimit.telemetry.top import TopRow
 
 MAX_BODY = 64 * 1024  # a RateLimitRequest within the request bounds is far smaller
+TOP_DEFAULT = 10  # clients per cap on /top without ?n= and on /rlconfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,7 @@ class AdminServer:
                 web.get("/readyz", self.readyz),
                 web.get("/metrics", self.metrics),
                 web.get("/rlconfig", self.rlconfig),
+                web.get("/top", self.top),
                 web.post("/json", self.json),
             ]
         )
@@ -90,7 +93,23 @@ class AdminServer:
         """The loaded rules, each cap's classification and its live fairness figures."""
         rows = await self.limiter.refresh_fairness()
         report = config_report(self.limiter.loaded, rows)
+        top = {t.rule: t for t in self.limiter.top_clients(TOP_DEFAULT)}
+        for domain in report["domains"]:
+            _attach_top(domain["descriptors"], top)
         return web.json_response(report, dumps=lambda o: json.dumps(o, indent=2))
+
+    async def top(self, request: web.Request) -> web.Response:
+        """Each cap's top clients by demand and by rejections (``?n=``, ``?rule=``)."""
+        text = request.query.get("n", str(TOP_DEFAULT))
+        if not text.isdigit() or int(text) < 1:
+            error = f"n: expected a whole number of 1 or more, got {text!r}"
+            return web.json_response({"error": error}, status=400)
+        capacity = self.limiter.top_capacity
+        n = min(int(text), capacity)
+        wanted = request.query.get("rule")
+        caps = [t.as_json() for t in self.limiter.top_clients(n) if wanted in (None, t.rule)]
+        body = {"scope": "process", "capacity": capacity, "n": n, "caps": caps}
+        return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
 
     async def json(self, request: web.Request) -> web.Response:
         """A RateLimitRequest in proto3 JSON: 200 OK, 429 over, 400 bad, 503 backend down."""
@@ -152,6 +171,16 @@ def _rule(rule: Rule, classes: dict[str, Classification], live: dict[str, CapRow
     if rule.children:
         out["descriptors"] = [_rule(c, classes, live) for c in rule.children]
     return out
+
+
+def _attach_top(nodes: list[dict[str, Any]], top: dict[str, TopRow]) -> None:
+    """Each classified rule of a ``config_report`` tree gets its top clients (``/top``)."""
+    for node in nodes:
+        row = top.get(node["path"])
+        if row is not None:
+            shown = row.as_json()
+            node["top"] = {k: shown[k] for k in ("seconds", "by_demand", "by_rejections")}
+        _attach_top(node.get("descriptors", []), top)
 
 
 def _fairness(row: CapRow | None) -> dict[str, Any] | None:

@@ -47,7 +47,8 @@ class App:
     ) -> None:
         self.settings = settings
         self.worker = worker  # with --workers N, this process's index; admin HTTP in 0 only
-        self.telemetry = telemetry or Telemetry()  # the global providers cli.py installed
+        # the global providers cli.py installed
+        self.telemetry = telemetry or Telemetry(top_clients=settings.top_clients)
         loaded = load(settings.config, strict=settings.strict)
         for line in loaded.warnings:
             log.warning("%s", line)

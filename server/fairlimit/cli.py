@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this chain")
     serve.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     serve.add_argument("--tls-client-ca", metavar="PEM", help="require client certs (mTLS)")
+    serve.add_argument("--top-clients", metavar="K", help="clients tracked per cap for /top")
     check = sub.add_parser("check", help="validate and classify descriptor files")
     check.add_argument("paths", nargs="+", metavar="PATH")
     check.add_argument("--strict", action="store_true", help="warnings are errors")

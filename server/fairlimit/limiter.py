@@ -16,6 +16,7 @@ from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.fairness import CapRow
+from fairlimit.telemetry.top import TopRow
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,15 @@ class Limiter:
             self._backend_state(exc)
             reports = []
         return self.telemetry.refresh(self.loaded, reports, self.clock.now())
+
+    def top_clients(self, n: int) -> tuple[TopRow, ...]:
+        """Each cap's top ``n`` clients by demand and by rejections, as recorded here."""
+        return self.telemetry.top(n, self.clock.now())
+
+    @property
+    def top_capacity(self) -> int:
+        """The most clients ``top_clients`` can rank per cap (0: not recorded)."""
+        return self.telemetry.top_capacity
 
     def _backend_state(self, error: StoreUnavailable | None) -> None:
         """Count a failed store call; log each healthy <-> unavailable transition once."""

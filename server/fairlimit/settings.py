@@ -49,6 +49,9 @@ def parse_address(name: str, text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+MAX_TOP_CLIENTS = 1000  # the top-clients summaries are sorted as they fill: keep them small
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything ``fairlimit serve`` needs, validated."""
@@ -65,6 +68,7 @@ class Settings:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    top_clients: int = 16  # counters per cap for ``GET /top`` (memory: 2x this); 0 = off
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Settings":
@@ -103,6 +107,10 @@ class Settings:
                 "--workers: several workers need shared state; memory:// keeps counters per "
                 "process, so use a redis:// backend or --workers 1"
             )
+        if not 0 <= self.top_clients <= MAX_TOP_CLIENTS:
+            raise SettingsError(
+                f"--top-clients: expected 0 to {MAX_TOP_CLIENTS}, got {self.top_clients}"
+            )
         if self.log_format not in ("text", "json"):
             raise SettingsError(f"--log-format: expected text or json, got {self.log_format!r}")
         self._validate_tls()
@@ -134,7 +142,7 @@ def _convert(label: str, name: str, value: object) -> object:
         return Path(text) if text else None
     if name in ("strict", "shadow"):
         return _flag(label, text)
-    if name == "workers":
+    if name in ("workers", "top_clients"):
         if not text.isdigit():
             raise SettingsError(f"{label}: expected a whole number, got {text!r}")
         return int(text)

@@ -32,6 +32,7 @@ from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.request import Request
 from fairlimit.core.rules import Loaded
 from fairlimit.telemetry.fairness import BucketWatch, CapRow, CapTable
+from fairlimit.telemetry.top import DEFAULT_CAPACITY, TopClients, TopRow
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ class Telemetry:
         tracer_provider: TracerProvider | None = None,
         *,
         enabled: bool = True,
+        top_clients: int = DEFAULT_CAPACITY,
     ) -> None:
         self.enabled = enabled
         self.errors = 0  # recording failures, swallowed so that requests never fail
@@ -156,6 +158,7 @@ class Telemetry:
         self._rows: tuple[CapRow, ...] = ()
         self._buckets = BucketWatch()
         self._table = CapTable()
+        self._top = TopClients(top_clients)  # client values stay here: never an attribute
 
     @classmethod
     def off(cls) -> "Telemetry":
@@ -165,6 +168,7 @@ class Telemetry:
     def use(self, loaded: Loaded) -> None:
         """The configuration in force from now on."""
         self._buckets.use(loaded)
+        self._top.use(loaded)
 
     def decided(self, request: Request, statuses: Sequence[Status], now: float) -> None:
         """Count one answered request per rule, and what global buckets gave whom."""
@@ -173,6 +177,8 @@ class Telemetry:
         try:
             self._count_rules(request, statuses)
             self._buckets.observe(request, statuses, now)
+            if self._top.watching:
+                self._top.observe(request, statuses, now)
         except Exception:
             self._failed()
 
@@ -238,6 +244,21 @@ class Telemetry:
         except Exception:
             self._failed()
         return self._rows
+
+    def top(self, n: int, now: float) -> tuple[TopRow, ...]:
+        """Each cap's top ``n`` clients by demand and by rejections (``telemetry.top``)."""
+        if not self.enabled:
+            return ()
+        try:
+            return self._top.report(n, now)
+        except Exception:
+            self._failed()
+            return ()
+
+    @property
+    def top_capacity(self) -> int:
+        """The most clients ``top`` can rank per cap (0: not recorded)."""
+        return self._top.capacity if self.enabled else 0
 
     def _failed(self) -> None:
         self.errors += 1
