@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "store", "telemetry", "settings"),
     ("limiter",),
     ("grpc_api", "admin", "simulate"),
-    ("app", "workers"),
+    ("app", "workers", "topview"),
     ("cli",),
     ("__main__",),
 )

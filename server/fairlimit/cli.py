@@ -1,4 +1,4 @@
-"""The ``fairlimit`` command: serve, check, simulate, version. Logging is configured here only."""
+"""The ``fairlimit`` command: serve, check, simulate, top, version. Logging is set up here only."""
 
 import argparse
 import asyncio
@@ -69,6 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--plot", metavar="OUT.png", help="draw admitted rate per client")
     simulate.add_argument("--format", choices=["text", "json"], default="text")
+    top = sub.add_parser("top", help="a live view of each cap's top clients (admin /top)")
+    top.add_argument("--admin-addr", metavar="HOST:PORT", help="the server's admin address")
+    top.add_argument("-n", type=int, default=10, metavar="N", help="clients per cap")
+    top.add_argument("--rule", metavar="PATH", help="only this cap (rule path)")
+    top.add_argument("--sort", choices=["demand", "rejections"], default="demand")
+    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
+    top.add_argument("--once", action="store_true", help="print one snapshot and exit")
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -197,6 +204,24 @@ def _simulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _top(args: argparse.Namespace) -> int:
+    from fairlimit import topview
+    from fairlimit.settings import Settings, parse_address
+
+    addr = args.admin_addr or Settings.from_env(os.environ).admin_addr
+    parse_address("--admin-addr", addr)
+    url = topview.url_of(addr, max(1, args.n), args.rule)
+    try:
+        return topview.run(
+            url, sort=args.sort, once=args.once, interval=args.interval, out=sys.stdout
+        )
+    except topview.Unreachable as exc:
+        print(f"fairlimit top: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     args = _parser().parse_args(argv)
@@ -207,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check(args)
         if args.command == "simulate":
             return _simulate(args)
+        if args.command == "top":
+            return _top(args)
         print(f"fairlimit {__version__}")
         return EXIT_OK
     except (SettingsError, UnsupportedBackend) as exc:
