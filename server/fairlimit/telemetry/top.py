@@ -80,20 +80,24 @@ class TopRow:
 class _Tally:
     """One rule's demand and rejection summaries, interval by interval."""
 
-    __slots__ = ("born", "capacity", "demand", "index", "previous", "rejected")
+    __slots__ = ("born", "capacity", "demand", "index", "previous", "rejected", "start", "until")
 
     def __init__(self, capacity: int, now: float) -> None:
         self.capacity = capacity
         self.born = now  # the first request seen: the figures cover no time before it
         self.index = -2  # no interval yet
+        self.start = self.until = 0.0  # the current interval: [start, until)
         self.demand: HeavyHitters[_Client] = HeavyHitters(capacity)
         self.rejected: HeavyHitters[_Client] = HeavyHitters(capacity)
         self.previous: tuple[HeavyHitters[_Client], HeavyHitters[_Client]] | None = None
 
     def roll(self, now: float) -> None:
-        index = math.floor(now / INTERVAL)
-        if index == self.index:
+        """Start a new interval when ``now`` is past the current one (the common case is two
+        float comparisons: this runs on the request path)."""
+        if self.start <= now < self.until:
             return
+        index = math.floor(now / INTERVAL)
+        self.start, self.until = index * INTERVAL, (index + 1) * INTERVAL
         follows = index == self.index + 1 and self.demand.total > 0
         self.previous = (self.demand, self.rejected) if follows else None
         self.index = index
