@@ -158,6 +158,22 @@ class TestRecorder:
         text = data.to_json()
         assert "route=public" in text and "hog-client" not in text
 
+    async def test_a_reload_keeps_the_tallies_of_rules_still_there(self, tmp_path: Path) -> None:
+        """Swapping in a config keeps the ranking of a cap it still has, and drops the rest."""
+        limiter = limiter_with(tmp_path)
+        await send(limiter, public("hog"), 2)
+        await send(limiter, req("edge", desc("tenant=acme", "user=alice")))
+        limiter.swap(load_text(tmp_path, CONFIG.split("  - key: tenant")[0], "cap-only.yaml"))
+        rows = {r.rule: r for r in limiter.top_clients(10)}
+        assert set(rows) == {CAP}
+        assert [(c.client, c.hits) for c in rows[CAP].by_demand] == [("hog", 2)]
+
+    async def test_telemetry_off_ranks_nothing(self, tmp_path: Path) -> None:
+        """The limiter's default telemetry records nothing, so there is nothing to rank."""
+        limiter = Limiter(load_text(tmp_path, CONFIG), MemoryStore(), FakeClock())
+        await send(limiter, public("hog"))
+        assert limiter.top_clients(10) == () and limiter.top_capacity == 0
+
     def test_nothing_is_watched_without_caps_or_with_capacity_zero(self, tmp_path: Path) -> None:
         """The request path pays one flag check when there is nothing to rank."""
         no_caps = load_text(tmp_path, "domain: d\ndescriptors:\n  - key: k\n", "plain.yaml")
