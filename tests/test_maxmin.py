@@ -3,11 +3,14 @@
 import itertools
 from fractions import Fraction
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from maxmin import INF, Node, allocate, effective_demand, jain, level, maxmin, unfolding_bound
 from strategies import allocation_cases
+
+pytestmark = pytest.mark.unit
 
 Case = tuple[list[int], list[int], list[int], int]
 
