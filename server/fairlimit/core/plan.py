@@ -42,6 +42,12 @@ class Share:
     hits: int
     shadow: bool
     declared: int
+    total: int = -1  # index into Plan.counters of the cap's own counter
+
+    @property
+    def sized(self) -> bool:
+        """The cap holds ``declared`` clients at this client's limit: never paced."""
+        return self.capacity >= self.declared * self.client_limit
 
     @property
     def period(self) -> float:
@@ -140,8 +146,9 @@ def _cap_charges(
             hits,
             cap.shadow_mode,
             fair_share.active_clients,
+            builder.counter(key, limit, hits, cap.shadow_mode),
         )
-        counter = builder.counter(key, limit, hits, cap.shadow_mode)
+        counter = share.total
         charges.append(Charge(counter, builder.share(share), limit, cap))
     return charges
 

@@ -1,0 +1,243 @@
+"""Fairness v2 at a cap: client rows, the period computation, and the per-request rule.
+
+The memory store keeps these values in objects, the Redis script in hash fields; both run the
+same closed forms (admit.lua mirrors this module line by line), so both give the same doubles.
+
+Per client a ``Row``: what it was admitted and asked this window (``a``, ``d``), its demand
+history (``r`` an EWMA per period, ``q`` the last period's demand), and what it did this
+period. Rows are folded lazily, on a client's first touch in a period (``fold``).
+
+Once per period P a cap computes, from every row, the level λ of the *window*: each client's
+predicted window demand is its demand so far plus its rate times what is left of the window;
+``period_level`` water-fills the capacity over those and sums the reservations R (what each
+client may still take within its plan). Per request (``verdict``) a client is admitted within
+its plan, paced by the elapsed part of the window when the cap is contended, or else from the
+spare: capacity no reservation holds, released linearly over the rest of the window when its
+owners do not show up, split by weight among the clients asking for it. See docs/fairness.md.
+"""
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from fairlimit.core.fairshare import PeriodDemand, water_level
+
+ALPHA = 0.5  # EWMA weight of the last period's demand
+STALE = 64  # periods after which a row's history counts as gone (0.5^64 ~ 5e-20)
+EPSILON = 1e-9
+
+
+class Row:
+    """One client at one cap (amounts in hits; ``limit`` and ``weight`` as last seen)."""
+
+    __slots__ = (
+        *("a", "d", "dk", "limit", "oo", "pa", "pd", "pk"),
+        *("q", "qa", "r", "sp", "weight", "ws"),
+    )
+
+    def __init__(self, limit: float, weight: float) -> None:
+        self.ws = -1  # the window start a and d belong to
+        self.a = self.d = 0.0
+        self.pk = -1  # the period pd, pa, sp, oo belong to
+        self.pd = self.pa = self.oo = 0.0
+        self.sp = 0  # 1 once the client asked for spare this period
+        self.r = self.q = self.qa = self.dk = 0.0
+        self.limit, self.weight = limit, weight
+
+
+def history(row: Row, period: int, start: int) -> tuple[float, float, float, float, float]:
+    """The row's (r, q, qa, d, a) once folded to ``period`` of the window at ``start``."""
+    if row.pk >= period:
+        return row.r, row.q, row.qa, row.d, row.a
+    gap = period - row.pk
+    if gap > STALE:
+        r = q = qa = 0.0
+    else:
+        q, qa = (row.pd, row.pa) if gap == 1 else (0.0, 0.0)
+        r = (ALPHA * row.pd + (1 - ALPHA) * row.r) * (1 - ALPHA) ** (gap - 1)
+    if row.ws != start:
+        return r, q, qa, 0.0, 0.0
+    return r, q, qa, row.d, row.a
+
+
+def fold(row: Row, period: int, start: int) -> bool:
+    """Move ``row`` to ``period`` (window ``start``); True on its first touch in the period."""
+    if row.pk >= period:
+        return False
+    row.r, row.q, row.qa, row.d, row.a = history(row, period, start)
+    row.pd = row.pa = row.oo = 0.0
+    row.sp, row.pk, row.ws = 0, period, start
+    row.dk = row.d
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Clock:
+    """Where ``now`` sits for a cap of ``window`` s: period index, window start, φ."""
+
+    window: int
+    period_len: float
+    now: float
+
+    @property
+    def period(self) -> int:
+        return math.floor(self.now / self.period_len)
+
+    @property
+    def start(self) -> int:
+        return math.floor(self.now / self.window) * self.window
+
+    @property
+    def elapsed(self) -> float:
+        """φ: the part of the window open by the end of the current period (one P of slack)."""
+        return min(1.0, (self.now - self.start + self.period_len) / self.window)
+
+    @property
+    def left(self) -> float:
+        """The part of what was left of the window at the period's start that is still left."""
+        end = self.start + self.window
+        return (end - self.now) / (end - self.period * self.period_len)
+
+
+def predicted(dk: float, r: float, q: float, clock: Clock) -> float:
+    """Window demand: ``dk`` so far plus the rate (the largest of the EWMA ``r``, the last
+    period's ``q`` and the window's own average) times the periods left."""
+    begun = clock.period * clock.period_len
+    done = math.floor((begun - clock.start) / clock.period_len + 0.5)
+    rate = max(r, q, dk / done if done else 0.0)
+    return dk + rate * (clock.start + clock.window - begun) / clock.period_len
+
+
+def allowance(demand: float, limit: float, share: float) -> float:
+    """What a plan lets a client take this window: its predicted demand rounded up (a
+    sparse client keeps its next request), its limit, and its share λ·w rounded down."""
+    want = float(math.ceil(min(demand, limit) - EPSILON))
+    return want if share == math.inf else min(want, float(math.floor(share + EPSILON)))
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodLevel:
+    """λ for a period (None: cold start, inf: uncontended), the reservations R, and the last
+    period's demand and admissions (for the fairness figures)."""
+
+    level: float | None
+    reserved: float
+    last: PeriodDemand | None = None
+
+
+def period_level(rows: Iterable[Row], capacity: float, clock: Clock) -> PeriodLevel:
+    """Water-fill ``capacity`` over the rows' predicted window demand (rows are not changed).
+
+    Rows with no history and no demand this window take no part. O(n log n).
+    """
+    period, start = clock.period, clock.start
+    demands: list[float] = []
+    limits: list[float] = []
+    weights: list[float] = []
+    admitted: list[float] = []
+    last: list[float] = []
+    last_admitted: list[float] = []
+    for row in rows:
+        r, q, qa, d, a = history(row, period, start)
+        if r == 0 and q == 0 and d == 0:
+            continue
+        demands.append(predicted(d, r, q, clock))
+        limits.append(row.limit)
+        weights.append(row.weight)
+        admitted.append(a)
+        last.append(q)
+        last_admitted.append(qa)
+    if not demands:
+        return PeriodLevel(None, 0.0)
+    level = water_level(demands, limits, weights, capacity)
+    reserved = 0.0
+    for dh, lim, w, a in zip(demands, limits, weights, admitted, strict=True):
+        reserved += max(0.0, allowance(dh, lim, level * w) - a)
+    scale = clock.window / clock.period_len
+    figures = PeriodDemand(capacity, scale, last, last_admitted, limits, weights)
+    return PeriodLevel(level, reserved, figures)
+
+
+class CapPeriod:
+    """A cap's figures for one period: λ and R, and what happened since it began."""
+
+    __slots__ = (
+        *("level", "over", "period", "reserved"),
+        *("seen_reserved", "seen_weight", "spare_weight", "used"),
+    )
+
+    def __init__(self, period: int, level: PeriodLevel) -> None:
+        self.period = period
+        self.level, self.reserved = level.level, level.reserved
+        self.seen_reserved = 0.0  # R of the clients seen this period (kept until used)
+        self.used = 0.0  # hits admitted within plans this period
+        self.over = 0.0  # hits admitted from the spare this period
+        self.spare_weight = 0.0  # weights of the clients that asked for spare
+        self.seen_weight = 0.0  # weights of the clients seen (the cold-start split)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One client's claim at a cap: what it asks and what bounds it."""
+
+    hits: int
+    limit: float
+    weight: float
+    capacity: float
+    declared: int  # active_clients
+    sized: bool  # capacity >= active_clients x limit: never paced
+
+
+def plan_of(row: Row, cap: CapPeriod, claim: Claim, clock: Clock) -> float:
+    """What the row may take within its plan this window (0 without λ)."""
+    if cap.level is None:
+        return 0.0
+    demand = predicted(row.dk, row.r, row.q, clock)
+    return allowance(demand, claim.limit, cap.level * claim.weight)
+
+
+def touch(row: Row, cap: CapPeriod, claim: Claim, clock: Clock) -> None:
+    """A client's first touch in the period: its reservation and weight count as seen."""
+    cap.seen_reserved += max(0.0, plan_of(row, cap, claim, clock) - row.a)
+    cap.seen_weight += claim.weight
+
+
+def verdict(row: Row, cap: CapPeriod, claim: Claim, total: int, clock: Clock) -> tuple[float, bool]:
+    """(bound, within): the most the client may hold after this request, and whether the
+    request falls within its plan (else it draws on the spare). Registers a spare asker."""
+    h, limit, capacity = max(claim.hits, 1), claim.limit, claim.capacity
+    if cap.level is None:  # cold start: split by weight among max(clients seen, declared)
+        return min(limit, capacity * claim.weight / max(cap.seen_weight, claim.declared)), True
+    phi = 1.0 if claim.sized else clock.elapsed
+    fair = limit if cap.level == math.inf else min(limit, cap.level * claim.weight * phi)
+    plan = plan_of(row, cap, claim, clock)
+    if row.a + h <= plan and row.a + h <= fair + EPSILON:
+        return fair, True
+    if not row.sp:
+        row.sp = 1
+        cap.spare_weight += claim.weight
+    reserved = max(0.0, cap.seen_reserved - cap.used)
+    reserved += max(0.0, cap.reserved - cap.seen_reserved) * clock.left
+    pace = capacity * phi
+    spare = total + h <= min(capacity - reserved, pace) + EPSILON
+    pool = cap.over + capacity - reserved - total
+    if spare and row.oo + h <= pool * claim.weight / cap.spare_weight + 1 + EPSILON:
+        return limit, False
+    return min(fair, max(plan, row.a)), False
+
+
+def charge(row: Row, cap: CapPeriod, hits: int, within: bool) -> None:
+    """Count admitted hits in the row and the period's use of plans or of the spare."""
+    row.a += hits
+    row.pa += hits
+    if within:
+        cap.used += hits
+    else:
+        cap.over += hits
+        row.oo += hits
+
+
+def record(row: Row, hits: int) -> None:
+    """Count demand (hits asked, admitted or not)."""
+    row.d += hits
+    row.pd += hits
