@@ -179,6 +179,8 @@ async def run(scenario: Scenario, store: Store | None = None) -> Record:
             _sample(record, cumulative, t, window)
         for client in sender.sends(t):
             decision = await limiter.should_rate_limit(requests[client.name])
+            if decision.backend_failed:  # failing open would read as over-admission
+                raise RuntimeError(f"the store failed at t={t}: see the log")
             ok = decision.code.name == "OK"
             before = record.admitted[w].get(client.name, 0.0)
             record.events[client.name].append((t, w, before, ok))

@@ -128,20 +128,46 @@ class PeriodLevel:
 def period_level(rows: Iterable[Row], capacity: float, clock: Clock) -> PeriodLevel:
     """Water-fill ``capacity`` over the rows' predicted window demand (rows are not changed).
 
-    Rows with no history and no demand this window take no part. O(n log n).
+    Rows with no history and no demand this window take no part. O(n log n); the loop
+    inlines ``history`` and ``predicted`` (same operations in the same order, so the same
+    doubles): at 100k clients a function call per row is a third of the time.
     """
-    period, start = clock.period, clock.start
+    period, start, length = clock.period, clock.start, clock.period_len
+    begun = period * length
+    done = math.floor((begun - start) / length + 0.5)
+    span = start + clock.window - begun
+    keep = 1 - ALPHA
     demands: list[float] = []
     limits: list[float] = []
     weights: list[float] = []
     admitted: list[float] = []
     last: list[float] = []
     last_admitted: list[float] = []
+    previous = period - 1
     for row in rows:
-        r, q, qa, d, a = history(row, period, start)
-        if r == 0 and q == 0 and d == 0:
+        pk = row.pk
+        if pk == previous:  # the common case: the row was touched last period
+            q = row.pd
+            qa = row.pa
+            r = ALPHA * q + keep * row.r
+        elif pk >= period:
+            r, q, qa = row.r, row.q, row.qa
+        elif period - pk > STALE:
+            r = q = qa = 0.0
+        else:
+            q = qa = 0.0
+            r = (ALPHA * row.pd + keep * row.r) * keep ** (period - pk - 1)
+        if pk >= period or row.ws == start:
+            d, a = row.d, row.a
+        else:
+            d = a = 0.0
+        rate = r if r > q else q
+        if done and d:
+            average = d / done
+            rate = average if average > rate else rate
+        elif not rate and not d:
             continue
-        demands.append(predicted(d, r, q, clock))
+        demands.append(d + rate * span / length)
         limits.append(row.limit)
         weights.append(row.weight)
         admitted.append(a)
@@ -152,8 +178,12 @@ def period_level(rows: Iterable[Row], capacity: float, clock: Clock) -> PeriodLe
     level = water_level(demands, limits, weights, capacity)
     reserved = 0.0
     for dh, lim, w, a in zip(demands, limits, weights, admitted, strict=True):
-        reserved += max(0.0, allowance(dh, lim, level * w) - a)
-    scale = clock.window / clock.period_len
+        want = math.ceil((dh if dh < lim else lim) - EPSILON)
+        if level != math.inf:
+            want = min(want, math.floor(level * w + EPSILON))
+        if want > a:
+            reserved += want - a
+    scale = clock.window / length
     figures = PeriodDemand(capacity, scale, last, last_admitted, limits, weights)
     return PeriodLevel(level, reserved, figures)
 
@@ -206,9 +236,10 @@ def verdict(row: Row, cap: CapPeriod, claim: Claim, total: int, clock: Clock) ->
     """(bound, within): the most the client may hold after this request, and whether the
     request falls within its plan (else it draws on the spare). Registers a spare asker."""
     h, limit, capacity = max(claim.hits, 1), claim.limit, claim.capacity
-    if cap.level is None:  # cold start: split by weight among max(clients seen, declared)
-        return min(limit, capacity * claim.weight / max(cap.seen_weight, claim.declared)), True
     phi = 1.0 if claim.sized else clock.elapsed
+    if cap.level is None:  # cold start: split by weight among max(clients seen, declared)
+        cold = capacity * claim.weight / max(cap.seen_weight, claim.declared)
+        return min(limit, cold * phi), True
     fair = limit if cap.level == math.inf else min(limit, cap.level * claim.weight * phi)
     plan = plan_of(row, cap, claim, clock)
     if row.a + h <= plan and row.a + h <= fair + EPSILON:
