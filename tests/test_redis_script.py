@@ -131,7 +131,7 @@ class TestArgumentBuilders:
         assert got["head"] == [{"now": "12.5", "may_lock": 1, "lock_ms": 250}]
         c = plan.counters[g.counters[0]]
         assert got["counter"][0] == {"limit": c.limit, "window": c.window, "hits": c.hits,
-                                     "shadow": int(c.shadow)}  # fmt: skip
+                                     "shadow": int(c.shadow), "force": 0}  # fmt: skip
         (cap,) = got["cap"]
         assert (cap["cap"], cap["given_period"], cap["given_level"]) == (g.caps[0], "7", "2.5")
         assert (cap["given_reserved"], cap["total"]) == ("12", 2)  # the cap's own counter

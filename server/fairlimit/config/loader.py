@@ -20,7 +20,9 @@ ROOT_KEYS = frozenset({"domain", "descriptors"})
 DESCRIPTOR_KEYS = frozenset(
     {"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "fair_share"}
 )
-RATE_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
+RATE_LIMIT_KEYS = frozenset(
+    {"unit", "requests_per_unit", "unlimited", "name", "replaces", "charge_when_over_limit"}
+)
 FAIR_SHARE_KEYS = frozenset({"active_clients", "weights"})
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -86,6 +88,7 @@ def _rate_limit(problems: _Problems, path: str, raw: object) -> RateLimit | None
         return None
     _check_keys(problems, path, raw, RATE_LIMIT_KEYS)
     unlimited = _bool(problems, path, raw, "unlimited")
+    charge = _bool(problems, path, raw, "charge_when_over_limit")
     name = raw.get("name")
     if name is not None and not isinstance(name, str):
         problems.add(path, f"rate_limit.name must be a string, not {name!r}")
@@ -111,7 +114,7 @@ def _rate_limit(problems: _Problems, path: str, raw: object) -> RateLimit | None
         return None
     if unit is None:
         return None
-    return RateLimit(rpu, unit, name=name, replaces=replaces)
+    return RateLimit(rpu, unit, name=name, replaces=replaces, charge_when_over_limit=charge)
 
 
 def _weights(problems: _Problems, path: str, raw: object) -> Mapping[str, float]:

@@ -168,8 +168,8 @@ class MemoryStore:
         counts = tuple([c.count for c in counters])
         if not plan.shares:
             admitted = admits(plan, counts, (), ())
-            if admitted:
-                for counter, spec in zip(counters, plan.counters, strict=True):
+            for counter, spec in zip(counters, plan.counters, strict=True):
+                if admitted or spec.force:
                     counter.count += spec.hits
             return Outcome(admitted, counts, (), ())
         states = [self._claim(s, now) for s in plan.shares]
@@ -184,12 +184,15 @@ class MemoryStore:
         for (_, _, row, _), share, demand in zip(states, plan.shares, seen, strict=True):
             if demand:
                 record(row, share.hits)
-        if admitted:
-            for counter, spec in zip(counters, plan.counters, strict=True):
+        # Refused, only the levels of charge_when_over_limit rules are charged (usage that
+        # already happened); admitted, every level is.
+        for counter, spec in zip(counters, plan.counters, strict=True):
+            if admitted or spec.force:
                 counter.count += spec.hits
-            for (period, _, row, _), share, (_, within) in zip(
-                states, plan.shares, verdicts, strict=True
-            ):
+        for (period, _, row, _), share, (_, within) in zip(
+            states, plan.shares, verdicts, strict=True
+        ):
+            if admitted or share.force:
                 charge(row, period, share.hits, within)
         return Outcome(admitted, counts, shared, bounds)
 

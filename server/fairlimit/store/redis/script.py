@@ -46,11 +46,11 @@ ADMIT = Layout(
     "admit",
     cap_keys=("meta", "rows", "lock"),
     head=("now", "may_lock", "lock_ms"),
-    counter=("limit", "window", "hits", "shadow"),
+    counter=("limit", "window", "hits", "shadow", "force"),
     cap=(*_CAP_FIELDS, *_GIVEN, *FIGURES),
     share=(
         *("cap_index", "client", "limit", "weight", "hits", "shadow", "sized"),
-        *("below_counters", "below_shares"),
+        *("below_counters", "below_shares", "force"),
     ),
 )
 RELEASE = Layout(
@@ -118,7 +118,7 @@ def admit_args(
     args: list[str | int] = [now, int(lock[0]), lock[1], len(g.counters)]
     for i in g.counters:
         c = plan.counters[i]
-        args += [c.limit, c.window, c.hits, int(c.shadow)]
+        args += [c.limit, c.window, c.hits, int(c.shadow), int(c.force)]
     args.append(len(g.caps))
     for cap, i in zip(g.caps, g.cap_share, strict=True):
         s = plan.shares[i]
@@ -133,16 +133,17 @@ def admit_args(
         counters, shares = deps[i]
         args += [g.caps.index(s.cap) + 1, s.client, _num(s.client_limit), _num(s.weight)]
         args += [s.hits, int(s.shadow), int(s.sized)]
-        args += [_indexes(counters, g.counters), _indexes(shares, g.shares)]
+        args += [_indexes(counters, g.counters), _indexes(shares, g.shares), int(s.force)]
     return args
 
 
 def release_args(plan: Plan, g: SlotGroup, now: str, within: Sequence[bool]) -> list[str | int]:
-    """ARGV of release.lua (RELEASE): undo what admit.lua charged at ``now``."""
+    """ARGV of release.lua (RELEASE): undo what admit.lua charged at ``now`` (not the charges
+    of charge_when_over_limit rules: a refused request keeps those)."""
     args: list[str | int] = [now, len(g.counters)]
     for i in g.counters:
         c = plan.counters[i]
-        args += [c.window, c.hits]
+        args += [c.window, 0 if c.force else c.hits]
     args.append(len(g.caps))
     for i in g.cap_share:
         s = plan.shares[i]
@@ -150,7 +151,7 @@ def release_args(plan: Plan, g: SlotGroup, now: str, within: Sequence[bool]) -> 
     args.append(len(g.shares))
     for pos, i in enumerate(g.shares):
         s = plan.shares[i]
-        args += [g.caps.index(s.cap) + 1, s.client, s.hits, int(within[pos])]
+        args += [g.caps.index(s.cap) + 1, s.client, 0 if s.force else s.hits, int(within[pos])]
     return args
 
 

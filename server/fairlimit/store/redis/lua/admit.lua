@@ -7,9 +7,9 @@
 -- KEYS  per counter: counter
 -- KEYS  per cap: meta rows lock
 -- ARGV  head: now may_lock lock_ms
--- ARGV  per counter: limit window hits shadow
+-- ARGV  per counter: limit window hits shadow force
 -- ARGV  per cap: period window capacity declared cap total given_period given_level given_reserved f_u f_a f_l f_j f_t f_s
--- ARGV  per share: cap_index client limit weight hits shadow sized below_counters below_shares
+-- ARGV  per share: cap_index client limit weight hits shadow sized below_counters below_shares force
 -- KEYS are the counter keys, then each cap's keys; ARGV is the head, then for counters,
 -- caps and shares in turn: their number, then that many rows.
 --
@@ -23,7 +23,8 @@
 -- of the cap's own counter (0: not in this group); given_period "" = no λ given, then
 -- given_level, given_reserved and the figures are "" too; cap_index is 1-based into the
 -- caps; below_counters / below_shares list 1-based indexes ("," separated) of the levels
--- below the share in its descriptor: the cap sees the request as demand when they admit.
+-- below the share in its descriptor: the cap sees the request as demand when they admit;
+-- force "1" on the levels of a charge_when_over_limit rule: charged even when refused.
 -- Returns {1 | 0, now, counts, admitted, bounds, fresh, rolled, within} (1 = charged, 0 =
 --       nothing charged; bounds as strings; fresh[i] = 1 when share i's refusal may be
 --       cached until the period ends: never, under fairness v2; rolled = indexes of caps whose λ was written by this call; within[i] = 1 when
@@ -33,7 +34,7 @@
 -- Every key written gets a TTL. Floats cross the boundary as %.17g strings, so Lua and
 -- Python see the same doubles; every formula below is core/sharing.py's, in its order.
 
-local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 4, 15, 9, 3
+local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 5, 15, 10, 3
 
 local EPS = 1e-9
 local ALPHA, STALE = 0.5, 64
@@ -80,7 +81,8 @@ for i = 1, tonumber(ARGV[a]) do
   local w = tonumber(ARGV[a + 2])
   local start = math.floor(now / w) * w
   counters[i] = {key = KEYS[i], limit = tonumber(ARGV[a + 1]), hits = tonumber(ARGV[a + 3]),
-    shadow = ARGV[a + 4] == '1', ws = whole(start), ttl = (start + w - now) * 1000 + SLACK_MS}
+    shadow = ARGV[a + 4] == '1', force = ARGV[a + 5] == '1', ws = whole(start),
+    ttl = (start + w - now) * 1000 + SLACK_MS}
   a = a + COUNTER_ARGS
 end
 a = a + 1
@@ -104,7 +106,7 @@ for i = 1, tonumber(ARGV[a]) do
   shares[i] = {cap = caps[tonumber(ARGV[a + 1])], client = ARGV[a + 2],
     limit = num(ARGV[a + 3]), weight = tonumber(ARGV[a + 4]), hits = tonumber(ARGV[a + 5]),
     shadow = ARGV[a + 6] == '1', sized = ARGV[a + 7] == '1', below_c = list(ARGV[a + 8]),
-    below_s = list(ARGV[a + 9])}
+    below_s = list(ARGV[a + 9]), force = ARGV[a + 10] == '1'}
   a = a + SHARE_ARGS
 end
 
@@ -312,18 +314,19 @@ for _, s in ipairs(shares) do
   end
 end
 
-if admitted then
-  for _, c in ipairs(counters) do
-    if c.hits ~= 0 then
-      if c.current then
-        redis.call('HINCRBY', c.key, 'n', c.hits)
-      else
-        redis.call('HSET', c.key, 's', c.ws, 'n', c.hits)
-        redis.call('PEXPIRE', c.key, math.ceil(c.ttl))
-      end
+-- Refused, only the levels of charge_when_over_limit rules are charged; admitted, all.
+for _, c in ipairs(counters) do
+  if c.hits ~= 0 and (admitted or c.force) then
+    if c.current then
+      redis.call('HINCRBY', c.key, 'n', c.hits)
+    else
+      redis.call('HSET', c.key, 's', c.ws, 'n', c.hits)
+      redis.call('PEXPIRE', c.key, math.ceil(c.ttl))
     end
   end
-  for _, s in ipairs(shares) do
+end
+for _, s in ipairs(shares) do
+  if admitted or s.force then
     s.row.a = s.row.a + s.hits
     s.row.pa = s.row.pa + s.hits
     if s.within then
