@@ -139,6 +139,20 @@ STEADY_MINUTE = Scenario(
     180,
 )
 
+TOKENS = Scenario(
+    "token budget 60000/min, 4 tenants",
+    flat_config(60000, "minute", 30000, active=4),
+    "fair",
+    Cap(60000, MINUTE, 30000),
+    (
+        client("big", Phase(0, 180, 4), cost=500),
+        client("mid", Phase(0, 180, 1), cost=400),
+        client("small", Phase(0, 180, 0.5), cost=300),
+        client("late", Phase(70, 180, 3), cost=600),
+    ),
+    180,
+)
+
 SCENARIOS = (
     BURST_AT_ZERO,
     LATE_GREEDY,
@@ -149,6 +163,7 @@ SCENARIOS = (
     FRACTIONAL,
     STEADY_SECOND,
     STEADY_MINUTE,
+    TOKENS,
 )
 
 __all__ = ["INF", "SCENARIOS"]

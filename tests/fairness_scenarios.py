@@ -7,15 +7,17 @@ on/off, a one-off burst, a cost in hits per request). The run sends every reques
 of every unit start at 0), and records per window and per cap node what each child offered
 and was admitted. The figures, per scenario:
 
-- ``error``: max over settled windows and clients of ``max(0, |a - f| - 1) / f``, a being
-  admitted and f the exact max-min share (one request of rounding is allowed: shares are
-  fractional, admissions whole). Settled: not the first window, no phase change in it.
+- ``error``: max over settled windows and clients of ``max(0, |a - f| - c) / f``, a being
+  admitted and f the exact max-min share, c the client's cost per request (one request of
+  rounding is allowed: shares are fractional, admissions whole requests). Settled: not the
+  first window, no phase change in it.
   ``error_change`` is the same over the windows with a change (the first window excluded).
 - ``jain``: min over settled windows of Jain's index of a / f over clients with f > 0.
 - ``utilisation``: min over windows of the root's admitted / achievable (the max-min total).
 - ``starved``: the longest time (s) a client was refused while below its max-min share of
-  the window: from such a rejection to its next admission (or its last such rejection).
-  A client refused because it has had its share is not starving.
+  the part of the window that had elapsed (f·elapsed/W): from such a rejection to its next
+  admission (or its last such rejection). A client refused because it has had its share,
+  or is ahead of it on a long window, is not starving.
 - ``over``: max over windows and cap nodes of admitted / capacity (1.0 at most).
 - ``bound``: long windows only: the most a client was admitted beyond its share of the window
   as it unfolds (``maxmin.unfolding_bound`` with a slack of one period), in requests.
@@ -275,6 +277,8 @@ def figures(scenario: Scenario, record: Record) -> Figures:
     """The scenario's figures (see the module docstring) from what the run recorded."""
     out = Figures()
     paths, caps = _paths(scenario.clients), _caps(scenario.cap)
+    cost = {c.name: c.cost for c in scenario.clients}
+    rounding = {p: max(cost[c] for c in names) for p, names in paths.items()}
     changed = _changes(scenario)
     windows = round(scenario.duration / scenario.cap.window)
     fairs = [
@@ -283,7 +287,8 @@ def figures(scenario: Scenario, record: Record) -> Figures:
     ]
     for c in scenario.clients:
         share = "/".join(("root", *c.path))
-        out.starved = max(out.starved, _starved(record.events[c.name], c.cost, fairs, share))
+        got = _starved(record.events[c.name], c.cost, fairs, share, scenario.cap.window)
+        out.starved = max(out.starved, got)
     for w in range(windows):
         admitted, fair = record.admitted.get(w, {}), fairs[w]
         got = {p: sum(admitted.get(c, 0.0) for c in names) for p, names in paths.items()}
@@ -294,7 +299,7 @@ def figures(scenario: Scenario, record: Record) -> Figures:
         if fair["root"] > 0:
             out.utilisation = min(out.utilisation, got["root"] / float(fair["root"]))
         errors = [
-            max(0.0, abs(got[p] - float(fair[p])) - 1) / float(fair[p])
+            max(0.0, abs(got[p] - float(fair[p])) - rounding[p]) / float(fair[p])
             for p in paths
             if p != "root" and fair[p] > 0
         ]
@@ -316,11 +321,13 @@ def _starved(
     cost: int,
     fairs: Sequence[Allocation],
     at: str,
+    window: int,
 ) -> float:
     """The longest run of rejections while below the fair share (see the module docstring)."""
     worst, since, last = 0.0, None, 0.0
     for t, w, before, ok in events:
-        below = before + cost < float(fairs[w][at]) + 1
+        elapsed = (t - w * window) / window
+        below = before + cost < float(fairs[w][at]) * elapsed + cost
         if since is not None and (ok or not below):
             worst, since = max(worst, (t if ok else last) - since), None
         if not ok and below:

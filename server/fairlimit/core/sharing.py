@@ -242,7 +242,9 @@ def verdict(row: Row, cap: CapPeriod, claim: Claim, total: int, clock: Clock) ->
         return min(limit, cold * phi), True
     fair = limit if cap.level == math.inf else min(limit, cap.level * claim.weight * phi)
     plan = plan_of(row, cap, claim, clock)
-    if row.a + h <= plan and row.a + h <= fair + EPSILON:
+    # Within its plan while below it: a request of many hits (tokens) may end past the plan
+    # by less than itself, as a sparse client's next request must not wait for the spare.
+    if row.a + 1 <= plan and row.a + h <= fair + EPSILON:
         return fair, True
     if not row.sp:
         row.sp = 1

@@ -255,7 +255,7 @@ local function verdict(row, cap, s, total)
   local fair = limit
   if cap.level ~= math.huge then fair = math.min(limit, cap.level * s.weight * phi) end
   local plan = plan_of(row, cap, s)
-  if row.a + h <= plan and row.a + h <= fair + EPS then return fair, true end
+  if row.a + 1 <= plan and row.a + h <= fair + EPS then return fair, true end
   if row.sp == 0 then
     row.sp = 1
     cap.wsp = cap.wsp + s.weight
