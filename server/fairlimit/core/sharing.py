@@ -117,12 +117,10 @@ def allowance(demand: float, limit: float, share: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class PeriodLevel:
-    """λ for a period (None: cold start, inf: uncontended), the reservations R, and the last
-    period's demand and admissions (for the fairness figures)."""
+    """λ for a period (None: cold start, inf: uncontended) and the reservations R."""
 
     level: float | None
     reserved: float
-    last: PeriodDemand | None = None
 
 
 def period_level(rows: Iterable[Row], capacity: float, clock: Clock) -> PeriodLevel:
@@ -141,21 +139,20 @@ def period_level(rows: Iterable[Row], capacity: float, clock: Clock) -> PeriodLe
     limits: list[float] = []
     weights: list[float] = []
     admitted: list[float] = []
-    last: list[float] = []
-    last_admitted: list[float] = []
+    add_demand, add_limit = demands.append, limits.append
+    add_weight, add_admitted = weights.append, admitted.append
     previous = period - 1
     for row in rows:
         pk = row.pk
         if pk == previous:  # the common case: the row was touched last period
             q = row.pd
-            qa = row.pa
             r = ALPHA * q + keep * row.r
         elif pk >= period:
-            r, q, qa = row.r, row.q, row.qa
+            r, q = row.r, row.q
         elif period - pk > STALE:
-            r = q = qa = 0.0
+            r = q = 0.0
         else:
-            q = qa = 0.0
+            q = 0.0
             r = (ALPHA * row.pd + keep * row.r) * keep ** (period - pk - 1)
         if pk >= period or row.ws == start:
             d, a = row.d, row.a
@@ -167,25 +164,51 @@ def period_level(rows: Iterable[Row], capacity: float, clock: Clock) -> PeriodLe
             rate = average if average > rate else rate
         elif not rate and not d:
             continue
-        demands.append(d + rate * span / length)
-        limits.append(row.limit)
-        weights.append(row.weight)
-        admitted.append(a)
-        last.append(q)
-        last_admitted.append(qa)
+        add_demand(d + rate * span / length)
+        add_limit(row.limit)
+        add_weight(row.weight)
+        add_admitted(a)
     if not demands:
         return PeriodLevel(None, 0.0)
     level = water_level(demands, limits, weights, capacity)
-    reserved = 0.0
-    for dh, lim, w, a in zip(demands, limits, weights, admitted, strict=True):
-        want = math.ceil((dh if dh < lim else lim) - EPSILON)
-        if level != math.inf:
-            want = min(want, math.floor(level * w + EPSILON))
-        if want > a:
-            reserved += want - a
-    scale = clock.window / length
-    figures = PeriodDemand(capacity, scale, last, last_admitted, limits, weights)
-    return PeriodLevel(level, reserved, figures)
+    return PeriodLevel(level, _reserved(demands, limits, weights, admitted, level))
+
+
+def _reserved(
+    demands: list[float],
+    limits: list[float],
+    weights: list[float],
+    admitted: list[float],
+    level: float,
+) -> float:
+    """R: Σ max(0, allowance - admitted), allowance as in ``allowance`` (inlined)."""
+    ceil, floor = math.ceil, math.floor
+    pairs = zip(demands, limits, strict=True)
+    wants = [ceil((d if d < lim else lim) - EPSILON) for d, lim in pairs]
+    if level != math.inf:
+        shares = [floor(level * w + EPSILON) for w in weights]
+        wants = [w if w < s else s for w, s in zip(wants, shares, strict=True)]
+    return float(sum([w - a for w, a in zip(wants, admitted, strict=True) if w > a]))
+
+
+def last_period(rows: Iterable[Row], capacity: float, clock: Clock) -> PeriodDemand | None:
+    """The period before ``clock``'s: each client's demand and admissions, for the fairness
+    figures (kept out of ``period_level``: telemetry asks for it far less often)."""
+    demand: list[float] = []
+    admitted: list[float] = []
+    limits: list[float] = []
+    weights: list[float] = []
+    for row in rows:
+        _, q, qa, _, _ = history(row, clock.period, clock.start)
+        if q > 0:
+            demand.append(q)
+            admitted.append(qa)
+            limits.append(row.limit)
+            weights.append(row.weight)
+    if not demand:
+        return None
+    scale = clock.window / clock.period_len
+    return PeriodDemand(capacity, scale, demand, admitted, limits, weights)
 
 
 class CapPeriod:

@@ -8,7 +8,7 @@ import heapq
 from collections.abc import Mapping
 
 from fairlimit.core.admission import Outcome, admits, demand_seen
-from fairlimit.core.fairshare import CapReport, FairnessFigures, PeriodDemand, figures_of
+from fairlimit.core.fairshare import CapReport, FairnessFigures, figures_of
 from fairlimit.core.plan import Plan, Share
 from fairlimit.core.sharing import (
     STALE,
@@ -18,6 +18,7 @@ from fairlimit.core.sharing import (
     Row,
     charge,
     fold,
+    last_period,
     period_level,
     record,
     touch,
@@ -57,7 +58,7 @@ class _Cap:
         self.rows: dict[str, Row] = {}
         self.period: CapPeriod | None = None
         self.figures: FairnessFigures | None = None
-        self.last: PeriodDemand | None = None  # the inputs of figures, until asked for
+        self.last: tuple[list[Row], Clock] | None = None  # for the figures, until asked
         self.last_seen = 0.0
 
     def roll(self, clock: Clock, now: float) -> CapPeriod:
@@ -67,7 +68,7 @@ class _Cap:
             level = period_level(self.rows.values(), self.capacity, clock)
             # The figures are for telemetry only: worked out when caps() asks, not in the
             # request that rolls the period (at 100k clients they cost twice λ's time).
-            self.figures, self.last = None, level.last
+            self.figures, self.last = None, (list(self.rows.values()), clock)
             period = self.period = CapPeriod(clock.period, level)
             stale = clock.period - STALE
             if any(row.pk < stale for row in self.rows.values()):
@@ -88,7 +89,10 @@ class _Cap:
     def report_figures(self) -> FairnessFigures | None:
         """The last full period's fairness figures (computed on first ask)."""
         if self.last is not None:
-            self.figures, self.last = figures_of(self.last), None
+            rows, clock = self.last
+            period = last_period(rows, self.capacity, clock)
+            self.figures = None if period is None else figures_of(period)
+            self.last = None
         return self.figures
 
     @property

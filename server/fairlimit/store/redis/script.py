@@ -20,7 +20,7 @@ from redis.commands.core import AsyncScript
 from fairlimit.core.admission import below
 from fairlimit.core.fairshare import figures_of
 from fairlimit.core.plan import Plan, Share
-from fairlimit.core.sharing import Clock, Row, period_level
+from fairlimit.core.sharing import Clock, Row, last_period, period_level
 from fairlimit.store.redis.keys import SlotGroup
 
 # The fairness figures of the last period, as named in a cap's meta hash.
@@ -180,10 +180,12 @@ def rows_of(flat: Sequence[str]) -> list[Row]:
 def _compute_level(share: Share, period: str, flat: Sequence[str], now: float) -> GivenLevel:
     """λ and R for ``period`` from the cap's rows (``core.sharing``, as memory)."""
     clock = Clock(share.window, share.period, now)
-    level = period_level(rows_of(flat), share.capacity, clock)
+    rows = rows_of(flat)
+    level = period_level(rows, share.capacity, clock)
+    last = last_period(rows, share.capacity, clock)
     figures: tuple[str, ...] = ("",) * len(FIGURES)
-    if level.last is not None:
-        fig = figures_of(level.last)
+    if last is not None:
+        fig = figures_of(last)
         figures = tuple(_num(x) for x in (fig.utilization, fig.active_clients, fig.level,
                         fig.jain_index, fig.top_client_share, fig.starved_clients))  # fmt: skip
     value = "none" if level.level is None else _num(level.level)
