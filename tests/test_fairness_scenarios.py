@@ -23,11 +23,10 @@ LONG = {
     cases.TOKENS.name: 4000,  # tokens: about six requests of 500-600
 }
 LATE = {cases.LATE_GREEDY.name}  # utilisation >= 0.95 in a late-arrival minute
-# Refused while below its share of the elapsed window for longer than P = 1 s (docs/
-# fairness.md says why): a sparse client whose one request falls in the last instant of a
-# window the spare has filled (its next request comes 5 s later), and a token budget whose
-# requests of 300-600 tokens wait for the paced share to grow past a whole request.
-SLOW = {cases.BURST_AFTER_IDLE.name: 5.0, cases.TOKENS.name: 2.0}
+# Refused while below its share of the elapsed window for longer than P = 1 s: a token
+# budget whose requests of 300-600 tokens wait for the paced share to grow past a whole
+# request (docs/fairness.md).
+SLOW = {cases.TOKENS.name: 2.0}
 SHORT = {  # the Redis runs: per-second caps, a few seconds each
     "steady": dataclasses.replace(cases.STEADY_SECOND, duration=3),
     "on/off": dataclasses.replace(cases.ON_OFF, duration=4),

@@ -125,7 +125,7 @@ class TestArgumentBuilders:
     def test_admit_rows_carry_the_named_fields(self, plan: Plan, groups: list[SlotGroup]) -> None:
         """admit_args, cut by ADMIT, gives back each counter, cap and share by name."""
         g = next(g for g in groups if g.shares)
-        lv = GivenLevel("7", "2.5", "12", ("0.5", "3", "2.5", "1.0", "0.4", "0"))
+        lv = GivenLevel("7", "2.5", "12", "3", ("0.5", "3", "2.5", "1.0", "0.4", "0"))
         args = script.admit_args(plan, g, "12.5", (True, 250), {g.caps[0]: lv})
         got = rows(args, ADMIT)
         assert got["head"] == [{"now": "12.5", "may_lock": 1, "lock_ms": 250}]
@@ -134,7 +134,8 @@ class TestArgumentBuilders:
                                      "shadow": int(c.shadow), "force": 0}  # fmt: skip
         (cap,) = got["cap"]
         assert (cap["cap"], cap["given_period"], cap["given_level"]) == (g.caps[0], "7", "2.5")
-        assert (cap["given_reserved"], cap["total"]) == ("12", 2)  # the cap's own counter
+        assert (cap["given_reserved"], cap["given_holders"]) == ("12", "3")
+        assert cap["total"] == 2  # the cap's own counter
         assert tuple(cap[f] for f in script.FIGURES) == lv.figures
         (share,) = got["share"]
         s = plan.shares[g.shares[0]]

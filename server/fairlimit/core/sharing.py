@@ -117,10 +117,12 @@ def allowance(demand: float, limit: float, share: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class PeriodLevel:
-    """λ for a period (None: cold start, inf: uncontended) and the reservations R."""
+    """λ for a period (None: cold start, inf: uncontended), the reservations R and how many
+    clients hold one (each keeps a hit of it until the window ends, seen or not)."""
 
     level: float | None
     reserved: float
+    holders: int = 0
 
 
 def period_level(rows: Iterable[Row], capacity: float, clock: Clock) -> PeriodLevel:
@@ -164,14 +166,16 @@ def period_level(rows: Iterable[Row], capacity: float, clock: Clock) -> PeriodLe
             rate = average if average > rate else rate
         elif not rate and not d:
             continue
-        add_demand(d + rate * span / length)
+        # whole hits, rounded up as ``allowance`` rounds a plan (so λ leaves room for them):
+        # -((ε - x) // 1) is ceil(x - ε) as a float, without a call per row
+        add_demand(-((EPSILON - (d + rate * span / length)) // 1))
         add_limit(row.limit)
         add_weight(row.weight)
         add_admitted(a)
     if not demands:
         return PeriodLevel(None, 0.0)
     level = water_level(demands, limits, weights, capacity)
-    return PeriodLevel(level, _reserved(demands, limits, weights, admitted, level))
+    return PeriodLevel(level, *_reserved(demands, limits, weights, admitted, level))
 
 
 def _reserved(
@@ -180,15 +184,17 @@ def _reserved(
     weights: list[float],
     admitted: list[float],
     level: float,
-) -> float:
-    """R: Σ max(0, allowance - admitted), allowance as in ``allowance`` (inlined)."""
+) -> tuple[float, int]:
+    """(R, holders): Σ max(0, allowance - admitted), allowance as in ``allowance``
+    (inlined), and the number of clients with some of it."""
     ceil, floor = math.ceil, math.floor
-    pairs = zip(demands, limits, strict=True)
-    wants = [ceil((d if d < lim else lim) - EPSILON) for d, lim in pairs]
+    pairs = zip(demands, limits, strict=True)  # demands are whole already
+    wants = [d if d < lim else ceil(lim - EPSILON) for d, lim in pairs]
     if level != math.inf:
         shares = [floor(level * w + EPSILON) for w in weights]
         wants = [w if w < s else s for w, s in zip(wants, shares, strict=True)]
-    return float(sum([w - a for w, a in zip(wants, admitted, strict=True) if w > a]))
+    held = [w - a for w, a in zip(wants, admitted, strict=True) if w > a]
+    return float(sum(held)), len(held)
 
 
 def last_period(rows: Iterable[Row], capacity: float, clock: Clock) -> PeriodDemand | None:
@@ -215,13 +221,14 @@ class CapPeriod:
     """A cap's figures for one period: λ and R, and what happened since it began."""
 
     __slots__ = (
-        *("level", "over", "period", "reserved"),
+        *("holders", "level", "over", "period", "reserved", "seen_holders"),
         *("seen_reserved", "seen_weight", "spare_weight", "used"),
     )
 
     def __init__(self, period: int, level: PeriodLevel) -> None:
         self.period = period
-        self.level, self.reserved = level.level, level.reserved
+        self.level, self.reserved, self.holders = level.level, level.reserved, level.holders
+        self.seen_holders = 0  # holders seen this period
         self.seen_reserved = 0.0  # R of the clients seen this period (kept until used)
         self.used = 0.0  # hits admitted within plans this period
         self.over = 0.0  # hits admitted from the spare this period
@@ -251,7 +258,10 @@ def plan_of(row: Row, cap: CapPeriod, claim: Claim, clock: Clock) -> float:
 
 def touch(row: Row, cap: CapPeriod, claim: Claim, clock: Clock) -> None:
     """A client's first touch in the period: its reservation and weight count as seen."""
-    cap.seen_reserved += max(0.0, plan_of(row, cap, claim, clock) - row.a)
+    held = plan_of(row, cap, claim, clock) - row.a
+    if held > 0:
+        cap.seen_reserved += held
+        cap.seen_holders += 1
     cap.seen_weight += claim.weight
 
 
@@ -272,8 +282,11 @@ def verdict(row: Row, cap: CapPeriod, claim: Claim, total: int, clock: Clock) ->
     if not row.sp:
         row.sp = 1
         cap.spare_weight += claim.weight
-    reserved = max(0.0, cap.seen_reserved - cap.used)
-    reserved += max(0.0, cap.reserved - cap.seen_reserved) * clock.left
+    # Seen clients keep their reservations until used; the others' is released linearly,
+    # but for one hit each: a sparse client's next request finds its place at any instant.
+    unseen = max(0.0, cap.reserved - cap.seen_reserved)
+    kept = min(unseen, max(unseen * clock.left, float(cap.holders - cap.seen_holders)))
+    reserved = max(0.0, cap.seen_reserved - cap.used) + kept
     pace = capacity * phi
     spare = total + h <= min(capacity - reserved, pace) + EPSILON
     pool = cap.over + capacity - reserved - total

@@ -41,7 +41,7 @@ class Layout:
 
 
 _CAP_FIELDS = ("period", "window", "capacity", "declared", "cap", "total")
-_GIVEN = ("given_period", "given_level", "given_reserved")
+_GIVEN = ("given_period", "given_level", "given_reserved", "given_holders")
 ADMIT = Layout(
     "admit",
     cap_keys=("meta", "rows", "lock"),
@@ -100,10 +100,11 @@ class GivenLevel:
     period: str
     level: str
     reserved: str
+    holders: str
     figures: tuple[str, ...]
 
 
-_NO_LEVEL = GivenLevel("", "", "", ("",) * len(FIGURES))
+_NO_LEVEL = GivenLevel("", "", "", "", ("",) * len(FIGURES))
 
 
 def _indexes(positions: Sequence[int], of: Sequence[int]) -> str:
@@ -125,7 +126,7 @@ def admit_args(
         total = g.counters.index(s.total) + 1 if s.total in g.counters else 0
         lv = given.get(cap) or _NO_LEVEL
         args += [_num(s.period), s.window, s.capacity, s.declared, cap, total]
-        args += [lv.period, lv.level, lv.reserved, *lv.figures]
+        args += [lv.period, lv.level, lv.reserved, lv.holders, *lv.figures]
     args.append(len(g.shares))
     deps = below(plan)
     for i in g.shares:
@@ -189,7 +190,7 @@ def _compute_level(share: Share, period: str, flat: Sequence[str], now: float) -
         figures = tuple(_num(x) for x in (fig.utilization, fig.active_clients, fig.level,
                         fig.jain_index, fig.top_client_share, fig.starved_clients))  # fmt: skip
     value = "none" if level.level is None else _num(level.level)
-    return GivenLevel(period, value, _num(level.reserved), figures)
+    return GivenLevel(period, value, _num(level.reserved), str(level.holders), figures)
 
 
 # --- replies -------------------------------------------------------------------------------

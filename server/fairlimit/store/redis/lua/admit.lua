@@ -8,14 +8,15 @@
 -- KEYS  per cap: meta rows lock
 -- ARGV  head: now may_lock lock_ms
 -- ARGV  per counter: limit window hits shadow force
--- ARGV  per cap: period window capacity declared cap total given_period given_level given_reserved f_u f_a f_l f_j f_t f_s
+-- ARGV  per cap: period window capacity declared cap total given_period given_level given_reserved given_holders f_u f_a f_l f_j f_t f_s
 -- ARGV  per share: cap_index client limit weight hits shadow sized below_counters below_shares force
 -- KEYS are the counter keys, then each cap's keys; ARGV is the head, then for counters,
 -- caps and shares in turn: their number, then that many rows.
 --
 -- counter  hash: s = window start, n = count in that window
--- meta     hash: p = period of the figures, v = λ "none"|"inf"|float, res = R, and what the
---          period has seen (core/sharing.CapPeriod): rs, u, o, wsp, sw; cap, declared and
+-- meta     hash: p = period of the figures, v = λ "none"|"inf"|float, res = R, hold = its
+--          holders, and what the period has seen (core/sharing.CapPeriod): rs, sh, u, o,
+--          wsp, sw; cap, declared and
 --          the last period's fairness figures f_*
 -- rows     hash: per client the fields of core/sharing.Row as <field>:<client>
 -- lock     string: the period whose λ a replica is computing
@@ -34,7 +35,7 @@
 -- Every key written gets a TTL. Floats cross the boundary as %.17g strings, so Lua and
 -- Python see the same doubles; every formula below is core/sharing.py's, in its order.
 
-local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 5, 15, 10, 3
+local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 5, 16, 10, 3
 
 local EPS = 1e-9
 local ALPHA, STALE = 0.5, 64
@@ -93,11 +94,12 @@ for j = 1, tonumber(ARGV[a]) do
   local start = math.floor(now / w) * w
   local p = math.floor(now / period)
   local figures = {}
-  for f = 1, 6 do figures[f] = ARGV[a + 9 + f] end
+  for f = 1, 6 do figures[f] = ARGV[a + 10 + f] end
   caps[j] = {meta = KEYS[b + 1], rows = KEYS[b + 2], lock = KEYS[b + 3], period = period,
     window = w, capacity = tonumber(ARGV[a + 3]), declared = tonumber(ARGV[a + 4]),
     name = ARGV[a + 5], total = tonumber(ARGV[a + 6]), given_p = ARGV[a + 7],
-    given_v = ARGV[a + 8], given_r = ARGV[a + 9], figures = figures, p = p, ps = whole(p),
+    given_v = ARGV[a + 8], given_r = ARGV[a + 9], given_h = ARGV[a + 10], figures = figures,
+    p = p, ps = whole(p),
     start = start, keep = math.max(2 * w + 1, STALE * period) * 1000}
   a = a + CAP_ARGS
 end
@@ -112,9 +114,10 @@ end
 
 -- --- the cap's period: λ, R and what the period has seen ---------------------------------
 
-local function write_level(cap, level, reserved, figures)
-  redis.call('HSET', cap.meta, 'p', cap.ps, 'v', level, 'res', reserved, 'cap', cap.name,
-    'declared', cap.declared, 'rs', '0', 'u', '0', 'o', '0', 'wsp', '0', 'sw', '0')
+local function write_level(cap, level, reserved, holders, figures)
+  redis.call('HSET', cap.meta, 'p', cap.ps, 'v', level, 'res', reserved, 'hold', holders,
+    'cap', cap.name, 'declared', cap.declared, 'rs', '0', 'sh', '0', 'u', '0', 'o', '0',
+    'wsp', '0', 'sw', '0')
   if figures[1] == '' or figures[1] == nil then
     redis.call('HDEL', cap.meta, unpack(FIGURES))
   else
@@ -141,11 +144,11 @@ local function level_of(cap)
   local p = redis.call('HGET', cap.meta, 'p')
   if p == cap.ps then return true end
   if cap.given_p == cap.ps then
-    write_level(cap, cap.given_v, cap.given_r, cap.figures)
+    write_level(cap, cap.given_v, cap.given_r, cap.given_h, cap.figures)
     return true
   end
   if redis.call('EXISTS', cap.rows) == 0 then
-    write_level(cap, 'none', '0', {''})
+    write_level(cap, 'none', '0', '0', {''})
     return true
   end
   if may_lock and take_lock(cap) then return 'compute' end
@@ -153,17 +156,18 @@ local function level_of(cap)
 end
 
 local function load_period(cap)
-  local m = redis.call('HMGET', cap.meta, 'v', 'res', 'rs', 'u', 'o', 'wsp', 'sw')
+  local m = redis.call('HMGET', cap.meta, 'v', 'res', 'rs', 'u', 'o', 'wsp', 'sw', 'hold', 'sh')
   local v = m[1] or 'none'
   cap.level = (v ~= 'none') and num(v) or nil
   cap.reserved = tonumber(m[2] or '0')
   cap.rs, cap.u, cap.o = tonumber(m[3] or '0'), tonumber(m[4] or '0'), tonumber(m[5] or '0')
   cap.wsp, cap.sw = tonumber(m[6] or '0'), tonumber(m[7] or '0')
+  cap.hold, cap.sh = tonumber(m[8] or '0'), tonumber(m[9] or '0')
 end
 
 local function save_period(cap)
-  redis.call('HSET', cap.meta, 'rs', fmt(cap.rs), 'u', fmt(cap.u), 'o', fmt(cap.o),
-    'wsp', fmt(cap.wsp), 'sw', fmt(cap.sw))
+  redis.call('HSET', cap.meta, 'rs', fmt(cap.rs), 'sh', fmt(cap.sh), 'u', fmt(cap.u),
+    'o', fmt(cap.o), 'wsp', fmt(cap.wsp), 'sw', fmt(cap.sw))
   redis.call('PEXPIRE', cap.meta, cap.keep)
 end
 
@@ -240,7 +244,11 @@ local function plan_of(row, cap, s)
 end
 
 local function touch(row, cap, s)
-  cap.rs = cap.rs + math.max(0, plan_of(row, cap, s) - row.a)
+  local held = plan_of(row, cap, s) - row.a
+  if held > 0 then
+    cap.rs = cap.rs + held
+    cap.sh = cap.sh + 1
+  end
   cap.sw = cap.sw + s.weight
 end
 
@@ -262,8 +270,9 @@ local function verdict(row, cap, s, total)
   end
   local finish = cap.start + cap.window
   local left = (finish - now) / (finish - cap.p * cap.period)
-  local reserved = math.max(0, cap.rs - cap.u)
-  reserved = reserved + math.max(0, cap.reserved - cap.rs) * left
+  local unseen = math.max(0, cap.reserved - cap.rs)
+  local kept = math.min(unseen, math.max(unseen * left, cap.hold - cap.sh))
+  local reserved = math.max(0, cap.rs - cap.u) + kept
   local pace = capacity * phi
   local spare = total + h <= math.min(capacity - reserved, pace) + EPS
   local pool = cap.o + capacity - reserved - total
