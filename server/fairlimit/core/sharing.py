@@ -71,21 +71,18 @@ def fold(row: Row, period: int, start: int) -> bool:
     return True
 
 
-@dataclass(frozen=True, slots=True)
 class Clock:
-    """Where ``now`` sits for a cap of ``window`` s: period index, window start, φ."""
+    """Where ``now`` sits for a cap of ``window`` s: period index, window start, φ.
 
-    window: int
-    period_len: float
-    now: float
+    A plain slotted class, worked out once: one is made per claim of every request.
+    """
 
-    @property
-    def period(self) -> int:
-        return math.floor(self.now / self.period_len)
+    __slots__ = ("now", "period", "period_len", "start", "window")
 
-    @property
-    def start(self) -> int:
-        return math.floor(self.now / self.window) * self.window
+    def __init__(self, window: int, period_len: float, now: float) -> None:
+        self.window, self.period_len, self.now = window, period_len, now
+        self.period = math.floor(now / period_len)
+        self.start = math.floor(now / window) * window
 
     @property
     def elapsed(self) -> float:
@@ -236,16 +233,19 @@ class CapPeriod:
         self.seen_weight = 0.0  # weights of the clients seen (the cold-start split)
 
 
-@dataclass(frozen=True, slots=True)
 class Claim:
-    """One client's claim at a cap: what it asks and what bounds it."""
+    """One client's claim at a cap: what it asks and what bounds it (made per request, so
+    slotted and not frozen)."""
 
-    hits: int
-    limit: float
-    weight: float
-    capacity: float
-    declared: int  # active_clients
-    sized: bool  # capacity >= active_clients x limit: never paced
+    __slots__ = ("capacity", "declared", "hits", "limit", "sized", "weight")
+
+    def __init__(
+        self, hits: int, limit: float, weight: float, capacity: float, declared: int, sized: bool
+    ) -> None:
+        self.hits, self.limit, self.weight = hits, limit, weight
+        self.capacity = capacity
+        self.declared = declared  # active_clients
+        self.sized = sized  # capacity >= active_clients x limit: never paced
 
 
 def plan_of(row: Row, cap: CapPeriod, claim: Claim, clock: Clock) -> float:

@@ -184,7 +184,8 @@ class MemoryStore:
         ]
         bounds = tuple([bound for bound, _ in verdicts])
         admitted = admits(plan, counts, shared, bounds)
-        seen = demand_seen(plan, counts, shared, bounds)
+        # Admitted, every level admitted: every cap sees the request as demand.
+        seen = [True] * len(states) if admitted else demand_seen(plan, counts, shared, bounds)
         for (_, _, row, _), share, demand in zip(states, plan.shares, seen, strict=True):
             if demand:
                 record(row, share.hits)
