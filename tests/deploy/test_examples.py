@@ -20,7 +20,7 @@ import yaml
 from envoy_proxy import envoy_binary, envoy_in_front, http_get
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENVOY_EXAMPLES = sorted((ROOT / "examples" / "envoy").glob("*.yaml"))
 ENVOY_EXAMPLE = ROOT / "examples" / "envoy" / "envoy.yaml"
 ISTIO_EXAMPLES = sorted((ROOT / "examples" / "istio").glob("*.yaml"))
@@ -390,7 +390,7 @@ class TestIstioExamples:
 class TestChartIstioValues:
     """The chart's istio values: the rate_limits it renders are valid Envoy route config.
 
-    tests/test_deploy.py renders the chart and checks its EnvoyFilters equal examples/istio.
+    test_chart_render.py renders the chart and checks its EnvoyFilters equal examples/istio.
     """
 
     def test_chart_rate_limits_are_valid_envoy_config(self, envoy: str, tmp_path: Path) -> None:
