@@ -72,11 +72,10 @@ class TestRenderedWorkload:
         assert {doc["metadata"]["namespace"] for doc in docs} == {NAMESPACE}
 
     def test_service_names_the_grpc_port_for_istio(self, docs: list[Manifest]) -> None:
-        """Port grpc-rls 8081 with appProtocol grpc, and http-admin 8080."""
+        """Port grpc-rls 8081 with appProtocol grpc; the admin port stays off the Service."""
         ports = {p["name"]: p for p in one(docs, "Service")["spec"]["ports"]}
-        assert set(ports) == {"grpc-rls", "http-admin"}
+        assert set(ports) == {"grpc-rls"}
         assert (ports["grpc-rls"]["port"], ports["grpc-rls"]["appProtocol"]) == (8081, "grpc")
-        assert ports["http-admin"]["port"] == 8080
         container_ports = {p["name"]: p["containerPort"] for p in container(docs)["ports"]}
         assert container_ports == {"grpc-rls": 8081, "http-admin": 8080}
 
@@ -248,13 +247,14 @@ class TestRenderedOptionalResources:
         assert (endpoint["port"], endpoint["path"]) == ("http-admin", "/metrics")
 
     def test_network_policy_admits_only_the_listed_peers(self, helm: Helm) -> None:
-        """networkPolicy.enabled: gRPC from istio-system only; admin closed unless listed."""
-        docs = helm.template({"networkPolicy": {"enabled": True}})
+        """networkPolicy.grpcFrom: gRPC from those peers only; admin closed unless listed."""
+        peers = [{"namespaceSelector": {"matchLabels": {"team": "edge"}}}]
+        docs = helm.template({"networkPolicy": {"enabled": True, "grpcFrom": peers}})
         policy = one(docs, "NetworkPolicy")["spec"]
         assert policy["policyTypes"] == ["Ingress"]
         (rule,) = policy["ingress"]
         assert rule["ports"] == [{"port": "grpc-rls", "protocol": "TCP"}]
-        assert rule["from"] == load_values()["networkPolicy"]["grpcFrom"]
+        assert rule["from"] == peers
 
     def test_istio_filters_equal_the_examples(self, helm: Helm) -> None:
         """istio.enabled renders exactly examples/istio (names, namespace and spec)."""

@@ -76,3 +76,50 @@ class TestRenderedCommandRunsHere:
                 path = main[probe]["httpGet"]["path"]
                 status = http_status(f"http://127.0.0.1:{admin_port}{path}", time.monotonic() + 5)
                 assert status == 200, f"{probe} GET {path}: {status}"
+
+
+class TestRenderedTlsCommandRunsHere:
+    """tls.enabled: the rendered command serves mTLS from the mounted Secrets; probes pass."""
+
+    def test_tls_pod_serves_and_its_probes_answer(
+        self, helm: Helm, tmp_path: Path, tls_files: dict[str, Path]
+    ) -> None:
+        """The TLS flags point at the Secret mounts; every probe's GET answers 200."""
+        tls = {"enabled": True, "secretName": "rl-tls", "clientCaSecretName": "mesh-ca"}
+        docs = helm.template({"tls": tls})
+        mount = kubelet_configmap_mount(tmp_path / "descriptors", one(docs, "ConfigMap")["data"])
+        secret_dirs = {
+            "/etc/fairlimit/tls": tmp_path / "tls",
+            "/etc/fairlimit/client-ca": tmp_path / "ca",
+        }
+        for directory in secret_dirs.values():
+            directory.mkdir()
+        (secret_dirs["/etc/fairlimit/tls"] / "tls.crt").write_bytes(
+            tls_files["server.crt"].read_bytes()
+        )
+        (secret_dirs["/etc/fairlimit/tls"] / "tls.key").write_bytes(
+            tls_files["server.key"].read_bytes()
+        )
+        (secret_dirs["/etc/fairlimit/client-ca"] / "ca.crt").write_bytes(
+            tls_files["ca.crt"].read_bytes()
+        )
+        grpc_port, admin_port = free_port(), free_port()
+        main = container(docs)
+
+        def local(arg: str) -> str:
+            for mounted, directory in secret_dirs.items():
+                arg = arg.replace(mounted, str(directory))
+            replace = {
+                CONFIG_DIR: str(mount),
+                "0.0.0.0:8081": f"127.0.0.1:{grpc_port}",
+                "0.0.0.0:8080": f"127.0.0.1:{admin_port}",
+            }
+            return replace.get(arg, arg)
+
+        args = [local(arg) for arg in main["args"]]
+        env = {e["name"]: e["value"] for e in main["env"] if "value" in e}
+        with running_fairlimit(args, env, admin_port):
+            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                path = main[probe]["httpGet"]["path"]
+                status = http_status(f"http://127.0.0.1:{admin_port}{path}", time.monotonic() + 5)
+                assert status == 200, f"{probe} GET {path}: {status}"

@@ -1,16 +1,11 @@
 """The container recipe, read as Docker reads it (no Docker engine on this machine)."""
 
 import json
+import re
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
-
-import grpc
-import pytest
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from servers import free_port
 
@@ -23,46 +18,53 @@ from .helpers import (
 )
 from .processes import running_fairlimit
 
-
-@pytest.fixture
-def health_server() -> Iterator[tuple[health.HealthServicer, int]]:
-    servicer = health.HealthServicer()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield servicer, port
-    server.stop(grace=None)
+INSTALL = ("RUN", "/opt/fairlimit/bin/pip install --no-deps .")
 
 
-def healthcheck_command(port: int) -> list[str]:
-    """The image's HEALTHCHECK, run by this interpreter against port instead of 8081."""
+def healthcheck_command(admin_port: int) -> list[str]:
+    """The image's HEALTHCHECK, run by this interpreter against admin_port instead of 8080."""
     (args,) = [a for op, a in runtime_stage() if op == "HEALTHCHECK"]
     command: list[str] = json.loads(args.split(" CMD ", 1)[1])
     assert command[0] == "python"
     return [
         sys.executable,
-        *(part.replace("127.0.0.1:8081", f"127.0.0.1:{port}") for part in command[1:]),
+        *(part.replace("127.0.0.1:8080", f"127.0.0.1:{admin_port}") for part in command[1:]),
     ]
 
 
 class TestDockerfile:
     """The container recipe (not built here: no Docker engine on this machine)."""
 
-    def test_multi_stage_on_python_3_11_slim(self) -> None:
-        """A builder and a runtime stage, both from python:3.11-slim by default."""
+    def test_multi_stage_on_python_3_11_slim_pinned_by_digest(self) -> None:
+        """A builder and a runtime stage, both from python:3.11-slim pinned by its digest."""
         instructions = dockerfile_instructions()
         froms = [args for op, args in instructions if op == "FROM"]
         assert froms == ["${PYTHON_IMAGE} AS builder", "${PYTHON_IMAGE} AS runtime"]
-        assert ("ARG", "PYTHON_IMAGE=python:3.11-slim") in instructions
+        (base,) = [args for op, args in instructions if op == "ARG"]
+        assert re.fullmatch(r"PYTHON_IMAGE=python:3\.11-slim@sha256:[0-9a-f]{64}", base)
         assert any(
             op == "COPY" and args.startswith("--from=builder") for op, args in runtime_stage()
         )
 
     def test_builder_installs_the_repository(self) -> None:
-        """The builder runs `pip install .` into the venv the runtime copies."""
-        runs = [args for op, args in dockerfile_instructions() if op == "RUN"]
-        assert "/opt/fairlimit/bin/pip install ." in runs
+        """The builder runs `pip install --no-deps .` into the venv the runtime copies."""
+        assert INSTALL in dockerfile_instructions()
+
+    def test_dependency_layer_comes_before_the_source(self) -> None:
+        """Only pyproject.toml is copied before the dependencies install; the source after."""
+        instructions = dockerfile_instructions()
+        deps = next(
+            i
+            for i, (op, args) in enumerate(instructions)
+            if op == "RUN" and "-r requirements" in args
+        )
+        copies = [
+            (i, args.split()[:-1])
+            for i, (op, args) in enumerate(instructions)
+            if op == "COPY" and not args.startswith("--from")
+        ]
+        assert [sources for i, sources in copies if i < deps] == [["pyproject.toml"]]
+        assert deps < next(i for i, sources in copies if "server" in sources)
 
     def test_builder_copies_what_the_package_build_reads(self) -> None:
         """pyproject's data-files sources are copied before `pip install .` runs."""
@@ -70,7 +72,7 @@ class TestDockerfile:
         data_files = project.get("tool", {}).get("setuptools", {}).get("data-files", {})
         needed = {Path(g).parts[0] for globs in data_files.values() for g in globs}
         instructions = dockerfile_instructions()
-        install = instructions.index(("RUN", "/opt/fairlimit/bin/pip install ."))
+        install = instructions.index(INSTALL)
         copied = {
             Path(source).parts[0]
             for op, args in instructions[:install]
@@ -128,40 +130,47 @@ class TestDockerfile:
                 for source in args.split()[:-1]:
                     assert (ROOT / source).exists(), f"COPY {source}: missing"
 
-    def test_healthcheck_follows_grpc_health(
-        self, health_server: tuple[health.HealthServicer, int]
-    ) -> None:
-        """The HEALTHCHECK passes while health "" is SERVING and fails once it is not."""
-        servicer, port = health_server
-        command = healthcheck_command(port)
 
-        def run() -> int:
-            return subprocess.run(command, capture_output=True, timeout=30, check=False).returncode
-
-        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-        assert run() == 0
-        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        assert run() == 1
+def healthcheck(admin_port: int) -> int:
+    command = healthcheck_command(admin_port)
+    return subprocess.run(command, capture_output=True, timeout=30, check=False).returncode
 
 
 class TestImageCommandRunsHere:
-    """The image's ENTRYPOINT, CMD and ENV, run against this checkout's fairlimit."""
+    """The image's ENTRYPOINT, CMD, ENV and HEALTHCHECK, run against this checkout's fairlimit."""
 
-    def test_image_command_passes_its_healthcheck(self) -> None:
-        """`fairlimit serve --admin-addr ...` with the image's FAIRLIMIT_CONFIG serves."""
+    def serve(self, extra_env: dict[str, str]) -> tuple[list[str], dict[str, str], int]:
         stage = dict(runtime_stage())
         assert json.loads(stage["ENTRYPOINT"]) == ["fairlimit"]
-        grpc_port, admin_port = free_port(), free_port()
+        admin_port = free_port()
         args = [
             a.replace("0.0.0.0:8080", f"127.0.0.1:{admin_port}") for a in json.loads(stage["CMD"])
         ]
         env = {
             # The image copies descriptors/ to FAIRLIMIT_CONFIG; here the checkout's copy.
             "FAIRLIMIT_CONFIG": str(ROOT / "descriptors"),
-            "FAIRLIMIT_GRPC_ADDR": f"127.0.0.1:{grpc_port}",
+            "FAIRLIMIT_GRPC_ADDR": f"127.0.0.1:{free_port()}",
+            **extra_env,
         }
+        return args, env, admin_port
+
+    def test_image_command_passes_its_healthcheck(self) -> None:
+        """`fairlimit serve --admin-addr ...` with the image's FAIRLIMIT_CONFIG is healthy."""
+        args, env, admin_port = self.serve({})
         with running_fairlimit(args, env, admin_port):
-            result = subprocess.run(
-                healthcheck_command(grpc_port), capture_output=True, timeout=30, check=False
-            )
-            assert result.returncode == 0, result.stderr
+            assert healthcheck(admin_port) == 0
+
+    def test_healthcheck_passes_with_grpc_over_mtls(self, tls_files: dict[str, Path]) -> None:
+        """With gRPC on mTLS the HEALTHCHECK (admin /healthz, plain HTTP) still passes."""
+        tls = {
+            "FAIRLIMIT_TLS_CERT": str(tls_files["server.crt"]),
+            "FAIRLIMIT_TLS_KEY": str(tls_files["server.key"]),
+            "FAIRLIMIT_TLS_CLIENT_CA": str(tls_files["ca.crt"]),
+        }
+        args, env, admin_port = self.serve(tls)
+        with running_fairlimit(args, env, admin_port):
+            assert healthcheck(admin_port) == 0
+
+    def test_healthcheck_fails_when_nothing_answers(self) -> None:
+        """Control: with no server on the admin port the HEALTHCHECK fails."""
+        assert healthcheck(free_port()) != 0
