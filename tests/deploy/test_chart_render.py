@@ -24,7 +24,7 @@ from .helpers import (
 )
 from .test_chart_schema import BAD_VALUES
 
-ISTIO_EXAMPLES = sorted((ROOT / "examples" / "istio").glob("*.yaml"))
+ISTIO_EXAMPLES = sorted((ROOT / "examples" / "istio").glob("ratelimit-*.yaml"))
 CONFIG_DIR = "/etc/fairlimit/descriptors"
 
 
