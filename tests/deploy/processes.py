@@ -164,3 +164,24 @@ def envoy_running(envoy: str, config: str, rls_port: int, tmp_path: Path) -> Ite
         yield proxy
     finally:
         proxy.stop()
+
+
+class StubRateLimitService(rls_pb2_grpc.RateLimitServiceServicer):
+    """Records each request's descriptors; client_id "over" is over its limit."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[list[tuple[str, str]]]]] = []
+
+    def ShouldRateLimit(
+        self, request: rls_pb2.RateLimitRequest, context: grpc.ServicerContext
+    ) -> rls_pb2.RateLimitResponse:
+        entries = [[(e.key, e.value) for e in d.entries] for d in request.descriptors]
+        self.calls.append((request.domain, entries))
+        over = any(value == "over" for descriptor in entries for _, value in descriptor)
+        code = rls_pb2.RateLimitResponse.OVER_LIMIT if over else rls_pb2.RateLimitResponse.OK
+        response = rls_pb2.RateLimitResponse(overall_code=code)
+        status = response.statuses.add(code=code, limit_remaining=0 if over else 99)
+        status.current_limit.requests_per_unit = 100
+        status.current_limit.unit = rls_pb2.RateLimitResponse.RateLimit.SECOND
+        status.duration_until_reset.seconds = 1
+        return response

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import copy
 import subprocess
-from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 import yaml
 
 from envoy_proxy import envoy_in_front, http_get
-from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+
+from .processes import StubRateLimitService
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVOY_EXAMPLES = sorted((ROOT / "examples" / "envoy").glob("*.yaml"))
@@ -223,38 +221,6 @@ def substituted_example(listener: int, rls: int, admin: int) -> dict[str, Any]:
         text = text.replace(str(old), str(new))
     config: dict[str, Any] = yaml.safe_load(text)
     return config
-
-
-class StubRateLimitService(rls_pb2_grpc.RateLimitServiceServicer):
-    """Records each request's descriptors; client_id "over" is over its limit."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, list[list[tuple[str, str]]]]] = []
-
-    def ShouldRateLimit(
-        self, request: rls_pb2.RateLimitRequest, context: grpc.ServicerContext
-    ) -> rls_pb2.RateLimitResponse:
-        entries = [[(e.key, e.value) for e in d.entries] for d in request.descriptors]
-        self.calls.append((request.domain, entries))
-        over = any(value == "over" for descriptor in entries for _, value in descriptor)
-        code = rls_pb2.RateLimitResponse.OVER_LIMIT if over else rls_pb2.RateLimitResponse.OK
-        response = rls_pb2.RateLimitResponse(overall_code=code)
-        status = response.statuses.add(code=code, limit_remaining=0 if over else 99)
-        status.current_limit.requests_per_unit = 100
-        status.current_limit.unit = rls_pb2.RateLimitResponse.RateLimit.SECOND
-        status.duration_until_reset.seconds = 1
-        return response
-
-
-@pytest.fixture
-def stub_rls() -> Iterator[tuple[StubRateLimitService, int]]:
-    service = StubRateLimitService()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    rls_pb2_grpc.add_RateLimitServiceServicer_to_server(service, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield service, port
-    server.stop(grace=None)
 
 
 class TestEnvoyExampleOnTheWire:

@@ -9,8 +9,12 @@ import copy
 import hashlib
 import hmac
 import json
+import ssl
+import subprocess
 import textwrap
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +25,7 @@ from envoy_proxy import http_get
 from servers import fairlimit_server
 
 from .helpers import ROOT, load_values
-from .processes import envoy_running
+from .processes import StubRateLimitService, envoy_running
 from .test_examples import (
     action_path,
     apply_envoy_filter,
@@ -31,6 +35,7 @@ from .test_examples import (
     reaches,
     validate,
     virtual_hosts,
+    with_test_certs,
 )
 
 EXAMPLES = ROOT / "examples"
@@ -235,3 +240,66 @@ class TestJwtEndToEnd:
         assert [code for code, _, _ in anonymous] == [200, 200, 200, 429]
         assert anonymous[0][1]["x-ratelimit-limit"].startswith("3, 3;w=3600")
         assert forged[0] == 401
+
+
+SPIFFE_ID = "spiffe://cluster.local/ns/shop/sa/checkout"
+
+
+def workload_certificate(tls_files: dict[str, Path], tmp_path: Path) -> tuple[Path, Path]:
+    """A client certificate with a SPIFFE URI SAN, signed by the test CA (openssl)."""
+    ca = tls_files["ca.crt"]
+    (tmp_path / "uri.ext").write_text(f"subjectAltName=URI:{SPIFFE_ID}\n")
+    key, csr, crt = tmp_path / "workload.key", tmp_path / "workload.csr", tmp_path / "workload.crt"
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
+
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", str(key), "-out", str(csr), "-subj", "/CN=checkout")  # fmt: skip
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca.with_suffix(".key")),
+            "-CAcreateserial", "-out", str(crt), "-days", "2",
+            "-extfile", str(tmp_path / "uri.ext"))  # fmt: skip
+    return crt, key
+
+
+def https_get(port: int, ca: Path, cert: tuple[Path, Path], headers: dict[str, str]) -> int:
+    context = ssl.create_default_context(cafile=str(ca))
+    context.load_cert_chain(str(cert[0]), str(cert[1]))
+    request = urllib.request.Request(f"https://127.0.0.1:{port}/", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=context) as response:
+            status: int = response.status
+            return status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+class TestMtlsEndToEnd:
+    """HTTPS with client certificates -> a real Envoy (identity-mtls.yaml) -> a recording RLS."""
+
+    def test_the_client_is_the_verified_uri_san_and_cannot_be_spoofed(
+        self,
+        envoy: str,
+        stub_rls: tuple[StubRateLimitService, int],
+        tls_files: dict[str, Path],
+        tmp_path: Path,
+    ) -> None:
+        """A SPIFFE certificate is its principal; no URI SAN, or a forged header, is anonymous."""
+        service, rls_port = stub_rls
+        workload = workload_certificate(tls_files, tmp_path)
+        plain = (tls_files["client.crt"], tls_files["client.key"])
+        config = with_test_certs(EXAMPLES / "envoy" / "identity-mtls.yaml", tls_files, tmp_path)
+        with envoy_running(envoy, config.read_text(), rls_port, tmp_path) as proxy:
+            ca = tls_files["ca.crt"]
+            codes = [
+                https_get(proxy.port, ca, workload, {}),
+                https_get(proxy.port, ca, plain, {}),
+                https_get(proxy.port, ca, plain, {"x-fairlimit-principal": SPIFFE_ID}),
+            ]
+        assert codes == [200, 200, 200]
+        route = ("route", "public")
+        assert service.calls == [
+            ("edge", [[route, ("client_id", SPIFFE_ID)]]),
+            ("edge", [[route, ("client_id", "anonymous")]]),
+            ("edge", [[route, ("client_id", "anonymous")]]),
+        ]

@@ -20,6 +20,7 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from servers import ServerProcess, fairlimit_server, free_port
 
 from .helpers import CHART, ROOT, Helm, one, require
+from .processes import ready_status
 
 MONITORING = ROOT / "examples" / "monitoring"
 ALERTS = MONITORING / "alerts.yaml"
@@ -147,13 +148,9 @@ class TestDashboard:
         assert result.returncode == 0, result.stdout + result.stderr
 
 
-def admin_port(server: ServerProcess) -> int:
-    found = re.search(r"admin HTTP on \S+ \(port (\d+)\)", "".join(server.lines))
-    assert found, server.lines
-    return int(found.group(1))
-
-
 def exported(port: int) -> set[str]:
+    """The sample names of the admin /metrics, once the admin server answers /healthz."""
+    assert ready_status(f"http://127.0.0.1:{port}/healthz", time.monotonic() + 20) == 200
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     return {
@@ -175,13 +172,13 @@ def send(target: str, route: str, client: str, count: int) -> None:
             stub.ShouldRateLimit(request, timeout=5)
 
 
-def names_after_traffic(server: ServerProcess, wanted: set[str]) -> set[str]:
+def names_after_traffic(server: ServerProcess, port: int, wanted: set[str]) -> set[str]:
     """Send contended traffic until /metrics shows every wanted name (or 20 s pass).
 
     The cap figures appear after a full fairness period (1 s) has been seen, so this
     waits on the figures themselves, not on a clock.
     """
-    port, names = admin_port(server), set()
+    names: set[str] = set()
     deadline = time.monotonic() + 20
     while not wanted <= names and time.monotonic() < deadline:
         send(server.target, "public", "batch", 30)
@@ -204,10 +201,23 @@ class TestEveryMetricIsExported:
         """A real server, after traffic (and one with its Redis gone), exports every name used."""
         config = tmp_path / "edge.yaml"
         config.write_text(textwrap.dedent(CONFIG))
-        with fairlimit_server("--config", str(config)) as server:
-            names = names_after_traffic(server, used_metrics - {"fairlimit_backend_errors_total"})
+        wanted = used_metrics - {"fairlimit_backend_errors_total"}
+        port = free_port()  # the admin address is given, not read from the log
+        with fairlimit_server(
+            "--config", str(config), "--admin-addr", f"127.0.0.1:{port}"
+        ) as server:
+            names = names_after_traffic(server, port, wanted)
         dead_redis = f"redis://127.0.0.1:{free_port()}/0"
-        with fairlimit_server("--config", str(config), "--backend", dead_redis) as server:
+        port = free_port()
+        args = [
+            "--config",
+            str(config),
+            "--backend",
+            dead_redis,
+            "--admin-addr",
+            f"127.0.0.1:{port}",
+        ]
+        with fairlimit_server(*args) as server:
             send(server.target, "public", "alice", 1)
-            names |= exported(admin_port(server))
+            names |= exported(port)
         assert sorted(used_metrics - names) == []
