@@ -43,6 +43,7 @@ def _configure_logging(fmt: str) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fairlimit", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"fairlimit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve Envoy's RateLimitService")
     serve.add_argument("--config", action="append", metavar="PATH", help="file or directory")
