@@ -61,6 +61,13 @@ class Rule:
     detailed_metric: bool = False
     fair_share: FairShare | None = None
     children: tuple["Rule", ...] = ()
+    # envoyproxy/ratelimit's keys, with its meanings: fail only when every quota descriptor
+    # of a request is over; the request's value in the upstream metric key; every value of
+    # this wildcard shares one counter; returned as response dynamic metadata (never mutated).
+    quota_mode: bool = False
+    value_to_metric: bool = False
+    share_threshold: bool = False
+    metadata: Mapping[str, object] | None = None
 
     @property
     def is_wildcard(self) -> bool:
