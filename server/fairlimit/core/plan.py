@@ -161,7 +161,8 @@ def _descriptor_plan(
     charged = limit is not None and limit.name not in replaced
     if not charged and (match is None or len(match.trail) < 2):
         return DescriptorPlan(rule, ())  # nothing to charge: no key to build
-    paths = key_paths(request.domain, descriptor.entries)
+    shared = match.shared if match is not None and descriptor.limit is None else ()
+    paths = key_paths(request.domain, descriptor.entries, shared)
     hits = request.hits_for(descriptor)
     if charged:
         assert limit is not None
