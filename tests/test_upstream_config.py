@@ -9,6 +9,8 @@ from fairlimit.config.loader import load
 from fairlimit.core.units import seconds_until_reset
 from fairlimit.errors import ConfigError
 
+pytestmark = pytest.mark.unit
+
 UPSTREAM = Path(__file__).parent / "fixtures" / "upstream"
 
 

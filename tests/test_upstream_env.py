@@ -3,7 +3,9 @@
 import pytest
 
 from fairlimit.errors import SettingsError
-from fairlimit.upstream_env import go_duration, translate
+from fairlimit.settings.upstream import go_duration, translate
+
+pytestmark = pytest.mark.unit
 
 
 class TestListeners:

@@ -2,10 +2,13 @@
 
 from pathlib import Path
 
-from conftest import FakeClock, LimiterFactory
+import pytest
+
 from fairlimit.core.admission import Code
 from fairlimit.limiter import Decision
-from helpers import desc, req
+from helpers import FakeClock, LimiterFactory, desc, req
+
+pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
 KEYS = Path(__file__).parent / "fixtures" / "upstream" / "keys"
 

@@ -5,6 +5,8 @@ import pytest
 from fairlimit.config.yaml_text import Plain, as_bool, as_int, read_text_yaml, typed
 from fairlimit.errors import ConfigUnreadable
 
+pytestmark = pytest.mark.unit
+
 
 class TestScalarsAsText:
     def test_numbers_and_booleans_keep_the_text_written(self) -> None:

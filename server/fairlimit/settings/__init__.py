@@ -26,7 +26,7 @@ class FailureMode(enum.Enum):
 
 def bundled_descriptors() -> Path:
     """The descriptors shipped with fairlimit: the checkout's, else the installed copy."""
-    checkout = Path(__file__).resolve().parents[2] / "descriptors"
+    checkout = Path(__file__).resolve().parents[3] / "descriptors"
     if checkout.is_dir():
         return checkout
     return Path(sys.prefix) / "share" / "fairlimit" / "descriptors"
