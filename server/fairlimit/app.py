@@ -8,17 +8,19 @@ from collections.abc import Callable, Coroutine
 
 from prometheus_client import CollectorRegistry
 
-from fairlimit.admin import AdminServer, JsonCodec
+from fairlimit.admin import AdminServer, JsonCodec, SideListener
 from fairlimit.config.loader import load
 from fairlimit.config.watch import ConfigWatcher
 from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError
+from fairlimit.grpc_api.extras import ResponseOptions
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer, TlsFiles
 from fairlimit.limiter import Limiter
 from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
 from fairlimit.telemetry import Telemetry
+from fairlimit.telemetry.upstream import UpstreamStats
 
 log = logging.getLogger("fairlimit")
 
@@ -32,6 +34,18 @@ def _tls(settings: Settings) -> TlsFiles | None:
         return None
     ca = settings.tls_client_ca.read_bytes() if settings.tls_client_ca else None
     return TlsFiles(settings.tls_cert.read_bytes(), settings.tls_key.read_bytes(), ca)
+
+
+def _response_options(settings: Settings) -> ResponseOptions:
+    """upstream's optional response parts, as the settings ask for them."""
+    return ResponseOptions(
+        headers=settings.response_headers,
+        limit_header=settings.header_limit,
+        remaining_header=settings.header_remaining,
+        reset_header=settings.header_reset,
+        metadata=settings.response_metadata,
+        quota_all=settings.quota_mode,
+    )
 
 
 class App:
@@ -49,7 +63,10 @@ class App:
         self.worker = worker  # with --workers N, this process's index; admin HTTP in 0 only
         # the global providers cli.py installed
         self.telemetry = telemetry or Telemetry(top_clients=settings.top_clients)
-        loaded = load(settings.config, strict=settings.strict)
+        self.telemetry.near_limit_ratio = settings.near_limit_ratio
+        if settings.metrics_compat:
+            self.telemetry.upstream = UpstreamStats(settings.near_limit_ratio)
+        loaded = load(settings.config, strict=settings.strict, merge_domains=settings.merge_domains)
         for line in loaded.warnings:
             log.warning("%s", line)
         self.store = open_store(settings.backend)
@@ -59,14 +76,26 @@ class App:
             shadow=settings.shadow,
             failure_mode=settings.failure_mode,
             telemetry=self.telemetry,
+            quota_mode=settings.quota_mode,
         )
         reuse_port = settings.workers > 1  # the workers share the port (workers.py)
         self.grpc = GrpcServer(
-            self.limiter, self.telemetry, settings.grpc_addr, _tls(settings), reuse_port
+            self.limiter,
+            self.telemetry,
+            settings.grpc_addr,
+            _tls(settings),
+            reuse_port,
+            _response_options(settings),
+            (settings.max_connection_age, settings.max_connection_age_grace),
         )
         self.admin = None if worker else self._admin(metrics_registry)
+        self.side = [] if self.admin is None else self._side_listeners(self.admin)
         self.watcher = ConfigWatcher(
-            settings.config, strict=settings.strict, apply=self._apply, reject=self._reject
+            settings.config,
+            strict=settings.strict,
+            merge_domains=settings.merge_domains,
+            apply=self._apply,
+            reject=self._reject,
         )
         self._tasks: set[asyncio.Task[object]] = set()
         self._stopping = asyncio.Event()
@@ -74,12 +103,35 @@ class App:
     def _admin(self, registry: CollectorRegistry | None) -> AdminServer:
         host, port = parse_address("--admin-addr", self.settings.admin_addr)
         codec = JsonCodec(request_from_json, response_to_json)
-        return AdminServer(self.limiter, host, port, codec, registry)
+        upstream = self.telemetry.upstream
+        return AdminServer(
+            self.limiter,
+            host,
+            port,
+            codec,
+            registry,
+            healthy_with_config=self.settings.healthy_with_config,
+            upstream_metrics=None if upstream is None else upstream.render,
+        )
+
+    def _side_listeners(self, admin: AdminServer) -> list[SideListener]:
+        """upstream's debug port (text /rlconfig) and PROMETHEUS_ADDR, where asked for."""
+        listeners = []
+        if self.settings.debug_addr is not None:
+            host, port = parse_address("--debug-addr", self.settings.debug_addr)
+            listeners.append(SideListener(host, port, {"/rlconfig": admin.rlconfig_text}))
+        if self.settings.metrics_addr is not None:
+            host, port = parse_address("--metrics-addr", self.settings.metrics_addr)
+            listeners.append(SideListener(host, port, {self.settings.metrics_path: admin.metrics}))
+        return listeners
 
     async def start(self) -> None:
         await self.grpc.start()
         if self.admin is not None:
             await self.admin.start()
+        for listener in self.side:
+            await listener.start()
+            log.info("serving %s:%d", listener.host, listener.port)
         self.telemetry.config_load(True)
         _log_loaded("config loaded", self.limiter.loaded)
         log.info("serving gRPC on %s (port %d)", self.settings.grpc_addr, self.grpc.port)
@@ -160,6 +212,8 @@ class App:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.admin is not None:
             await self.admin.stop()
+        for listener in self.side:
+            await listener.stop()
         await self.store.close()
         log.info("stopped")
 

@@ -32,13 +32,18 @@ class _JsonFormatter(logging.Formatter):
         )
 
 
-def _configure_logging(fmt: str) -> None:
+# Upstream's levels (logrus) that Python's logging does not name.
+_LEVELS = {"trace": "DEBUG", "warn": "WARNING", "fatal": "CRITICAL", "panic": "CRITICAL"}
+
+
+def _configure_logging(fmt: str, level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    name = _LEVELS.get(level, level.upper())
+    logging.basicConfig(level=name, handlers=[handler], force=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--shadow", action="store_const", const=True)
     serve.add_argument("--workers", metavar="N")
     serve.add_argument("--log-format", choices=["text", "json"])
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this chain")
     serve.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     serve.add_argument("--tls-client-ca", metavar="PEM", help="require client certs (mTLS)")
@@ -86,7 +92,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     given = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     settings = Settings.from_env(os.environ).override(given)
-    _configure_logging(settings.log_format)
+    _configure_logging(settings.log_format, settings.log_level)
+    warning = settings.upstream_warning()
+    if warning is not None:
+        logging.getLogger("fairlimit").warning("%s", warning)
     if settings.workers > 1:
         from fairlimit.workers import run_workers
 
@@ -96,7 +105,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_worker(settings: "Settings", index: int) -> None:
     """One of ``--workers N`` (a spawned process): serve, the admin HTTP only in worker 0."""
-    _configure_logging(settings.log_format)
+    _configure_logging(settings.log_format, settings.log_level)
     try:
         code = _serve_settings(settings, worker=index)
     except (SettingsError, UnsupportedBackend) as exc:  # the store checks --backend in each worker

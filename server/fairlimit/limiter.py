@@ -98,7 +98,7 @@ class Limiter:
         code = admission.overall(statuses, self.quota_mode)
         if code is Code.OK and any(s.code is Code.OVER_LIMIT for s in statuses):
             code, statuses = await self._without_quotas_over(request, statuses, now)
-        self.telemetry.decided(request, statuses, now)
+        self.telemetry.decided(request, statuses, now, plan)
         code = Code.OK if self.shadow else code
         return Decision(code, statuses, backend_seconds=time.perf_counter() - started)
 

@@ -108,5 +108,7 @@ def typed(value: object) -> Any:
     if isinstance(value, list):
         return [typed(v) for v in value]
     if isinstance(value, Plain):
-        return yaml.safe_load(value)
+        loaded = yaml.safe_load(value)
+        # dates and the like have no JSON form (metadata becomes a protobuf Struct): text
+        return loaded if loaded is None or isinstance(loaded, str | int | float) else str(value)
     return value

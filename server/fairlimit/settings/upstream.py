@@ -8,7 +8,7 @@ dot-file and watch knobs, pipelining, key expiry jitter) are accepted quietly.
 """
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from urllib.parse import quote
@@ -44,6 +44,8 @@ UNSUPPORTED = frozenset({
     "MEMCACHE_TLS_CLIENT_KEY", "MEMCACHE_TLS_CACERT", "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
     "TRACING_ENABLED", "TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE",
     "TRACING_SERVICE_INSTANCE_ID", "TRACING_EXPORTER_PROTOCOL", "TRACING_SAMPLING_RATE",
+    "CONFIG_GRPC_XDS_NODE_ID", "CONFIG_GRPC_XDS_NODE_METADATA", "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
     "CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
     "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
     "CONFIG_GRPC_XDS_SERVER_TLS_SAN", "XDS_CLIENT_BACKOFF_JITTER",
@@ -68,11 +70,6 @@ _TEXT = (
 _DURATIONS = (
     ("GRPC_MAX_CONNECTION_AGE", "max_connection_age"),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", "max_connection_age_grace"),
-)
-_XDS_TEXT = (
-    ("CONFIG_GRPC_XDS_NODE_ID", "xds_node_id"),
-    ("CONFIG_GRPC_XDS_NODE_METADATA", "xds_node_metadata"),
-    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "xds_headers"),
 )
 _TRUE = frozenset({"1", "t", "true", "yes", "on"})  # Go's strconv.ParseBool, lower-cased
 _FALSE = frozenset({"0", "f", "false", "no", "off"})
@@ -110,13 +107,17 @@ class Translation:
 
     def warning(self) -> str | None:
         """The one startup warning naming every set upstream variable that has no effect."""
-        if not self.unsupported:
-            return None
-        names = ", ".join(sorted(self.unsupported))
-        return (
-            f"envoyproxy/ratelimit settings not supported by fairlimit, ignored: {names} "
-            "(see docs/migrating-from-envoy-ratelimit.md)"
-        )
+        return unsupported_warning(self.unsupported)
+
+
+def unsupported_warning(names: Sequence[str]) -> str | None:
+    """One line naming ``names``, the set upstream variables fairlimit does not honour."""
+    if not names:
+        return None
+    return (
+        f"envoyproxy/ratelimit settings not supported by fairlimit, ignored: "
+        f"{', '.join(sorted(names))} (see docs/migrating-from-envoy-ratelimit.md)"
+    )
 
 
 def _address(env: Mapping[str, str], host: str, port: str, default_host: str,
@@ -156,18 +157,12 @@ def _tls(env: Mapping[str, str], out: Translation) -> None:
 def _config(env: Mapping[str, str], out: Translation) -> None:
     kind = env.get("CONFIG_TYPE", "FILE").strip().upper()
     if kind == "GRPC_XDS_SOTW":
-        out.values["config_source"] = "xds"
-        out.values["xds_server"] = env.get("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000")
-        for name, target in _XDS_TEXT:
-            if name in env:
-                out.values[target] = env[name]
-        retry = "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL"
-        if retry in env:
-            out.values["xds_retry"] = str(go_duration(retry, env[retry]))
-    elif kind != "FILE":
+        # issue 12 note: the xDS config source is not built yet; refusing beats serving nothing.
+        raise SettingsError("CONFIG_TYPE: GRPC_XDS_SOTW is not supported yet; use FILE")
+    if kind != "FILE":
         raise SettingsError(f"CONFIG_TYPE: expected FILE or GRPC_XDS_SOTW, got {kind!r}")
     layout = ("RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY")
-    if kind == "FILE" and any(name in env for name in layout):
+    if any(name in env for name in layout):
         root = env.get("RUNTIME_ROOT", "/srv/runtime_data/current")
         parts = [env.get("RUNTIME_SUBDIRECTORY", ""), env.get("RUNTIME_APPDIRECTORY", "config")]
         out.values["config"] = str(PurePosixPath(root, *[p for p in parts if p]))

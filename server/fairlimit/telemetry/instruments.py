@@ -29,10 +29,13 @@ from opentelemetry.trace import (
 from fairlimit import __version__
 from fairlimit.core.admission import Code, Status
 from fairlimit.core.fairshare import CapReport, FairnessFigures
+from fairlimit.core.plan import Plan
 from fairlimit.core.request import Request
 from fairlimit.core.rules import Loaded
+from fairlimit.core.upstream import override_key, stat_key
 from fairlimit.telemetry.fairness import BucketWatch, CapRow, CapTable
 from fairlimit.telemetry.top import DEFAULT_CAPACITY, TopClients, TopRow
+from fairlimit.telemetry.upstream import UpstreamStats
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +159,8 @@ class Telemetry:
             "fairlimit.cap.mode", [self._modes], "1", "1 for the cap's classification (mode)"
         )
         self._rows: tuple[CapRow, ...] = ()
+        self.near_limit_ratio = NEAR_LIMIT_RATIO
+        self.upstream: UpstreamStats | None = None  # envoyproxy/ratelimit's names, when on
         self._buckets = BucketWatch()
         self._table = CapTable()
         self._top = TopClients(top_clients)  # client values stay here: never an attribute
@@ -170,7 +175,9 @@ class Telemetry:
         self._buckets.use(loaded)
         self._top.use(loaded)
 
-    def decided(self, request: Request, statuses: Sequence[Status], now: float) -> None:
+    def decided(
+        self, request: Request, statuses: Sequence[Status], now: float, plan: Plan | None = None
+    ) -> None:
         """Count one answered request per rule, and what global buckets gave whom."""
         if not self.enabled:
             return
@@ -179,8 +186,24 @@ class Telemetry:
             self._buckets.observe(request, statuses, now)
             if self._top.watching:
                 self._top.observe(request, statuses, now)
+            if self.upstream is not None and plan is not None:
+                self._count_upstream(self.upstream, request, statuses, plan)
         except Exception:
             self._failed()
+
+    def _count_upstream(
+        self, upstream: UpstreamStats, request: Request, statuses: Sequence[Status], plan: Plan
+    ) -> None:
+        for descriptor, status, dplan in zip(
+            request.descriptors, statuses, plan.descriptors, strict=True
+        ):
+            if status.current_limit is None or dplan.unlimited:
+                continue
+            if descriptor.limit is not None or dplan.match is None:
+                key = override_key(request.domain, descriptor.entries)
+            else:
+                key = stat_key(request.domain, descriptor.entries, dplan.match.trail)
+            upstream.rule(key, status, request.hits_for(descriptor))
 
     def _count_rules(self, request: Request, statuses: Sequence[Status]) -> None:
         for descriptor, status in zip(request.descriptors, statuses, strict=True):
@@ -199,15 +222,19 @@ class Telemetry:
                 continue
             self._rule["within_limit"].add(hits, attributes)
             used = limit.requests_per_unit - status.limit_remaining
-            near = used - math.floor(limit.requests_per_unit * NEAR_LIMIT_RATIO)
+            near = used - math.floor(limit.requests_per_unit * self.near_limit_ratio)
             if near > 0:
                 self._rule["near_limit"].add(min(hits, near), attributes)
 
     def backend_error(self) -> None:
         self._safely(self._backend_errors.add, 1)
+        if self.upstream is not None:
+            self._safely(self.upstream.error, "redis_error")
 
     def config_load(self, ok: bool) -> None:
         self._safely(self._loads.add, 1, {"result": "success" if ok else "failure"})
+        if self.upstream is not None:
+            self._safely(self.upstream.config_load, ok)
 
     def rpc_span(
         self, name: str, carrier: Mapping[str, str], attributes: Mapping[str, str]
@@ -221,6 +248,10 @@ class Telemetry:
     def rpc_finished(self, seconds: float, result: str) -> None:
         """One ShouldRateLimit call took ``seconds``; ``result`` is its code's name."""
         self._safely(self._rpc.record, seconds, {"result": result})
+        if self.upstream is not None:
+            self._safely(self.upstream.call, seconds)
+            if result == "INVALID_ARGUMENT":
+                self._safely(self.upstream.error, "service_error")
 
     def _safely(self, record: Callable[..., None], *args: object) -> None:
         if not self.enabled:
