@@ -162,6 +162,7 @@ def config_report(loaded: Loaded, rows: tuple[CapRow, ...]) -> dict[str, Any]:
     return {
         "files": [str(f) for f in loaded.files],
         "warnings": loaded.warnings,
+        "notes": loaded.notes,
         "domains": [
             {
                 "domain": d.name,

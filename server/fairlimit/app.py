@@ -69,6 +69,8 @@ class App:
         loaded = load(settings.config, strict=settings.strict, merge_domains=settings.merge_domains)
         for line in loaded.warnings:
             log.warning("%s", line)
+        for line in loaded.notes:
+            log.info("%s", line)
         self.store = open_store(settings.backend)
         self.limiter = Limiter(
             loaded,
@@ -152,6 +154,8 @@ class App:
     def _apply(self, loaded: Loaded) -> None:
         for line in loaded.warnings:
             log.warning("%s", line)
+        for line in loaded.notes:
+            log.info("%s", line)
         self.limiter.swap(loaded)
         self.telemetry.config_load(True)
         _log_loaded("config reloaded", loaded)

@@ -143,6 +143,7 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
             "path": c.path,
             "mode": c.mode.value,
             "warning": c.is_warning,
+            "note": c.is_note,
             "message": c.message,
             "cap_per_second": c.cap_per_second,
             "required_per_second": c.required_per_second,
@@ -159,6 +160,7 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
         "classifications": caps,
         "errors": warnings if strict else [],
         "warnings": [] if strict else warnings,
+        "notes": loaded.notes,
     }
 
 
@@ -177,13 +179,34 @@ def _check(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
-        for c in loaded.classifications:
-            level = "error" if args.strict and c.is_warning else "warning" if c.is_warning else "ok"
-            print(f"{level}: {c.line}")
-        modes = [c.mode.value for c in loaded.classifications]
-        summary = ", ".join(f"{modes.count(m)} {m}" for m in sorted(set(modes))) or "no limits"
-        print(f"{len(loaded.files)} files, {len(loaded.config.domains)} domains: {summary}")
+        _check_text(loaded, args.strict)
     return EXIT_OK if report["ok"] else EXIT_VIOLATION
+
+
+_EXPLAINED = {
+    "note": "notes: a global bucket works as in envoyproxy/ratelimit (first come, first "
+    "served); it is advice, never an error, --strict included",
+    "warning": "warnings: a contended cap is shared by weighted max-min fairness; raise the "
+    "cap or lower the per-client limits or active_clients to make it per-client buckets; "
+    "--strict refuses it",
+    "error": "errors: --strict refuses a contended cap; raise the cap or lower the "
+    "per-client limits or active_clients, or drop --strict to share it fairly",
+}
+
+
+def _check_text(loaded: Loaded, strict: bool) -> None:
+    levels = []
+    for c in loaded.classifications:
+        level = "error" if strict and c.is_warning else "warning" if c.is_warning else (
+            "note" if c.is_note else "ok")  # fmt: skip
+        levels.append(level)
+        print(f"{level}: {c.line}")
+    modes = [c.mode.value for c in loaded.classifications]
+    summary = ", ".join(f"{modes.count(m)} {m}" for m in sorted(set(modes))) or "no limits"
+    print(f"{len(loaded.files)} files, {len(loaded.config.domains)} domains: {summary}")
+    for level, text in _EXPLAINED.items():
+        if level in levels:
+            print(text)
 
 
 def _simulate(args: argparse.Namespace) -> int:

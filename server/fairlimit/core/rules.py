@@ -111,6 +111,11 @@ class Loaded:
     def warnings(self) -> list[str]:
         return [c.line for c in self.classifications if c.is_warning]
 
+    @property
+    def notes(self) -> list[str]:
+        """Advice that is never an error (global buckets, as upstream has them)."""
+        return [c.line for c in self.classifications if c.is_note]
+
 
 def walk(rules: tuple[Rule, ...]) -> list[tuple[Rule, tuple[Rule, ...]]]:
     """Every rule below ``rules`` with its ancestors (outermost first), depth first."""
