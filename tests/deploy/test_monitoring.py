@@ -126,11 +126,11 @@ class TestDashboard:
         """Jain, starved, top share, λ, utilisation, decisions, latency, errors, fail-open."""
         text = " ".join(dashboard_exprs())
         for metric in (
-            "fairlimit_cap_jain_index",
+            "fairlimit_cap_jain_index_ratio",
             "fairlimit_cap_starved_clients",
-            "fairlimit_cap_top_client_share",
+            "fairlimit_cap_top_client_share_ratio",
             "fairlimit_cap_fair_share_level_per_second",
-            "fairlimit_cap_utilization",
+            "fairlimit_cap_utilization_ratio",
             "ratelimit_over_limit_total",
             "fairlimit_rpc_duration_seconds_bucket",
             "fairlimit_backend_errors_total",

@@ -2,10 +2,12 @@
 
 Per rule (attributes ``domain`` and ``rule``, the rule path; ``value``, the request's
 ``key=value`` path, only where the rule sets ``detailed_metric``), with envoyproxy/ratelimit's
-meanings, in hits: ``ratelimit.total_hits``, ``.over_limit`` (shadow-mode overs included),
-``.near_limit`` (admitted hits that took the rule past 80% of its current limit),
-``.within_limit``, ``.shadow_mode``. Per cap rule, observable gauges read from the last
-``refresh`` (attributes ``domain`` and ``rule``; never a client value): see ``fairness``.
+meanings, in hits: ``ratelimit.hits`` (upstream's total_hits; Prometheus adds ``_total``),
+``.over_limit`` (shadow-mode overs included), ``.near_limit`` (admitted hits that took the
+rule past the near-limit ratio, 80% unless set, of its current limit), ``.within_limit``,
+``.shadow_mode``. Per cap rule, observable gauges read from the last ``refresh``
+(attributes ``domain`` and ``rule``; never a client value): see ``fairness``; the ratios end
+in ``_ratio``, as Prometheus names unit-less ratios.
 Service: ``fairlimit.rpc.duration``, ``fairlimit.backend.errors``, ``fairlimit.config.loads``.
 
 Telemetry never fails a request: recording errors are caught, counted and logged once.
@@ -40,11 +42,11 @@ from fairlimit.telemetry.upstream import UpstreamStats
 log = logging.getLogger(__name__)
 
 NEAR_LIMIT_RATIO = 0.8  # envoyproxy/ratelimit's default NEAR_LIMIT_RATIO
-NO_LEVEL = -1.0  # fair_share_level when λ is infinite (uncontended) or unknown
+NO_LEVEL = -1.0  # fair_share_level when λ is infinite (uncontended)
 _RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 _RULE_COUNTERS = (
-    ("total_hits", "Hits checked against the rule"),
+    ("hits", "Hits checked against the rule (upstream's total_hits)"),
     ("over_limit", "Hits over the rule's limit (shadow-mode overs included)"),
     ("near_limit", "Admitted hits that took the rule past 80% of its current limit"),
     ("within_limit", "Hits within the rule's limit"),
@@ -61,6 +63,8 @@ def _level(row: CapRow) -> float | None:
     if row.figures is None:
         return None
     level = row.figures.level
+    # -1 while uncontended (λ infinite): the OpenTelemetry SDK drops non-finite values, and
+    # a series that vanished under light load would look like a broken exporter.
     return NO_LEVEL if math.isinf(level) else level
 
 
@@ -73,15 +77,15 @@ def _declared(row: CapRow) -> float | None:
 
 
 _CAP_GAUGES: tuple[tuple[str, str, str, _Reading], ...] = (
-    ("utilization", "1", "Admitted hits over the cap's capacity, last period",
+    ("utilization_ratio", "1", "Admitted hits over the cap's capacity, last period",
      _figure(lambda f: f.utilization)),
     ("active_clients", "{client}", "Clients with demand at the cap, last period",
      _figure(lambda f: f.active_clients)),
     ("declared_clients", "{client}", "The cap's fair_share.active_clients", _declared),
     ("fair_share_level", "{hit}/s", "λ per unit weight; -1 when uncontended", _level),
-    ("jain_index", "1", "Jain's index over admitted / max-min fair share",
+    ("jain_index_ratio", "1", "Jain's index over admitted / max-min fair share",
      _figure(lambda f: f.jain_index)),
-    ("top_client_share", "1", "The largest client's part of the admitted hits",
+    ("top_client_share_ratio", "1", "The largest client's part of the admitted hits",
      _figure(lambda f: f.top_client_share)),
     ("starved_clients", "{client}", "Clients that got under 90% of their fair share",
      _figure(lambda f: f.starved_clients)),
@@ -214,7 +218,7 @@ class Telemetry:
             attributes = {"domain": request.domain, "rule": rule.path}
             if rule.detailed_metric:
                 attributes["value"] = "/".join(f"{k}={v}" for k, v in descriptor.entries)
-            self._rule["total_hits"].add(hits, attributes)
+            self._rule["hits"].add(hits, attributes)
             if status.code is Code.OVER_LIMIT or status.shadowed:
                 self._rule["over_limit"].add(hits, attributes)
                 if status.shadowed:
