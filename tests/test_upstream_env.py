@@ -46,6 +46,15 @@ class TestConfigLayout:
     def test_no_runtime_variable_keeps_fairlimits_default(self) -> None:
         assert "config" not in translate({}).values
 
+    def test_xds_source_takes_its_server_node_and_headers(self) -> None:
+        """CONFIG_TYPE=GRPC_XDS_SOTW: RateLimitConfig resources over ADS from that server."""
+        env = {"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "cp:18000",
+               "CONFIG_GRPC_XDS_NODE_ID": "rl", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "a:b",
+               "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL": "500ms"}  # fmt: skip
+        assert translate(env).values == {
+            "config_source": "xds", "xds_server": "cp:18000", "xds_node_id": "rl",
+            "xds_headers": "a:b", "xds_retry": "0.5"}  # fmt: skip
+
     def test_unknown_config_type_is_refused(self) -> None:
         with pytest.raises(SettingsError, match="CONFIG_TYPE"):
             translate({"CONFIG_TYPE": "ETCD"})

@@ -9,13 +9,14 @@ from collections.abc import Callable, Coroutine
 from prometheus_client import CollectorRegistry
 
 from fairlimit.admin import AdminServer, JsonCodec, SideListener
-from fairlimit.config.loader import load
+from fairlimit.config.loader import assemble, load
 from fairlimit.config.watch import ConfigWatcher
 from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.extras import ResponseOptions
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer, TlsFiles
+from fairlimit.grpc_api.xds import XdsConfigSource, XdsSettings
 from fairlimit.limiter import Limiter
 from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
@@ -48,6 +49,31 @@ def _response_options(settings: Settings) -> ResponseOptions:
     )
 
 
+def _pairs(text: str, sep: str) -> list[tuple[str, str]]:
+    """``"a=1,b=2"`` (with ``sep`` between name and value) -> pairs; malformed items dropped."""
+    pairs = (item.partition(sep) for item in text.split(","))
+    return [(name.strip(), value.strip()) for name, found, value in pairs if found and name]
+
+
+def _xds_source(
+    settings: Settings, apply: Callable[[Loaded], None], reject: Callable[[ConfigError], None]
+) -> XdsConfigSource | None:
+    """The xDS config source when CONFIG_TYPE=GRPC_XDS_SOTW asks for it."""
+    if settings.config_source != "xds":
+        return None
+    xds = XdsSettings(
+        settings.xds_server,
+        settings.xds_node_id,
+        dict(_pairs(settings.xds_node_metadata, "=")),
+        tuple((name.lower(), value) for name, value in _pairs(settings.xds_headers, ":")),
+        settings.xds_retry,
+    )
+    return XdsConfigSource(
+        xds, strict=settings.strict, merge_domains=settings.merge_domains, apply=apply,
+        reject=reject,
+    )  # fmt: skip
+
+
 class App:
     """A running fairlimit: the limiter and the servers around it."""
 
@@ -66,7 +92,12 @@ class App:
         self.telemetry.near_limit_ratio = settings.near_limit_ratio
         if settings.metrics_compat:
             self.telemetry.upstream = UpstreamStats(settings.near_limit_ratio)
-        loaded = load(settings.config, strict=settings.strict, merge_domains=settings.merge_domains)
+        self.xds = _xds_source(settings, self._apply, self._reject)
+        loaded = (
+            assemble([], ())  # nothing until the management server sends the first set
+            if self.xds is not None
+            else load(settings.config, strict=settings.strict, merge_domains=settings.merge_domains)
+        )
         for line in loaded.warnings:
             log.warning("%s", line)
         for line in loaded.notes:
@@ -128,6 +159,11 @@ class App:
         return listeners
 
     async def start(self) -> None:
+        if self.xds is not None:
+            # As upstream: serve only once the management server has sent a config.
+            log.info("waiting for the first config from xDS server %s", self.settings.xds_server)
+            self._spawn(self.xds.run())
+            await self.xds.applied.wait()
         await self.grpc.start()
         if self.admin is not None:
             await self.admin.start()
@@ -143,7 +179,8 @@ class App:
             )
         else:
             log.info("worker %d: admin HTTP is served by worker 0 only", self.worker)
-        self._spawn(self.watcher.run())
+        if self.xds is None:
+            self._spawn(self.watcher.run())
         self._spawn(self._refresh_fairness())
 
     def _spawn(self, work: Coroutine[object, object, object]) -> None:
@@ -167,8 +204,10 @@ class App:
         log.error("config rejected: keeping the running config (%d problems)", len(error.problems))
 
     def reload(self) -> None:
-        """Reload the config now (SIGHUP), as a change on disk would."""
-        self._spawn(self.watcher.reload())
+        """Reload the config now (SIGHUP), as a change on disk would (files only: the xDS
+        management server pushes every change itself)."""
+        if self.xds is None:
+            self._spawn(self.watcher.reload())
 
     async def _refresh_fairness(self) -> None:
         # Ends on the stop event, not only on cancellation: a cancel that lands inside a
@@ -210,6 +249,8 @@ class App:
         if self.admin is not None:
             self.admin.draining = True
         self.watcher.stop()
+        if self.xds is not None:
+            self.xds.stop()
         await self.grpc.drain(DRAIN_SECONDS)
         for task in list(self._tasks):
             task.cancel()

@@ -86,6 +86,12 @@ class Settings:
     metrics_compat: bool = False  # upstream's Prometheus names next to ours
     metrics_addr: str | None = None  # a listener of its own for /metrics (PROMETHEUS_ADDR)
     metrics_path: str = "/metrics"
+    config_source: str = "file"  # or "xds": CONFIG_TYPE=GRPC_XDS_SOTW
+    xds_server: str = "localhost:18000"
+    xds_node_id: str = "default"
+    xds_node_metadata: str = ""  # "key=value,key2=value2"
+    xds_headers: str = ""  # "name:value,name2:value2", sent with the stream
+    xds_retry: float = 3.0  # seconds between reconnections
     unsupported_upstream: tuple[str, ...] = ()  # set upstream variables with no effect
 
     @classmethod
@@ -126,6 +132,10 @@ class Settings:
                               ("--metrics-addr", self.metrics_addr)):  # fmt: skip
             if address is not None:
                 parse_address(flag, address)
+        if self.config_source not in ("file", "xds"):
+            raise SettingsError(
+                f"--config-source: expected file or xds, got {self.config_source!r}"
+            )
         if not 0 <= self.near_limit_ratio <= 1:
             raise SettingsError(f"--near-limit-ratio: expected 0 to 1, got {self.near_limit_ratio}")
         if self.log_level not in _LOG_LEVELS:
@@ -166,7 +176,9 @@ class Settings:
 _UPSTREAM_LABEL = "an envoyproxy/ratelimit variable"
 _FLAGS = frozenset({"strict", "shadow", "quota_mode", "merge_domains", "response_headers",
                     "response_metadata", "healthy_with_config", "metrics_compat"})  # fmt: skip
-_NUMBERS = frozenset({"near_limit_ratio", "max_connection_age", "max_connection_age_grace"})
+_NUMBERS = frozenset(
+    {"near_limit_ratio", "max_connection_age", "max_connection_age_grace", "xds_retry"}
+)
 _LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "critical", "trace", "fatal", "panic")
 
 

@@ -44,8 +44,6 @@ UNSUPPORTED = frozenset({
     "MEMCACHE_TLS_CLIENT_KEY", "MEMCACHE_TLS_CACERT", "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
     "TRACING_ENABLED", "TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE",
     "TRACING_SERVICE_INSTANCE_ID", "TRACING_EXPORTER_PROTOCOL", "TRACING_SAMPLING_RATE",
-    "CONFIG_GRPC_XDS_NODE_ID", "CONFIG_GRPC_XDS_NODE_METADATA", "CONFIG_GRPC_XDS_SERVER_URL",
-    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
     "CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
     "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
     "CONFIG_GRPC_XDS_SERVER_TLS_SAN", "XDS_CLIENT_BACKOFF_JITTER",
@@ -71,6 +69,11 @@ _DURATIONS = (
     ("GRPC_MAX_CONNECTION_AGE", "max_connection_age"),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", "max_connection_age_grace"),
 )
+_XDS_TEXT = (
+    ("CONFIG_GRPC_XDS_SERVER_URL", "xds_server"), ("CONFIG_GRPC_XDS_NODE_ID", "xds_node_id"),
+    ("CONFIG_GRPC_XDS_NODE_METADATA", "xds_node_metadata"),
+    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "xds_headers"),
+)  # fmt: skip
 _TRUE = frozenset({"1", "t", "true", "yes", "on"})  # Go's strconv.ParseBool, lower-cased
 _FALSE = frozenset({"0", "f", "false", "no", "off"})
 _DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
@@ -157,8 +160,14 @@ def _tls(env: Mapping[str, str], out: Translation) -> None:
 def _config(env: Mapping[str, str], out: Translation) -> None:
     kind = env.get("CONFIG_TYPE", "FILE").strip().upper()
     if kind == "GRPC_XDS_SOTW":
-        # issue 12 note: the xDS config source is not built yet; refusing beats serving nothing.
-        raise SettingsError("CONFIG_TYPE: GRPC_XDS_SOTW is not supported yet; use FILE")
+        out.values["config_source"] = "xds"
+        for name, target in _XDS_TEXT:
+            if name in env:
+                out.values[target] = env[name]
+        retry = "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL"
+        if retry in env:
+            out.values["xds_retry"] = str(go_duration(retry, env[retry]))
+        return
     if kind != "FILE":
         raise SettingsError(f"CONFIG_TYPE: expected FILE or GRPC_XDS_SOTW, got {kind!r}")
     layout = ("RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY")
