@@ -1,8 +1,11 @@
 """An envoyproxy/ratelimit deployment with only the image swapped: its environment, its
 RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY layout, a real Envoy in front."""
 
+import json
 import shutil
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,6 +47,15 @@ def _upstream_env(root: Path, ports: dict[str, int]) -> dict[str, str]:
     }
 
 
+def _post_json(url: str, client: str) -> Any:
+    """upstream's /json: a RateLimitRequest in proto3 JSON, the response likewise."""
+    entries = [{"key": "route", "value": "public"}, {"key": "client_id", "value": client}]
+    body = json.dumps({"domain": "edge", "descriptors": [{"entries": entries}]}).encode()
+    request = urllib.request.Request(url, data=body, method="POST")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
+
+
 class TestUpstreamDeployment:
     def test_only_upstream_settings_through_envoy(self, tmp_path: Path) -> None:
         """Envoy's answers, /healthcheck, the debug /rlconfig and upstream's metric names."""
@@ -61,6 +73,10 @@ class TestUpstreamDeployment:
             assert (last["ratelimit-limit"], last["ratelimit-remaining"]) == ("3", "0")
             assert 0 < int(last["ratelimit-reset"]) <= 86400
 
+            answer = _post_json(f"http://127.0.0.1:{ports['http']}/json", "bob")
+            assert answer["overallCode"] == "OK"
+            assert answer["responseHeadersToAdd"][0] == {"key": "RateLimit-Limit", "value": "3"}
+
             health = http_get(f"http://127.0.0.1:{ports['http']}/healthcheck")
             assert (health[0], health[2]) == (200, b"OK")
             dump = http_get(f"http://127.0.0.1:{ports['debug']}/rlconfig")[2].decode()
@@ -68,9 +84,9 @@ class TestUpstreamDeployment:
 
             metrics = http_get(f"http://127.0.0.1:{ports['prometheus']}/metrics")[2].decode()
             labels = '{domain="edge",key1="route_public",key2="client_id"}'
-            assert f"ratelimit_service_rate_limit_total_hits{labels} 4" in metrics
+            assert f"ratelimit_service_rate_limit_total_hits{labels} 5" in metrics
             assert f"ratelimit_service_rate_limit_over_limit{labels} 1" in metrics
-            assert f"ratelimit_service_rate_limit_within_limit{labels} 3" in metrics
+            assert f"ratelimit_service_rate_limit_within_limit{labels} 4" in metrics
             assert "ratelimit_service_config_load_success 1" in metrics
             assert 'ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 4' in metrics
         log = "".join(server.lines)

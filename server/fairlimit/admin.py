@@ -29,7 +29,7 @@ class JsonCodec:
     grpc_api's, so that the wire format is defined in one place)."""
 
     read_request: Callable[[bytes], Request]  # RequestError when malformed
-    write_response: Callable[[Decision], str]
+    write_response: Callable[[Decision, bytes], str]  # the decision, the request's body
 
 
 class AdminServer:
@@ -140,7 +140,8 @@ class AdminServer:
     async def json(self, request: web.Request) -> web.Response:
         """A RateLimitRequest in proto3 JSON: 200 OK, 429 over, 400 bad, 503 backend down."""
         try:
-            asked = self.codec.read_request(await request.read())
+            body = await request.read()
+            asked = self.codec.read_request(body)
             decision = await self.limiter.should_rate_limit(asked)
         except RequestError as exc:
             return web.json_response({"error": str(exc)}, status=400)
@@ -150,7 +151,7 @@ class AdminServer:
         status = 503 if decision.backend_failed else 200 if decision.code is Code.OK else 429
         return web.Response(
             status=status,
-            text=self.codec.write_response(decision),
+            text=self.codec.write_response(decision, body),
             content_type="application/json",
         )
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from collections.abc import Callable, Coroutine
@@ -135,7 +136,9 @@ class App:
 
     def _admin(self, registry: CollectorRegistry | None) -> AdminServer:
         host, port = parse_address("--admin-addr", self.settings.admin_addr)
-        codec = JsonCodec(request_from_json, response_to_json)
+        codec = JsonCodec(
+            request_from_json, functools.partial(response_to_json, options=self.grpc.options)
+        )
         upstream = self.telemetry.upstream
         return AdminServer(
             self.limiter,

@@ -162,7 +162,8 @@ class GrpcServer:
             if seconds is not None:
                 server_options.append((f"grpc.{name}_ms", int(seconds * 1000)))
         self.server = grpc.aio.server(options=server_options)
-        servicer = RateLimitServicer(limiter, telemetry, options)
+        self.options = options or ResponseOptions()  # /json adds the same parts
+        servicer = RateLimitServicer(limiter, telemetry, self.options)
         self.server.add_generic_rpc_handlers((servicer.handler(),))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
