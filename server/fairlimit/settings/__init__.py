@@ -104,19 +104,28 @@ class Settings:
             value = environ.get(f"FAIRLIMIT_{name.upper()}")
             if value is not None:
                 raw[name] = value
-        return base.override(upstream.values, source="upstream").override(raw, "FAIRLIMIT_")
+        return base.override(upstream.values, upstream.sources).override(raw, "FAIRLIMIT_")
 
     def upstream_warning(self) -> str | None:
         """The one startup warning naming set upstream variables that have no effect."""
         return unsupported_warning(self.unsupported_upstream)
 
-    def override(self, raw: Mapping[str, object], source: str = "--") -> "Settings":
-        """A copy with ``raw`` (strings or lists of strings, by field name) applied."""
+    def override(
+        self, raw: Mapping[str, object], source: str | Mapping[str, str] = "--"
+    ) -> "Settings":
+        """A copy with ``raw`` (strings or lists of strings, by field name) applied.
+
+        ``source`` names where the values came from, for messages: ``"--"`` (flags),
+        ``"FAIRLIMIT_"``, or the upstream variables behind each field.
+        """
         values: dict[str, object] = {n: getattr(self, n) for n in self.__dataclass_fields__}
         for name, value in raw.items():
-            label = {"FAIRLIMIT_": f"FAIRLIMIT_{name.upper()}", "upstream": _UPSTREAM_LABEL}.get(
-                source, f"--{name.replace('_', '-')}"
-            )
+            if not isinstance(source, str):
+                label = source.get(name, name)
+            elif source == "FAIRLIMIT_":
+                label = f"FAIRLIMIT_{name.upper()}"
+            else:
+                label = f"--{name.replace('_', '-')}"
             values[name] = _convert(label, name, value)
         settings = Settings(**values)  # type: ignore[arg-type]  # each value converted above
         settings.validate()
@@ -173,7 +182,6 @@ class Settings:
                 raise SettingsError(f"{flag}: no such file: {path}")
 
 
-_UPSTREAM_LABEL = "an envoyproxy/ratelimit variable"
 _FLAGS = frozenset({"strict", "shadow", "quota_mode", "merge_domains", "response_headers",
                     "response_metadata", "healthy_with_config", "metrics_compat"})  # fmt: skip
 _NUMBERS = frozenset(

@@ -107,6 +107,12 @@ class Translation:
 
     values: dict[str, str] = field(default_factory=dict)  # by Settings field name
     unsupported: list[str] = field(default_factory=list)  # set, and not honoured
+    sources: dict[str, str] = field(default_factory=dict)  # field -> the variables behind it
+
+    def set(self, name: str, value: str, source: str) -> None:
+        """Setting ``name`` to ``value``, asked for by the upstream variable(s) ``source``."""
+        self.values[name] = value
+        self.sources[name] = source
 
     def warning(self) -> str | None:
         """The one startup warning naming every set upstream variable that has no effect."""
@@ -136,37 +142,37 @@ def _address(env: Mapping[str, str], host: str, port: str, default_host: str,
 
 def _listeners(env: Mapping[str, str], out: Translation) -> None:
     if env.get("GRPC_UDS", "").strip():
-        out.values["grpc_addr"] = "unix:" + env["GRPC_UDS"].strip()
+        out.set("grpc_addr", "unix:" + env["GRPC_UDS"].strip(), "GRPC_UDS")
     elif (grpc := _address(env, "GRPC_HOST", "GRPC_PORT", "0.0.0.0", "8081")) is not None:
-        out.values["grpc_addr"] = grpc
+        out.set("grpc_addr", grpc, "GRPC_HOST/GRPC_PORT")
     if (admin := _address(env, "HOST", "PORT", "0.0.0.0", "8080")) is not None:
-        out.values["admin_addr"] = admin
+        out.set("admin_addr", admin, "HOST/PORT")
     if (debug := _address(env, "DEBUG_HOST", "DEBUG_PORT", "0.0.0.0", "6070")) is not None:
-        out.values["debug_addr"] = debug
+        out.set("debug_addr", debug, "DEBUG_HOST/DEBUG_PORT")
     for name, target in _DURATIONS:
         if name in env:
-            out.values[target] = str(go_duration(name, env[name]))
+            out.set(target, str(go_duration(name, env[name])), name)
 
 
 def _tls(env: Mapping[str, str], out: Translation) -> None:
     if not go_bool("GRPC_SERVER_USE_TLS", env.get("GRPC_SERVER_USE_TLS", "false")):
         return
-    out.values["tls_cert"] = env.get("GRPC_SERVER_TLS_CERT", "")
-    out.values["tls_key"] = env.get("GRPC_SERVER_TLS_KEY", "")
+    out.set("tls_cert", env.get("GRPC_SERVER_TLS_CERT", ""), "GRPC_SERVER_TLS_CERT")
+    out.set("tls_key", env.get("GRPC_SERVER_TLS_KEY", ""), "GRPC_SERVER_TLS_KEY")
     if env.get("GRPC_CLIENT_TLS_CACERT"):
-        out.values["tls_client_ca"] = env["GRPC_CLIENT_TLS_CACERT"]
+        out.set("tls_client_ca", env["GRPC_CLIENT_TLS_CACERT"], "GRPC_CLIENT_TLS_CACERT")
 
 
 def _config(env: Mapping[str, str], out: Translation) -> None:
     kind = env.get("CONFIG_TYPE", "FILE").strip().upper()
     if kind == "GRPC_XDS_SOTW":
-        out.values["config_source"] = "xds"
+        out.set("config_source", "xds", "CONFIG_TYPE")
         for name, target in _XDS_TEXT:
             if name in env:
-                out.values[target] = env[name]
+                out.set(target, env[name], name)
         retry = "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL"
         if retry in env:
-            out.values["xds_retry"] = str(go_duration(retry, env[retry]))
+            out.set("xds_retry", str(go_duration(retry, env[retry])), retry)
         return
     if kind != "FILE":
         raise SettingsError(f"CONFIG_TYPE: expected FILE or GRPC_XDS_SOTW, got {kind!r}")
@@ -174,19 +180,25 @@ def _config(env: Mapping[str, str], out: Translation) -> None:
     if any(name in env for name in layout):
         root = env.get("RUNTIME_ROOT", "/srv/runtime_data/current")
         parts = [env.get("RUNTIME_SUBDIRECTORY", ""), env.get("RUNTIME_APPDIRECTORY", "config")]
-        out.values["config"] = str(PurePosixPath(root, *[p for p in parts if p]))
+        out.set(
+            "config",
+            str(PurePosixPath(root, *[p for p in parts if p])),
+            "RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY",
+        )
 
 
 def _flags(env: Mapping[str, str], out: Translation) -> None:
     for name, target in _BOOLEANS:
         if name in env:
-            out.values[target] = str(go_bool(name, env[name])).lower()
+            out.set(target, str(go_bool(name, env[name])).lower(), name)
     for name, target in _TEXT:
         if name in env:
-            out.values[target] = env[name].strip().lower() if name.startswith("LOG") else env[name]
+            out.set(
+                target, env[name].strip().lower() if name.startswith("LOG") else env[name], name
+            )
     if "PROMETHEUS_ADDR" in env:
         host, _, port = env["PROMETHEUS_ADDR"].rpartition(":")
-        out.values["metrics_addr"] = f"{host or '0.0.0.0'}:{port}"
+        out.set("metrics_addr", f"{host or '0.0.0.0'}:{port}", "PROMETHEUS_ADDR")
 
 
 def _stats(env: Mapping[str, str], out: Translation) -> None:
@@ -231,7 +243,7 @@ def _redis(env: Mapping[str, str], out: Translation) -> None:
     userinfo = f"{quote(user, safe='')}:{quote(secret, safe='')}@" if auth else ""
     query = [f"{k}={quote(v, safe='/')}" for k, v in _redis_query(env, tls)]
     suffix = "?" + "&".join(query) if query else ""
-    out.values["backend"] = f"{scheme}://{userinfo}{hosts}{suffix}"
+    out.set("backend", f"{scheme}://{userinfo}{hosts}{suffix}", "REDIS_URL")
 
 
 def _redis_query(env: Mapping[str, str], tls: bool) -> list[tuple[str, str]]:
