@@ -45,6 +45,9 @@ ENV PATH=/opt/fairlimit/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
     FAIRLIMIT_CONFIG=/etc/fairlimit/descriptors
+# envoyproxy/ratelimit's command, for manifests that name /bin/ratelimit (/bin is /usr/bin;
+# the file is executable in git, and COPY keeps its mode).
+COPY docker/ratelimit /usr/bin/ratelimit
 USER 10001:10001
 WORKDIR /tmp
 # 8081: gRPC (RateLimitService, grpc.health.v1, reflection); 8080: HTTP admin.

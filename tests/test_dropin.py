@@ -2,7 +2,9 @@
 RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY layout, a real Envoy in front."""
 
 import json
+import os
 import shutil
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from servers import fairlimit_server, free_port
 pytestmark = pytest.mark.process
 
 RUNTIME = Path(__file__).parent / "fixtures" / "upstream" / "runtime"
+COMMAND = Path(__file__).resolve().parents[1] / "docker" / "ratelimit"
 
 
 def _layout(tmp_path: Path) -> Path:
@@ -93,3 +96,24 @@ class TestUpstreamDeployment:
         assert (
             "envoyproxy/ratelimit settings not supported by fairlimit, ignored: STATSD_HOST" in log
         )
+
+
+class TestImageCommand:
+    def test_bin_ratelimit_serves_upstreams_layout_over_the_images_config(
+        self, tmp_path: Path
+    ) -> None:
+        """docker/ratelimit (the image's /bin/ratelimit) ignores the image's FAIRLIMIT_CONFIG."""
+        ports = {name: free_port() for name in ("grpc", "http", "debug")}
+        env = {
+            "RUNTIME_ROOT": str(_layout(tmp_path)), "RUNTIME_SUBDIRECTORY": "ratelimit",
+            "FAIRLIMIT_CONFIG": str(tmp_path / "baked-in"),  # the image's; absent here
+            "GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(ports["grpc"]), "HOST": "127.0.0.1",
+            "PORT": str(ports["http"]), "DEBUG_HOST": "127.0.0.1",
+            "DEBUG_PORT": str(ports["debug"]),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }  # fmt: skip
+        with fairlimit_server(env=env, loopback_ports=False, serve=["sh", str(COMMAND)]):
+            health = http_get(f"http://127.0.0.1:{ports['http']}/healthcheck")
+            assert (health[0], health[2]) == (200, b"OK")
+            dump = http_get(f"http://127.0.0.1:{ports['debug']}/rlconfig")[2].decode()
+            assert "edge/route=public/client_id: unit=DAY" in dump

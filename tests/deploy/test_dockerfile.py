@@ -116,6 +116,7 @@ class TestDockerfile:
             "README.md",
             "server/fairlimit/__init__.py",
             "descriptors/edge.yaml",
+            "docker/ratelimit",
         ]
         dropped = [
             ".git/HEAD",
