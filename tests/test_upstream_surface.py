@@ -9,7 +9,7 @@ import pytest
 from google.protobuf import json_format
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
-from fairlimit.admin import AdminServer, JsonCodec
+from fairlimit.admin import AdminServer, JsonCodec, config_report
 from fairlimit.config.loader import load
 from fairlimit.core.rules import Loaded
 from fairlimit.core.upstream import labels, stat_key
@@ -106,6 +106,18 @@ class TestHealthcheck:
         server.limiter.swap(load([tmp_path / "none"]))
         async with aiohttp.ClientSession() as http, http.get(url) as response:
             assert response.status == 500
+
+
+class TestRlconfig:
+    def test_upstream_keys_are_shown(self, tmp_path: Path) -> None:
+        """/rlconfig shows quota_mode, share_threshold and metadata where a rule sets them."""
+        report = config_report(_loaded(tmp_path, "quota_mode.yaml"), ())
+        assert report["domains"][0]["descriptors"][0]["quota_mode"] is True
+        files = config_report(_loaded(tmp_path, "share_threshold.yaml"), ())
+        assert files["domains"][0]["descriptors"][0]["share_threshold"] is True
+        tiers = config_report(_loaded(tmp_path, "metadata.yaml"), ())
+        assert tiers["domains"][0]["descriptors"][1]["metadata"] == {
+            "tier": "free", "nested": {"trial": True}}  # fmt: skip
 
 
 class TestResponseParts:

@@ -186,6 +186,11 @@ def _rule(rule: Rule, classes: dict[str, Classification], live: dict[str, CapRow
         )
         out["rate_limit"].update({"name": limit.name, "replaces": list(limit.replaces)})
     out["shadow_mode"], out["detailed_metric"] = rule.shadow_mode, rule.detailed_metric
+    for flag in ("quota_mode", "value_to_metric", "share_threshold"):
+        if getattr(rule, flag):
+            out[flag] = True
+    if rule.metadata:
+        out["metadata"] = dict(rule.metadata)
     if rule.fair_share is not None:
         out["fair_share"] = {
             "active_clients": rule.fair_share.active_clients,

@@ -12,9 +12,9 @@ more levels, ``key2`` (deeper levels are dropped).
 import re
 from collections.abc import Sequence
 
+from fairlimit.core.matching import Entry
 from fairlimit.core.rules import Rule
 
-Entry = tuple[str, str]
 _IPV4 = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}")
 
 
