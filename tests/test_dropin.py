@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from envoy_proxy import envoy_in_front, http_get
+from redis_servers import RedisProcess
 from servers import fairlimit_server, free_port
 
 pytestmark = pytest.mark.process
@@ -60,10 +61,16 @@ def _post_json(url: str, client: str) -> Any:
 
 
 class TestUpstreamDeployment:
-    def test_only_upstream_settings_through_envoy(self, tmp_path: Path) -> None:
-        """Envoy's answers, /healthcheck, the debug /rlconfig and upstream's metric names."""
+    def test_only_upstream_settings_through_envoy(
+        self, tmp_path: Path, redis_process: RedisProcess
+    ) -> None:
+        """Counters in Redis (REDIS_URL), Envoy's answers, /healthcheck, the debug /rlconfig
+        and upstream's metric names."""
         ports = {name: free_port() for name in ("grpc", "http", "debug", "prometheus")}
         env = _upstream_env(_layout(tmp_path), ports)
+        redis_url = f"127.0.0.1:{redis_process.port}"
+        env.update({"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "SINGLE", "REDIS_URL": redis_url,
+                    "REDIS_POOL_SIZE": "5"})  # fmt: skip
         with (
             fairlimit_server(env=env, loopback_ports=False) as server,
             envoy_in_front(server.grpc_port, tmp_path) as envoy,
@@ -79,6 +86,8 @@ class TestUpstreamDeployment:
             answer = _post_json(f"http://127.0.0.1:{ports['http']}/json", "bob")
             assert answer["overallCode"] == "OK"
             assert answer["responseHeadersToAdd"][0] == {"key": "RateLimit-Limit", "value": "3"}
+
+            assert list(redis_process.client().scan_iter("fairlimit:*"))  # the counters
 
             health = http_get(f"http://127.0.0.1:{ports['http']}/healthcheck")
             assert (health[0], health[2]) == (200, b"OK")
