@@ -87,7 +87,8 @@ class TestUpstreamDeployment:
             assert answer["overallCode"] == "OK"
             assert answer["responseHeadersToAdd"][0] == {"key": "RateLimit-Limit", "value": "3"}
 
-            assert list(redis_process.client().scan_iter("fairlimit:*"))  # the counters
+            with redis_process.client() as client:
+                assert list(client.scan_iter("fairlimit:*"))  # the counters are there
 
             health = http_get(f"http://127.0.0.1:{ports['http']}/healthcheck")
             assert (health[0], health[2]) == (200, b"OK")
