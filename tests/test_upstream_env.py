@@ -37,6 +37,15 @@ class TestListeners:
             translate({"GRPC_MAX_CONNECTION_AGE": "a day"})
 
 
+class TestPrometheus:
+    def test_use_prometheus_serves_upstream_names_on_9090_by_default(self) -> None:
+        """As upstream's Prometheus sink: PROMETHEUS_ADDR, ``:9090`` unless set."""
+        assert translate({"USE_PROMETHEUS": "true"}).values["metrics_addr"] == "0.0.0.0:9090"
+        env = {"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": "127.0.0.1:9102"}
+        assert translate(env).values["metrics_addr"] == "127.0.0.1:9102"
+        assert "metrics_addr" not in translate({"PROMETHEUS_ADDR": ":9090"}).values
+
+
 class TestConfigLayout:
     def test_runtime_layout_names_the_config_directory(self) -> None:
         """Files come from RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY."""

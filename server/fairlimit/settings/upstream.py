@@ -196,8 +196,9 @@ def _flags(env: Mapping[str, str], out: Translation) -> None:
             out.set(
                 target, env[name].strip().lower() if name.startswith("LOG") else env[name], name
             )
-    if "PROMETHEUS_ADDR" in env:
-        host, _, port = env["PROMETHEUS_ADDR"].rpartition(":")
+    if out.values.get("metrics_compat") == "true":
+        # upstream serves its Prometheus sink on PROMETHEUS_ADDR, :9090 unless set
+        host, _, port = env.get("PROMETHEUS_ADDR", ":9090").rpartition(":")
         out.set("metrics_addr", f"{host or '0.0.0.0'}:{port}", "PROMETHEUS_ADDR")
 
 
