@@ -64,6 +64,16 @@ class TestConfigLayout:
             "config_source": "xds", "xds_server": "cp:18000", "xds_node_id": "rl",
             "xds_headers": "a:b", "xds_retry": "0.5"}  # fmt: skip
 
+    def test_xds_over_mtls(self) -> None:
+        env = {"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_USE_TLS": "true",
+               "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": "/ca",
+               "CONFIG_GRPC_XDS_CLIENT_TLS_CERT": "/c", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": "/k",
+               "CONFIG_GRPC_XDS_SERVER_TLS_SAN": "cp"}  # fmt: skip
+        values = translate(env).values
+        assert (values["xds_tls"], values["xds_server_ca"], values["xds_server_san"]) == (
+            "true", "/ca", "cp")  # fmt: skip
+        assert translate(env).warning() is None
+
     def test_unknown_config_type_is_refused(self) -> None:
         with pytest.raises(SettingsError, match="CONFIG_TYPE"):
             translate({"CONFIG_TYPE": "ETCD"})

@@ -5,6 +5,7 @@ import queue
 import threading
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -50,12 +51,20 @@ def _response(version: str, *configs: Any) -> Any:
 class ManagementServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     """An ADS server that sends what a test queues, and records every request it gets."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: dict[str, Path] | None = None) -> None:
+        """``tls``: serve over mTLS with these files (the tls_files fixture)."""
         self.to_send: queue.Queue[Any] = queue.Queue()
         self.received: queue.Queue[Any] = queue.Queue()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        if tls is None:
+            self.port = self.server.add_insecure_port("127.0.0.1:0")
+        else:
+            pair = (tls["server.key"].read_bytes(), tls["server.crt"].read_bytes())
+            credentials = grpc.ssl_server_credentials(
+                [pair], tls["ca.crt"].read_bytes(), require_client_auth=True
+            )
+            self.port = self.server.add_secure_port("127.0.0.1:0", credentials)
         self.server.start()
         self.metadata: dict[str, str] = {}
 
@@ -153,3 +162,22 @@ class TestServing:
         requests = [management.request(), management.request()]
         assert requests[0].node.id == "fairlimit-test"
         assert requests[1].version_info == "1"  # the ACK
+
+    def test_over_mtls_with_upstreams_tls_variables(self, tls_files: dict[str, Path]) -> None:
+        """CONFIG_GRPC_XDS_SERVER_USE_TLS with a client certificate: Envoy Gateway's setup."""
+        management = ManagementServer(tls_files)
+        try:
+            management.to_send.put(_response("7", _config("edge-config", "edge", 1)))
+            env = {"CONFIG_TYPE": "GRPC_XDS_SOTW",
+                   "CONFIG_GRPC_XDS_SERVER_URL": f"localhost:{management.port}",
+                   "CONFIG_GRPC_XDS_SERVER_USE_TLS": "true",
+                   "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": str(tls_files["ca.crt"]),
+                   "CONFIG_GRPC_XDS_CLIENT_TLS_CERT": str(tls_files["client.crt"]),
+                   "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": str(tls_files["client.key"]),
+                   "CONFIG_GRPC_XDS_SERVER_TLS_SAN": "localhost"}  # fmt: skip
+            with fairlimit_server(env=env):
+                pass  # it serves only once the first config was applied
+            requests = [management.request(), management.request()]
+            assert requests[1].version_info == "7" and not requests[1].HasField("error_detail")
+        finally:
+            management.stop()

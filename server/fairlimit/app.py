@@ -6,6 +6,7 @@ import functools
 import logging
 import signal
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
@@ -17,7 +18,7 @@ from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.extras import ResponseOptions
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer, TlsFiles
-from fairlimit.grpc_api.xds import XdsConfigSource, XdsSettings
+from fairlimit.grpc_api.xds import XdsConfigSource, XdsSettings, XdsTls
 from fairlimit.limiter import Limiter
 from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
@@ -56,6 +57,22 @@ def _pairs(text: str, sep: str) -> list[tuple[str, str]]:
     return [(name.strip(), value.strip()) for name, found, value in pairs if found and name]
 
 
+def _xds_tls(settings: Settings) -> XdsTls | None:
+    """The TLS files for the management server, read once at start."""
+    if not settings.xds_tls:
+        return None
+
+    def read(path: Path | None) -> bytes | None:
+        return None if path is None else path.read_bytes()
+
+    return XdsTls(
+        read(settings.xds_server_ca),
+        read(settings.xds_client_cert),
+        read(settings.xds_client_key),
+        settings.xds_server_san or None,
+    )
+
+
 def _xds_source(
     settings: Settings, apply: Callable[[Loaded], None], reject: Callable[[ConfigError], None]
 ) -> XdsConfigSource | None:
@@ -68,6 +85,7 @@ def _xds_source(
         dict(_pairs(settings.xds_node_metadata, "=")),
         tuple((name.lower(), value) for name, value in _pairs(settings.xds_headers, ":")),
         settings.xds_retry,
+        _xds_tls(settings),
     )
     return XdsConfigSource(
         xds, strict=settings.strict, merge_domains=settings.merge_domains, apply=apply,

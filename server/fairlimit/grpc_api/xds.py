@@ -38,6 +38,25 @@ class XdsSettings:
     node_metadata: Mapping[str, str] = field(default_factory=dict)
     headers: tuple[tuple[str, str], ...] = ()  # sent with the stream (authorization, ...)
     retry_seconds: float = 3.0
+    tls: "XdsTls | None" = None  # None: plaintext
+
+
+@dataclass(frozen=True, slots=True)
+class XdsTls:
+    """TLS to the management server (PEM contents); a client certificate makes it mTLS."""
+
+    server_ca: bytes | None = None  # None: the system's roots
+    client_cert: bytes | None = None
+    client_key: bytes | None = None
+    server_name: str | None = None  # the name to verify instead of the target's host
+
+    def channel(self, target: str) -> grpc.aio.Channel:
+        credentials = grpc.ssl_channel_credentials(
+            self.server_ca, self.client_key, self.client_cert
+        )
+        options = [] if not self.server_name else [
+            ("grpc.ssl_target_name_override", self.server_name)]  # fmt: skip
+        return grpc.aio.secure_channel(target, credentials, options)
 
 
 def _flag(value: bool) -> Plain:
@@ -159,7 +178,7 @@ class XdsConfigSource:
     async def run(self) -> None:
         """Follow the management server, reconnecting after a pause, until ``stop``."""
         while not self._stop.is_set():
-            async with grpc.aio.insecure_channel(self.settings.target) as channel:
+            async with self._channel() as channel:
                 streaming = asyncio.ensure_future(self._stream(channel))
                 stopping = asyncio.ensure_future(self._stop.wait())
                 await asyncio.wait({streaming, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -175,6 +194,11 @@ class XdsConfigSource:
                 await asyncio.wait_for(self._stop.wait(), self.settings.retry_seconds)
             except TimeoutError:
                 continue
+
+    def _channel(self) -> grpc.aio.Channel:
+        tls = self.settings.tls
+        target = self.settings.target
+        return grpc.aio.insecure_channel(target) if tls is None else tls.channel(target)
 
     def stop(self) -> None:
         self._stop.set()

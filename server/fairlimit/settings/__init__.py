@@ -92,6 +92,11 @@ class Settings:
     xds_node_metadata: str = ""  # "key=value,key2=value2"
     xds_headers: str = ""  # "name:value,name2:value2", sent with the stream
     xds_retry: float = 3.0  # seconds between reconnections
+    xds_tls: bool = False
+    xds_server_ca: Path | None = None
+    xds_client_cert: Path | None = None
+    xds_client_key: Path | None = None
+    xds_server_san: str = ""  # the name to verify instead of the server URL's host
     unsupported_upstream: tuple[str, ...] = ()  # set upstream variables with no effect
 
     @classmethod
@@ -183,7 +188,9 @@ class Settings:
 
 
 _FLAGS = frozenset({"strict", "shadow", "quota_mode", "merge_domains", "response_headers",
-                    "response_metadata", "healthy_with_config", "metrics_compat"})  # fmt: skip
+                    "response_metadata", "healthy_with_config", "metrics_compat",
+                    "xds_tls"})  # fmt: skip
+_XDS_FILES = frozenset({"xds_server_ca", "xds_client_cert", "xds_client_key"})
 _NUMBERS = frozenset(
     {"near_limit_ratio", "max_connection_age", "max_connection_age_grace", "xds_retry"}
 )
@@ -206,7 +213,7 @@ def _convert(label: str, name: str, value: object) -> object:
     if isinstance(value, bool):
         return value
     text = str(value)
-    if name.startswith("tls_"):
+    if name.startswith("tls_") or name in _XDS_FILES:
         return Path(text) if text else None
     if name in _FLAGS:
         return _flag(label, text)

@@ -44,9 +44,7 @@ UNSUPPORTED = frozenset({
     "MEMCACHE_TLS_CLIENT_KEY", "MEMCACHE_TLS_CACERT", "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
     "TRACING_ENABLED", "TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE",
     "TRACING_SERVICE_INSTANCE_ID", "TRACING_EXPORTER_PROTOCOL", "TRACING_SAMPLING_RATE",
-    "CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-    "CONFIG_GRPC_XDS_SERVER_TLS_SAN", "XDS_CLIENT_BACKOFF_JITTER",
+    "XDS_CLIENT_BACKOFF_JITTER",
     "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
     "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
 })  # fmt: skip
@@ -74,6 +72,12 @@ _XDS_TEXT = (
     ("CONFIG_GRPC_XDS_NODE_METADATA", "xds_node_metadata"),
     ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "xds_headers"),
 )  # fmt: skip
+_XDS_TLS = (
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "xds_server_ca"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "xds_client_cert"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "xds_client_key"),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xds_server_san"),
+)
 _TRUE = frozenset({"1", "t", "true", "yes", "on"})  # Go's strconv.ParseBool, lower-cased
 _FALSE = frozenset({"0", "f", "false", "no", "off"})
 _DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
@@ -163,16 +167,27 @@ def _tls(env: Mapping[str, str], out: Translation) -> None:
         out.set("tls_client_ca", env["GRPC_CLIENT_TLS_CACERT"], "GRPC_CLIENT_TLS_CACERT")
 
 
+def _xds(env: Mapping[str, str], out: Translation) -> None:
+    """CONFIG_TYPE=GRPC_XDS_SOTW: the management server, who we are, and TLS to it."""
+    out.set("config_source", "xds", "CONFIG_TYPE")
+    for name, target in _XDS_TEXT:
+        if name in env:
+            out.set(target, env[name], name)
+    use_tls = "CONFIG_GRPC_XDS_SERVER_USE_TLS"
+    if go_bool(use_tls, env.get(use_tls, "false")):
+        out.set("xds_tls", "true", use_tls)
+        for name, target in _XDS_TLS:
+            if env.get(name):
+                out.set(target, env[name], name)
+    retry = "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL"
+    if retry in env:
+        out.set("xds_retry", str(go_duration(retry, env[retry])), retry)
+
+
 def _config(env: Mapping[str, str], out: Translation) -> None:
     kind = env.get("CONFIG_TYPE", "FILE").strip().upper()
     if kind == "GRPC_XDS_SOTW":
-        out.set("config_source", "xds", "CONFIG_TYPE")
-        for name, target in _XDS_TEXT:
-            if name in env:
-                out.set(target, env[name], name)
-        retry = "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL"
-        if retry in env:
-            out.set("xds_retry", str(go_duration(retry, env[retry])), retry)
+        _xds(env, out)
         return
     if kind != "FILE":
         raise SettingsError(f"CONFIG_TYPE: expected FILE or GRPC_XDS_SOTW, got {kind!r}")
