@@ -20,6 +20,9 @@ from fairlimit.telemetry import Telemetry
 log = logging.getLogger(__name__)
 
 RLS_SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
+# gRPC health names: the server, the RLS service, and "ratelimit", envoyproxy/ratelimit's
+# name, which its users' probes ask for.
+HEALTH_NAMES = ("", RLS_SERVICE, "ratelimit")
 
 # Our errors -> gRPC codes, in one place. A backend failure is UNAVAILABLE, never UNKNOWN:
 # Envoy's ratelimit filter lets a call through on UNKNOWN whatever failure_mode_deny says,
@@ -182,12 +185,12 @@ class GrpcServer:
 
     async def start(self) -> None:
         await self.server.start()
-        for name in ("", RLS_SERVICE):
+        for name in HEALTH_NAMES:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def drain(self, grace: float) -> None:
         """Say NOT_SERVING, let in-flight calls finish within ``grace`` seconds, stop."""
-        for name in ("", RLS_SERVICE):
+        for name in HEALTH_NAMES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.stop(grace)
 
