@@ -11,15 +11,29 @@ from typing import Any
 
 import yaml
 
-from fairlimit.core.rules import Config, Domain, FairShare, Loaded, RateLimit, Rule
+from fairlimit.core import concurrency
+from fairlimit.core.rules import (
+    ACQUIRE_KEY,
+    RELEASE_KEY,
+    Concurrency,
+    Config,
+    Domain,
+    FairShare,
+    Loaded,
+    RateLimit,
+    Rule,
+)
 from fairlimit.core.units import Unit
 from fairlimit.core.validation import classify
 from fairlimit.errors import ConfigError, ConfigUnreadable, ConfigWarningError
 
-ROOT_KEYS = frozenset({"domain", "descriptors"})
+ROOT_KEYS = frozenset({"domain", "descriptors", "request_id_keys"})
 DESCRIPTOR_KEYS = frozenset(
-    {"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "fair_share"}
-)
+    {"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "fair_share",
+     "concurrency"}
+)  # fmt: skip
+CONCURRENCY_KEYS = frozenset({"max_in_flight", "max_duration"})
+REQUEST_ID_KEYS = frozenset({"acquire", "release"})
 RATE_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
 FAIR_SHARE_KEYS = frozenset({"active_clients", "weights"})
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -132,8 +146,55 @@ def _weights(problems: _Problems, path: str, raw: object) -> Mapping[str, float]
     return MappingProxyType(weights)
 
 
+def _concurrency(problems: _Problems, path: str, raw: object) -> Concurrency | None:
+    if not isinstance(raw, dict):
+        problems.add(path, "concurrency must be a mapping")
+        return None
+    _check_keys(problems, path, raw, CONCURRENCY_KEYS)
+    raw_max = raw.get("max_in_flight")
+    most = _int_in(raw_max, 1, 10**9)
+    if most is None:
+        problems.add(
+            path,
+            f"concurrency.max_in_flight must be an integer from 1 to 1000000000, not {raw_max!r}",
+        )
+    duration = raw.get("max_duration", 300)
+    if (
+        not isinstance(duration, int | float)
+        or isinstance(duration, bool)
+        or not 0 < duration <= 86400 * 7
+    ):
+        problems.add(
+            path,
+            f"concurrency.max_duration must be seconds in (0, 604800], not {duration!r}",
+        )
+        return None
+    return None if most is None else Concurrency(most, float(duration))
+
+
+def _request_id_keys(problems: _Problems, domain: str, raw: object) -> tuple[str, str]:
+    if raw is None:
+        return ACQUIRE_KEY, RELEASE_KEY
+    if not isinstance(raw, dict):
+        problems.add(domain, "request_id_keys must be a mapping of acquire and release")
+        return ACQUIRE_KEY, RELEASE_KEY
+    _check_keys(problems, domain, raw, REQUEST_ID_KEYS)
+    acquire, release = raw.get("acquire", ACQUIRE_KEY), raw.get("release", RELEASE_KEY)
+    if not (isinstance(acquire, str) and acquire and isinstance(release, str) and release):
+        problems.add(domain, "request_id_keys.acquire and .release must be non-empty strings")
+        return ACQUIRE_KEY, RELEASE_KEY
+    if acquire == release:
+        problems.add(domain, f"request_id_keys.acquire and .release must differ, both {acquire!r}")
+    return acquire, release
+
+
 def _fair_share(
-    problems: _Problems, path: str, raw: object, limit: RateLimit | None, has_children: bool
+    problems: _Problems,
+    path: str,
+    raw: object,
+    limit: RateLimit | None,
+    has_children: bool,
+    slots: Concurrency | None = None,
 ) -> FairShare | None:
     if not isinstance(raw, dict):
         problems.add(path, "fair_share must be a mapping")
@@ -145,7 +206,7 @@ def _fair_share(
     ok = active is not None
     if active is None:
         problems.add(path, f"fair_share.active_clients must be an integer >= 1, not {raw_active!r}")
-    if limit is None or limit.unlimited:
+    if (limit is None or limit.unlimited) and slots is None:
         problems.add(path, "fair_share needs a limited rate_limit on the same node: the cap")
         ok = False
     if not has_children:
@@ -176,9 +237,10 @@ def _descriptor(problems: _Problems, parent: str, index: int, raw: object) -> Ru
     _check_keys(problems, path, raw, DESCRIPTOR_KEYS)
     limit = _rate_limit(problems, path, raw["rate_limit"]) if "rate_limit" in raw else None
     children = _descriptors(problems, path, raw.get("descriptors"))
+    slots = _concurrency(problems, path, raw["concurrency"]) if "concurrency" in raw else None
     fair = None
     if "fair_share" in raw:
-        fair = _fair_share(problems, path, raw["fair_share"], limit, bool(children))
+        fair = _fair_share(problems, path, raw["fair_share"], limit, bool(children), slots)
     return Rule(
         key=key,
         value=text,
@@ -189,6 +251,7 @@ def _descriptor(problems: _Problems, parent: str, index: int, raw: object) -> Ru
         detailed_metric=_bool(problems, path, raw, "detailed_metric"),
         fair_share=fair,
         children=children,
+        concurrency=slots,
     )
 
 
@@ -236,9 +299,10 @@ def parse_domain(text: str, source: str) -> Domain:
         domain = "(no domain)"
     _check_keys(problems, domain, raw, ROOT_KEYS)
     rules = _descriptors(problems, domain, raw.get("descriptors"))
+    acquire, release = _request_id_keys(problems, domain, raw.get("request_id_keys"))
     if problems.lines:
         raise ConfigError(problems.lines)
-    return Domain(domain, source, rules)
+    return Domain(domain, source, rules, acquire, release)
 
 
 def config_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -296,7 +360,9 @@ def load(paths: Sequence[str | Path], *, strict: bool = False) -> Loaded:
     if lines:
         raise (ConfigUnreadable if unreadable else ConfigError)(lines)
     config = Config.of(domains)
-    loaded = Loaded(config, tuple(classify(config)), tuple(files))
+    loaded = Loaded(
+        config, tuple(classify(config)), tuple(files), tuple(concurrency.classify(config))
+    )
     if strict and loaded.warnings:
         raise ConfigWarningError(loaded.warnings)
     return loaded

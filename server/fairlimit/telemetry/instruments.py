@@ -31,6 +31,7 @@ from fairlimit.core.admission import Code, Status
 from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.request import Request
 from fairlimit.core.rules import Loaded
+from fairlimit.telemetry.concurrency import SlotInstruments
 from fairlimit.telemetry.fairness import BucketWatch, CapRow, CapTable
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,7 @@ class Telemetry:
         meter.create_observable_gauge(
             "fairlimit.cap.mode", [self._modes], "1", "1 for the cap's classification (mode)"
         )
+        self.slots = SlotInstruments(meter, self._failed)  # concurrency (telemetry/concurrency)
         self._rows: tuple[CapRow, ...] = ()
         self._buckets = BucketWatch()
         self._table = CapTable()
