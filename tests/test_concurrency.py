@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fairlimit.admin import config_report
 from fairlimit.config.loader import load
 from fairlimit.core.concurrency import CapDemand, Pool, fair_bound, split
 from fairlimit.core.matching import Matcher
@@ -139,3 +140,14 @@ class TestClassification:
         assert not split(
             req("edge", desc("route=public", "client_id=a", "request_id=1")), matcher
         ).acquire
+
+
+class TestReports:
+    def test_rlconfig_shows_each_rules_concurrency_and_the_caps_verdict(self) -> None:
+        """/rlconfig's report: max_in_flight and max_duration, and the cap's classification."""
+        loaded = load([FIXTURES / "sized.yaml"])
+        (cap,) = config_report(loaded, ())["domains"][0]["descriptors"]
+        verdict = cap["concurrency"].pop("classification")
+        assert cap["concurrency"] == {"max_in_flight": 20, "max_duration": 300.0}
+        assert verdict["mode"] == "per-client-buckets" and verdict["warning"] is False
+        assert cap["descriptors"][0]["concurrency"]["max_in_flight"] == 5

@@ -5,9 +5,12 @@ without its acquire changes nothing, and all or nothing together with the rate l
 import random
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from fairlimit.core.admission import Code
 from fairlimit.limiter import Limiter
+from fairlimit.telemetry import Telemetry
 from helpers import FakeClock, LimiterFactory, desc, req
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
@@ -180,3 +183,43 @@ class TestFairShareOfTheCap:
         await done(limiter, "a", "a0")
         assert not await take(limiter, "a", "a9")
         assert await take(limiter, "c", "c1")
+
+
+def _points(reader: InMemoryMetricReader) -> dict[tuple[str, str], float]:
+    """(metric name, rule attribute) -> value, for the concurrency instruments."""
+    out: dict[tuple[str, str], float] = {}
+    data = reader.get_metrics_data()
+    assert data is not None
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name.startswith("fairlimit.concurrency."):
+                    for point in metric.data.data_points:  # type: ignore[union-attr]
+                        assert set(point.attributes or {}) == {"domain", "rule"}
+                        rule = str((point.attributes or {})["rule"])
+                        out[metric.name, rule] = point.value  # type: ignore[union-attr]
+    return out
+
+
+class TestMetrics:
+    async def test_in_flight_rejections_and_expiry_per_rule(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """in_flight follows acquires, releases and expiry per pool rule (no client values);
+        refusals and expired slots are counted."""
+        reader = InMemoryMetricReader()
+        telemetry = Telemetry(MeterProvider(metric_readers=[reader]))
+        limiter = make_limiter(CAPPED, telemetry=telemetry)
+        cap, own = "edge/route=public", "edge/route=public/client_id"
+        assert [await take(limiter, "a", f"r{i}") for i in range(5)] == [True] * 4 + [False]
+        await done(limiter, "a", "r0")
+        await done(limiter, "a", "never")
+        got = _points(reader)
+        assert got["fairlimit.concurrency.in_flight", cap] == 3
+        assert got["fairlimit.concurrency.in_flight", own] == 3
+        assert got["fairlimit.concurrency.rejected", own] == 1
+        clock.advance(31)
+        assert await take(limiter, "a", "late")
+        got = _points(reader)
+        assert got["fairlimit.concurrency.expired", own] == 3
+        assert got["fairlimit.concurrency.in_flight", own] == 1

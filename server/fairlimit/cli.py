@@ -133,12 +133,25 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
         }
         for c in loaded.classifications
     ]
+    slots = [
+        {
+            "path": c.path,
+            "mode": c.mode.value,
+            "warning": c.is_warning,
+            "message": c.message,
+            "max_in_flight": int(c.cap_per_second),
+            "required_in_flight": c.required_per_second,
+            "active_clients": c.active_clients,
+        }
+        for c in loaded.concurrency
+    ]
     warnings = loaded.warnings
     return {
         "ok": not (strict and warnings),
         "files": [str(f) for f in loaded.files],
         "domains": sorted(loaded.config.domains),
         "classifications": caps,
+        "concurrency": slots,
         "errors": warnings if strict else [],
         "warnings": [] if strict else warnings,
     }
@@ -159,10 +172,10 @@ def _check(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
-        for c in loaded.classifications:
+        for c in (*loaded.classifications, *loaded.concurrency):
             level = "error" if args.strict and c.is_warning else "warning" if c.is_warning else "ok"
             print(f"{level}: {c.line}")
-        modes = [c.mode.value for c in loaded.classifications]
+        modes = [c.mode.value for c in (*loaded.classifications, *loaded.concurrency)]
         summary = ", ".join(f"{modes.count(m)} {m}" for m in sorted(set(modes))) or "no limits"
         print(f"{len(loaded.files)} files, {len(loaded.config.domains)} domains: {summary}")
     return EXIT_OK if report["ok"] else EXIT_VIOLATION

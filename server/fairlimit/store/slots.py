@@ -2,7 +2,9 @@
 
 ``acquire`` and ``release`` never await, so on one event loop each is atomic by
 construction. A heap of the pools' next expiries lets every call reclaim leaked slots of
-pools nobody touches any more, so memory stays bounded by the slots in flight.
+pools nobody touches any more, so memory stays bounded by the slots in flight. Only an
+acquire at a pool reports what expired there (as with Redis, where a pool's keys that no
+acquire touches again expire by their TTL).
 """
 
 import heapq
@@ -146,7 +148,6 @@ class MemorySlots:
 
     def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
         """Take a slot in every pool of ``claims``, or none; refusals count as demand."""
-        self._sweep(now)
         pairs = taken(claims)
         pools = [self._pool(p.key) for _, p in pairs]
         expired = tuple(pool.expire(now) for pool in pools)
@@ -160,11 +161,11 @@ class MemorySlots:
                 heapq.heappush(self._deadlines, (pool.refused_until, spec.key))
             else:
                 self._forget(spec.key, pool, now)
+        self._sweep(now)  # after: this call's own pools count what expired in them
         return SlotOutcome(ok, in_pool, expired)
 
     def release(self, claims: Sequence[Claim], now: float) -> tuple[bool, ...]:
         """Give back each (request id, pool) slot that is held; others change nothing."""
-        self._sweep(now)
         out: list[bool] = []
         for request_id, spec in taken(claims):
             pool = self._pools.get(spec.key)
@@ -173,6 +174,7 @@ class MemorySlots:
                 continue
             out.append(pool.release(request_id, now))
             self._forget(spec.key, pool, now)
+        self._sweep(now)
         return tuple(out)
 
     def clear(self) -> None:

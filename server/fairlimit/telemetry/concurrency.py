@@ -3,7 +3,10 @@
 Attributes are ``domain`` and ``rule`` (the pool's rule path: a cap, or the per-client rule
 whose pools are summed); never a client value or a request id. ``in_flight`` is an
 up-down counter each process moves by what it acquired, released and saw expire, so the
-sum over the replicas behind one store is the number of slots held.
+sum over the replicas behind one store is the number of slots held. Expiry is seen by the
+next acquire at the same pool: slots of a pool no request touches again until its state is
+dropped are never reported expired and stay in ``in_flight`` (a per-client pool of a client
+that never comes back after its proxy crashed).
 """
 
 from collections.abc import Callable, Sequence
