@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fairlimit.admin import config_report
 from fairlimit.config.loader import load
@@ -151,3 +152,40 @@ class TestReports:
         assert cap["concurrency"] == {"max_in_flight": 20, "max_duration": 300.0}
         assert verdict["mode"] == "per-client-buckets" and verdict["warning"] is False
         assert cap["descriptors"][0]["concurrency"]["max_in_flight"] == 5
+
+
+class TestEnvoyExample:
+    def test_the_example_actions_acquire_and_release_the_example_pools(self) -> None:
+        """examples/envoy/concurrency.yaml's two rate_limits entries, filled with header values,
+        acquire and release the client's and the cap's pools of concurrency-descriptors.yaml."""
+        examples = Path(__file__).resolve().parents[1] / "examples" / "envoy"
+        bootstrap = yaml.safe_load((examples / "concurrency.yaml").read_text())
+        hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        (host,) = hcm["typed_config"]["route_config"]["virtual_hosts"]
+        headers = {"x-client-id": "alice", "x-request-id": "f3a9"}
+        built = []
+        for entry in host["rate_limits"]:
+            entries = []
+            for action in entry["actions"]:
+                if "generic_key" in action:
+                    g = action["generic_key"]
+                    entries.append(f"{g['descriptor_key']}={g['descriptor_value']}")
+                else:
+                    h = action["request_headers"]
+                    entries.append(f"{h['descriptor_key']}={headers[h['header_name']]}")
+            built.append((entry.get("apply_on_stream_done", False), desc(*entries)))
+        matcher = Matcher(load([examples / "concurrency-descriptors.yaml"]).config)
+        (on_request, acquire), (on_done, release) = built
+        assert (on_request, on_done) == (False, True)
+        (taking,) = split(req("edge", acquire), matcher).acquire
+        (giving,) = split(req("edge", release), matcher).release
+        assert taking.request_id == giving.request_id == "f3a9"
+        assert (
+            [p.key for p in taking.pools]
+            == [p.key for p in giving.pools]
+            == [
+                "edge/route=public#inflight",
+                "edge/route=public/client_id=alice#inflight",
+            ]
+        )
+        assert [p.limit for p in taking.pools] == [20, 5]
