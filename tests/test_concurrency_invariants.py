@@ -141,6 +141,31 @@ class TestRefusalsAndReleases:
         assert not await take(limiter, "a", "t")
 
 
+class TestSeveralPools:
+    async def test_a_request_over_two_caps_takes_both_or_neither(
+        self, make_limiter: LimiterFactory
+    ) -> None:
+        """One request claiming slots under two caps (two slots of a Cluster): when one cap
+        refuses, the slot taken at the other is given back."""
+        limiter = make_limiter(CAPPED)
+
+        async def both(rid: str) -> bool:
+            request = req(
+                "edge",
+                desc("route=public", "client_id=a", f"request_id={rid}"),
+                desc("route=api", "client_id=b", f"request_id={rid}"),
+            )
+            return (await limiter.should_rate_limit(request)).code is Code.OK
+
+        assert await take(limiter, "x", "x1", "api")
+        assert await take(limiter, "y", "y1", "api")
+        assert await take(limiter, "z", "z1", "api")  # the api cap (3) is full
+        assert [await take(limiter, "a", f"a{i}") for i in range(3)] == [True] * 3
+        assert not await both("r1")  # public has room for a, api has none for b
+        assert await take(limiter, "a", "a3")  # a's fourth: r1 holds nothing at public
+        assert not await take(limiter, "a", "a4")
+
+
 class TestAllOrNothingWithRates:
     async def test_a_concurrency_refusal_consumes_no_rate(
         self, make_limiter: LimiterFactory
