@@ -3,15 +3,21 @@ flight per client or at the cap, a refused acquire holds nothing, expiry reclaim
 without its acquire changes nothing, and all or nothing together with the rate limits."""
 
 import random
+from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from fairlimit.core.admission import Code
+from fairlimit.core.concurrency import Claim, SlotOutcome
+from fairlimit.errors import StoreUnavailable
 from fairlimit.limiter import Limiter
+from fairlimit.settings import FailureMode
+from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
-from helpers import FakeClock, LimiterFactory, desc, req
+from helpers import FakeClock, LimiterFactory, desc, load_text, req
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
@@ -248,3 +254,31 @@ class TestMetrics:
         got = _points(reader)
         assert got["fairlimit.concurrency.expired", own] == 3
         assert got["fairlimit.concurrency.in_flight", own] == 1
+
+
+class _SlotsDown(MemoryStore):
+    """Rates answer; the slot calls fail as a lost backend does."""
+
+    async def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
+        raise StoreUnavailable("slots down")
+
+    async def release(self, claims: Sequence[Claim], now: float) -> tuple[bool, ...]:
+        raise StoreUnavailable("slots down")
+
+
+class TestBackendDown:
+    """One store double for the failure path (the backends above are real)."""
+
+    async def test_failure_mode_decides_when_slots_cannot_be_taken(
+        self, tmp_path: Path, clock: FakeClock
+    ) -> None:
+        """open: the request goes on under its rates, the failure counted; closed: raised.
+        A release that fails is left to expiry and never fails the call."""
+        loaded = load_text(tmp_path, CAPPED)
+        lenient = Limiter(loaded, _SlotsDown(), clock, failure_mode=FailureMode.OPEN)
+        assert await take(lenient, "a", "r1")
+        assert not lenient.backend_healthy
+        await done(lenient, "a", "r1")
+        strict = Limiter(loaded, _SlotsDown(), clock, failure_mode=FailureMode.CLOSED)
+        with pytest.raises(StoreUnavailable):
+            await take(strict, "a", "r1")

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from fairlimit.core import admission
 from fairlimit.core.admission import Code, Outcome, Status
-from fairlimit.core.concurrency import Claim, SlotOutcome, Slots, split, taken
+from fairlimit.core.concurrency import Claim, SlotOutcome, Slots, declared, split, taken
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.request import Request, validate
@@ -58,6 +58,7 @@ class Decision:
 class _Active:
     loaded: Loaded
     matcher: Matcher
+    slots: bool  # the config declares concurrency somewhere (else no request takes a slot)
 
 
 class Limiter:
@@ -73,7 +74,7 @@ class Limiter:
         failure_mode: FailureMode = FailureMode.OPEN,
         telemetry: Telemetry | None = None,
     ) -> None:
-        self._active = _Active(loaded, Matcher(loaded.config))
+        self._active = _Active(loaded, Matcher(loaded.config), declared(loaded.config))
         self.store = store
         self.clock = clock or SystemClock()
         self.shadow = shadow
@@ -88,15 +89,17 @@ class Limiter:
 
     def swap(self, loaded: Loaded) -> None:
         """Serve ``loaded`` from the next request on (one reference swap, so atomic)."""
-        self._active = _Active(loaded, Matcher(loaded.config))
+        self._active = _Active(loaded, Matcher(loaded.config), declared(loaded.config))
         self.telemetry.use(loaded)
 
     async def should_rate_limit(self, request: Request) -> Decision:
         """Decide ``request``; RequestError for a malformed one, StoreUnavailable if closed."""
         validate(request)
-        slots = split(request, self._active.matcher)
-        if slots.acquire or slots.release:
-            return await self._with_slots(request, slots, self.clock.now())
+        active = self._active
+        if active.slots:
+            slots = split(request, active.matcher)
+            if slots.acquire or slots.release:
+                return await self._with_slots(request, slots, self.clock.now())
         return await self._rates(request, self.clock.now())
 
     async def _with_slots(self, request: Request, slots: Slots, now: float) -> Decision:

@@ -90,6 +90,15 @@ def _pools(domain: str, entries: Sequence[tuple[str, str]], match: Match) -> tup
     return tuple(pools)
 
 
+def declared(config: Config) -> bool:
+    """Whether any rule of ``config`` declares concurrency (else ``split`` is never needed)."""
+    return any(
+        rule.concurrency is not None
+        for domain in config.domains.values()
+        for rule, _ in walk(domain.rules)
+    )
+
+
 def split(request: Request, matcher: Matcher) -> Slots:
     """``request``'s slot claims, and the request the rate limits are decided on."""
     domain = matcher.config.domains.get(request.domain)
