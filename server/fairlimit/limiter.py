@@ -115,6 +115,8 @@ class Limiter:
                 if self.failure_mode is FailureMode.CLOSED:
                     raise
             if held is not None:
+                if not self.backend_healthy:
+                    self._backend_state(None)
                 pools = [p for _, p in taken(slots.acquire)]
                 self.telemetry.slots.acquired(request.domain, pools, held)
                 if not held.admitted:
