@@ -89,6 +89,11 @@ class TestSplit:
         slots = split(request, matcher)
         assert not slots.acquire and slots.rates is request
 
+    def test_a_descriptor_stopping_at_the_cap_takes_no_slot(self, matcher: Matcher) -> None:
+        """(route=public, request_id): no client below the cap, so no slot to hold."""
+        slots = split(req("edge", desc("route=public", "request_id=r1")), matcher)
+        assert not slots.acquire and not slots.release
+
 
 class TestFairBound:
     def _pool(self, weight: float = 1.0, client: str = "a") -> Pool:

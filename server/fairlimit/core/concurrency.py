@@ -84,7 +84,9 @@ def _pools(domain: str, entries: Sequence[tuple[str, str]], match: Match) -> tup
                  client, limit, rule.fair_share.weight(client))
         )  # fmt: skip
     own = match.rule.concurrency
-    if own is not None:
+    # A cap's pool is its clients' (with who holds what); a descriptor stopping at the cap
+    # itself names no client, so it takes no slot there rather than one nobody owns.
+    if own is not None and match.rule.fair_share is None:
         pools.append(Pool(paths[-1] + POOL_SUFFIX, match.rule, own.max_in_flight,
                           own.max_duration, anchor))  # fmt: skip
     return tuple(pools)
