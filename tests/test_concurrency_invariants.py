@@ -282,3 +282,28 @@ class TestBackendDown:
         strict = Limiter(loaded, _SlotsDown(), clock, failure_mode=FailureMode.CLOSED)
         with pytest.raises(StoreUnavailable):
             await take(strict, "a", "r1")
+
+
+class TestReplicas:
+    """Redis only: two replicas (two stores) over one Redis share every pool atomically."""
+
+    @pytest.mark.parametrize("kind", ["redis", "redis-cluster"])
+    async def test_two_replicas_never_pass_the_limits_together(
+        self, kind: str, request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
+    ) -> None:
+        """Alternating replicas: 4 per client and 6 at the cap in total, and a slot taken on
+        one replica is released through the other."""
+        factory = request.getfixturevalue(f"{kind.replace('-', '_')}_store_factory")
+        first = await factory()
+        second = await factory()  # the factory flushes only on creation: create both first
+        loaded = load_text(tmp_path, CAPPED)
+        replicas = [Limiter(loaded, store, clock) for store in (first, second)]
+        try:
+            got = [await take(replicas[i % 2], c, f"{c}{i}") for c in "abc" for i in range(4)]
+            assert sum(got) == 6 and got[:4] == [True] * 4
+            assert not await take(replicas[0], "d", "d0")
+            await done(replicas[1], "a", "a0")  # taken through replicas[0]
+            assert await take(replicas[0], "d", "d1")
+        finally:
+            await first.close()
+            await second.close()
