@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fairlimit.admin import config_report
 from fairlimit.config.loader import load
@@ -117,6 +119,37 @@ class TestFairBound:
         light = {**others, "a": CapDemand(3, 0, 4, 1.0)}
         assert math.isclose(fair_bound(self._pool(weight=2.0), heavy), 3.0)
         assert math.isclose(fair_bound(self._pool(weight=1.0), light), 2.0)
+
+
+CLIENT_STATES = st.builds(
+    CapDemand,
+    st.integers(0, 6),
+    st.integers(0, 4),
+    st.sampled_from([1.0, 2.0, 4.0, math.inf]),
+    st.sampled_from([0.5, 1.0, 3.0]),
+)
+
+
+class TestFairBoundProperties:
+    @settings(max_examples=150, deadline=None)
+    @given(
+        st.dictionaries(st.sampled_from("abcdef"), CLIENT_STATES, max_size=6),
+        st.integers(1, 30),
+        st.sampled_from([1.0, 3.0, math.inf]),
+    )
+    def test_never_above_the_own_max_and_no_refusal_while_everyone_fits(
+        self, clients: dict[str, CapDemand], capacity: int, own_limit: float
+    ) -> None:
+        """The bound never passes the client's own max_in_flight; when every client's
+        capped demand (the asking request included) fits the cap, the next slot is fair."""
+        pool = Pool("cap#inflight", Rule("route", "x", "d/route=x", "f"), capacity, 30.0,
+                    "cap", "a", own_limit, 1.0)  # fmt: skip
+        clients = {n: c for n, c in clients.items() if n != "a"}
+        bound = fair_bound(pool, clients)
+        assert bound <= own_limit
+        wants = 1 + sum(min(c.held + c.refused, c.limit) for c in clients.values())
+        if wants <= capacity and own_limit >= 1:
+            assert bound >= 1
 
 
 class TestClassification:
