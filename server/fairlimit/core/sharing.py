@@ -233,7 +233,7 @@ class CapPeriod:
         self.seen_weight = 0.0  # weights of the clients seen (the cold-start split)
 
 
-class Claim:
+class ShareClaim:
     """One client's claim at a cap: what it asks and what bounds it (made per request, so
     slotted and not frozen)."""
 
@@ -248,7 +248,7 @@ class Claim:
         self.sized = sized  # capacity >= active_clients x limit: never paced
 
 
-def plan_of(row: Row, cap: CapPeriod, claim: Claim, clock: Clock) -> float:
+def plan_of(row: Row, cap: CapPeriod, claim: ShareClaim, clock: Clock) -> float:
     """What the row may take within its plan this window (0 without λ)."""
     if cap.level is None:
         return 0.0
@@ -256,7 +256,7 @@ def plan_of(row: Row, cap: CapPeriod, claim: Claim, clock: Clock) -> float:
     return allowance(demand, claim.limit, cap.level * claim.weight)
 
 
-def touch(row: Row, cap: CapPeriod, claim: Claim, clock: Clock) -> None:
+def touch(row: Row, cap: CapPeriod, claim: ShareClaim, clock: Clock) -> None:
     """A client's first touch in the period: its reservation and weight count as seen."""
     held = plan_of(row, cap, claim, clock) - row.a
     if held > 0:
@@ -265,7 +265,9 @@ def touch(row: Row, cap: CapPeriod, claim: Claim, clock: Clock) -> None:
     cap.seen_weight += claim.weight
 
 
-def verdict(row: Row, cap: CapPeriod, claim: Claim, total: int, clock: Clock) -> tuple[float, bool]:
+def verdict(
+    row: Row, cap: CapPeriod, claim: ShareClaim, total: int, clock: Clock
+) -> tuple[float, bool]:
     """(bound, within): the most the client may hold after this request, and whether the
     request falls within its plan (else it draws on the spare). Registers a spare asker."""
     h, limit, capacity = max(claim.hits, 1), claim.limit, claim.capacity

@@ -5,17 +5,18 @@ Expiry is driven by two heaps of deadlines, so memory stays bounded by the live 
 """
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from fairlimit.core.admission import Outcome, admits, demand_seen
+from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures, figures_of
 from fairlimit.core.plan import Plan, Share
 from fairlimit.core.sharing import (
     STALE,
     CapPeriod,
-    Claim,
     Clock,
     Row,
+    ShareClaim,
     charge,
     fold,
     last_period,
@@ -25,6 +26,7 @@ from fairlimit.core.sharing import (
     verdict,
 )
 from fairlimit.core.units import window_start
+from fairlimit.store.slots import MemorySlots
 
 _SHRINK = 4  # compact the counter table once it holds under a quarter of its high mark
 
@@ -76,7 +78,7 @@ class _Cap:
         self.last_seen = now
         return period
 
-    def row(self, share: Share, period: CapPeriod, claim: Claim, clock: Clock) -> Row:
+    def row(self, share: Share, period: CapPeriod, claim: ShareClaim, clock: Clock) -> Row:
         """The client's row, folded to this period (its first touch counts it as seen)."""
         row = self.rows.get(share.client)
         if row is None:
@@ -100,8 +102,8 @@ class _Cap:
         return None if self.period is None else self.period.level
 
 
-def _claim(share: Share) -> Claim:
-    return Claim(
+def _claim(share: Share) -> ShareClaim:
+    return ShareClaim(
         share.hits, share.client_limit, share.weight, share.capacity, share.declared, share.sized
     )
 
@@ -116,6 +118,7 @@ class MemoryStore:
         self._cap_deadlines: list[tuple[float, str]] = []
         self._high = 0  # the most counters held since the table was last compacted
         self._now = 0.0
+        self.slots = MemorySlots()  # concurrency pools (store/slots.py)
 
     def __len__(self) -> int:
         """How many counters and caps are held (for tests and memory accounting)."""
@@ -201,12 +204,18 @@ class MemoryStore:
                 charge(row, period, share.hits, within)
         return Outcome(admitted, counts, shared, bounds)
 
-    def _claim(self, share: Share, now: float) -> tuple[CapPeriod, Claim, Row, Clock]:
+    def _claim(self, share: Share, now: float) -> tuple[CapPeriod, ShareClaim, Row, Clock]:
         cap = self._cap(share)
         clock = Clock(share.window, share.period, now)
         period = cap.roll(clock, now)
         claim = _claim(share)
         return period, claim, cap.row(share, period, claim, clock), clock
+
+    async def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
+        return self.slots.acquire(claims, now)
+
+    async def release(self, claims: Sequence[Claim], now: float) -> tuple[bool, ...]:
+        return self.slots.release(claims, now)
 
     async def caps(self) -> Mapping[str, CapReport]:
         return {
@@ -222,3 +231,4 @@ class MemoryStore:
         self._caps.clear()
         self._counter_deadlines.clear()
         self._cap_deadlines.clear()
+        self.slots.clear()
