@@ -383,14 +383,32 @@ def table(rows: Sequence[tuple[str, ...]]) -> str:
 
 
 def main() -> None:
+    """Print the table; ``--redis URL`` runs every scenario on that Redis (flushed first)."""
     from fairness_cases import SCENARIOS
 
+    url = sys.argv[2] if len(sys.argv) > 2 and sys.argv[1] == "--redis" else None
     rows = []
     for scenario in SCENARIOS:
-        record = asyncio.run(run(scenario))
+        record = asyncio.run(_run_on(scenario, url))
         rows.append(row(scenario.name, figures(scenario, record)))
         print(scenario.name, "done", file=sys.stderr)
     print(table(rows))
+
+
+async def _run_on(scenario: Scenario, url: str | None) -> Record:
+    if url is None:
+        return await run(scenario)
+    import redis
+
+    from fairlimit.store import open_store
+
+    with redis.Redis.from_url(url) as scratch:  # a scratch server: each scenario starts empty
+        scratch.flushdb()
+    store = open_store(f"{url}?clock=caller&timeout=5")
+    try:
+        return await run(scenario, store)
+    finally:
+        await store.close()
 
 
 if __name__ == "__main__":
