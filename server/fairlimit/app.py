@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Callable, Coroutine
@@ -90,6 +91,10 @@ class App:
             log.info("worker %d: admin HTTP is served by worker 0 only", self.worker)
         self._spawn(self.watcher.run())
         self._spawn(self._refresh_fairness())
+        # Everything made so far (modules, config, SDK, grpc) lives as long as the process:
+        # out of the collector's sight, a full collection no longer walks it mid-request.
+        gc.collect()
+        gc.freeze()
 
     def _spawn(self, work: Coroutine[object, object, object]) -> None:
         task = asyncio.create_task(work)

@@ -8,6 +8,7 @@ from typing import Protocol
 from fairlimit.core import admission
 from fairlimit.core.admission import Code, Outcome, Status
 from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.request import Request, validate
 from fairlimit.core.rules import Loaded
@@ -49,6 +50,17 @@ class _Active:
     matcher: Matcher
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated request and its plan under one configuration: pure of time, so a caller
+    that sees the same request again may decide it again without rebuilding the plan
+    (``Limiter.current`` says whether the configuration is still the one in force)."""
+
+    request: Request
+    plan: Plan
+    active: object  # the configuration it was planned under
+
+
 class Limiter:
     """Answers ShouldRateLimit against the current config and the store."""
 
@@ -82,8 +94,21 @@ class Limiter:
 
     async def should_rate_limit(self, request: Request) -> Decision:
         """Decide ``request``; RequestError for a malformed one, StoreUnavailable if closed."""
+        return await self.decide(self.prepare(request))
+
+    def prepare(self, request: Request) -> Prepared:
+        """Validate ``request`` (RequestError) and plan it under the configuration in force."""
         validate(request)
-        plan = make_plan(request, self._active.matcher)
+        active = self._active
+        return Prepared(request, make_plan(request, active.matcher), active)
+
+    def current(self, prepared: Prepared) -> bool:
+        """Whether ``prepared`` was planned under the configuration in force now."""
+        return prepared.active is self._active
+
+    async def decide(self, prepared: Prepared) -> Decision:
+        """Decide a prepared request now; StoreUnavailable if the store fails and closed."""
+        request, plan = prepared.request, prepared.plan
         now = self.clock.now()
         backend = 0.0
         if not plan.counters:
