@@ -32,7 +32,13 @@ class _Aborted(Exception):
 
 
 class _Context:
-    """What the servicer uses of grpc's context: abort."""
+    """What the servicer uses of grpc's context: the deadline and abort."""
+
+    def __init__(self, remaining: float | None = None) -> None:
+        self.remaining = remaining
+
+    def time_remaining(self) -> float | None:
+        return self.remaining
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise _Aborted(code, details)
@@ -81,3 +87,14 @@ async def test_a_full_cache_starts_over(tmp_path: Path, monkeypatch: pytest.Monk
         answer = await servicer.ShouldRateLimit(_payload(client), _Context())
         assert answer.overall_code == RLS.OK
     assert len(servicer._prepared) <= 2
+
+
+async def test_a_call_past_its_deadline_is_shed(tmp_path: Path) -> None:
+    """The limit is 1: calls arriving after their deadline are answered OK (failure mode
+    open) and charge nothing, so the next call in time is still admitted."""
+    servicer, _ = _servicer(tmp_path, 1)
+    for _ in range(2):
+        late = await servicer.ShouldRateLimit(_payload("a"), _Context(remaining=0.0))
+        assert (late.overall_code, len(late.statuses[0].current_limit.ListFields())) == (RLS.OK, 0)
+    in_time = await servicer.ShouldRateLimit(_payload("a"), _Context(remaining=5.0))
+    assert (in_time.overall_code, in_time.statuses[0].limit_remaining) == (RLS.OK, 0)

@@ -12,9 +12,10 @@ from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.request import Request, validate
 from fairlimit.core.rules import Loaded
-from fairlimit.errors import StoreUnavailable
+from fairlimit.errors import DeadlineExceeded, StoreUnavailable
 from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
+from fairlimit.store.deadline import DEADLINE
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.fairness import CapRow
 
@@ -42,6 +43,7 @@ class Decision:
     statuses: tuple[Status, ...]
     backend_failed: bool = False
     backend_seconds: float = 0.0  # time spent waiting for the store, for the trace
+    shed: bool = False  # the caller's deadline had passed or left the store no time
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,11 @@ class Prepared:
     request: Request
     plan: Plan
     active: object  # the configuration it was planned under
+
+
+def _open_statuses(plan: Plan) -> tuple[Status, ...]:
+    """What ``--failure-mode open`` answers: OK for every descriptor, no limit."""
+    return tuple(Status(Code.OK, None, 0, 0.0) for _ in plan.descriptors)
 
 
 class Limiter:
@@ -106,24 +113,36 @@ class Limiter:
         """Whether ``prepared`` was planned under the configuration in force now."""
         return prepared.active is self._active
 
-    async def decide(self, prepared: Prepared) -> Decision:
-        """Decide a prepared request now; StoreUnavailable if the store fails and closed."""
+    async def decide(self, prepared: Prepared, remaining: float | None = None) -> Decision:
+        """Decide a prepared request now; StoreUnavailable if the store fails and closed.
+
+        ``remaining``: seconds until the caller's deadline (None: no deadline). A call whose
+        deadline has passed, or leaves the store no time, is shed: answered at once by the
+        failure mode and counted, since nobody waits for its answer.
+        """
         request, plan = prepared.request, prepared.plan
         now = self.clock.now()
         backend = 0.0
         if not plan.counters:
             outcome = Outcome(True, (), (), ())
+        elif remaining is not None and remaining <= 0:
+            return self._shed(plan)
         else:
             started = time.perf_counter()  # a latency, so real time: windows use self.clock
+            token = None if remaining is None else DEADLINE.set(time.monotonic() + remaining)
             try:
                 outcome = await self.store.admit(plan, now)
+            except DeadlineExceeded:
+                return self._shed(plan)
             except StoreUnavailable as exc:
                 self._backend_state(exc)
                 if self.failure_mode is FailureMode.CLOSED:
                     raise
-                open_statuses = tuple(Status(Code.OK, None, 0, 0.0) for _ in plan.descriptors)
                 backend = time.perf_counter() - started
-                return Decision(Code.OK, open_statuses, True, backend)
+                return Decision(Code.OK, _open_statuses(plan), True, backend)
+            finally:
+                if token is not None:
+                    DEADLINE.reset(token)
             backend = time.perf_counter() - started
             if not self.backend_healthy:
                 self._backend_state(None)
@@ -132,6 +151,13 @@ class Limiter:
         code = Code.OK if self.shadow else admission.overall(statuses)
         self.telemetry.decided(request, statuses, now)
         return Decision(code, statuses, backend_seconds=backend)
+
+    def _shed(self, plan: Plan) -> Decision:
+        """The failure mode's answer for a call past (or too near) its deadline, counted."""
+        self.telemetry.shed()
+        if self.failure_mode is FailureMode.CLOSED:
+            raise DeadlineExceeded("the call's deadline passed before it could be decided")
+        return Decision(Code.OK, _open_statuses(plan), shed=True)
 
     async def ping(self) -> bool:
         """Whether the backend answers now (readiness)."""

@@ -82,7 +82,7 @@ class RateLimitServicer:
         if telemetry.tracing:
             answer, result = await self._traced(payload, context)
         else:
-            answer = await self._answer(payload, INVALID_SPAN)
+            answer = await self._answer(payload, INVALID_SPAN, context.time_remaining())
             result = _result(answer)
         telemetry.rpc_finished(time.perf_counter() - started, result)
         if isinstance(answer, tuple):
@@ -95,15 +95,18 @@ class RateLimitServicer:
     ) -> tuple[rls_pb2.RateLimitResponse | _Failure, str]:
         carrier = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
         with self.telemetry.rpc_span(_SPAN, carrier, _SPAN_ATTRIBUTES) as span:
-            answer = await self._answer(payload, span)
+            answer = await self._answer(payload, span, context.time_remaining())
             result = _result(answer)
             if isinstance(answer, tuple) and answer[0] in _FAILED:
                 span.set_status(StatusCode.ERROR, answer[1])
             span.set_attribute("ratelimit.result", result)
         return answer, result
 
-    async def _answer(self, payload: bytes, span: Span) -> rls_pb2.RateLimitResponse | _Failure:
-        """The response, or the status code and message to abort with."""
+    async def _answer(
+        self, payload: bytes, span: Span, remaining: float | None
+    ) -> rls_pb2.RateLimitResponse | _Failure:
+        """The response, or the status code and message to abort with; ``remaining`` is
+        the seconds left until the call's deadline (grpc-timeout), None without one."""
         prepared = self._prepared.get(payload)
         if prepared is None or not self.limiter.current(prepared):
             try:
@@ -115,7 +118,7 @@ class RateLimitServicer:
         elif span.is_recording():
             _describe(span, prepared)
         try:
-            decision = await self.limiter.decide(prepared)
+            decision = await self.limiter.decide(prepared, remaining)
         except Exception as exc:
             code = next((c for kind, c in _STATUS_CODES if isinstance(exc, kind)), None)
             if code is None:

@@ -6,7 +6,8 @@ meanings, in hits: ``ratelimit.total_hits``, ``.over_limit`` (shadow-mode overs 
 ``.near_limit`` (admitted hits that took the rule past 80% of its current limit),
 ``.within_limit``, ``.shadow_mode``. Per cap rule, observable gauges read from the last
 ``refresh`` (attributes ``domain`` and ``rule``; never a client value): see ``fairness``.
-Service: ``fairlimit.rpc.duration``, ``fairlimit.backend.errors``, ``fairlimit.config.loads``.
+Service: ``fairlimit.rpc.duration``, ``fairlimit.rpc.shed``, ``fairlimit.backend.errors``,
+``fairlimit.config.loads``.
 
 Telemetry never fails a request: recording errors are caught, counted and logged once.
 """
@@ -143,6 +144,12 @@ class Telemetry:
         self._backend_errors = meter.create_counter(
             "fairlimit.backend.errors", "{error}", "Store calls that failed (StoreUnavailable)"
         )
+        self._shed = meter.create_counter(
+            "fairlimit.rpc.shed",
+            "{call}",
+            "Calls answered by the failure mode because their deadline passed (or left the "
+            "backend no time)",
+        )
         self._loads = meter.create_counter(
             "fairlimit.config.loads", "{load}", "Config loads, by result (success|failure)"
         )
@@ -199,6 +206,9 @@ class Telemetry:
 
     def backend_error(self) -> None:
         self._safely(self._backend_errors.add, 1)
+
+    def shed(self) -> None:
+        self._safely(self._shed.add, 1)
 
     def config_load(self, ok: bool) -> None:
         self._safely(self._loads.add, 1, {"result": "success" if ok else "failure"})

@@ -17,6 +17,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError
 
 from fairlimit.errors import StoreUnavailable, UnsupportedBackend
+from fairlimit.store import deadline
 from fairlimit.store.base import REDIS_SCHEMES
 
 # What a Redis client raises when it cannot answer; RedisClusterException (no node
@@ -39,7 +40,9 @@ class Options:
 
     ``timeout`` bounds every socket operation and every Redis call: Envoy's rate-limit
     filter gives up after 20 ms by default, so by default a request whose Redis call fails
-    is answered (by the failure mode) inside that budget, and Envoy sees our answer.
+    is answered (by the failure mode) inside that budget, and Envoy sees our answer. A call
+    that carries a deadline (grpc-timeout) is bounded by what it leaves instead
+    (store/deadline.py).
     """
 
     timeout: float = 0.015
@@ -150,7 +153,9 @@ def _common(u: RedisUrl) -> dict[str, Any]:
     return {
         "username": u.username,
         "password": u.password,
-        "socket_timeout": o.timeout,
+        # A backstop only: each call is bounded by the caller's deadline (store/deadline.py),
+        # up to its CEILING, or by ``timeout`` without one (store.py).
+        "socket_timeout": max(o.timeout, deadline.CEILING),
         "socket_connect_timeout": o.connect_timeout or o.timeout,
         "decode_responses": True,
     }

@@ -28,6 +28,7 @@ from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.plan import Plan
 from fairlimit.core.units import window_start
 from fairlimit.errors import StoreUnavailable
+from fairlimit.store import deadline
 from fairlimit.store.redis import script
 from fairlimit.store.redis.batch import ScriptBatcher
 from fairlimit.store.redis.client import Options, unavailable
@@ -88,7 +89,9 @@ class RedisStore:
         # One pipeline for the calls of many requests (batch.py); a Cluster's calls go one
         # by one, each to its own slot's node.
         self._batch = (
-            ScriptBatcher(client, options.timeout) if isinstance(client, aioredis.Redis) else None
+            ScriptBatcher(client, max(options.timeout, deadline.CEILING))
+            if isinstance(client, aioredis.Redis)
+            else None
         )
         self._known = OverLimitCache(options.local_cache)
         self._registry = f"{options.key_prefix}caps"
@@ -157,13 +160,15 @@ class RedisStore:
                 log.warning("redis: a reservation could not be released: %s", result)
 
     async def _call(self, lua: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-        """One EVALSHA (EVAL after NOSCRIPT), given up after the timeout.
+        """One EVALSHA (EVAL after NOSCRIPT), given up after the timeout: what the caller's
+        deadline leaves (DeadlineExceeded when too little), else ``?timeout=``.
 
-        The deadline is per call, not per request: the λ hand-back (once per period per cap
+        The timeout is per call, not per request: the λ hand-back (once per period per cap
         for the whole deployment) may take two calls and the water-filling in between.
         """
+        limit = deadline.timeout(self._options.timeout)
         self.round_trips += 1
-        async with asyncio.timeout(self._options.timeout):
+        async with asyncio.timeout(limit):
             if self._batch is not None:
                 return await self._batch.call(lua, keys, args)
             return await lua(keys=keys, args=args)
