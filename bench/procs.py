@@ -69,7 +69,7 @@ class Proc:
         raise RuntimeError(f"{self.name} did not start:\n{self.text()[-3000:]}")
 
     def metrics(self) -> dict[str, float]:
-        """fairlimit's /metrics (worker 0's, with --workers): backend errors and calls."""
+        """fairlimit's /metrics (every worker's, summed): backend errors, shed calls, calls."""
         import urllib.request
 
         found = _ADMIN.search(self.text())
@@ -78,11 +78,13 @@ class Proc:
         url = f"http://127.0.0.1:{found.group(1)}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
             text = response.read().decode()
-        totals = {"backend_errors": 0.0, "rpc_calls": 0.0}
+        totals = {"backend_errors": 0.0, "rpc_calls": 0.0, "shed": 0.0}
         for line in text.splitlines():
             name = line.partition("{")[0]
             if name == "fairlimit_backend_errors_total":
                 totals["backend_errors"] += float(line.rsplit(" ", 1)[1])
+            elif name == "fairlimit_rpc_shed_total":
+                totals["shed"] += float(line.rsplit(" ", 1)[1])
             elif name == "fairlimit_rpc_duration_seconds_count":
                 totals["rpc_calls"] += float(line.rsplit(" ", 1)[1])
         return totals

@@ -6,6 +6,7 @@ import gc
 import logging
 import signal
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
@@ -19,7 +20,7 @@ from fairlimit.grpc_api.servicer import GrpcServer, TlsFiles
 from fairlimit.limiter import Limiter
 from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
-from fairlimit.telemetry import Telemetry
+from fairlimit.telemetry import Telemetry, pooled
 
 log = logging.getLogger("fairlimit")
 
@@ -45,9 +46,12 @@ class App:
         telemetry: Telemetry | None = None,
         metrics_registry: CollectorRegistry | None = None,
         worker: int = 0,
+        metrics_dir: Path | None = None,
     ) -> None:
         self.settings = settings
         self.worker = worker  # with --workers N, this process's index; admin HTTP in 0 only
+        self.metrics_registry = metrics_registry
+        self.metrics_dir = metrics_dir  # with --workers N: where workers share their metrics
         self.telemetry = telemetry or Telemetry()  # the global providers cli.py installed
         loaded = load(settings.config, strict=settings.strict)
         for line in loaded.warnings:
@@ -62,7 +66,12 @@ class App:
         )
         reuse_port = settings.workers > 1  # the workers share the port (workers.py)
         self.grpc = GrpcServer(
-            self.limiter, self.telemetry, settings.grpc_addr, _tls(settings), reuse_port
+            self.limiter,
+            self.telemetry,
+            settings.grpc_addr,
+            _tls(settings),
+            reuse_port,
+            (settings.max_connection_age, settings.max_connection_age_grace),
         )
         self.admin = None if worker else self._admin(metrics_registry)
         self.watcher = ConfigWatcher(
@@ -74,6 +83,8 @@ class App:
     def _admin(self, registry: CollectorRegistry | None) -> AdminServer:
         host, port = parse_address("--admin-addr", self.settings.admin_addr)
         codec = JsonCodec(request_from_json, response_to_json)
+        if registry is not None and self.metrics_dir is not None:
+            registry = pooled.pooled_registry(registry, self.metrics_dir, self.worker)
         return AdminServer(self.limiter, host, port, codec, registry)
 
     async def start(self) -> None:
@@ -91,6 +102,8 @@ class App:
             log.info("worker %d: admin HTTP is served by worker 0 only", self.worker)
         self._spawn(self.watcher.run())
         self._spawn(self._refresh_fairness())
+        if self.worker and self.metrics_dir is not None and self.metrics_registry is not None:
+            self._spawn(self._share_metrics(self.metrics_registry, self.metrics_dir))
         # Everything made so far (modules, config, SDK, grpc) lives as long as the process:
         # out of the collector's sight, a full collection no longer walks it mid-request.
         gc.collect()
@@ -130,6 +143,18 @@ class App:
                 log.exception("refreshing the fairness figures failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), REFRESH_SECONDS)
+
+    async def _share_metrics(self, registry: CollectorRegistry, directory: Path) -> None:
+        """Hand this worker's metrics to worker 0's /metrics until stopping, and once more."""
+        while True:
+            try:
+                pooled.dump(registry, directory, self.worker)
+            except OSError as exc:  # the parent's directory gone: it is stopping
+                log.debug("metrics not shared: %s", exc)
+            if self._stopping.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), pooled.DUMP_SECONDS)
 
     def stop(self) -> None:
         """Ask the serve loop to drain and exit."""

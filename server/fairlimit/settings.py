@@ -61,6 +61,8 @@ class Settings:
     failure_mode: FailureMode = FailureMode.OPEN
     shadow: bool = False
     workers: int = 1
+    max_connection_age: float = 300.0  # seconds; 0: connections live for ever
+    max_connection_age_grace: float = 10.0
     log_format: str = "text"
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -138,6 +140,14 @@ def _convert(label: str, name: str, value: object) -> object:
         if not text.isdigit():
             raise SettingsError(f"{label}: expected a whole number, got {text!r}")
         return int(text)
+    if name.startswith("max_connection_age"):
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = -1.0
+        if not seconds >= 0 or seconds == float("inf"):
+            raise SettingsError(f"{label}: expected seconds (0 or more), got {text!r}")
+        return seconds
     if name == "failure_mode":
         try:
             return FailureMode(text.lower())

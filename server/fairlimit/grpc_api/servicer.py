@@ -171,10 +171,19 @@ class GrpcServer:
         address: str,
         tls: TlsFiles | None = None,
         reuse_port: bool = False,
+        connection_age: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         # SO_REUSEPORT only where workers share the port on purpose: otherwise a second server
         # on a busy port must fail to bind rather than quietly take half of its connections.
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
+        options = [("grpc.so_reuseport", int(reuse_port))]
+        age, grace = connection_age
+        if age > 0:
+            # Envoy holds one HTTP/2 connection per upstream host for ever: without an age
+            # limit, replicas (or workers) added later get none of it. gRPC adds ±10% jitter
+            # and sends GOAWAY; calls in flight get ``grace`` seconds to finish.
+            options += [("grpc.max_connection_age_ms", round(age * 1000)),
+                        ("grpc.max_connection_age_grace_ms", round(grace * 1000))]  # fmt: skip
+        self.server = grpc.aio.server(options=options)
         self.server.add_generic_rpc_handlers((RateLimitServicer(limiter, telemetry).handler(),))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
