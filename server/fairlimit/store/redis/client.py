@@ -52,6 +52,7 @@ class Options:
     clock: str = "redis"  # "redis": Redis TIME (replicas agree); "caller": the `now` passed
     local_cache: int = 100_000  # entries; 0 disables
     lock_ms: int = 250  # how long a replica may take to compute λ before another takes over
+    leases: str = "off"  # "on": admit plain counters from local blocks (store/redis/lease.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,7 @@ _OPTION_TYPES: dict[str, type] = {
     "clock": str,
     "local_cache": int,
     "lock_ms": int,
+    "leases": str,
 }
 _CLIENT_QUERY = frozenset(
     {"db", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
@@ -101,6 +103,8 @@ def _options(query: Mapping[str, str]) -> Options:
                 problem = f"{name}={query[name]!r} is not a {kind.__name__}"
                 raise UnsupportedBackend(problem) from None
     options = Options(**values)
+    if options.leases not in ("on", "off"):
+        raise UnsupportedBackend("leases must be on or off")
     if options.clock not in ("redis", "caller"):
         raise UnsupportedBackend("clock must be redis or caller")
     if min(options.timeout, options.max_connections, options.lock_ms) <= 0:

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import math
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from fairlimit.core.plan import Plan
 from fairlimit.core.units import window_start
 from fairlimit.errors import StoreUnavailable
 from fairlimit.store import deadline
-from fairlimit.store.redis import script
+from fairlimit.store.redis import lease, script
 from fairlimit.store.redis.batch import ScriptBatcher
 from fairlimit.store.redis.client import Options, unavailable
 from fairlimit.store.redis.keys import SlotGroup, slot_groups
@@ -94,6 +95,12 @@ class RedisStore:
             else None
         )
         self._known = OverLimitCache(options.local_cache)
+        # Leases on one Redis only: on a Cluster a plan's counters may sit in several slots.
+        self._leases = None if cluster or options.leases != "on" else lease.Leases(
+            uuid.uuid4().hex[:12], margin=0.0 if options.clock == "caller" else lease.MARGIN
+        )
+        self._lease_scripts = (client.register_script(script.source(lease.LEASE)),
+                               client.register_script(script.source(lease.RETURN)))  # fmt: skip
         self._registry = f"{options.key_prefix}caps"
         self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips = 0  # script calls made (tests, the README's numbers)
@@ -107,8 +114,15 @@ class RedisStore:
         local = self._known.answer(plan, base)
         if local is not None:
             return local
+        if self._leases is not None and lease.eligible(plan):
+            local = self._leases.take(plan, base)
+            if local is not None:
+                return local
         with unavailable():
-            combined = await self._admit(plan, repr(now) if self._caller_clock else "")
+            if self._leases is not None and lease.eligible(plan):
+                combined = await self._leased(plan, repr(now) if self._caller_clock else "", base)
+            else:
+                combined = await self._admit(plan, repr(now) if self._caller_clock else "")
         self._known.learn(plan, combined.outcome, combined, base)
         if combined.rolled:
             self._register(combined.rolled)
@@ -132,6 +146,36 @@ class RedisStore:
         if failed:
             raise failed[0]
         return _combine(plan, groups, seen, admitted)
+
+    async def _leased(self, plan: Plan, now: str, base: float) -> _Combined:
+        """The exact path of a plan on plain counters, which also takes blocks (lease.py)."""
+        assert self._leases is not None
+        names = slot_groups(plan, self._options.key_prefix, False)[0].counter_keys
+        args = self._leases.args(plan, now, base)
+        reply = await self._call(self._lease_scripts[0], names, args)
+        outcome = self._leases.learn(plan, names, reply, base)
+        assert outcome.now is not None
+        left = [window_start(c.window, outcome.now) + c.window - outcome.now for c in plan.counters]
+        return _Combined(outcome, left, [], [], [])
+
+    async def _give_back(self) -> None:
+        """Return what is unused of this replica's blocks (on close; best effort)."""
+        assert self._leases is not None
+        unused = self._leases.unused(self._base())
+        if not unused:
+            return
+        args: list[str | int] = [self._leases.replica, len(unused)]
+        for _, window_start_text, hits in unused:
+            args += [window_start_text, hits]
+        try:
+            with unavailable():
+                async with asyncio.timeout(max(self._options.timeout, 1.0)):
+                    await self._lease_scripts[1](keys=[n for n, _, _ in unused], args=args)
+        except StoreUnavailable as exc:
+            log.warning("redis: unused lease blocks not given back: %s", exc)
+
+    def _base(self) -> float:
+        return time.monotonic()
 
     async def _run(self, plan: Plan, g: SlotGroup, now: str) -> Seen:
         given: dict[str, GivenLevel] = {}
@@ -210,6 +254,8 @@ class RedisStore:
                 await self._client.ping()
 
     async def close(self) -> None:
+        if self._leases is not None:
+            await self._give_back()
         for task in list(self._tasks):
             task.cancel()
         if self._batch is not None:
