@@ -3,6 +3,7 @@ lease_return.lua, and exactness with two replicas (two RedisStores on one Redis)
 injected clock: never more admitted than the limit, the limit reached exactly when both
 keep asking, a closed replica's unused blocks given back."""
 
+import asyncio
 import re
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,27 @@ class TestTwoReplicas:
             assert calls < 3 * LIMIT  # blocks answered the rest here
             clock.advance(60)  # the next window: old blocks unusable, counter fresh
             assert await _ask(replicas[0], "alice")
+        finally:
+            for r in replicas:
+                await r.store.close()
+
+    async def test_concurrent_requests_take_one_block_at_a_time(
+        self, tmp_path: Path, lease_store_factory: StoreFactory
+    ) -> None:
+        """Bursts of 25 concurrent requests on each replica: blocks are taken by one call
+        at a time per counter, so neither replica reserves the limit away from the other;
+        the limit is still reached exactly."""
+        replicas, _ = await _replicas(tmp_path, lease_store_factory)
+        try:
+            admitted = [0, 0]
+            for burst in range(12):
+                side = burst % 2
+                answers = await asyncio.gather(
+                    *(_ask(replicas[side], "dave") for _ in range(25))
+                )
+                admitted[side] += sum(answers)
+            assert sum(admitted) == LIMIT
+            assert min(admitted) > 0
         finally:
             for r in replicas:
                 await r.store.close()

@@ -100,11 +100,11 @@ class Leases:
         self.answers += 1
         return Outcome(True, tuple(counts), (), (), base + blocks[0].offset)
 
-    def args(self, plan: Plan, now: str, base: float) -> list[str | int]:
-        """lease.lua's ARGV for ``plan``, asking for a block of each counter."""
+    def args(self, plan: Plan, now: str, base: float, want: bool = True) -> list[str | int]:
+        """lease.lua's ARGV for ``plan``, asking for a block of each counter (or none)."""
         args: list[str | int] = [now, self.replica, len(plan.counters)]
         for c in plan.counters:
-            args += [c.limit, c.window, c.hits, self._want(c.key, base)]
+            args += [c.limit, c.window, c.hits, self._want(c.key, base) if want else 0]
         return args
 
     def _want(self, key: str, base: float) -> int:

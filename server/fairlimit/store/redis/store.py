@@ -99,6 +99,7 @@ class RedisStore:
         self._leases = None if cluster or options.leases != "on" else lease.Leases(
             uuid.uuid4().hex[:12], margin=0.0 if options.clock == "caller" else lease.MARGIN
         )
+        self._refills: dict[tuple[str, ...], asyncio.Future[None]] = {}  # block calls out
         self._lease_scripts = (client.register_script(script.source(lease.LEASE)),
                                client.register_script(script.source(lease.RETURN)))  # fmt: skip
         self._registry = f"{options.key_prefix}caps"
@@ -111,15 +112,17 @@ class RedisStore:
 
     async def admit(self, plan: Plan, now: float) -> Outcome:
         base = now if self._caller_clock else time.monotonic()
+        leased = self._leases is not None and lease.eligible(plan)
+        if leased:  # a block first: the over-limit cache may predate it
+            local = await self._from_blocks(plan, now, base)
+            if local is not None:
+                return local
+            base = now if self._caller_clock else time.monotonic()
         local = self._known.answer(plan, base)
         if local is not None:
             return local
-        if self._leases is not None and lease.eligible(plan):
-            local = self._leases.take(plan, base)
-            if local is not None:
-                return local
         with unavailable():
-            if self._leases is not None and lease.eligible(plan):
+            if leased:
                 combined = await self._leased(plan, repr(now) if self._caller_clock else "", base)
             else:
                 combined = await self._admit(plan, repr(now) if self._caller_clock else "")
@@ -127,6 +130,20 @@ class RedisStore:
         if combined.rolled:
             self._register(combined.rolled)
         return combined.outcome
+
+    async def _from_blocks(self, plan: Plan, now: float, base: float) -> Outcome | None:
+        """``plan`` admitted from this replica's blocks; when a call that takes blocks for
+        the same counters is out, after it returns (one such call at a time: concurrent
+        requests each taking a block would reserve the counter many times over)."""
+        assert self._leases is not None
+        local = self._leases.take(plan, base)
+        if local is not None:
+            return local
+        pending = self._refills.get(tuple(c.key for c in plan.counters))
+        if pending is None:
+            return None
+        await asyncio.shield(pending)
+        return self._leases.take(plan, now if self._caller_clock else time.monotonic())
 
     async def _admit(self, plan: Plan, now: str) -> _Combined:
         groups = slot_groups(plan, self._options.key_prefix, self._cluster)
@@ -148,12 +165,21 @@ class RedisStore:
         return _combine(plan, groups, seen, admitted)
 
     async def _leased(self, plan: Plan, now: str, base: float) -> _Combined:
-        """The exact path of a plan on plain counters, which also takes blocks (lease.py)."""
+        """The exact path of a plan on plain counters, which also takes blocks (lease.py)
+        unless another call for the same counters is out taking them."""
         assert self._leases is not None
+        shape = tuple(c.key for c in plan.counters)
         names = slot_groups(plan, self._options.key_prefix, False)[0].counter_keys
-        args = self._leases.args(plan, now, base)
-        reply = await self._call(self._lease_scripts[0], names, args)
-        outcome = self._leases.learn(plan, names, reply, base)
+        taking = shape not in self._refills
+        if taking:
+            self._refills[shape] = asyncio.get_running_loop().create_future()
+        try:
+            args = self._leases.args(plan, now, base, want=taking)
+            reply = await self._call(self._lease_scripts[0], names, args)
+            outcome = self._leases.learn(plan, names, reply, base)
+        finally:
+            if taking:
+                self._refills.pop(shape).set_result(None)
         assert outcome.now is not None
         left = [window_start(c.window, outcome.now) + c.window - outcome.now for c in plan.counters]
         return _Combined(outcome, left, [], [], [])
