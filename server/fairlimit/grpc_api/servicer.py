@@ -13,12 +13,16 @@ from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
+from fairlimit.grpc_api.extras import ResponseOptions, add_extras
 from fairlimit.limiter import Limiter, Prepared
 from fairlimit.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
 RLS_SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
+# gRPC health names: the server, the RLS service, and "ratelimit", envoyproxy/ratelimit's
+# name, which its users' probes ask for.
+HEALTH_NAMES = ("", RLS_SERVICE, "ratelimit")
 
 # Our errors -> gRPC codes, in one place. A backend failure is UNAVAILABLE, never UNKNOWN:
 # Envoy's ratelimit filter lets a call through on UNKNOWN whatever failure_mode_deny says,
@@ -39,6 +43,7 @@ _FAILED = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE)  # the server'
 # Emptied when full (a dict lookup is all a miss adds); 4096 entries of ~2 kB at most.
 PREPARED_CACHE_SIZE = 4096
 _Failure = tuple[grpc.StatusCode, str]
+_Kept = tuple[rls_pb2.RateLimitRequest, Prepared]  # the parsed request (read-only) and plan
 
 
 def _result(answer: rls_pb2.RateLimitResponse | _Failure) -> str:
@@ -56,10 +61,13 @@ class RateLimitServicer:
     INVALID_ARGUMENT.
     """
 
-    def __init__(self, limiter: Limiter, telemetry: Telemetry) -> None:
+    def __init__(
+        self, limiter: Limiter, telemetry: Telemetry, options: ResponseOptions | None = None
+    ) -> None:
         self.limiter = limiter
         self.telemetry = telemetry  # spans and the latency metric; the limiter counts hits
-        self._prepared: dict[bytes, Prepared] = {}
+        self._prepared: dict[bytes, _Kept] = {}
+        self.options = options or ResponseOptions()
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.unary_unary_rpc_method_handler(
@@ -107,16 +115,17 @@ class RateLimitServicer:
     ) -> rls_pb2.RateLimitResponse | _Failure:
         """The response, or the status code and message to abort with; ``remaining`` is
         the seconds left until the call's deadline (grpc-timeout), None without one."""
-        prepared = self._prepared.get(payload)
-        if prepared is None or not self.limiter.current(prepared):
+        kept = self._prepared.get(payload)
+        if kept is None or not self.limiter.current(kept[1]):
             try:
-                prepared = self._prepare(payload, span)
+                kept = self._prepare(payload, span)
             except DecodeError as exc:
                 return grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {exc}"
             except RequestError as exc:
                 return grpc.StatusCode.INVALID_ARGUMENT, str(exc) or type(exc).__name__
         elif span.is_recording():
-            _describe(span, prepared)
+            _describe(span, kept[0])
+        request, prepared = kept
         try:
             decision = await self.limiter.decide(prepared, remaining)
         except Exception as exc:
@@ -126,23 +135,25 @@ class RateLimitServicer:
                 code = grpc.StatusCode.INTERNAL
             return code, str(exc) or type(exc).__name__
         span.set_attribute("ratelimit.backend_seconds", decision.backend_seconds)
-        return response_to_proto(decision)
+        response = response_to_proto(decision)
+        if self.options.any:
+            add_extras(response, request, decision.statuses, self.options)
+        return response
 
-    def _prepare(self, payload: bytes, span: Span) -> Prepared:
+    def _prepare(self, payload: bytes, span: Span) -> _Kept:
         """Parse, validate and plan ``payload`` (DecodeError, RequestError); kept for reuse."""
         request = rls_pb2.RateLimitRequest.FromString(payload)
-        span.set_attribute("ratelimit.domain", request.domain)
-        span.set_attribute("ratelimit.descriptor_count", len(request.descriptors))
-        prepared = self.limiter.prepare(request_from_proto(request))
+        _describe(span, request)
+        kept = (request, self.limiter.prepare(request_from_proto(request)))
         if len(self._prepared) >= PREPARED_CACHE_SIZE:
             self._prepared.clear()
-        self._prepared[payload] = prepared
-        return prepared
+        self._prepared[payload] = kept
+        return kept
 
 
-def _describe(span: Span, prepared: Prepared) -> None:
-    span.set_attribute("ratelimit.domain", prepared.request.domain)
-    span.set_attribute("ratelimit.descriptor_count", len(prepared.request.descriptors))
+def _describe(span: Span, request: rls_pb2.RateLimitRequest) -> None:
+    span.set_attribute("ratelimit.domain", request.domain)
+    span.set_attribute("ratelimit.descriptor_count", len(request.descriptors))
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,20 +182,21 @@ class GrpcServer:
         address: str,
         tls: TlsFiles | None = None,
         reuse_port: bool = False,
-        connection_age: tuple[float, float] = (0.0, 0.0),
+        options: ResponseOptions | None = None,
+        max_age: tuple[float | None, float | None] = (None, None),
     ) -> None:
         # SO_REUSEPORT only where workers share the port on purpose: otherwise a second server
         # on a busy port must fail to bind rather than quietly take half of its connections.
-        options = [("grpc.so_reuseport", int(reuse_port))]
-        age, grace = connection_age
-        if age > 0:
-            # Envoy holds one HTTP/2 connection per upstream host for ever: without an age
-            # limit, replicas (or workers) added later get none of it. gRPC adds ±10% jitter
-            # and sends GOAWAY; calls in flight get ``grace`` seconds to finish.
-            options += [("grpc.max_connection_age_ms", round(age * 1000)),
-                        ("grpc.max_connection_age_grace_ms", round(grace * 1000))]  # fmt: skip
-        self.server = grpc.aio.server(options=options)
-        self.server.add_generic_rpc_handlers((RateLimitServicer(limiter, telemetry).handler(),))
+        server_options: list[tuple[str, int]] = [("grpc.so_reuseport", int(reuse_port))]
+        # upstream's GRPC_MAX_CONNECTION_AGE(_GRACE): clients reconnect (and re-resolve)
+        for name, seconds in zip(("max_connection_age", "max_connection_age_grace"), max_age,
+                                 strict=True):  # fmt: skip
+            if seconds is not None:
+                server_options.append((f"grpc.{name}_ms", int(seconds * 1000)))
+        self.server = grpc.aio.server(options=server_options)
+        self.options = options or ResponseOptions()  # /json adds the same parts
+        servicer = RateLimitServicer(limiter, telemetry, self.options)
+        self.server.add_generic_rpc_handlers((servicer.handler(),))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (
@@ -202,12 +214,12 @@ class GrpcServer:
 
     async def start(self) -> None:
         await self.server.start()
-        for name in ("", RLS_SERVICE):
+        for name in HEALTH_NAMES:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def drain(self, grace: float) -> None:
         """Say NOT_SERVING, let in-flight calls finish within ``grace`` seconds, stop."""
-        for name in ("", RLS_SERVICE):
+        for name in HEALTH_NAMES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.stop(grace)
 
