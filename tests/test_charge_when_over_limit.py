@@ -2,12 +2,16 @@
 a refused charge on every level it touches, and checks stay OVER_LIMIT until the window
 ends; every other rule keeps all or nothing. On every backend."""
 
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from fairlimit.core.admission import Code
 from fairlimit.core.request import Request
 from fairlimit.limiter import Limiter
-from helpers import FakeClock, LimiterFactory, desc, req
+from helpers import FakeClock, LimiterFactory, desc, load_text, req
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
@@ -72,3 +76,31 @@ class TestChargeWhenOverLimit:
         over = req("llm", desc("plain=x", hits=50))
         assert (await limiter.should_rate_limit(over)).code is Code.OVER_LIMIT
         assert await remaining(limiter, "plain=x") == (Code.OK, 20)
+
+
+TENANT_ONLY = """
+domain: llm
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 100, charge_when_over_limit: true}
+"""
+
+
+class TestWithLeases:
+    """Redis-only: local leases (?leases=on) admit plain counters without Redis; a
+    charge_when_over_limit counter must still reach Redis when refused, so it is never leased."""
+
+    async def test_a_refused_charge_reaches_redis_with_leases_on(
+        self, redis_store_factory: Callable[..., Awaitable[Any]], tmp_path: Path
+    ) -> None:
+        """80 then 50 tokens with leases on: the check after them is OVER_LIMIT."""
+        store = await redis_store_factory(leases="on")
+        clock = FakeClock(1_700_000_040.0)
+        limiter = Limiter(load_text(tmp_path, TENANT_ONLY), store, clock)
+        try:
+            charge = [req("llm", desc("tenant=a", hits=h)) for h in (80, 50)]
+            codes = [(await limiter.should_rate_limit(r)).code for r in charge]
+            check = await limiter.should_rate_limit(req("llm", desc("tenant=a", hits=0)))
+        finally:
+            await store.close()
+        assert codes == [Code.OK, Code.OVER_LIMIT] and check.code is Code.OVER_LIMIT
