@@ -27,6 +27,7 @@ from fairlimit.errors import StoreUnavailable
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer
 from fairlimit.limiter import Limiter
+from fairlimit.settings import FailureMode
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.fairness import CapTable
@@ -220,6 +221,27 @@ class TestServiceMetrics:
         assert named(points(reader), "fairlimit.backend.errors") == {frozenset(): 3}
         changes = [r.getMessage() for r in caplog.records if "backend" in r.getMessage()]
         assert changes == ["backend unavailable: connection refused", "backend healthy again"]
+
+    async def test_fail_open_answers_are_counted_and_closed_ones_are_not(
+        self, tmp_path: Path, telemetry: Telemetry, reader: InMemoryMetricReader
+    ) -> None:
+        """Each call answered OK unlimited because the store failed (open) counts once; a
+        closed limiter's UNAVAILABLE answers are not fail-open answers."""
+        store = FlakyStore()
+        loaded = load_text(tmp_path, RULES)
+        request = req("edge", desc("route=public"))
+        limiter = Limiter(loaded, store, FakeClock(), telemetry=telemetry)
+        await limiter.should_rate_limit(request)
+        assert named(points(reader), "fairlimit.rpc.failed_open") == {frozenset(): 0}
+        store.down = True
+        for _ in range(2):
+            await limiter.should_rate_limit(request)
+        closed = Limiter(
+            loaded, store, FakeClock(), telemetry=telemetry, failure_mode=FailureMode.CLOSED
+        )
+        with pytest.raises(StoreUnavailable):
+            await closed.should_rate_limit(request)
+        assert named(points(reader), "fairlimit.rpc.failed_open") == {frozenset(): 2}
 
 
 async def _seed_trace(limiter: Limiter, clock: FakeClock, config: str) -> Limiter:

@@ -148,13 +148,17 @@ class Limiter:
         token = None if remaining is None else DEADLINE.set(time.monotonic() + remaining)
         try:
             if prepared.slots is not None:
-                return await self._with_slots(request, prepared.slots, now)
-            return await self._rates(request, now, prepared.plan)
+                decision = await self._with_slots(request, prepared.slots, now)
+            else:
+                decision = await self._rates(request, now, prepared.plan)
         except DeadlineExceeded:
             return self._shed(request)
         finally:
             if token is not None:
                 DEADLINE.reset(token)
+        if decision.backend_failed:
+            self.telemetry.failed_open()
+        return decision
 
     def _shed(self, request: Request) -> Decision:
         """The failure mode's answer for a call past (or too near) its deadline, counted."""

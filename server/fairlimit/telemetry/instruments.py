@@ -160,6 +160,16 @@ class Telemetry:
             "Calls answered by the failure mode because their deadline passed (or left the "
             "backend no time)",
         )
+        self._failed_open = meter.create_counter(
+            "fairlimit.rpc.failed_open",
+            "{call}",
+            "Calls answered OK without a decision because the backend was unavailable "
+            "(--failure-mode open): no limit was in force for them",
+        )
+        # Exported at 0 from the start: an alert on rate() needs the series before the first
+        # incident, and a missing series reads as "no data", not as "never".
+        self._failed_open.add(0)
+        self._shed.add(0)
         self._loads = meter.create_counter(
             "fairlimit.config.loads", "{load}", "Config loads, by result (success|failure)"
         )
@@ -246,6 +256,10 @@ class Telemetry:
 
     def shed(self) -> None:
         self._safely(self._shed.add, 1)
+
+    def failed_open(self) -> None:
+        """One call was answered OK unlimited: the backend failed and the mode is open."""
+        self._safely(self._failed_open.add, 1)
 
     def config_load(self, ok: bool) -> None:
         self._safely(self._loads.add, 1, {"result": "success" if ok else "failure"})
