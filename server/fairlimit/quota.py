@@ -1,0 +1,323 @@
+"""The RLQS use case: Envoys' usage reports -> shared counters and fair token-bucket assignments.
+
+Each Envoy holds one stream. A report charges the usage Envoy already allowed into the
+store's counters (the same plan an RLS request with ``hits_addend`` = allowed would charge,
+recorded even past a limit, since the requests have passed), measures each bucket's demand
+over the span since its last measurement, and re-divides every cap among all streams'
+buckets (``core/quota.py``). The reporting stream gets an assignment for every bucket it
+reported (which renews their TTL); any other stream gets the assignments that changed.
+A bucket reported with no requests for ``abandon_after`` seconds is abandoned; a closed
+stream's buckets leave the division at once.
+"""
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from fairlimit.core.bucket import BucketKey, bucket_key, entries_for
+from fairlimit.core.matching import Entry, Matcher
+from fairlimit.core.plan import Plan
+from fairlimit.core.plan import plan as make_plan
+from fairlimit.core.quota import (
+    Allocation,
+    Blanket,
+    CapClaim,
+    Holder,
+    Strategy,
+    Target,
+    TokenBucket,
+    allocate,
+    settle,
+)
+from fairlimit.core.request import Descriptor, Request
+from fairlimit.core.rules import Domain, Loaded
+from fairlimit.errors import StoreUnavailable
+from fairlimit.store.base import Store
+from fairlimit.telemetry.quota import QuotaFigures, QuotaTelemetry
+
+log = logging.getLogger(__name__)
+
+ABANDON_AFTER = 60.0  # seconds a bucket may report no requests before it is abandoned
+DEFAULT_INTERVAL = 1.0  # a stream's reporting interval until two reports measure it
+MIN_SPAN = 0.5  # a demand is measured over at least half a reporting interval
+TTL_INTERVALS = 3  # an assignment outlives two missed reports
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """One bucket's line of a usage report."""
+
+    bucket: Mapping[str, str]
+    allowed: int
+    denied: int
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    """Apply ``strategy`` to the bucket for ``ttl`` whole seconds."""
+
+    bucket: Mapping[str, str]
+    strategy: Strategy
+    ttl: int
+
+
+@dataclass(frozen=True, slots=True)
+class Abandon:
+    """The server stops tracking the bucket; Envoy forgets it."""
+
+    bucket: Mapping[str, str]
+
+
+Action = Assign | Abandon
+Send = Callable[[Sequence[Action]], None]
+
+
+class _Bucket:
+    """One stream's subscription to one bucket."""
+
+    __slots__ = ("active_at", "allowed", "bucket", "counted", "demand", "denied", "entries",
+                 "since", "strategy", "target")  # fmt: skip
+
+    def __init__(self, bucket: Mapping[str, str], now: float) -> None:
+        self.bucket = dict(bucket)
+        self.entries: tuple[Entry, ...] | None = None
+        self.target = Target(Blanket.ALLOW_ALL)
+        self.demand: float | None = None
+        self.counted = 0  # requests since ``since``, not yet turned into a demand
+        self.since = now
+        self.active_at = now
+        self.strategy: Strategy | None = None  # the one in force at the Envoy
+        self.allowed = self.denied = 0  # totals, for /rlconfig
+
+    def measure(self, requests: int, now: float, interval: float) -> None:
+        """Add a report's requests; a span of half an interval or more makes a demand."""
+        self.counted += requests
+        if requests:
+            self.active_at = now
+        span = now - self.since
+        if span >= MIN_SPAN * interval:
+            self.demand = self.counted / span
+            self.counted, self.since = 0, now
+
+
+class QuotaStream:
+    """One Envoy's RLQS stream: its domain, reporting interval and buckets."""
+
+    def __init__(self, service: "QuotaService", ident: int, send: Send) -> None:
+        self.service, self.ident, self.send = service, ident, send
+        self.domain = ""
+        self.buckets: dict[BucketKey, _Bucket] = {}
+        self.interval = DEFAULT_INTERVAL
+        self._spacings: list[float] = []
+        self._last: float | None = None
+
+    async def report(self, domain: str, usages: Sequence[Usage]) -> None:
+        """Take one usage report; sends this stream's (and others') assignments."""
+        await self.service.report(self, domain, usages)
+
+    def close(self) -> None:
+        """The stream ended: its buckets leave the division."""
+        self.service.close(self)
+
+    def observe(self, now: float) -> None:
+        """Estimate the reporting interval: the longest of the last spacings (Envoy also
+        sends an immediate report per new bucket, between its periodic ones)."""
+        if self._last is not None and now > self._last:
+            self._spacings = [*self._spacings[-3:], now - self._last]
+            self.interval = max(self._spacings)
+        self._last = now
+
+    @property
+    def ttl(self) -> int:
+        return max(2, math.ceil(TTL_INTERVALS * self.interval))
+
+
+class QuotaService:
+    """Every RLQS stream of this process and the assignments they hold."""
+
+    def __init__(
+        self,
+        loaded: Callable[[], Loaded],
+        store: Store,
+        now: Callable[[], float],
+        *,
+        shadow: bool = False,
+        telemetry: QuotaTelemetry | None = None,
+        abandon_after: float = ABANDON_AFTER,
+    ) -> None:
+        self._loaded_source = loaded
+        self.store = store
+        self.now = now
+        self.shadow = shadow
+        self.telemetry = telemetry or QuotaTelemetry.off()
+        self.abandon_after = abandon_after
+        self.streams: dict[int, QuotaStream] = {}
+        self.allocation = Allocation({}, {}, {})
+        self._next = 0
+        self._loaded: Loaded | None = None
+        self._matcher: Matcher | None = None
+
+    def open(self, send: Send) -> QuotaStream:
+        self._next += 1
+        stream = QuotaStream(self, self._next, send)
+        self.streams[stream.ident] = stream
+        self._publish()
+        return stream
+
+    def close(self, stream: QuotaStream) -> None:
+        if self.streams.pop(stream.ident, None) is not None:
+            self._divide(None, ())
+
+    async def report(self, stream: QuotaStream, domain: str, usages: Sequence[Usage]) -> None:
+        now = self.now()
+        stream.observe(now)
+        stream.domain = domain or stream.domain
+        self._refresh_targets()
+        reported: list[BucketKey] = []
+        for usage in usages:
+            key = bucket_key(usage.bucket)
+            held = stream.buckets.get(key)
+            if held is None:
+                held = stream.buckets[key] = _Bucket(usage.bucket, now)
+                self._resolve(stream.domain, held)
+            else:
+                held.measure(usage.allowed + usage.denied, now, stream.interval)
+            held.allowed += usage.allowed
+            held.denied += usage.denied
+            reported.append(key)
+        self.telemetry.reported(
+            stream.domain, sum(u.allowed for u in usages), sum(u.denied for u in usages)
+        )
+        abandoned = self._abandon_idle(stream, now)
+        await self._charge(stream.domain, usages, now)
+        self._divide(stream, reported, abandoned)
+
+    def _abandon_idle(self, stream: QuotaStream, now: float) -> list[Action]:
+        idle = [k for k, b in stream.buckets.items() if now - b.active_at >= self.abandon_after]
+        return [Abandon(stream.buckets.pop(key).bucket) for key in idle]
+
+    def _refresh_targets(self) -> None:
+        """After a config reload, every bucket is mapped again under the new rules."""
+        loaded = self._loaded_source()
+        if loaded is self._loaded:
+            return
+        self._loaded, self._matcher = loaded, Matcher(loaded.config)
+        for stream in self.streams.values():
+            for held in stream.buckets.values():
+                self._resolve(stream.domain, held)
+
+    def _resolve(self, domain: str, held: _Bucket) -> None:
+        assert self._loaded is not None and self._matcher is not None
+        held.entries = entries_for(self._loaded.config.domains.get(domain), held.bucket)
+        if held.entries is None or self.shadow:
+            held.target = Target(Blanket.ALLOW_ALL)
+            return
+        request = Request(domain, (Descriptor(held.entries, None, 1),))
+        held.target = target_of(make_plan(request, self._matcher))
+
+    async def _charge(self, domain: str, usages: Sequence[Usage], now: float) -> None:
+        """Record the allowed requests in the store's counters, as RLS would have charged
+        them, even past a limit: Envoy has let them through already."""
+        if self._matcher is None:
+            return
+        descriptors = []
+        for usage in usages:
+            entries = entries_for(self._loaded_domain(domain), usage.bucket)
+            if entries is not None and usage.allowed > 0:
+                descriptors.append(Descriptor(entries, None, usage.allowed))
+        if not descriptors:
+            return
+        plan = recorded(make_plan(Request(domain, tuple(descriptors)), self._matcher))
+        if not plan.counters:
+            return
+        try:
+            await self.store.admit(plan, now)
+        except StoreUnavailable as exc:
+            # The assignments live in this process and go on; the shared counters miss
+            # this report, as RLS answers would under --failure-mode open.
+            log.warning("RLQS usage not recorded: backend unavailable: %s", exc)
+
+    def _loaded_domain(self, domain: str) -> Domain | None:
+        return None if self._loaded is None else self._loaded.config.domains.get(domain)
+
+    def _divide(
+        self,
+        reporter: QuotaStream | None,
+        reported: Sequence[BucketKey],
+        abandoned: Sequence[Action] = (),
+    ) -> None:
+        """Re-divide every cap; send the reporter its buckets and the others what changed."""
+        holders = [
+            Holder(s.ident, key, b.target, b.demand, s.interval)
+            for s in self.streams.values()
+            for key, b in s.buckets.items()
+        ]
+        self.allocation = allocate(holders)
+        for stream in list(self.streams.values()):
+            renew = set(reported) if stream is reporter else set()
+            actions: list[Action] = list(abandoned) if stream is reporter else []
+            for key, held in stream.buckets.items():
+                new = settle(held.strategy, self.allocation.strategies[(stream.ident, key)])
+                if new != held.strategy or key in renew:
+                    held.strategy = new
+                    actions.append(Assign(held.bucket, new, stream.ttl))
+            if actions:
+                stream.send(actions)
+        self._publish()
+
+    def _publish(self) -> None:
+        """Hand the gauges the state as it stands."""
+        buckets: dict[str, int] = {}
+        rates: dict[str, float] = {}
+        headroom: dict[str, float] = {}
+        for stream in self.streams.values():
+            domain = stream.domain
+            buckets[domain] = buckets.get(domain, 0) + len(stream.buckets)
+            for held in stream.buckets.values():
+                strategy = held.strategy
+                if not isinstance(strategy, TokenBucket):
+                    continue
+                rates[domain] = rates.get(domain, 0.0) + strategy.rate
+                if strategy.max_tokens > 1 and held.demand is not None:  # below its bound
+                    extra = max(0.0, strategy.rate - held.demand)
+                    headroom[domain] = headroom.get(domain, 0.0) + extra
+        self.telemetry.figures = QuotaFigures(len(self.streams), buckets, rates, headroom)
+
+
+def target_of(plan: Plan) -> Target:
+    """What governs a bucket, from the plan of one request in it: its own limit (per
+    second) and the fair-share caps above it; shadow-mode levels restrict nothing."""
+    dplan = plan.descriptors[0]
+    if dplan.unlimited or not dplan.charges:
+        return Target(Blanket.ALLOW_ALL)
+    limit = math.inf
+    caps: list[CapClaim] = []
+    for charge in dplan.charges:
+        counter = plan.counters[charge.counter]
+        if charge.share is None:
+            if not counter.shadow:
+                limit = min(limit, counter.limit / counter.window)
+            continue
+        share = plan.shares[charge.share]
+        if share.shadow:
+            continue
+        per = share.window
+        caps.append(CapClaim(share.cap, share.client, share.capacity / per,
+                             share.client_limit / per, share.weight))  # fmt: skip
+    if limit <= 0 or any(c.capacity <= 0 for c in caps):
+        return Target(Blanket.DENY_ALL)
+    if math.isinf(limit) and not caps:
+        return Target(Blanket.ALLOW_ALL)
+    return Target(None, limit, tuple(caps))
+
+
+def recorded(plan: Plan) -> Plan:
+    """``plan`` with every level in shadow mode: the store admits it whatever the counters
+    say and charges every level (shadow levels count as admitted)."""
+    return Plan(
+        plan.descriptors,
+        tuple(dataclasses.replace(c, shadow=True) for c in plan.counters),
+        tuple(dataclasses.replace(s, shadow=True) for s in plan.shares),
+    )

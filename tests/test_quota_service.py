@@ -1,0 +1,199 @@
+"""The RLQS use case (quota.py): streams, assignments, abandons, and counters shared with RLS."""
+
+from collections.abc import Sequence
+
+import pytest
+
+from fairlimit.core.admission import Code
+from fairlimit.core.quota import HEADROOM, HEADROOM_FLOOR, Blanket, TokenBucket
+from fairlimit.limiter import Limiter
+from fairlimit.quota import Abandon, Action, Assign, QuotaService, QuotaStream, Usage
+from helpers import FakeClock, LimiterFactory, desc, req
+
+pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
+
+CONFIG = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {unit: second, requests_per_unit: 100}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 50}
+  - key: tenant
+    value: blocked
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: health
+    rate_limit: {unlimited: true}
+"""
+
+
+def bucket(client: str) -> dict[str, str]:
+    return {"client_id": client, "route": "public"}
+
+
+class Envoy:
+    """One stream's view: the last assignment per bucket, and every action received."""
+
+    def __init__(self, service: QuotaService) -> None:
+        self.actions: list[Action] = []
+        self.stream: QuotaStream = service.open(self.actions.extend)
+
+    def latest(self, client: str) -> Assign | Abandon:
+        wanted = bucket(client)
+        return next(a for a in reversed(self.actions) if dict(a.bucket) == wanted)
+
+    def rate(self, client: str) -> float:
+        action = self.latest(client)
+        assert isinstance(action, Assign) and isinstance(action.strategy, TokenBucket)
+        return action.strategy.rate
+
+    async def report(self, usage: Sequence[tuple[str, int, int]], domain: str = "edge") -> None:
+        await self.stream.report(domain, [Usage(bucket(c), a, d) for c, a, d in usage])
+
+
+@pytest.fixture
+def limiter(make_limiter: LimiterFactory) -> Limiter:
+    return make_limiter(CONFIG)
+
+
+@pytest.fixture
+def service(limiter: Limiter, clock: FakeClock) -> QuotaService:
+    return QuotaService(lambda: limiter.loaded, limiter.store, clock.now, abandon_after=10)
+
+
+async def steady(clock: FakeClock, envoys: Sequence[tuple[Envoy, list[tuple[str, int, int]]]],
+                 rounds: int = 3, interval: float = 0.5) -> None:  # fmt: skip
+    """Every Envoy reports the same usage each interval, ``rounds`` times."""
+    for _ in range(rounds):
+        clock.advance(interval)
+        for envoy, usage in envoys:
+            await envoy.report(usage)
+
+
+class TestSharedCounters:
+    async def test_reported_usage_is_charged_where_rls_looks(
+        self, service: QuotaService, limiter: Limiter
+    ) -> None:
+        """50 allowed requests reported over RLQS use up the client's 50/s for RLS too."""
+        envoy = Envoy(service)
+        await envoy.report([("alice", 50, 0)])
+        decision = await limiter.should_rate_limit(
+            req("edge", desc("route=public", "client_id=alice"))
+        )
+        assert decision.code is Code.OVER_LIMIT
+        other = await limiter.should_rate_limit(req("edge", desc("route=public", "client_id=bob")))
+        assert other.code is Code.OK and other.statuses[0].limit_remaining == 49
+
+    async def test_usage_past_a_limit_is_still_recorded(
+        self, service: QuotaService, limiter: Limiter
+    ) -> None:
+        """Envoy let 80 through: the cap counter holds 80, so RLS admits 20 more, not 50."""
+        await Envoy(service).report([("alice", 80, 0)])
+        passed = 0
+        for _ in range(30):
+            decision = await limiter.should_rate_limit(
+                req("edge", desc("route=public", "client_id=bob"))
+            )
+            passed += decision.code is Code.OK
+        assert passed == 20
+
+
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+class TestAssignments:
+    async def test_first_report_gets_an_assignment_at_once(self, service: QuotaService) -> None:
+        """A new bucket is assigned in the reply to its first report, with a TTL of >= 2 s."""
+        envoy = Envoy(service)
+        await envoy.report([("alice", 1, 0)])
+        action = envoy.latest("alice")
+        assert isinstance(action, Assign) and action.ttl >= 2
+        assert envoy.rate("alice") == pytest.approx(50)  # unmeasured: offered its bound
+
+    async def test_greedy_and_modest_converge_to_max_min(
+        self, service: QuotaService, clock: FakeClock
+    ) -> None:
+        """Two Envoys; greedy asks 200/s, three modest 20/s: greedy is held to 100 - 60 = 40."""
+        one, two = Envoy(service), Envoy(service)
+        usage = [("greedy", 25, 25), *((f"m{i}", 5, 0) for i in range(3))]
+        await steady(clock, [(one, usage), (two, usage)])
+        greedy = one.rate("greedy") + two.rate("greedy")
+        assert greedy == pytest.approx(40, abs=0.2)
+        assert one.rate("m0") == pytest.approx(10 * (1 + HEADROOM) + HEADROOM_FLOOR, abs=0.1)
+        assert service.allocation.levels["edge/route=public#1"] == pytest.approx(40)
+
+    async def test_a_closed_stream_hands_its_share_back(
+        self, service: QuotaService, clock: FakeClock
+    ) -> None:
+        """Three greedy clients over two Envoys get 100/3 each; when the Envoy of one of them
+        goes, the other two are pushed their own limit of 50 at once."""
+        one, two = Envoy(service), Envoy(service)
+        await steady(clock, [(one, [("a", 30, 40)]), (two, [("b", 30, 40), ("c", 30, 40)])])
+        assert two.rate("b") == pytest.approx(100 / 3, abs=0.2)
+        one.stream.close()
+        assert two.rate("b") == pytest.approx(50, abs=0.2)
+        assert len(service.streams) == 1
+
+    async def test_λ_moving_pushes_to_the_other_envoys(
+        self, service: QuotaService, clock: FakeClock
+    ) -> None:
+        """A second client's demand on another Envoy shrinks the first one's bucket at once."""
+        one, two = Envoy(service), Envoy(service)
+        await steady(clock, [(one, [("a", 30, 40)])])
+        assert one.rate("a") == pytest.approx(50, abs=0.2)
+        await steady(clock, [(two, [("b", 50, 0)]), (one, [("a", 30, 40)])], rounds=2)
+        assert two.rate("b") + one.rate("a") <= 100
+        assert one.rate("a") == pytest.approx(50, abs=0.2)  # b asks 100/s, a 140/s: 50/50
+        await steady(clock, [(two, [("b", 50, 0), ("c", 50, 0)])], rounds=2)
+        assert one.rate("a") == pytest.approx(100 / 3, abs=0.2)
+
+    async def test_idle_buckets_are_abandoned(
+        self, service: QuotaService, clock: FakeClock
+    ) -> None:
+        """A bucket reported with no requests for abandon_after seconds gets an AbandonAction."""
+        envoy = Envoy(service)
+        await envoy.report([("alice", 1, 0)])
+        for _ in range(25):
+            clock.advance(0.5)
+            await envoy.report([("alice", 0, 0)])
+            if isinstance(envoy.latest("alice"), Abandon):
+                break
+        assert isinstance(envoy.latest("alice"), Abandon)
+        assert envoy.stream.buckets == {}
+
+    async def test_blanket_rules_for_unlimited_blocked_and_unknown(
+        self, service: QuotaService
+    ) -> None:
+        """unlimited -> ALLOW_ALL; a zero limit -> DENY_ALL; no matching rule -> ALLOW_ALL."""
+        envoy = Envoy(service)
+        buckets = [{"health": "x"}, {"tenant": "blocked"}, {"nothing": "here"}]
+        await envoy.stream.report("edge", [Usage(b, 1, 0) for b in buckets])
+        got = {tuple(a.bucket.items()): a.strategy for a in envoy.actions if isinstance(a, Assign)}
+        assert got == {
+            (("health", "x"),): Blanket.ALLOW_ALL,
+            (("tenant", "blocked"),): Blanket.DENY_ALL,
+            (("nothing", "here"),): Blanket.ALLOW_ALL,
+        }
+
+    async def test_shadow_mode_allows_all_and_still_records(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """Under --shadow every bucket is ALLOW_ALL, and the usage still reaches the counters."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, shadow=True)
+        envoy = Envoy(service)
+        await envoy.report([("alice", 50, 0)])
+        assert envoy.latest("alice").strategy is Blanket.ALLOW_ALL  # type: ignore[union-attr]
+        decision = await limiter.should_rate_limit(
+            req("edge", desc("route=public", "client_id=alice"))
+        )
+        assert decision.code is Code.OVER_LIMIT
+
+    async def test_ttl_follows_the_reporting_interval(
+        self, service: QuotaService, clock: FakeClock
+    ) -> None:
+        """Reports every 2 s: assignments live 6 s (two missed reports and then some)."""
+        envoy = Envoy(service)
+        await steady(clock, [(envoy, [("alice", 10, 0)])], rounds=3, interval=2.0)
+        action = envoy.latest("alice")
+        assert isinstance(action, Assign) and action.ttl == 6
