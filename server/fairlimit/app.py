@@ -16,9 +16,11 @@ from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer, TlsFiles
 from fairlimit.limiter import Limiter
+from fairlimit.quota import QuotaService
 from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
 from fairlimit.telemetry import Telemetry
+from fairlimit.telemetry.quota import QuotaTelemetry
 
 log = logging.getLogger("fairlimit")
 
@@ -59,9 +61,22 @@ class App:
             failure_mode=settings.failure_mode,
             telemetry=self.telemetry,
         )
+        limiter = self.limiter
+        self.quota = QuotaService(
+            lambda: limiter.loaded,
+            self.store,
+            limiter.clock.now,
+            shadow=settings.shadow,
+            telemetry=QuotaTelemetry() if self.telemetry.enabled else QuotaTelemetry.off(),
+        )
         reuse_port = settings.workers > 1  # the workers share the port (workers.py)
         self.grpc = GrpcServer(
-            self.limiter, self.telemetry, settings.grpc_addr, _tls(settings), reuse_port
+            self.limiter,
+            self.telemetry,
+            settings.grpc_addr,
+            _tls(settings),
+            reuse_port,
+            quota=self.quota,
         )
         self.admin = None if worker else self._admin(metrics_registry)
         self.watcher = ConfigWatcher(

@@ -13,7 +13,9 @@ from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
+from fairlimit.grpc_api.rlqs import RLQS_SERVICE, QuotaServicer
 from fairlimit.limiter import Limiter
+from fairlimit.quota import QuotaService
 from fairlimit.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -134,7 +136,8 @@ class TlsFiles:
 
 
 class GrpcServer:
-    """The gRPC server: RLS, health (NOT_SERVING while draining) and reflection."""
+    """The gRPC server: RLS, RLQS (given a quota service), health (NOT_SERVING while
+    draining) and reflection."""
 
     def __init__(
         self,
@@ -143,17 +146,21 @@ class GrpcServer:
         address: str,
         tls: TlsFiles | None = None,
         reuse_port: bool = False,
+        quota: QuotaService | None = None,
     ) -> None:
         # SO_REUSEPORT only where workers share the port on purpose: otherwise a second server
         # on a busy port must fail to bind rather than quietly take half of its connections.
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
         self.server.add_generic_rpc_handlers((RateLimitServicer(limiter, telemetry).handler(),))
+        if quota is not None:
+            self.server.add_generic_rpc_handlers((QuotaServicer(quota).handler(),))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (
             rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
+            *((RLQS_SERVICE,) if quota is not None else ()),
         )
         reflection.enable_server_reflection(names, self.server)
         if tls is None:
