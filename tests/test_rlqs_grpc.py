@@ -111,8 +111,8 @@ class TestStream:
         await one.write(report(("a", 1, 0)))
         await one.read()
         for _ in range(2):
-            clock.advance(0.5)
-            await one.write(report(("a", 30, 40)))
+            clock.advance(5.0)  # Envoy 1.40 reports every 5 s
+            await one.write(report(("a", 300, 400)))
             assert assigned(await one.read()) == {"a": 50}
         await two.write(report(("b", 1, 0), ("c", 1, 0)))
         pushed = assigned(await asyncio.wait_for(one.read(), 10))

@@ -40,7 +40,11 @@ from fairlimit.telemetry.quota import QuotaFigures, QuotaTelemetry
 log = logging.getLogger(__name__)
 
 ABANDON_AFTER = 60.0  # seconds a bucket may report no requests before it is abandoned
-DEFAULT_INTERVAL = 1.0  # a stream's reporting interval until two reports measure it
+# Envoy 1.40's RLQS client reports every 5 s whatever the buckets' reporting_interval says
+# (a hard-coded interval in its filter_persistence.cc); a stream is taken to report at least
+# that slowly until SPACINGS reports have measured its real interval.
+DEFAULT_INTERVAL = 5.0
+SPACINGS = 8
 MIN_SPAN = 0.5  # a demand is measured over at least half a reporting interval
 TTL_INTERVALS = 3  # an assignment outlives two missed reports
 
@@ -122,11 +126,13 @@ class QuotaStream:
         self.service.close(self)
 
     def observe(self, now: float) -> None:
-        """Estimate the reporting interval: the longest of the last spacings (Envoy also
-        sends an immediate report per new bucket, between its periodic ones)."""
+        """Estimate the reporting interval: the longest of the last SPACINGS spacings (Envoy
+        also sends an immediate report per new bucket, between its periodic ones)."""
         if self._last is not None and now > self._last:
-            self._spacings = [*self._spacings[-3:], now - self._last]
-            self.interval = max(self._spacings)
+            self._spacings = [*self._spacings[1 - SPACINGS :], now - self._last]
+            longest = max(self._spacings)
+            full = len(self._spacings) >= SPACINGS
+            self.interval = longest if full else max(longest, DEFAULT_INTERVAL)
         self._last = now
 
     @property

@@ -15,7 +15,7 @@ requests count: a throttled client's demand stays visible). Per bucket, ``D = su
 3. A bucket below its bound gets, per Envoy, its demand plus headroom,
    ``a_e = d_e·(1 + HEADROOM) + HEADROOM_FLOOR``, so that it can grow (and its arrivals
    jitter) without waiting for a report; if that would pass the bound it is treated as
-   bottlenecked. Its bucket holds half a reporting interval of its rate.
+   bottlenecked. Its bucket holds half a reporting interval of its rate, at most 0.5 s.
 4. A bucket whose demand is not measured yet (its first report) is taken to want its bound,
    split equally among its Envoys: a newcomer is never starved while it is being measured.
 
@@ -36,6 +36,7 @@ HEADROOM = 0.25  # of a below-bound bucket's demand, on top of it
 HEADROOM_FLOOR = 1.0  # requests/s added per Envoy, so a tiny demand can still grow
 FILL_SECONDS = 10  # Envoy reads fill_interval in whole seconds: 10 s gives 0.1/s steps
 SETTLE = 0.03  # a new rate within 3% of the one in force keeps the one in force
+MAX_DEPTH_SECONDS = 0.5  # a below-bound bucket holds at most this much of its rate
 
 
 class Blanket(enum.Enum):
@@ -143,10 +144,15 @@ def token_bucket(rate: float, depth: int) -> TokenBucket:
     return TokenBucket(max(1, depth), per_fill, FILL_SECONDS)
 
 
-def depth_of(rate: float, bottlenecked: bool, interval: float) -> int:
-    """One token at the bound; else half a reporting interval of the rate, at least two
-    (so that two requests close together both pass)."""
-    return 1 if bottlenecked else max(2, math.ceil(rate * interval / 2 - 1e-9))
+def depth_of(rate: float, bottlenecked: bool, interval: float | None) -> int:
+    """One token at the bound; else half a reporting interval of the rate, at most half a
+    second of it, at least two (so that two requests close together both pass); two while
+    the demand is unmeasured (``interval`` None), so a newcomer's first bucket is no burst."""
+    if bottlenecked:
+        return 1
+    if interval is None:
+        return 2
+    return max(2, math.ceil(rate * min(interval, MAX_DEPTH_SECONDS * 2) / 2 - 1e-9))
 
 
 def _bucket_strategies(holders: Sequence[Holder], bound: float) -> dict[int, tuple[float, bool]]:
@@ -183,7 +189,7 @@ def allocate(holders: Sequence[Holder]) -> Allocation:
         rates = _bucket_strategies(hs, bound)
         for h in hs:
             rate, bottlenecked = rates[h.stream]
-            depth = depth_of(rate, bottlenecked, h.interval)
+            depth = depth_of(rate, bottlenecked, None if h.demand is None else h.interval)
             strategies[(h.stream, key)] = token_bucket(rate, depth)
             if not bottlenecked and h.demand is not None:
                 for claim in h.target.caps:
