@@ -160,7 +160,7 @@ class QuotaService:
         self.telemetry = telemetry or QuotaTelemetry.off()
         self.abandon_after = abandon_after
         self.streams: dict[int, QuotaStream] = {}
-        self.allocation = Allocation({}, {}, {})
+        self.allocation = Allocation({}, {}, {}, {})
         self._next = 0
         self._loaded: Loaded | None = None
         self._matcher: Matcher | None = None
@@ -281,14 +281,13 @@ class QuotaService:
         for stream in self.streams.values():
             domain = stream.domain
             buckets[domain] = buckets.get(domain, 0) + len(stream.buckets)
-            for held in stream.buckets.values():
+            for key, held in stream.buckets.items():
                 strategy = held.strategy
                 if not isinstance(strategy, TokenBucket):
                     continue
                 rates[domain] = rates.get(domain, 0.0) + strategy.rate
-                if strategy.max_tokens > 1 and held.demand is not None:  # below its bound
-                    extra = max(0.0, strategy.rate - held.demand)
-                    headroom[domain] = headroom.get(domain, 0.0) + extra
+                extra = self.allocation.extra.get((stream.ident, key), 0.0)
+                headroom[domain] = headroom.get(domain, 0.0) + extra
         self.telemetry.figures = QuotaFigures(len(self.streams), buckets, rates, headroom)
 
 

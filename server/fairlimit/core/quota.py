@@ -10,8 +10,8 @@ requests count: a throttled client's demand stays visible). Per bucket, ``D = su
    buckets has them share its grant by demand. A bucket's bound is the least over its caps
    and its own limit.
 2. A bucket at its bound (``D >= bound``: *bottlenecked*) has the bound split among its
-   Envoys by demand, ``a_e = bound·d_e/D``, with a one-token bucket: it always has requests
-   waiting, so depth would only be burst above its share.
+   Envoys by demand, ``a_e = bound·d_e/D``, with a bucket of 0.1 s of its rate: it always
+   has requests waiting, so depth would mostly be burst above its share.
 3. A bucket below its bound gets, per Envoy, its demand plus headroom,
    ``a_e = d_e·(1 + HEADROOM) + HEADROOM_FLOOR``, so that it can grow (and its arrivals
    jitter) without waiting for a report; if that would pass the bound it is treated as
@@ -37,6 +37,7 @@ HEADROOM_FLOOR = 1.0  # requests/s added per Envoy, so a tiny demand can still g
 FILL_SECONDS = 10  # Envoy reads fill_interval in whole seconds: 10 s gives 0.1/s steps
 SETTLE = 0.03  # a new rate within 3% of the one in force keeps the one in force
 MAX_DEPTH_SECONDS = 0.5  # a below-bound bucket holds at most this much of its rate
+BOUND_DEPTH_SECONDS = 0.1  # a bucket at its bound holds this much of its rate
 
 
 class Blanket(enum.Enum):
@@ -100,6 +101,7 @@ class Allocation:
     strategies: dict[tuple[int, BucketKey], Strategy]
     levels: dict[str, float]  # λ per cap key; math.inf when uncontended
     headroom: dict[str, float]  # H per cap key: assigned rates above the grants
+    extra: dict[tuple[int, BucketKey], float]  # each holder's part of H
 
 
 def _wants(holders: Sequence[Holder]) -> float:
@@ -145,11 +147,13 @@ def token_bucket(rate: float, depth: int) -> TokenBucket:
 
 
 def depth_of(rate: float, bottlenecked: bool, interval: float | None) -> int:
-    """One token at the bound; else half a reporting interval of the rate, at most half a
-    second of it, at least two (so that two requests close together both pass); two while
-    the demand is unmeasured (``interval`` None), so a newcomer's first bucket is no burst."""
+    """At the bound, 0.1 s of the rate: enough that a token never waits full for the next
+    request (a full bucket wastes its fill), little burst when Envoy refills it. Below it,
+    half a reporting interval of the rate, at most half a second of it. Two while the demand
+    is unmeasured (``interval`` None), so a newcomer's first bucket is no burst. At least two
+    always, so that two requests close together both pass."""
     if bottlenecked:
-        return 1
+        return max(2, math.ceil(rate * BOUND_DEPTH_SECONDS - 1e-9))
     if interval is None:
         return 2
     return max(2, math.ceil(rate * min(interval, MAX_DEPTH_SECONDS * 2) / 2 - 1e-9))
@@ -178,6 +182,7 @@ def allocate(holders: Sequence[Holder]) -> Allocation:
     bounds, levels = _cap_bounds(buckets)
     strategies = dict(blanket)
     headroom: dict[str, float] = {cap: 0.0 for cap in levels}
+    extra: dict[tuple[int, BucketKey], float] = {}
     for key, hs in buckets.items():
         bound = bounds[key]
         if bound <= 0:
@@ -192,9 +197,10 @@ def allocate(holders: Sequence[Holder]) -> Allocation:
             depth = depth_of(rate, bottlenecked, None if h.demand is None else h.interval)
             strategies[(h.stream, key)] = token_bucket(rate, depth)
             if not bottlenecked and h.demand is not None:
+                extra[(h.stream, key)] = rate - h.demand
                 for claim in h.target.caps:
                     headroom[claim.cap] += rate - h.demand
-    return Allocation(strategies, levels, headroom)
+    return Allocation(strategies, levels, headroom, extra)
 
 
 def settle(current: Strategy | None, new: Strategy) -> Strategy:
@@ -205,6 +211,4 @@ def settle(current: Strategy | None, new: Strategy) -> Strategy:
     """
     if not (isinstance(current, TokenBucket) and isinstance(new, TokenBucket)):
         return new
-    near = abs(new.rate - current.rate) <= SETTLE * current.rate
-    same_kind = (new.max_tokens == 1) == (current.max_tokens == 1)  # at its bound, or not
-    return current if near and same_kind else new
+    return current if abs(new.rate - current.rate) <= SETTLE * current.rate else new
