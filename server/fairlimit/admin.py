@@ -40,8 +40,10 @@ class AdminServer:
         port: int,
         codec: JsonCodec,
         registry: CollectorRegistry | None = None,
+        rlqs: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.limiter = limiter
+        self.rlqs = rlqs  # the RLQS streams and assignments, for /rlconfig
         self.codec = codec
         self.registry = registry  # the Prometheus reader's, from the CLI's SDK wiring
         self.host, self.port = host, port
@@ -87,9 +89,12 @@ class AdminServer:
         return web.Response(body=encoder(self.registry), headers={"Content-Type": content_type})
 
     async def rlconfig(self, request: web.Request) -> web.Response:
-        """The loaded rules, each cap's classification and its live fairness figures."""
+        """The loaded rules, each cap's classification and its live fairness figures; the
+        RLQS streams, buckets and assignments under ``rlqs``."""
         rows = await self.limiter.refresh_fairness()
         report = config_report(self.limiter.loaded, rows)
+        if self.rlqs is not None:
+            report["rlqs"] = self.rlqs()
         return web.json_response(report, dumps=lambda o: json.dumps(o, indent=2))
 
     async def json(self, request: web.Request) -> web.Response:

@@ -88,7 +88,7 @@ class App:
     def _admin(self, registry: CollectorRegistry | None) -> AdminServer:
         host, port = parse_address("--admin-addr", self.settings.admin_addr)
         codec = JsonCodec(request_from_json, response_to_json)
-        return AdminServer(self.limiter, host, port, codec, registry)
+        return AdminServer(self.limiter, host, port, codec, registry, self.quota.describe)
 
     async def start(self) -> None:
         await self.grpc.start()

@@ -15,6 +15,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fairlimit.core.bucket import BucketKey, bucket_key, entries_for
 from fairlimit.core.matching import Entry, Matcher
@@ -273,6 +274,41 @@ class QuotaService:
                 stream.send(actions)
         self._publish()
 
+    def describe(self) -> dict[str, Any]:
+        """The RLQS state as plain data (for /rlconfig): every stream's buckets, what each
+        was assigned and reported, and each cap's water level and headroom."""
+        return {
+            "streams": [self._describe_stream(s) for s in self.streams.values()],
+            "caps": {
+                cap: {
+                    "fair_share_level_per_second": None if math.isinf(level) else level,
+                    "headroom_per_second": self.allocation.headroom.get(cap, 0.0),
+                }
+                for cap, level in sorted(self.allocation.levels.items())
+            },
+        }
+
+    def _describe_stream(self, stream: QuotaStream) -> dict[str, Any]:
+        return {
+            "stream": stream.ident,
+            "domain": stream.domain,
+            "reporting_interval_seconds": stream.interval,
+            "assignment_ttl_seconds": stream.ttl,
+            "buckets": [
+                {
+                    "bucket": dict(held.bucket),
+                    "descriptor": None
+                    if held.entries is None
+                    else "/".join(f"{k}={v}" for k, v in held.entries),
+                    "demand_per_second": held.demand,
+                    "assignment": _describe_strategy(held.strategy),
+                    "requests_allowed": held.allowed,
+                    "requests_denied": held.denied,
+                }
+                for held in stream.buckets.values()
+            ],
+        }
+
     def _publish(self) -> None:
         """Hand the gauges the state as it stands."""
         buckets: dict[str, int] = {}
@@ -289,6 +325,21 @@ class QuotaService:
                 extra = self.allocation.extra.get((stream.ident, key), 0.0)
                 headroom[domain] = headroom.get(domain, 0.0) + extra
         self.telemetry.figures = QuotaFigures(len(self.streams), buckets, rates, headroom)
+
+
+def _describe_strategy(strategy: Strategy | None) -> dict[str, Any] | None:
+    if strategy is None:
+        return None
+    if isinstance(strategy, Blanket):
+        return {"blanket_rule": strategy.name}
+    return {
+        "token_bucket": {
+            "rate_per_second": strategy.rate,
+            "max_tokens": strategy.max_tokens,
+            "tokens_per_fill": strategy.tokens_per_fill,
+            "fill_interval_seconds": strategy.fill_seconds,
+        }
+    }
 
 
 def target_of(plan: Plan) -> Target:
