@@ -74,12 +74,33 @@ async def steady(clock: FakeClock, envoys: Sequence[tuple[Envoy, list[tuple[str,
 
 
 class TestSharedCounters:
-    async def test_reported_usage_is_charged_where_rls_looks(
-        self, service: QuotaService, limiter: Limiter
+    async def test_usage_is_paid_over_the_next_interval(
+        self, service: QuotaService, limiter: Limiter, clock: FakeClock
     ) -> None:
-        """50 allowed requests reported over RLQS use up the client's 50/s for RLS too."""
+        """A report of 100 requests over a 5 s interval reaches the counters at 20/s: after
+        one second of drips RLS finds 20 of alice's 50/s used, not 100."""
+        envoy = Envoy(service)
+        await envoy.report([("alice", 100, 0)])
+        await service.drip()
+        clock.advance(1.0)
+        await service.drip()
+        assert service.ledger.owed == pytest.approx(80)
+        decision = await limiter.should_rate_limit(
+            req("edge", desc("route=public", "client_id=alice"))
+        )
+        assert decision.code is Code.OK and decision.statuses[0].limit_remaining == 29
+
+    async def test_reported_usage_is_charged_where_rls_looks(
+        self, service: QuotaService, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """50 allowed requests reported over RLQS use up the client's 50/s for RLS too, once
+        the drip has paid them."""
         envoy = Envoy(service)
         await envoy.report([("alice", 50, 0)])
+        await service.drip()
+        clock.advance(5.0)
+        await service.drip()
+        assert service.ledger.owed == 0
         decision = await limiter.should_rate_limit(
             req("edge", desc("route=public", "client_id=alice"))
         )
@@ -90,8 +111,12 @@ class TestSharedCounters:
     async def test_usage_past_a_limit_is_still_recorded(
         self, service: QuotaService, limiter: Limiter
     ) -> None:
-        """Envoy let 80 through: the cap counter holds 80, so RLS admits 20 more, not 50."""
-        await Envoy(service).report([("alice", 80, 0)])
+        """Envoy let 80 through and its stream closed: the cap counter holds 80 at the next
+        drip, so RLS admits 20 more, not 50."""
+        envoy = Envoy(service)
+        await envoy.report([("alice", 80, 0)])
+        envoy.stream.close()
+        await service.drip()
         passed = 0
         for _ in range(30):
             decision = await limiter.should_rate_limit(
@@ -183,6 +208,8 @@ class TestAssignments:
         service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, shadow=True)
         envoy = Envoy(service)
         await envoy.report([("alice", 50, 0)])
+        envoy.stream.close()
+        await service.drip()
         assert envoy.latest("alice").strategy is Blanket.ALLOW_ALL  # type: ignore[union-attr]
         decision = await limiter.should_rate_limit(
             req("edge", desc("route=public", "client_id=alice"))

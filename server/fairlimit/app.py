@@ -26,6 +26,7 @@ log = logging.getLogger("fairlimit")
 
 DRAIN_SECONDS = 5.0
 REFRESH_SECONDS = 5.0  # how often the fairness gauges are re-read from the store for OTLP
+DRIP_SECONDS = 0.2  # how often RLQS usage owed is paid into the counters (quota/usage.py)
 
 
 def _tls(settings: Settings) -> TlsFiles | None:
@@ -105,6 +106,7 @@ class App:
             log.info("worker %d: admin HTTP is served by worker 0 only", self.worker)
         self._spawn(self.watcher.run())
         self._spawn(self._refresh_fairness())
+        self._spawn(self._drip_quota())
 
     def _spawn(self, work: Coroutine[object, object, object]) -> None:
         task = asyncio.create_task(work)
@@ -140,6 +142,16 @@ class App:
                 log.exception("refreshing the fairness figures failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), REFRESH_SECONDS)
+
+    async def _drip_quota(self) -> None:
+        # Ends on the stop event, like the refresh loop (see there).
+        while not self._stopping.is_set():
+            try:
+                await self.quota.drip()
+            except Exception:  # the drip must never take the server down
+                log.exception("paying RLQS usage into the counters failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), DRIP_SECONDS)
 
     def stop(self) -> None:
         """Ask the serve loop to drain and exit."""

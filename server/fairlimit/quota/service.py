@@ -1,17 +1,14 @@
-"""The RLQS use case: Envoys' usage reports -> shared counters and fair token-bucket assignments.
+"""RLQS streams: usage reports -> demand, fair token-bucket assignments, and usage owed.
 
-Each Envoy holds one stream. A report charges the usage Envoy already allowed into the
-store's counters (the same plan an RLS request with ``hits_addend`` = allowed would charge,
-recorded even past a limit, since the requests have passed), measures each bucket's demand
-over the span since its last measurement, and re-divides every cap among all streams'
-buckets (``core/quota.py``). The reporting stream gets an assignment for every bucket it
-reported (which renews their TTL); any other stream gets the assignments that changed.
-A bucket reported with no requests for ``abandon_after`` seconds is abandoned; a closed
-stream's buckets leave the division at once.
+Each Envoy holds one stream. A report owes the usage Envoy already allowed to the store's
+counters (``usage.py`` pays it), measures each bucket's demand over the span since its last
+measurement, and re-divides every cap among all streams' buckets (``core/quota.py``).
+The reporting stream gets an assignment for every bucket it reported (which renews their
+TTL); any other stream gets the assignments that changed. A bucket reported with no requests
+for ``abandon_after`` seconds is abandoned; a closed stream's buckets leave the division at
+once.
 """
 
-import dataclasses
-import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,12 +30,10 @@ from fairlimit.core.quota import (
     settle,
 )
 from fairlimit.core.request import Descriptor, Request
-from fairlimit.core.rules import Domain, Loaded
-from fairlimit.errors import StoreUnavailable
+from fairlimit.core.rules import Loaded
+from fairlimit.quota.usage import UsageLedger
 from fairlimit.store.base import Store
 from fairlimit.telemetry.quota import QuotaFigures, QuotaTelemetry
-
-log = logging.getLogger(__name__)
 
 ABANDON_AFTER = 60.0  # seconds a bucket may report no requests before it is abandoned
 # Envoy 1.40's RLQS client reports every 5 s whatever the buckets' reporting_interval says
@@ -161,6 +156,7 @@ class QuotaService:
         self.telemetry = telemetry or QuotaTelemetry.off()
         self.abandon_after = abandon_after
         self.streams: dict[int, QuotaStream] = {}
+        self.ledger = UsageLedger(store)
         self.allocation = Allocation({}, {}, {}, {})
         self._next = 0
         self._loaded: Loaded | None = None
@@ -175,6 +171,7 @@ class QuotaService:
 
     def close(self, stream: QuotaStream) -> None:
         if self.streams.pop(stream.ident, None) is not None:
+            self.ledger.pay_off(stream.ident)
             self._divide(None, ())
 
     async def report(self, stream: QuotaStream, domain: str, usages: Sequence[Usage]) -> None:
@@ -193,13 +190,21 @@ class QuotaService:
                 held.measure(usage.allowed + usage.denied, now, stream.interval)
             held.allowed += usage.allowed
             held.denied += usage.denied
+            if held.entries is not None and usage.allowed > 0:
+                owner = (stream.ident, key)
+                self.ledger.owe(owner, stream.domain, held.entries, usage.allowed, stream.interval)
             reported.append(key)
         self.telemetry.reported(
             stream.domain, sum(u.allowed for u in usages), sum(u.denied for u in usages)
         )
         abandoned = self._abandon_idle(stream, now)
-        await self._charge(stream.domain, usages, now)
         self._divide(stream, reported, abandoned)
+
+    async def drip(self) -> None:
+        """Pay the reported usage that is due into the store's counters (see usage.py)."""
+        if self._matcher is not None:
+            self._refresh_targets()
+            await self.ledger.drip(self.now(), self._matcher)
 
     def _abandon_idle(self, stream: QuotaStream, now: float) -> list[Action]:
         idle = [k for k, b in stream.buckets.items() if now - b.active_at >= self.abandon_after]
@@ -223,31 +228,6 @@ class QuotaService:
             return
         request = Request(domain, (Descriptor(held.entries, None, 1),))
         held.target = target_of(make_plan(request, self._matcher))
-
-    async def _charge(self, domain: str, usages: Sequence[Usage], now: float) -> None:
-        """Record the allowed requests in the store's counters, as RLS would have charged
-        them, even past a limit: Envoy has let them through already."""
-        if self._matcher is None:
-            return
-        descriptors = []
-        for usage in usages:
-            entries = entries_for(self._loaded_domain(domain), usage.bucket)
-            if entries is not None and usage.allowed > 0:
-                descriptors.append(Descriptor(entries, None, usage.allowed))
-        if not descriptors:
-            return
-        plan = recorded(make_plan(Request(domain, tuple(descriptors)), self._matcher))
-        if not plan.counters:
-            return
-        try:
-            await self.store.admit(plan, now)
-        except StoreUnavailable as exc:
-            # The assignments live in this process and go on; the shared counters miss
-            # this report, as RLS answers would under --failure-mode open.
-            log.warning("RLQS usage not recorded: backend unavailable: %s", exc)
-
-    def _loaded_domain(self, domain: str) -> Domain | None:
-        return None if self._loaded is None else self._loaded.config.domains.get(domain)
 
     def _divide(
         self,
@@ -367,13 +347,3 @@ def target_of(plan: Plan) -> Target:
     if math.isinf(limit) and not caps:
         return Target(Blanket.ALLOW_ALL)
     return Target(None, limit, tuple(caps))
-
-
-def recorded(plan: Plan) -> Plan:
-    """``plan`` with every level in shadow mode: the store admits it whatever the counters
-    say and charges every level (shadow levels count as admitted)."""
-    return Plan(
-        plan.descriptors,
-        tuple(dataclasses.replace(c, shadow=True) for c in plan.counters),
-        tuple(dataclasses.replace(s, shadow=True) for s in plan.shares),
-    )
