@@ -119,13 +119,13 @@ class TestStrategies:
         assert token_bucket(12.37, 3) == TokenBucket(3, 123, 10)
         assert token_bucket(0.01, 1).rate == pytest.approx(0.1)
 
-    def test_depth_is_a_tenth_of_a_second_at_the_bound_and_half_an_interval_below(self) -> None:
-        """Greedy buckets hold 0.1 s of their rate; modest ones half an interval (>= 2)."""
+    def test_depth_is_a_quarter_second_at_the_bound_and_half_an_interval_below(self) -> None:
+        """Greedy buckets hold 0.25 s of their rate; modest ones half an interval (>= 2)."""
         out = allocate([holder(1, "greedy", 500, capacity=1000, limit=400, own=400),
                         holder(1, "modest", 30)])  # fmt: skip
         greedy = out.strategies[(1, bucket_key({"client_id": "greedy"}))]
         modest = out.strategies[(1, bucket_key({"client_id": "modest"}))]
-        assert isinstance(greedy, TokenBucket) and greedy.max_tokens == 40
+        assert isinstance(greedy, TokenBucket) and greedy.max_tokens == 100
         assert isinstance(modest, TokenBucket)
         assert modest.max_tokens == math.ceil(modest.rate * 0.5 / 2)
 

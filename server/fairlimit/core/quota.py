@@ -10,12 +10,12 @@ requests count: a throttled client's demand stays visible). Per bucket, ``D = su
    buckets has them share its grant by demand. A bucket's bound is the least over its caps
    and its own limit.
 2. A bucket at its bound (``D >= bound``: *bottlenecked*) has the bound split among its
-   Envoys by demand, ``a_e = bound·d_e/D``, with a bucket of 0.1 s of its rate: it always
+   Envoys by demand, ``a_e = bound·d_e/D``, with a bucket of 0.25 s of its rate: it always
    has requests waiting, so depth would mostly be burst above its share.
 3. A bucket below its bound gets, per Envoy, its demand plus headroom,
    ``a_e = d_e·(1 + HEADROOM) + HEADROOM_FLOOR``, so that it can grow (and its arrivals
    jitter) without waiting for a report; if that would pass the bound it is treated as
-   bottlenecked. Its bucket holds half a reporting interval of its rate, at most 0.5 s.
+   bottlenecked. Its bucket holds half a reporting interval of its rate, at most 1 s.
 4. A bucket whose demand is not measured yet (its first report) is taken to want its bound,
    split equally among its Envoys: a newcomer is never starved while it is being measured.
 
@@ -36,8 +36,8 @@ HEADROOM = 0.25  # of a below-bound bucket's demand, on top of it
 HEADROOM_FLOOR = 1.0  # requests/s added per Envoy, so a tiny demand can still grow
 FILL_SECONDS = 10  # Envoy reads fill_interval in whole seconds: 10 s gives 0.1/s steps
 SETTLE = 0.03  # a new rate within 3% of the one in force keeps the one in force
-MAX_DEPTH_SECONDS = 0.5  # a below-bound bucket holds at most this much of its rate
-BOUND_DEPTH_SECONDS = 0.1  # a bucket at its bound holds this much of its rate
+MAX_DEPTH_SECONDS = 1.0  # a below-bound bucket holds at most this much of its rate
+BOUND_DEPTH_SECONDS = 0.25  # a bucket at its bound holds this much of its rate
 
 
 class Blanket(enum.Enum):
@@ -147,16 +147,18 @@ def token_bucket(rate: float, depth: int) -> TokenBucket:
 
 
 def depth_of(rate: float, bottlenecked: bool, interval: float | None) -> int:
-    """At the bound, 0.1 s of the rate: enough that a token never waits full for the next
-    request (a full bucket wastes its fill), little burst when Envoy refills it. Below it,
-    half a reporting interval of the rate, at most half a second of it. Two while the demand
-    is unmeasured (``interval`` None), so a newcomer's first bucket is no burst. At least two
-    always, so that two requests close together both pass."""
+    """How many tokens a bucket holds, at least two (two requests close together both pass).
+
+    At the bound, 0.25 s of the rate: enough that the bucket is not full while requests wait
+    (a full bucket wastes its fill), little burst when Envoy refills it. Below the bound, half
+    a reporting interval of the rate, at most MAX_DEPTH_SECONDS of it: a client under its
+    share may burst that much (its headroom covers the refill). Unmeasured (``interval``
+    None): MAX_DEPTH_SECONDS of the rate offered.
+    """
     if bottlenecked:
         return max(2, math.ceil(rate * BOUND_DEPTH_SECONDS - 1e-9))
-    if interval is None:
-        return 2
-    return max(2, math.ceil(rate * min(interval, MAX_DEPTH_SECONDS * 2) / 2 - 1e-9))
+    seconds = MAX_DEPTH_SECONDS if interval is None else min(interval / 2, MAX_DEPTH_SECONDS)
+    return max(2, math.ceil(rate * seconds - 1e-9))
 
 
 def _bucket_strategies(holders: Sequence[Holder], bound: float) -> dict[int, tuple[float, bool]]:
