@@ -70,6 +70,12 @@ class App:
             shadow=settings.shadow,
             telemetry=QuotaTelemetry() if self.telemetry.enabled else QuotaTelemetry.off(),
         )
+        if settings.workers > 1 and not worker:
+            log.warning(
+                "RLQS: each of the %d workers divides every cap among the Envoy streams it"
+                " holds; serve RLQS from a single process (docs/rlqs.md)",
+                settings.workers,
+            )
         reuse_port = settings.workers > 1  # the workers share the port (workers.py)
         self.grpc = GrpcServer(
             self.limiter,
