@@ -73,8 +73,12 @@ def _envoy_rows(results: dict[str, Any]) -> list[str]:
     if not env or "envoy" not in env:
         return []
     alone, both = env["envoy"], env["envoy+fairlimit"]
+    rlqs = env.get("envoy+fairlimit-rlqs")
+    rows = [("Envoy alone", alone), ("Envoy + fairlimit memory://", both)]
+    if rlqs:
+        rows.append(("Envoy + fairlimit over RLQS", rlqs))
     lines = []
-    for label, row in (("Envoy alone", alone), ("Envoy + fairlimit memory://", both)):
+    for label, row in rows:
         full, paced = row["full"], row["paced"]
         lines.append(f"{label:<30} {full['rps']:>8.0f} req/s (p99 {_ms(full['p99_ms'])} ms);"
                      f" at {paced['rate']} req/s: p50 {_ms(paced['p50_ms'])} ms,"
@@ -83,6 +87,11 @@ def _envoy_rows(results: dict[str, Any]) -> list[str]:
     lines.append(f"fairlimit adds {added:.2f} ms p99 at {both['paced']['rate']} req/s; "
                  f"Envoy + fairlimit = {both['full']['rps'] / alone['full']['rps']:.2f}x "
                  "Envoy alone's req/s")  # fmt: skip
+    if rlqs:
+        lines.append(f"Envoy + fairlimit over RLQS (no call per request) = "
+                     f"{rlqs['full']['rps'] / alone['full']['rps']:.2f}x Envoy alone's req/s; "
+                     f"p99 at {rlqs['paced']['rate']} req/s "
+                     f"{rlqs['paced']['p99_ms'] - alone['paced']['p99_ms']:+.2f} ms")  # fmt: skip
     return lines
 
 

