@@ -2,6 +2,7 @@
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -55,22 +56,31 @@ def assigned(response: rlqs_pb2.RateLimitQuotaResponse) -> dict[str, float]:
     return out
 
 
+@dataclass
+class Served:
+    server: GrpcServer
+    clock: FakeClock
+    quota: QuotaService
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+
 @pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[FakeClock, QuotaService, str]]:
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
     clock = FakeClock()
     limiter = Limiter(load_text(tmp_path, CONFIG), MemoryStore(), clock)
     quota = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
     server = GrpcServer(limiter, Telemetry.off(), "127.0.0.1:0", quota=quota)
     await server.start()
-    yield clock, quota, f"127.0.0.1:{server.port}"
+    yield Served(server, clock, quota)
     await server.server.stop(None)
 
 
 @pytest.fixture
-async def stub(
-    served: tuple[FakeClock, QuotaService, str],
-) -> AsyncIterator[rlqs_pb2_grpc.RateLimitQuotaServiceStub]:
-    async with grpc.aio.insecure_channel(served[2]) as channel:
+async def stub(served: Served) -> AsyncIterator[rlqs_pb2_grpc.RateLimitQuotaServiceStub]:
+    async with grpc.aio.insecure_channel(served.target) as channel:
         yield rlqs_pb2_grpc.RateLimitQuotaServiceStub(channel)
 
 
@@ -102,11 +112,11 @@ class TestStream:
     async def test_another_envoy_is_pushed_a_smaller_share(
         self,
         stub: rlqs_pb2_grpc.RateLimitQuotaServiceStub,
-        served: tuple[FakeClock, QuotaService, str],
+        served: Served,
     ) -> None:
         """A greedy client on one stream; two more on another: the first stream is pushed
         its new share without reporting anything."""
-        clock, quota, _ = served
+        clock, quota = served.clock, served.quota
         one, two = stub.StreamRateLimitQuotas(), stub.StreamRateLimitQuotas()
         await one.write(report(("a", 1, 0)))
         await one.read()
@@ -137,11 +147,21 @@ class TestStream:
         assert strategy.blanket_rule == ratelimit_strategy_pb2.RateLimitStrategy.ALLOW_ALL
         call.cancel()
 
-    async def test_a_corrupt_report_is_invalid_argument(
-        self, served: tuple[FakeClock, QuotaService, str]
+    async def test_draining_ends_open_streams_with_ok(
+        self, stub: rlqs_pb2_grpc.RateLimitQuotaServiceStub, served: Served
     ) -> None:
+        """SIGTERM's drain ends every RLQS stream with OK at once, rather than holding the
+        grace period and then cutting it (Envoy reopens it elsewhere)."""
+        call = stub.StreamRateLimitQuotas()
+        await call.write(report(("alice", 1, 0)))
+        await call.read()
+        drain = asyncio.create_task(served.server.drain(grace=60))
+        assert await asyncio.wait_for(call.code(), 30) == grpc.StatusCode.OK
+        await drain
+
+    async def test_a_corrupt_report_is_invalid_argument(self, served: Served) -> None:
         """Bytes that are no usage report end the stream with INVALID_ARGUMENT, not UNKNOWN."""
-        async with grpc.aio.insecure_channel(served[2]) as channel:
+        async with grpc.aio.insecure_channel(served.target) as channel:
             method = channel.stream_stream(
                 "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
             )

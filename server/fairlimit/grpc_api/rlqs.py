@@ -61,6 +61,14 @@ class QuotaServicer:
 
     def __init__(self, quota: QuotaService) -> None:
         self.quota = quota
+        self._outboxes: set[asyncio.Queue[Sequence[Action] | None]] = set()
+
+    def end_streams(self) -> None:
+        """End every open stream with OK (draining): Envoy reopens it, on another server
+        if this one is going, and keeps its assignments until their TTL meanwhile. Left
+        open, a stream would hold the drain for its whole grace period."""
+        for outbox in self._outboxes:
+            outbox.put_nowait(None)
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.stream_stream_rpc_method_handler(
@@ -74,6 +82,7 @@ class QuotaServicer:
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rlqs_pb2.RateLimitQuotaResponse]:
         outbox: asyncio.Queue[Sequence[Action] | None] = asyncio.Queue()
+        self._outboxes.add(outbox)
         stream = self.quota.open(outbox.put_nowait)
         failure: list[tuple[grpc.StatusCode, str]] = []
         reader = asyncio.create_task(self._read(requests, stream, outbox, failure))
@@ -81,6 +90,7 @@ class QuotaServicer:
             while (actions := await outbox.get()) is not None:
                 yield response_to_proto(actions)
         finally:
+            self._outboxes.discard(outbox)
             reader.cancel()
             stream.close()
         if failure:

@@ -152,8 +152,9 @@ class GrpcServer:
         # on a busy port must fail to bind rather than quietly take half of its connections.
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
         self.server.add_generic_rpc_handlers((RateLimitServicer(limiter, telemetry).handler(),))
-        if quota is not None:
-            self.server.add_generic_rpc_handlers((QuotaServicer(quota).handler(),))
+        self.quota = None if quota is None else QuotaServicer(quota)
+        if self.quota is not None:
+            self.server.add_generic_rpc_handlers((self.quota.handler(),))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (
@@ -179,6 +180,8 @@ class GrpcServer:
         """Say NOT_SERVING, let in-flight calls finish within ``grace`` seconds, stop."""
         for name in ("", RLS_SERVICE):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.quota is not None:
+            self.quota.end_streams()  # long-lived: they would hold the whole grace period
         await self.server.stop(grace)
 
     async def wait(self) -> None:
