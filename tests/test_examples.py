@@ -23,7 +23,10 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parents[1]
-ENVOY_EXAMPLES = sorted((ROOT / "examples" / "envoy").glob("*.yaml"))
+# Envoy bootstraps only: *-descriptors.yaml beside them are fairlimit's descriptor files.
+ENVOY_EXAMPLES = sorted(
+    p for p in (ROOT / "examples" / "envoy").glob("*.yaml") if not p.stem.endswith("-descriptors")
+)
 ENVOY_EXAMPLE = ROOT / "examples" / "envoy" / "envoy.yaml"
 ISTIO_EXAMPLES = sorted((ROOT / "examples" / "istio").glob("*.yaml"))
 CHART_VALUES = ROOT / "helm" / "fairlimit" / "values.yaml"
