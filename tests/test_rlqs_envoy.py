@@ -10,17 +10,19 @@ the measured demand after the first, and shares are measured from the end of the
 """
 
 import asyncio
+import json
 import math
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from envoy_proxy import envoy_binary, envoy_in_front
-from fairlimit.core.quota import HEADROOM, HEADROOM_FLOOR, depth_of
-from servers import ROOT, fairlimit_server
+from envoy_proxy import envoy_binary, envoy_in_front, http_get
+from fairlimit.core.quota import HEADROOM, HEADROOM_FLOOR, MAX_DEPTH_SECONDS, depth_of
+from servers import ROOT, fairlimit_server, free_port
 
 pytestmark = pytest.mark.process
 
@@ -123,3 +125,42 @@ class TestTwoEnvoys:
         for name in MODEST_CLIENTS:
             assert figures[name] == pytest.approx(MODEST, rel=0.05), figures
         assert sum(figures.values()) <= CAP * 1.05, figures
+
+
+class TestStreamDrop:
+    def test_envoy_keeps_its_assignment_while_fairlimit_is_away_and_resubscribes(
+        self, tmp_path: Path
+    ) -> None:
+        """fairlimit stops: Envoy's stream ends, and it goes on enforcing the greedy client's
+        50/s (its TTL of 15 s has not run out; then reuse_last_assignment would). fairlimit
+        starts again on the same port: Envoy reopens the stream at its next report."""
+        port = free_port()
+        config = ("--config", str(EXAMPLES / "rlqs-descriptors.yaml"), "--grpc-addr",
+                  f"127.0.0.1:{port}")  # fmt: skip
+        with envoy_in_front(port, tmp_path, example=EXAMPLES / "rlqs.yaml") as envoy:
+            with fairlimit_server(*config):
+                before = asyncio.run(drive([envoy.url], {"greedy": GREEDY}, 2.0))
+            away = asyncio.run(drive([envoy.url], {"greedy": GREEDY}, 3.0))
+            with fairlimit_server(*config) as server:
+                streams = self._wait_for_stream(server.admin_port, envoy.url)
+        # 50/s plus the first bucket's depth (1 s of it), plus what passes under
+        # no_assignment_behavior (ALLOW_ALL) before the first assignment lands: a few.
+        slack = LIMIT * MAX_DEPTH_SECONDS + 10
+        assert sum(st == 200 for _, _, st in before) <= 2 * LIMIT + slack
+        passed = sum(st == 200 for _, _, st in away)
+        assert 0.8 * 3 * LIMIT <= passed <= 3 * LIMIT + slack, passed
+        (stream,) = streams
+        assert [b["bucket"]["client_id"] for b in stream["buckets"]] == ["greedy"]
+
+    @staticmethod
+    def _wait_for_stream(admin_port: int, url: str) -> list[dict[str, object]]:
+        """Poll /rlconfig (sending a request now and then) until Envoy's stream is back."""
+        deadline = time.monotonic() + 20  # Envoy 1.40 reports every 5 s
+        while time.monotonic() < deadline:
+            http_get(url, {"x-client-id": "greedy"})
+            _, _, body = http_get(f"http://127.0.0.1:{admin_port}/rlconfig")
+            streams: list[dict[str, object]] = json.loads(body)["rlqs"]["streams"]
+            if streams and streams[0]["buckets"]:
+                return streams
+            time.sleep(0.2)  # a poll of the admin endpoint, not a wait for time to pass
+        raise AssertionError("Envoy did not reopen its RLQS stream within 20 s")
