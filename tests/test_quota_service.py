@@ -226,3 +226,39 @@ class TestAssignments:
         assert envoy.latest("alice").ttl == 15  # type: ignore[union-attr]
         await steady(clock, [(envoy, [("alice", 10, 0)])], rounds=7, interval=2.0)
         assert envoy.latest("alice").ttl == 6  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+class TestDivisionGap:
+    async def test_a_burst_of_new_buckets_costs_one_division(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """With divide_gap, 200 clients subscribing at once get provisional assignments
+        (their bound under the levels in force) and one division; the next drip divides."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, divide_gap=0.2)
+        envoy = Envoy(service)
+        for i in range(200):
+            await envoy.report([(f"c{i}", 1, 0)])
+        assert service.divisions == 1
+        assert envoy.rate("c0") == pytest.approx(50)  # the first: divided alone
+        assert envoy.rate("c199") == pytest.approx(50)  # provisional: the cap's capacity
+        clock.advance(0.2)
+        await service.drip()
+        assert service.divisions == 2
+        assert envoy.rate("c199") == pytest.approx(0.5)  # 100/s over 200 unmeasured clients
+
+    async def test_a_closed_stream_is_divided_at_the_next_drip(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """A stream closing within the gap is divided at the next drip, not at once."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, divide_gap=0.2)
+        one, two = Envoy(service), Envoy(service)
+        await one.report([("a", 1, 0)])
+        clock.advance(0.2)
+        await two.report([("b", 1, 0)])
+        assert one.rate("a") == pytest.approx(50)
+        two.stream.close()
+        assert service.divisions == 2
+        clock.advance(0.2)
+        await service.drip()
+        assert service.divisions == 3

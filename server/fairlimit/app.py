@@ -140,6 +140,7 @@ class App:
             limiter.clock.now,
             shadow=settings.shadow,
             telemetry=QuotaTelemetry() if self.telemetry.enabled else QuotaTelemetry.off(),
+            divide_gap=DRIP_SECONDS,  # a put-off division runs at the next drip
         )
         if settings.workers > 1 and not worker:
             log.warning(

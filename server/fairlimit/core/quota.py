@@ -26,7 +26,7 @@ only by raising their demand, which the next report turns into a new λ.
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fairlimit.core.bucket import BucketKey
@@ -203,6 +203,25 @@ def allocate(holders: Sequence[Holder]) -> Allocation:
                 for claim in h.target.caps:
                     headroom[claim.cap] += rate - h.demand
     return Allocation(strategies, levels, headroom, extra)
+
+
+def provisional(target: Target, levels: Mapping[str, float], holders: int) -> Strategy:
+    """A new bucket's strategy until the next division: its bound under the levels in force
+    (a cap not divided yet offers its capacity), split among the ``holders`` streams holding
+    it, as for an unmeasured bucket (step 4)."""
+    if target.blanket is not None:
+        return target.blanket
+    bound = target.limit
+    for claim in target.caps:
+        level = levels.get(claim.cap)
+        share = claim.capacity if level is None else level * claim.weight
+        bound = min(bound, claim.client_limit, share)
+    if bound <= 0:
+        return Blanket.DENY_ALL
+    if math.isinf(bound):
+        return Blanket.ALLOW_ALL
+    rate = bound / max(1, holders)
+    return token_bucket(rate, depth_of(rate, False, None))
 
 
 def settle(current: Strategy | None, new: Strategy) -> Strategy:

@@ -27,6 +27,7 @@ from fairlimit.core.quota import (
     Target,
     TokenBucket,
     allocate,
+    provisional,
     settle,
 )
 from fairlimit.core.request import Descriptor, Request
@@ -148,6 +149,7 @@ class QuotaService:
         shadow: bool = False,
         telemetry: QuotaTelemetry | None = None,
         abandon_after: float = ABANDON_AFTER,
+        divide_gap: float = 0.0,
     ) -> None:
         self._loaded_source = loaded
         self.store = store
@@ -155,6 +157,13 @@ class QuotaService:
         self.shadow = shadow
         self.telemetry = telemetry or QuotaTelemetry.off()
         self.abandon_after = abandon_after
+        # Divisions at most every divide_gap seconds: between them, a new bucket gets a
+        # provisional assignment and the next drip divides (a burst of new clients would
+        # otherwise cost one whole division each).
+        self.divide_gap = divide_gap
+        self.divisions = 0
+        self._divided_at: float | None = None
+        self._dirty = False
         self.streams: dict[int, QuotaStream] = {}
         self.ledger = UsageLedger(store)
         self.allocation = Allocation({}, {}, {}, {})
@@ -172,7 +181,10 @@ class QuotaService:
     def close(self, stream: QuotaStream) -> None:
         if self.streams.pop(stream.ident, None) is not None:
             self.ledger.pay_off(stream.ident)
-            self._divide(None, ())
+            if self._due(self.now()):
+                self._divide(None, ())
+            else:
+                self._dirty = True
 
     async def report(self, stream: QuotaStream, domain: str, usages: Sequence[Usage]) -> None:
         now = self.now()
@@ -197,11 +209,20 @@ class QuotaService:
         self.telemetry.reported(
             stream.domain, sum(u.allowed for u in usages), sum(u.denied for u in usages)
         )
-        abandoned = self._abandon_idle(stream, now)
-        self._divide(stream, reported, abandoned)
+        # Only a periodic report lists every bucket; scanning on each subscription (a report
+        # of one new bucket) would cost O(buckets) per new client.
+        full = len(usages) >= len(stream.buckets)
+        abandoned = self._abandon_idle(stream, now) if full else []
+        if self._due(now):
+            self._divide(stream, reported, abandoned)
+        else:
+            self._provisional(stream, reported, abandoned)
 
     async def drip(self) -> None:
-        """Pay the reported usage that is due into the store's counters (see usage.py)."""
+        """Divide if a division was put off; pay the reported usage that is due into the
+        store's counters (see usage.py)."""
+        if self._dirty and self._due(self.now()):
+            self._divide(None, ())
         if self._matcher is not None:
             self._refresh_targets()
             await self.ledger.drip(self.now(), self._matcher)
@@ -229,6 +250,27 @@ class QuotaService:
         request = Request(domain, (Descriptor(held.entries, None, 1),))
         held.target = target_of(make_plan(request, self._matcher))
 
+    def _due(self, now: float) -> bool:
+        return self._divided_at is None or now - self._divided_at >= self.divide_gap
+
+    def _provisional(
+        self, stream: QuotaStream, reported: Sequence[BucketKey], abandoned: Sequence[Action]
+    ) -> None:
+        """Between divisions: renew the reported buckets' assignments, give new ones a
+        provisional one from the levels in force, divide at the next drip."""
+        self._dirty = True
+        actions: list[Action] = list(abandoned)
+        for key in dict.fromkeys(reported):
+            held = stream.buckets.get(key)
+            if held is None:
+                continue
+            if held.strategy is None:
+                holders = sum(1 for s in self.streams.values() if key in s.buckets)
+                held.strategy = provisional(held.target, self.allocation.levels, holders)
+            actions.append(Assign(held.bucket, held.strategy, stream.ttl))
+        if actions:
+            stream.send(actions)
+
     def _divide(
         self,
         reporter: QuotaStream | None,
@@ -242,6 +284,8 @@ class QuotaService:
             for key, b in s.buckets.items()
         ]
         self.allocation = allocate(holders)
+        self.divisions += 1
+        self._divided_at, self._dirty = self.now(), False
         for stream in list(self.streams.values()):
             renew = set(reported) if stream is reporter else set()
             actions: list[Action] = list(abandoned) if stream is reporter else []
