@@ -149,10 +149,11 @@ class TestStreamDrop:
             away = asyncio.run(drive([envoy.url], {"greedy": GREEDY}, 3.0))
             with fairlimit_server(*config) as server:
                 streams = self._wait_for_stream(server.admin_port, envoy.url)
-        # 50/s plus the first bucket's depth (1 s of it), plus what passes under
-        # no_assignment_behavior (ALLOW_ALL) before the first assignment lands: a few.
+        # Before: limited, but by how much depends on how long the first assignment took
+        # (ALLOW_ALL until it lands), so only the outage is measured. Away: 50/s plus what
+        # the bucket held (at most 1 s of it), and a few answered as fairlimit stopped.
+        assert any(st == 429 for _, _, st in before)
         slack = LIMIT * MAX_DEPTH_SECONDS + 10
-        assert sum(st == 200 for _, _, st in before) <= 2 * LIMIT + slack
         passed = sum(st == 200 for _, _, st in away)
         assert 0.8 * 3 * LIMIT <= passed <= 3 * LIMIT + slack, passed
         (stream,) = streams
