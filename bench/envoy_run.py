@@ -8,6 +8,7 @@ from pathlib import Path
 from procs import ROOT, Proc, free_port
 
 EXAMPLE = ROOT / "examples" / "envoy" / "envoy.yaml"
+RLQS_EXAMPLE = ROOT / "examples" / "envoy" / "rlqs.yaml"  # the rate_limit_quota filter
 LISTENER, RLS, ADMIN = 10000, 8081, 9901
 _FILTER_START = "                  - name: envoy.filters.http.ratelimit\n"
 _FILTER_END = "                  - name: envoy.filters.http.router\n"
@@ -17,9 +18,11 @@ def binary() -> str | None:
     return shutil.which("envoy")
 
 
-def config(rls_port: int, listener: int, admin: int, *, ratelimit: bool) -> str:
+def config(
+    rls_port: int, listener: int, admin: int, *, ratelimit: bool, example: Path = EXAMPLE
+) -> str:
     """The example bootstrap with its ports replaced; without the ratelimit filter if asked."""
-    text = EXAMPLE.read_text()
+    text = example.read_text()
     if not ratelimit:
         start = text.index(_FILTER_START)
         text = text[:start] + text[text.index(_FILTER_END, start) :]
@@ -28,13 +31,19 @@ def config(rls_port: int, listener: int, admin: int, *, ratelimit: bool) -> str:
     return text
 
 
-def start(workdir: Path, rls_port: int, *, ratelimit: bool, name: str = "envoy"
-          ) -> tuple[Proc, int]:  # fmt: skip
+def start(
+    workdir: Path,
+    rls_port: int,
+    *,
+    ratelimit: bool,
+    name: str = "envoy",
+    example: Path = EXAMPLE,
+) -> tuple[Proc, int]:
     """Envoy on one worker thread; returns it and its listener port once it is ready."""
     listener, admin = free_port(), free_port()
     name = name.replace("+", "-")
     path = workdir / f"{name}.yaml"
-    path.write_text(config(rls_port, listener, admin, ratelimit=ratelimit))
+    path.write_text(config(rls_port, listener, admin, ratelimit=ratelimit, example=example))
     command = [binary() or "envoy", "-c", str(path), "--base-id", str(listener),
                "--log-level", "warn", "--concurrency", "1"]  # fmt: skip
     proc = Proc(name, command, workdir)

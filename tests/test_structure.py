@@ -4,7 +4,7 @@ Every ``fairlimit`` import (absolute or relative, at module level, inside a func
 ``TYPE_CHECKING``) must point into the importer's own layer-package or a layer to its left:
 
     errors, _proto <- core <- config, store, telemetry, settings <- limiter
-        <- grpc_api, admin, simulate <- app, workers, topview <- cli
+        <- grpc_api, admin, simulate <- app, workers, topview <- cli  (quota is limiter's sibling)
 
 Packages of one layer do not import each other. core/ imports only the standard library, and
 grpc, redis and the generated code stay with their owning packages.
@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fairlimit", "errors", "_proto"),
     ("core",),
     ("config", "store", "telemetry", "settings"),
-    ("limiter",),
+    ("limiter", "quota"),
     ("grpc_api", "admin", "simulate"),
     ("app", "workers", "topview"),  # topview: the admin port's terminal client, for cli
     ("cli",),

@@ -45,8 +45,10 @@ class AdminServer:
         *,
         healthy_with_config: bool = False,
         upstream_metrics: Callable[[], str] | None = None,
+        rlqs: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.limiter = limiter
+        self.rlqs = rlqs  # the RLQS streams and assignments, for /rlconfig
         self.codec = codec
         self.registry = registry  # the Prometheus reader's, from the CLI's SDK wiring
         self.host, self.port = host, port
@@ -116,12 +118,15 @@ class AdminServer:
         return web.Response(text=config_text(self.limiter.loaded))
 
     async def rlconfig(self, request: web.Request) -> web.Response:
-        """The loaded rules, each cap's classification and its live fairness figures."""
+        """The loaded rules, each cap's classification and its live fairness figures; the
+        RLQS streams, buckets and assignments under ``rlqs``."""
         rows = await self.limiter.refresh_fairness()
         report = config_report(self.limiter.loaded, rows)
         top = {t.rule: t for t in self.limiter.top_clients(TOP_DEFAULT)}
         for domain in report["domains"]:
             _attach_top(domain["descriptors"], top)
+        if self.rlqs is not None:
+            report["rlqs"] = self.rlqs()
         return web.json_response(report, dumps=lambda o: json.dumps(o, indent=2))
 
     async def top(self, request: web.Request) -> web.Response:

@@ -21,15 +21,18 @@ from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer, TlsFiles
 from fairlimit.grpc_api.xds import XdsConfigSource, XdsSettings, XdsTls
 from fairlimit.limiter import Limiter
+from fairlimit.quota import QuotaService
 from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
 from fairlimit.telemetry import Telemetry, pooled
+from fairlimit.telemetry.quota import QuotaTelemetry
 from fairlimit.telemetry.upstream import UpstreamStats
 
 log = logging.getLogger("fairlimit")
 
 DRAIN_SECONDS = 5.0
 REFRESH_SECONDS = 5.0  # how often the fairness gauges are re-read from the store for OTLP
+DRIP_SECONDS = 0.2  # how often RLQS usage owed is paid into the counters (quota/usage.py)
 
 
 def _tls(settings: Settings) -> TlsFiles | None:
@@ -134,6 +137,21 @@ class App:
             telemetry=self.telemetry,
             quota_mode=settings.quota_mode,
         )
+        limiter = self.limiter
+        self.quota = QuotaService(
+            lambda: limiter.loaded,
+            self.store,
+            limiter.clock.now,
+            shadow=settings.shadow,
+            telemetry=QuotaTelemetry() if self.telemetry.enabled else QuotaTelemetry.off(),
+            divide_gap=DRIP_SECONDS,  # a put-off division runs at the next drip
+        )
+        if settings.workers > 1 and not worker:
+            log.warning(
+                "RLQS: each of the %d workers divides every cap among the Envoy streams it"
+                " holds; serve RLQS from a single process (docs/rlqs.md)",
+                settings.workers,
+            )
         reuse_port = settings.workers > 1  # the workers share the port (workers.py)
         self.grpc = GrpcServer(
             self.limiter,
@@ -143,6 +161,7 @@ class App:
             reuse_port,
             _response_options(settings),
             (settings.max_connection_age, settings.max_connection_age_grace),
+            quota=self.quota,
         )
         self.admin = None if worker else self._admin(metrics_registry)
         self.side = [] if self.admin is None else self._side_listeners(self.admin)
@@ -172,6 +191,7 @@ class App:
             registry,
             healthy_with_config=self.settings.healthy_with_config,
             upstream_metrics=None if upstream is None else upstream.render,
+            rlqs=self.quota.describe,
         )
 
     def _side_listeners(self, admin: AdminServer) -> list[SideListener]:
@@ -215,6 +235,7 @@ class App:
         # out of the collector's sight, a full collection no longer walks it mid-request.
         gc.collect()
         gc.freeze()
+        self._spawn(self._drip_quota())
 
     def _spawn(self, work: Coroutine[object, object, object]) -> None:
         task = asyncio.create_task(work)
@@ -266,6 +287,16 @@ class App:
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), pooled.DUMP_SECONDS)
+
+    async def _drip_quota(self) -> None:
+        # Ends on the stop event, like the refresh loop (see there).
+        while not self._stopping.is_set():
+            try:
+                await self.quota.drip()
+            except Exception:  # the drip must never take the server down
+                log.exception("paying RLQS usage into the counters failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), DRIP_SECONDS)
 
     def stop(self) -> None:
         """Ask the serve loop to drain and exit."""

@@ -14,7 +14,9 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
 from fairlimit.grpc_api.extras import ResponseOptions, add_extras
+from fairlimit.grpc_api.rlqs import RLQS_SERVICE, QuotaServicer
 from fairlimit.limiter import Limiter, Prepared
+from fairlimit.quota import QuotaService
 from fairlimit.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -173,7 +175,8 @@ class TlsFiles:
 
 
 class GrpcServer:
-    """The gRPC server: RLS, health (NOT_SERVING while draining) and reflection."""
+    """The gRPC server: RLS, RLQS (given a quota service), health (NOT_SERVING while
+    draining) and reflection."""
 
     def __init__(
         self,
@@ -184,6 +187,7 @@ class GrpcServer:
         reuse_port: bool = False,
         options: ResponseOptions | None = None,
         max_age: tuple[float | None, float | None] = (None, None),
+        quota: QuotaService | None = None,
     ) -> None:
         # SO_REUSEPORT only where workers share the port on purpose: otherwise a second server
         # on a busy port must fail to bind rather than quietly take half of its connections.
@@ -197,12 +201,16 @@ class GrpcServer:
         self.options = options or ResponseOptions()  # /json adds the same parts
         servicer = RateLimitServicer(limiter, telemetry, self.options)
         self.server.add_generic_rpc_handlers((servicer.handler(),))
+        self.quota = None if quota is None else QuotaServicer(quota)
+        if self.quota is not None:
+            self.server.add_generic_rpc_handlers((self.quota.handler(),))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (
             rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
+            *((RLQS_SERVICE,) if quota is not None else ()),
         )
         reflection.enable_server_reflection(names, self.server)
         if tls is None:
@@ -221,6 +229,8 @@ class GrpcServer:
         """Say NOT_SERVING, let in-flight calls finish within ``grace`` seconds, stop."""
         for name in HEALTH_NAMES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.quota is not None:
+            self.quota.end_streams()  # long-lived: they would hold the whole grace period
         await self.server.stop(grace)
 
     async def wait(self) -> None:

@@ -3,6 +3,7 @@
 - ``scenario``: reading and checking a scenario file (ScenarioError, FILE: PATH: message).
 - ``engine``: the run, tick by tick, one fresh memory store per config (``run``).
 - ``report``: what a run measured, as text or JSON; ``plot``: the same drawn with matplotlib.
+- ``rlqs``: the same run with the clients behind simulated RLQS Envoys (scenario key ``rlqs``).
 """
 
 from fairlimit.simulate.engine import run

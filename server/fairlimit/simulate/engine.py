@@ -25,6 +25,9 @@ one by one. A retry storm then costs two limiter calls per client and tick, not 
 The run checks the limiter agrees (RuntimeError otherwise), and the tests compare it with
 sending every attempt alone.
 
+With an ``rlqs`` key each config runs a second time with the clients behind simulated RLQS
+Envoys (``rlqs``), under the same ticks.
+
 The scenario file is read by ``scenario``; the report is ``report`` (and ``plot``).
 """
 
@@ -178,11 +181,19 @@ class _Run:
             self.steady = low <= self.tick < high
             for done in self.releases.pop(self.tick, ()):
                 await self.limiter.should_rate_limit(done)
+            await self._before_tick()
             events: list[Event] = sorted(self.pending.pop(self.tick, {}).items())
             for _, client in arrivals.get(self.tick, ()):
                 self.tallies[client].offered += 1
                 events.append((client, None))
             await self._tick(events)
+
+    async def _before_tick(self) -> None:
+        """What happens at a tick's start besides requests (nothing for RLS)."""
+
+    async def _decide(self, client: int, request: Request) -> bool:
+        """Whether ``request`` of ``client`` is admitted: the limiter's answer."""
+        return (await self.limiter.should_rate_limit(request)).code is Code.OK
 
     async def _tick(self, events: list[Event]) -> None:
         if not self.coalesce:
@@ -229,8 +240,8 @@ class _Run:
         if held:
             self.ids += 1
             request = with_id(request, self.id_keys[0], str(self.ids))
-        decision = await self.limiter.should_rate_limit(request)
-        if held and decision.code is Code.OK:
+        admitted = await self._decide(client, request)
+        if held and admitted:
             ends = self.tick + max(1, math.ceil(held * self.per_second - 1e-9))
             self.releases[ends].append(
                 with_id(self.requests[client], self.id_keys[1], str(self.ids))
@@ -239,7 +250,7 @@ class _Run:
         tally = self.tallies[client]
         tally.attempted += hits
         tally.steady_attempted += hits if self.steady else 0
-        if decision.code is not Code.OK:
+        if not admitted:
             return False
         tally.admitted += hits
         tally.steady_admitted += hits if self.steady else 0
@@ -309,12 +320,18 @@ def _client_result(client: Client, tally: _Tally, seconds: int) -> ClientResult:
 async def _run_all(
     scenario: Scenario, configs: Sequence[tuple[str, str, Loaded]], coalesce: bool
 ) -> Result:
+    from fairlimit.simulate.rlqs import RlqsRun  # it builds on _Run, defined here
+
     arrivals = _arrivals(scenario)
     results = []
     for label, path, loaded in configs:
         sim = _Run(scenario, loaded, coalesce)
         await sim.run(arrivals)
         results.append(sim.result(label, path))
+        if scenario.rlqs is not None:
+            over = RlqsRun(scenario, loaded, scenario.rlqs)
+            await over.run(arrivals)
+            results.append(over.result(f"{label} over RLQS", path))
     summary = Summary(
         scenario.name,
         scenario.source,

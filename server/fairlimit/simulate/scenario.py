@@ -13,7 +13,7 @@ MAX_RETRIES = 1_000_000
 MAX_OFFERED = 10_000_000  # original requests per run: beyond, a run takes minutes
 SCENARIO_KEYS = frozenset(
     {"name", "duration", "tick", "domain", "descriptor", "descriptors", "configs", "clients"}
-    | {"steady"}
+    | {"steady", "rlqs"}
 )
 CLIENT_KEYS = frozenset({"name", "rate", "retries", "weight", "start", "stop", "request_duration"})
 Template = tuple[tuple[str, str], ...]  # one descriptor's (key, value), {client} unfilled
@@ -42,6 +42,15 @@ class Client:
 
 
 @dataclass(frozen=True, slots=True)
+class RlqsModel:
+    """Run each config a second time with the clients behind RLQS Envoys: every client's
+    requests alternate over ``envoys`` Envoys, each reporting every ``interval`` seconds."""
+
+    envoys: int
+    interval: float
+
+
+@dataclass(frozen=True, slots=True)
 class ConfigRef:
     label: str
     path: Path  # resolved against the scenario file's directory
@@ -58,6 +67,7 @@ class Scenario:
     configs: tuple[ConfigRef, ...]
     clients: tuple[Client, ...]
     steady: tuple[float, float]  # the part the fairness figures cover, in scenario seconds
+    rlqs: RlqsModel | None = None
 
 
 def _within(low: float, high: float, what: str = "a number") -> Rule:
@@ -227,6 +237,18 @@ def _steady(reader: _Reader, raw: object, duration: float) -> tuple[float, float
     return start, reader.number(node, "stop", "steady.stop", rule, duration) or duration
 
 
+def _rlqs(reader: _Reader, raw: object) -> RlqsModel | None:
+    if raw is None:
+        return None
+    node = reader.mapping(raw, "rlqs", frozenset({"envoys", "interval"}))
+    if node is None:
+        return None
+    whole: Rule = ("a whole number from 1 to 100", lambda x: x == int(x) and 1 <= x <= 100)
+    envoys = reader.number(node, "envoys", "rlqs.envoys", whole, 2.0) or 2.0
+    interval = reader.number(node, "interval", "rlqs.interval", _within(0.1, 3600), 5.0) or 5.0
+    return RlqsModel(int(envoys), interval)
+
+
 def parse_scenario(text: str, source: str, base: Path) -> Scenario:
     """One scenario file's text -> Scenario; ScenarioError lists every problem."""
     try:
@@ -245,9 +267,10 @@ def parse_scenario(text: str, source: str, base: Path) -> Scenario:
     configs = _configs(reader, raw.get("configs", []), base)
     clients = _clients(reader, raw.get("clients"), span)
     steady = _steady(reader, raw.get("steady"), span)
+    rlqs = _rlqs(reader, raw.get("rlqs"))
     if reader.lines or duration is None:
         raise ScenarioError(reader.lines)
-    return Scenario(name, source, duration, tick, domain, templates, configs, clients, steady)
+    return Scenario(name, source, duration, tick, domain, templates, configs, clients, steady, rlqs)
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -1,0 +1,235 @@
+"""RLQS assignment math: each Envoy's token bucket for a quota bucket, from reported demand.
+
+Every Envoy stream reports, per bucket, the requests it allowed and denied since its last
+report; their sum over the span is that Envoy's demand ``d_e`` for the bucket (denied
+requests count: a throttled client's demand stays visible). Per bucket, ``D = sum_e d_e``.
+
+1. At each ``fair_share`` cap over the bucket, the cap's clients share its capacity by
+   weighted max-min (``fairshare.water_level``, the same water-filling as RLS): a client's
+   bound is ``B = min(L, λ·w)`` and its grant ``g = min(D, B)``; a client spread over several
+   buckets has them share its grant by demand. A bucket's bound is the least over its caps
+   and its own limit.
+2. A bucket at its bound (``D >= bound``: *bottlenecked*) has the bound split among its
+   Envoys by demand, ``a_e = bound·d_e/D``, with a bucket of 0.25 s of its rate: it always
+   has requests waiting, so depth would mostly be burst above its share.
+3. A bucket below its bound gets, per Envoy, its demand plus headroom,
+   ``a_e = d_e·(1 + HEADROOM) + HEADROOM_FLOOR``, so that it can grow (and its arrivals
+   jitter) without waiting for a report; if that would pass the bound it is treated as
+   bottlenecked. Its bucket holds half a reporting interval of its rate, at most 1 s.
+4. A bucket whose demand is not measured yet (its first report) is taken to want its bound,
+   split equally among its Envoys: a newcomer is never starved while it is being measured.
+
+So the assigned rates of a cap's buckets sum to at most ``C + H``, ``H`` the headroom of the
+buckets below their bound (0 when every client is at its share), and they use the headroom
+only by raising their demand, which the next report turns into a new λ.
+"""
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from fairlimit.core.bucket import BucketKey
+from fairlimit.core.fairshare import water_level
+
+HEADROOM = 0.25  # of a below-bound bucket's demand, on top of it
+HEADROOM_FLOOR = 1.0  # requests/s added per Envoy, so a tiny demand can still grow
+FILL_SECONDS = 10  # Envoy reads fill_interval in whole seconds: 10 s gives 0.1/s steps
+SETTLE = 0.03  # a new rate within 3% of the one in force keeps the one in force
+MAX_DEPTH_SECONDS = 1.0  # a below-bound bucket holds at most this much of its rate
+BOUND_DEPTH_SECONDS = 0.25  # a bucket at its bound holds this much of its rate
+
+
+class Blanket(enum.Enum):
+    """A strategy without counting (envoy.type.v3.RateLimitStrategy.BlanketRule)."""
+
+    ALLOW_ALL = 0
+    DENY_ALL = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBucket:
+    """envoy.type.v3.TokenBucket: ``tokens_per_fill`` per ``fill_seconds``, ``max_tokens`` deep."""
+
+    max_tokens: int
+    tokens_per_fill: int
+    fill_seconds: int
+
+    @property
+    def rate(self) -> float:
+        return self.tokens_per_fill / self.fill_seconds
+
+
+Strategy = Blanket | TokenBucket
+
+
+@dataclass(frozen=True, slots=True)
+class CapClaim:
+    """A bucket's claim at one fair-share cap; rates per second."""
+
+    cap: str  # the cap's counter key
+    client: str
+    capacity: float
+    client_limit: float  # math.inf when the client level has no limit
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What governs a bucket: a blanket rule, or its own limit and the caps above it."""
+
+    blanket: Blanket | None
+    limit: float = math.inf  # the bucket's own limit per second
+    caps: tuple[CapClaim, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """One stream's subscription to one bucket, with its last measured demand."""
+
+    stream: int
+    bucket: BucketKey
+    target: Target
+    demand: float | None  # requests/s allowed + denied; None before the first measurement
+    interval: float  # the stream's reporting interval in seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """Every holder's strategy, and each cap's water level (for telemetry)."""
+
+    strategies: dict[tuple[int, BucketKey], Strategy]
+    levels: dict[str, float]  # λ per cap key; math.inf when uncontended
+    headroom: dict[str, float]  # H per cap key: assigned rates above the grants
+    extra: dict[tuple[int, BucketKey], float]  # each holder's part of H
+
+
+def _wants(holders: Sequence[Holder]) -> float:
+    """A bucket's demand for the caps: its reported total, or its own limit while unmeasured."""
+    if any(h.demand is None for h in holders):
+        return holders[0].target.limit
+    return min(sum(h.demand or 0.0 for h in holders), holders[0].target.limit)
+
+
+def _cap_bounds(
+    buckets: dict[BucketKey, list[Holder]],
+) -> tuple[dict[BucketKey, float], dict[str, float]]:
+    """Each bucket's bound over its own limit and its caps; λ per cap."""
+    wants = {key: _wants(hs) for key, hs in buckets.items()}
+    clients: dict[str, dict[str, list[BucketKey]]] = {}
+    claims: dict[tuple[str, str], CapClaim] = {}
+    for key, hs in buckets.items():
+        for claim in hs[0].target.caps:
+            clients.setdefault(claim.cap, {}).setdefault(claim.client, []).append(key)
+            claims[(claim.cap, claim.client)] = claim
+    bounds = {key: hs[0].target.limit for key, hs in buckets.items()}
+    levels: dict[str, float] = {}
+    for cap, members in clients.items():
+        names = list(members)
+        demand = [sum(wants[k] for k in members[c]) for c in names]
+        spec = [claims[(cap, c)] for c in names]
+        level = water_level(demand, [s.client_limit for s in spec], [s.weight for s in spec],
+                            spec[0].capacity)  # fmt: skip
+        levels[cap] = level
+        for name, total, claim in zip(names, demand, spec, strict=True):
+            client_bound = min(claim.client_limit, level * claim.weight)
+            for key in members[name]:
+                even = total <= 0 or math.isinf(total) or math.isinf(client_bound)
+                part = 1.0 / len(members[name]) if even else wants[key] / total
+                bounds[key] = min(bounds[key], client_bound * part)
+    return bounds, levels
+
+
+def token_bucket(rate: float, depth: int) -> TokenBucket:
+    """The token bucket closest below ``rate`` (0.1/s steps, at least one token a fill)."""
+    per_fill = max(1, math.floor(rate * FILL_SECONDS + 1e-9))
+    return TokenBucket(max(1, depth), per_fill, FILL_SECONDS)
+
+
+def depth_of(rate: float, bottlenecked: bool, interval: float | None) -> int:
+    """How many tokens a bucket holds, at least two (two requests close together both pass).
+
+    At the bound, 0.25 s of the rate: enough that the bucket is not full while requests wait
+    (a full bucket wastes its fill), little burst when Envoy refills it. Below the bound, half
+    a reporting interval of the rate, at most MAX_DEPTH_SECONDS of it: a client under its
+    share may burst that much (its headroom covers the refill). Unmeasured (``interval``
+    None): MAX_DEPTH_SECONDS of the rate offered.
+    """
+    if bottlenecked:
+        return max(2, math.ceil(rate * BOUND_DEPTH_SECONDS - 1e-9))
+    seconds = MAX_DEPTH_SECONDS if interval is None else min(interval / 2, MAX_DEPTH_SECONDS)
+    return max(2, math.ceil(rate * seconds - 1e-9))
+
+
+def _bucket_strategies(holders: Sequence[Holder], bound: float) -> dict[int, tuple[float, bool]]:
+    """(rate, bottlenecked) per stream of one bucket under its bound."""
+    if any(h.demand is None for h in holders):
+        return {h.stream: (bound / len(holders), False) for h in holders}
+    loose = {h.stream: (h.demand or 0.0) * (1 + HEADROOM) + HEADROOM_FLOOR for h in holders}
+    if sum(loose.values()) <= bound:
+        return {stream: (rate, False) for stream, rate in loose.items()}
+    total = sum(h.demand or 0.0 for h in holders)
+    return {h.stream: (bound * (h.demand or 0.0) / total, True) for h in holders}
+
+
+def allocate(holders: Sequence[Holder]) -> Allocation:
+    """Every holder's strategy from everyone's demand (see the module docstring)."""
+    buckets: dict[BucketKey, list[Holder]] = {}
+    blanket: dict[tuple[int, BucketKey], Strategy] = {}
+    for holder in holders:
+        if holder.target.blanket is not None:
+            blanket[(holder.stream, holder.bucket)] = holder.target.blanket
+        else:
+            buckets.setdefault(holder.bucket, []).append(holder)
+    bounds, levels = _cap_bounds(buckets)
+    strategies = dict(blanket)
+    headroom: dict[str, float] = {cap: 0.0 for cap in levels}
+    extra: dict[tuple[int, BucketKey], float] = {}
+    for key, hs in buckets.items():
+        bound = bounds[key]
+        if bound <= 0:
+            strategies.update({(h.stream, key): Blanket.DENY_ALL for h in hs})
+            continue
+        if math.isinf(bound):
+            strategies.update({(h.stream, key): Blanket.ALLOW_ALL for h in hs})
+            continue
+        rates = _bucket_strategies(hs, bound)
+        for h in hs:
+            rate, bottlenecked = rates[h.stream]
+            depth = depth_of(rate, bottlenecked, None if h.demand is None else h.interval)
+            strategies[(h.stream, key)] = token_bucket(rate, depth)
+            if not bottlenecked and h.demand is not None:
+                extra[(h.stream, key)] = rate - h.demand
+                for claim in h.target.caps:
+                    headroom[claim.cap] += rate - h.demand
+    return Allocation(strategies, levels, headroom, extra)
+
+
+def provisional(target: Target, levels: Mapping[str, float], holders: int) -> Strategy:
+    """A new bucket's strategy until the next division: its bound under the levels in force
+    (a cap not divided yet offers its capacity), split among the ``holders`` streams holding
+    it, as for an unmeasured bucket (step 4)."""
+    if target.blanket is not None:
+        return target.blanket
+    bound = target.limit
+    for claim in target.caps:
+        level = levels.get(claim.cap)
+        share = claim.capacity if level is None else level * claim.weight
+        bound = min(bound, claim.client_limit, share)
+    if bound <= 0:
+        return Blanket.DENY_ALL
+    if math.isinf(bound):
+        return Blanket.ALLOW_ALL
+    rate = bound / max(1, holders)
+    return token_bucket(rate, depth_of(rate, False, None))
+
+
+def settle(current: Strategy | None, new: Strategy) -> Strategy:
+    """The strategy to send: ``current`` when ``new`` is within SETTLE of it.
+
+    Envoy refills a token bucket whenever its parameters change, so a rate that jitters
+    with the reports would hand out a bucket of burst each time; a steady one changes nothing.
+    """
+    if not (isinstance(current, TokenBucket) and isinstance(new, TokenBucket)):
+        return new
+    return current if abs(new.rate - current.rate) <= SETTLE * current.rate else new

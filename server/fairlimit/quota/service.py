@@ -1,0 +1,393 @@
+"""RLQS streams: usage reports -> demand, fair token-bucket assignments, and usage owed.
+
+Each Envoy holds one stream. A report owes the usage Envoy already allowed to the store's
+counters (``usage.py`` pays it), measures each bucket's demand over the span since its last
+measurement, and re-divides every cap among all streams' buckets (``core/quota.py``).
+The reporting stream gets an assignment for every bucket it reported (which renews their
+TTL); any other stream gets the assignments that changed. A bucket reported with no requests
+for ``abandon_after`` seconds is abandoned; a closed stream's buckets leave the division at
+once.
+"""
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fairlimit.core.bucket import BucketKey, bucket_key, entries_for
+from fairlimit.core.matching import Entry, Matcher
+from fairlimit.core.plan import Plan
+from fairlimit.core.plan import plan as make_plan
+from fairlimit.core.quota import (
+    Allocation,
+    Blanket,
+    CapClaim,
+    Holder,
+    Strategy,
+    Target,
+    TokenBucket,
+    allocate,
+    provisional,
+    settle,
+)
+from fairlimit.core.request import Descriptor, Request
+from fairlimit.core.rules import Loaded
+from fairlimit.quota.usage import UsageLedger
+from fairlimit.store.base import Store
+from fairlimit.telemetry.quota import QuotaFigures, QuotaTelemetry
+
+ABANDON_AFTER = 60.0  # seconds a bucket may report no requests before it is abandoned
+# Envoy 1.40's RLQS client reports every 5 s whatever the buckets' reporting_interval says
+# (a hard-coded interval in its filter_persistence.cc); a stream is taken to report at least
+# that slowly until SPACINGS reports have measured its real interval.
+DEFAULT_INTERVAL = 5.0
+SPACINGS = 8
+MIN_SPAN = 0.5  # a demand is measured over at least half a reporting interval
+TTL_INTERVALS = 3  # an assignment outlives two missed reports
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """One bucket's line of a usage report."""
+
+    bucket: Mapping[str, str]
+    allowed: int
+    denied: int
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    """Apply ``strategy`` to the bucket for ``ttl`` whole seconds."""
+
+    bucket: Mapping[str, str]
+    strategy: Strategy
+    ttl: int
+
+
+@dataclass(frozen=True, slots=True)
+class Abandon:
+    """The server stops tracking the bucket; Envoy forgets it."""
+
+    bucket: Mapping[str, str]
+
+
+Action = Assign | Abandon
+Send = Callable[[Sequence[Action]], None]
+
+
+class _Bucket:
+    """One stream's subscription to one bucket."""
+
+    __slots__ = ("active_at", "allowed", "bucket", "counted", "demand", "denied", "entries",
+                 "since", "strategy", "target")  # fmt: skip
+
+    def __init__(self, bucket: Mapping[str, str], now: float) -> None:
+        self.bucket = dict(bucket)
+        self.entries: tuple[Entry, ...] | None = None
+        self.target = Target(Blanket.ALLOW_ALL)
+        self.demand: float | None = None
+        self.counted = 0  # requests since ``since``, not yet turned into a demand
+        self.since = now
+        self.active_at = now
+        self.strategy: Strategy | None = None  # the one in force at the Envoy
+        self.allowed = self.denied = 0  # totals, for /rlconfig
+
+    def measure(self, requests: int, now: float, interval: float) -> None:
+        """Add a report's requests; a span of half an interval or more makes a demand."""
+        self.counted += requests
+        if requests:
+            self.active_at = now
+        span = now - self.since
+        if span >= MIN_SPAN * interval:
+            self.demand = self.counted / span
+            self.counted, self.since = 0, now
+
+
+class QuotaStream:
+    """One Envoy's RLQS stream: its domain, reporting interval and buckets."""
+
+    def __init__(self, service: "QuotaService", ident: int, send: Send) -> None:
+        self.service, self.ident, self.send = service, ident, send
+        self.domain = ""
+        self.buckets: dict[BucketKey, _Bucket] = {}
+        self.interval = DEFAULT_INTERVAL
+        self._spacings: list[float] = []
+        self._last: float | None = None
+
+    async def report(self, domain: str, usages: Sequence[Usage]) -> None:
+        """Take one usage report; sends this stream's (and others') assignments."""
+        await self.service.report(self, domain, usages)
+
+    def close(self) -> None:
+        """The stream ended: its buckets leave the division."""
+        self.service.close(self)
+
+    def observe(self, now: float) -> None:
+        """Estimate the reporting interval: the longest of the last SPACINGS spacings (Envoy
+        also sends an immediate report per new bucket, between its periodic ones)."""
+        if self._last is not None and now > self._last:
+            self._spacings = [*self._spacings[1 - SPACINGS :], now - self._last]
+            longest = max(self._spacings)
+            full = len(self._spacings) >= SPACINGS
+            self.interval = longest if full else max(longest, DEFAULT_INTERVAL)
+        self._last = now
+
+    @property
+    def ttl(self) -> int:
+        return max(2, math.ceil(TTL_INTERVALS * self.interval))
+
+
+class QuotaService:
+    """Every RLQS stream of this process and the assignments they hold."""
+
+    def __init__(
+        self,
+        loaded: Callable[[], Loaded],
+        store: Store,
+        now: Callable[[], float],
+        *,
+        shadow: bool = False,
+        telemetry: QuotaTelemetry | None = None,
+        abandon_after: float = ABANDON_AFTER,
+        divide_gap: float = 0.0,
+    ) -> None:
+        self._loaded_source = loaded
+        self.store = store
+        self.now = now
+        self.shadow = shadow
+        self.telemetry = telemetry or QuotaTelemetry.off()
+        self.abandon_after = abandon_after
+        # Divisions at most every divide_gap seconds: between them, a new bucket gets a
+        # provisional assignment and the next drip divides (a burst of new clients would
+        # otherwise cost one whole division each).
+        self.divide_gap = divide_gap
+        self.divisions = 0
+        self._divided_at: float | None = None
+        self._dirty = False
+        self.streams: dict[int, QuotaStream] = {}
+        self.ledger = UsageLedger(store)
+        self.allocation = Allocation({}, {}, {}, {})
+        self._next = 0
+        self._loaded: Loaded | None = None
+        self._matcher: Matcher | None = None
+
+    def open(self, send: Send) -> QuotaStream:
+        self._next += 1
+        stream = QuotaStream(self, self._next, send)
+        self.streams[stream.ident] = stream
+        self._publish()
+        return stream
+
+    def close(self, stream: QuotaStream) -> None:
+        if self.streams.pop(stream.ident, None) is not None:
+            self.ledger.pay_off(stream.ident)
+            if self._due(self.now()):
+                self._divide(None, ())
+            else:
+                self._dirty = True
+
+    async def report(self, stream: QuotaStream, domain: str, usages: Sequence[Usage]) -> None:
+        now = self.now()
+        stream.observe(now)
+        stream.domain = domain or stream.domain
+        self._refresh_targets()
+        reported: list[BucketKey] = []
+        for usage in usages:
+            key = bucket_key(usage.bucket)
+            held = stream.buckets.get(key)
+            if held is None:
+                held = stream.buckets[key] = _Bucket(usage.bucket, now)
+                self._resolve(stream.domain, held)
+            else:
+                held.measure(usage.allowed + usage.denied, now, stream.interval)
+            held.allowed += usage.allowed
+            held.denied += usage.denied
+            if held.entries is not None and usage.allowed > 0:
+                owner = (stream.ident, key)
+                self.ledger.owe(owner, stream.domain, held.entries, usage.allowed, stream.interval)
+            reported.append(key)
+        self.telemetry.reported(
+            stream.domain, sum(u.allowed for u in usages), sum(u.denied for u in usages)
+        )
+        # Only a periodic report lists every bucket; scanning on each subscription (a report
+        # of one new bucket) would cost O(buckets) per new client.
+        full = len(usages) >= len(stream.buckets)
+        abandoned = self._abandon_idle(stream, now) if full else []
+        if self._due(now):
+            self._divide(stream, reported, abandoned)
+        else:
+            self._provisional(stream, reported, abandoned)
+
+    async def drip(self) -> None:
+        """Divide if a division was put off; pay the reported usage that is due into the
+        store's counters (see usage.py)."""
+        if self._dirty and self._due(self.now()):
+            self._divide(None, ())
+        if self._matcher is not None:
+            self._refresh_targets()
+            await self.ledger.drip(self.now(), self._matcher)
+
+    def _abandon_idle(self, stream: QuotaStream, now: float) -> list[Action]:
+        idle = [k for k, b in stream.buckets.items() if now - b.active_at >= self.abandon_after]
+        return [Abandon(stream.buckets.pop(key).bucket) for key in idle]
+
+    def _refresh_targets(self) -> None:
+        """After a config reload, every bucket is mapped again under the new rules."""
+        loaded = self._loaded_source()
+        if loaded is self._loaded:
+            return
+        self._loaded, self._matcher = loaded, Matcher(loaded.config)
+        for stream in self.streams.values():
+            for held in stream.buckets.values():
+                self._resolve(stream.domain, held)
+
+    def _resolve(self, domain: str, held: _Bucket) -> None:
+        assert self._loaded is not None and self._matcher is not None
+        held.entries = entries_for(self._loaded.config.domains.get(domain), held.bucket)
+        if held.entries is None or self.shadow:
+            held.target = Target(Blanket.ALLOW_ALL)
+            return
+        request = Request(domain, (Descriptor(held.entries, None, 1),))
+        held.target = target_of(make_plan(request, self._matcher))
+
+    def _due(self, now: float) -> bool:
+        return self._divided_at is None or now - self._divided_at >= self.divide_gap
+
+    def _provisional(
+        self, stream: QuotaStream, reported: Sequence[BucketKey], abandoned: Sequence[Action]
+    ) -> None:
+        """Between divisions: renew the reported buckets' assignments, give new ones a
+        provisional one from the levels in force, divide at the next drip."""
+        self._dirty = True
+        actions: list[Action] = list(abandoned)
+        for key in dict.fromkeys(reported):
+            held = stream.buckets.get(key)
+            if held is None:
+                continue
+            if held.strategy is None:
+                holders = sum(1 for s in self.streams.values() if key in s.buckets)
+                held.strategy = provisional(held.target, self.allocation.levels, holders)
+            actions.append(Assign(held.bucket, held.strategy, stream.ttl))
+        if actions:
+            stream.send(actions)
+
+    def _divide(
+        self,
+        reporter: QuotaStream | None,
+        reported: Sequence[BucketKey],
+        abandoned: Sequence[Action] = (),
+    ) -> None:
+        """Re-divide every cap; send the reporter its buckets and the others what changed."""
+        holders = [
+            Holder(s.ident, key, b.target, b.demand, s.interval)
+            for s in self.streams.values()
+            for key, b in s.buckets.items()
+        ]
+        self.allocation = allocate(holders)
+        self.divisions += 1
+        self._divided_at, self._dirty = self.now(), False
+        for stream in list(self.streams.values()):
+            renew = set(reported) if stream is reporter else set()
+            actions: list[Action] = list(abandoned) if stream is reporter else []
+            for key, held in stream.buckets.items():
+                new = settle(held.strategy, self.allocation.strategies[(stream.ident, key)])
+                if new != held.strategy or key in renew:
+                    held.strategy = new
+                    actions.append(Assign(held.bucket, new, stream.ttl))
+            if actions:
+                stream.send(actions)
+        self._publish()
+
+    def describe(self) -> dict[str, Any]:
+        """The RLQS state as plain data (for /rlconfig): every stream's buckets, what each
+        was assigned and reported, and each cap's water level and headroom."""
+        return {
+            "streams": [self._describe_stream(s) for s in self.streams.values()],
+            "caps": {
+                cap: {
+                    "fair_share_level_per_second": None if math.isinf(level) else level,
+                    "headroom_per_second": self.allocation.headroom.get(cap, 0.0),
+                }
+                for cap, level in sorted(self.allocation.levels.items())
+            },
+        }
+
+    def _describe_stream(self, stream: QuotaStream) -> dict[str, Any]:
+        return {
+            "stream": stream.ident,
+            "domain": stream.domain,
+            "reporting_interval_seconds": stream.interval,
+            "assignment_ttl_seconds": stream.ttl,
+            "buckets": [
+                {
+                    "bucket": dict(held.bucket),
+                    "descriptor": None
+                    if held.entries is None
+                    else "/".join(f"{k}={v}" for k, v in held.entries),
+                    "demand_per_second": held.demand,
+                    "assignment": _describe_strategy(held.strategy),
+                    "requests_allowed": held.allowed,
+                    "requests_denied": held.denied,
+                }
+                for held in stream.buckets.values()
+            ],
+        }
+
+    def _publish(self) -> None:
+        """Hand the gauges the state as it stands."""
+        buckets: dict[str, int] = {}
+        rates: dict[str, float] = {}
+        headroom: dict[str, float] = {}
+        for stream in self.streams.values():
+            domain = stream.domain
+            buckets[domain] = buckets.get(domain, 0) + len(stream.buckets)
+            for key, held in stream.buckets.items():
+                strategy = held.strategy
+                if not isinstance(strategy, TokenBucket):
+                    continue
+                rates[domain] = rates.get(domain, 0.0) + strategy.rate
+                extra = self.allocation.extra.get((stream.ident, key), 0.0)
+                headroom[domain] = headroom.get(domain, 0.0) + extra
+        self.telemetry.figures = QuotaFigures(len(self.streams), buckets, rates, headroom)
+
+
+def _describe_strategy(strategy: Strategy | None) -> dict[str, Any] | None:
+    if strategy is None:
+        return None
+    if isinstance(strategy, Blanket):
+        return {"blanket_rule": strategy.name}
+    return {
+        "token_bucket": {
+            "rate_per_second": strategy.rate,
+            "max_tokens": strategy.max_tokens,
+            "tokens_per_fill": strategy.tokens_per_fill,
+            "fill_interval_seconds": strategy.fill_seconds,
+        }
+    }
+
+
+def target_of(plan: Plan) -> Target:
+    """What governs a bucket, from the plan of one request in it: its own limit (per
+    second) and the fair-share caps above it; shadow-mode levels restrict nothing."""
+    dplan = plan.descriptors[0]
+    if dplan.unlimited or not dplan.charges:
+        return Target(Blanket.ALLOW_ALL)
+    limit = math.inf
+    caps: list[CapClaim] = []
+    for charge in dplan.charges:
+        counter = plan.counters[charge.counter]
+        if charge.share is None:
+            if not counter.shadow:
+                limit = min(limit, counter.limit / counter.window)
+            continue
+        share = plan.shares[charge.share]
+        if share.shadow:
+            continue
+        per = share.window
+        caps.append(CapClaim(share.cap, share.client, share.capacity / per,
+                             share.client_limit / per, share.weight))  # fmt: skip
+    if limit <= 0 or any(c.capacity <= 0 for c in caps):
+        return Target(Blanket.DENY_ALL)
+    if math.isinf(limit) and not caps:
+        return Target(Blanket.ALLOW_ALL)
+    return Target(None, limit, tuple(caps))

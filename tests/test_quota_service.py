@@ -1,0 +1,264 @@
+"""The RLQS use case (quota.py): streams, assignments, abandons, and counters shared with RLS."""
+
+from collections.abc import Sequence
+
+import pytest
+
+from fairlimit.core.admission import Code
+from fairlimit.core.quota import HEADROOM, HEADROOM_FLOOR, Blanket, TokenBucket
+from fairlimit.limiter import Limiter
+from fairlimit.quota import Abandon, Action, Assign, QuotaService, QuotaStream, Usage
+from helpers import FakeClock, LimiterFactory, desc, req
+
+pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
+
+CONFIG = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {unit: second, requests_per_unit: 100}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 50}
+  - key: tenant
+    value: blocked
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: health
+    rate_limit: {unlimited: true}
+"""
+
+
+def bucket(client: str) -> dict[str, str]:
+    return {"client_id": client, "route": "public"}
+
+
+class Envoy:
+    """One stream's view: the last assignment per bucket, and every action received."""
+
+    def __init__(self, service: QuotaService) -> None:
+        self.actions: list[Action] = []
+        self.stream: QuotaStream = service.open(self.actions.extend)
+
+    def latest(self, client: str) -> Assign | Abandon:
+        wanted = bucket(client)
+        return next(a for a in reversed(self.actions) if dict(a.bucket) == wanted)
+
+    def rate(self, client: str) -> float:
+        action = self.latest(client)
+        assert isinstance(action, Assign) and isinstance(action.strategy, TokenBucket)
+        return action.strategy.rate
+
+    async def report(self, usage: Sequence[tuple[str, int, int]], domain: str = "edge") -> None:
+        await self.stream.report(domain, [Usage(bucket(c), a, d) for c, a, d in usage])
+
+
+@pytest.fixture
+def limiter(make_limiter: LimiterFactory) -> Limiter:
+    return make_limiter(CONFIG)
+
+
+@pytest.fixture
+def service(limiter: Limiter, clock: FakeClock) -> QuotaService:
+    return QuotaService(lambda: limiter.loaded, limiter.store, clock.now, abandon_after=10)
+
+
+async def steady(clock: FakeClock, envoys: Sequence[tuple[Envoy, list[tuple[str, int, int]]]],
+                 rounds: int = 3, interval: float = 5.0) -> None:  # fmt: skip
+    """Every Envoy reports the same usage each interval, ``rounds`` times."""
+    for _ in range(rounds):
+        clock.advance(interval)
+        for envoy, usage in envoys:
+            await envoy.report(usage)
+
+
+class TestSharedCounters:
+    async def test_usage_is_paid_over_the_next_interval(
+        self, service: QuotaService, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """A report of 100 requests over a 5 s interval reaches the counters at 20/s: after
+        one second of drips RLS finds 20 of alice's 50/s used, not 100."""
+        envoy = Envoy(service)
+        await envoy.report([("alice", 100, 0)])
+        await service.drip()
+        clock.advance(1.0)
+        await service.drip()
+        assert service.ledger.owed == pytest.approx(80)
+        decision = await limiter.should_rate_limit(
+            req("edge", desc("route=public", "client_id=alice"))
+        )
+        assert decision.code is Code.OK and decision.statuses[0].limit_remaining == 29
+
+    async def test_reported_usage_is_charged_where_rls_looks(
+        self, service: QuotaService, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """50 allowed requests reported over RLQS use up the client's 50/s for RLS too, once
+        the drip has paid them."""
+        envoy = Envoy(service)
+        await envoy.report([("alice", 50, 0)])
+        await service.drip()
+        clock.advance(5.0)
+        await service.drip()
+        assert service.ledger.owed == 0
+        decision = await limiter.should_rate_limit(
+            req("edge", desc("route=public", "client_id=alice"))
+        )
+        assert decision.code is Code.OVER_LIMIT
+        other = await limiter.should_rate_limit(req("edge", desc("route=public", "client_id=bob")))
+        assert other.code is Code.OK and other.statuses[0].limit_remaining == 49
+
+    async def test_usage_past_a_limit_is_still_recorded(
+        self, service: QuotaService, limiter: Limiter
+    ) -> None:
+        """Envoy let 80 through and its stream closed: the cap counter holds 80 at the next
+        drip, so RLS admits 20 more, not 50."""
+        envoy = Envoy(service)
+        await envoy.report([("alice", 80, 0)])
+        envoy.stream.close()
+        await service.drip()
+        passed = 0
+        for _ in range(30):
+            decision = await limiter.should_rate_limit(
+                req("edge", desc("route=public", "client_id=bob"))
+            )
+            passed += decision.code is Code.OK
+        assert passed == 20
+
+
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+class TestAssignments:
+    async def test_first_report_gets_an_assignment_at_once(self, service: QuotaService) -> None:
+        """A new bucket is assigned in the reply to its first report, with a TTL of >= 2 s."""
+        envoy = Envoy(service)
+        await envoy.report([("alice", 1, 0)])
+        action = envoy.latest("alice")
+        assert isinstance(action, Assign) and action.ttl >= 2
+        assert envoy.rate("alice") == pytest.approx(50)  # unmeasured: offered its bound
+
+    async def test_greedy_and_modest_converge_to_max_min(
+        self, service: QuotaService, clock: FakeClock
+    ) -> None:
+        """Two Envoys; greedy asks 200/s, three modest 20/s: greedy is held to 100 - 60 = 40."""
+        one, two = Envoy(service), Envoy(service)
+        usage = [("greedy", 250, 250), *((f"m{i}", 50, 0) for i in range(3))]
+        await steady(clock, [(one, usage), (two, usage)])
+        greedy = one.rate("greedy") + two.rate("greedy")
+        assert greedy == pytest.approx(40, abs=0.2)
+        assert one.rate("m0") == pytest.approx(10 * (1 + HEADROOM) + HEADROOM_FLOOR, abs=0.1)
+        assert service.allocation.levels["edge/route=public#1"] == pytest.approx(40)
+
+    async def test_a_closed_stream_hands_its_share_back(
+        self, service: QuotaService, clock: FakeClock
+    ) -> None:
+        """Three greedy clients over two Envoys get 100/3 each; when the Envoy of one of them
+        goes, the other two are pushed their own limit of 50 at once."""
+        one, two = Envoy(service), Envoy(service)
+        await steady(clock, [(one, [("a", 300, 400)]), (two, [("b", 300, 400), ("c", 300, 400)])])
+        assert two.rate("b") == pytest.approx(100 / 3, abs=0.2)
+        one.stream.close()
+        assert two.rate("b") == pytest.approx(50, abs=0.2)
+        assert len(service.streams) == 1
+
+    async def test_λ_moving_pushes_to_the_other_envoys(
+        self, service: QuotaService, clock: FakeClock
+    ) -> None:
+        """A second client's demand on another Envoy shrinks the first one's bucket at once."""
+        one, two = Envoy(service), Envoy(service)
+        await steady(clock, [(one, [("a", 300, 400)])])
+        assert one.rate("a") == pytest.approx(50, abs=0.2)
+        await steady(clock, [(two, [("b", 500, 0)]), (one, [("a", 300, 400)])], rounds=2)
+        assert two.rate("b") + one.rate("a") <= 100
+        assert one.rate("a") == pytest.approx(50, abs=0.2)  # b asks 100/s, a 140/s: 50/50
+        await steady(clock, [(two, [("b", 500, 0), ("c", 500, 0)])], rounds=2)
+        assert one.rate("a") == pytest.approx(100 / 3, abs=0.2)
+
+    async def test_idle_buckets_are_abandoned(
+        self, service: QuotaService, clock: FakeClock
+    ) -> None:
+        """A bucket reported with no requests for abandon_after seconds gets an AbandonAction."""
+        envoy = Envoy(service)
+        await envoy.report([("alice", 1, 0)])
+        for _ in range(25):
+            clock.advance(0.5)
+            await envoy.report([("alice", 0, 0)])
+            if isinstance(envoy.latest("alice"), Abandon):
+                break
+        assert isinstance(envoy.latest("alice"), Abandon)
+        assert envoy.stream.buckets == {}
+
+    async def test_blanket_rules_for_unlimited_blocked_and_unknown(
+        self, service: QuotaService
+    ) -> None:
+        """unlimited -> ALLOW_ALL; a zero limit -> DENY_ALL; no matching rule -> ALLOW_ALL."""
+        envoy = Envoy(service)
+        buckets = [{"health": "x"}, {"tenant": "blocked"}, {"nothing": "here"}]
+        await envoy.stream.report("edge", [Usage(b, 1, 0) for b in buckets])
+        got = {tuple(a.bucket.items()): a.strategy for a in envoy.actions if isinstance(a, Assign)}
+        assert got == {
+            (("health", "x"),): Blanket.ALLOW_ALL,
+            (("tenant", "blocked"),): Blanket.DENY_ALL,
+            (("nothing", "here"),): Blanket.ALLOW_ALL,
+        }
+
+    async def test_shadow_mode_allows_all_and_still_records(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """Under --shadow every bucket is ALLOW_ALL, and the usage still reaches the counters."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, shadow=True)
+        envoy = Envoy(service)
+        await envoy.report([("alice", 50, 0)])
+        envoy.stream.close()
+        await service.drip()
+        assert envoy.latest("alice").strategy is Blanket.ALLOW_ALL  # type: ignore[union-attr]
+        decision = await limiter.should_rate_limit(
+            req("edge", desc("route=public", "client_id=alice"))
+        )
+        assert decision.code is Code.OVER_LIMIT
+
+    async def test_ttl_follows_the_reporting_interval(
+        self, service: QuotaService, clock: FakeClock
+    ) -> None:
+        """Envoy 1.40 reports every 5 s: assignments live 15 s. A stream measured (eight
+        spacings) to report every 2 s gets 6 s."""
+        envoy = Envoy(service)
+        await steady(clock, [(envoy, [("alice", 10, 0)])], rounds=2, interval=2.0)
+        assert envoy.latest("alice").ttl == 15  # type: ignore[union-attr]
+        await steady(clock, [(envoy, [("alice", 10, 0)])], rounds=7, interval=2.0)
+        assert envoy.latest("alice").ttl == 6  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+class TestDivisionGap:
+    async def test_a_burst_of_new_buckets_costs_one_division(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """With divide_gap, 200 clients subscribing at once get provisional assignments
+        (their bound under the levels in force) and one division; the next drip divides."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, divide_gap=0.2)
+        envoy = Envoy(service)
+        for i in range(200):
+            await envoy.report([(f"c{i}", 1, 0)])
+        assert service.divisions == 1
+        assert envoy.rate("c0") == pytest.approx(50)  # the first: divided alone
+        assert envoy.rate("c199") == pytest.approx(50)  # provisional: the cap's capacity
+        clock.advance(0.2)
+        await service.drip()
+        assert service.divisions == 2
+        assert envoy.rate("c199") == pytest.approx(0.5)  # 100/s over 200 unmeasured clients
+
+    async def test_a_closed_stream_is_divided_at_the_next_drip(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """A stream closing within the gap is divided at the next drip, not at once."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, divide_gap=0.2)
+        one, two = Envoy(service), Envoy(service)
+        await one.report([("a", 1, 0)])
+        clock.advance(0.2)
+        await two.report([("b", 1, 0)])
+        assert one.rate("a") == pytest.approx(50)
+        two.stream.close()
+        assert service.divisions == 2
+        clock.advance(0.2)
+        await service.drip()
+        assert service.divisions == 3
