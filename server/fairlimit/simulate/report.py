@@ -168,19 +168,22 @@ def _level(value: float | None) -> str:
 
 
 def _utilisation_line(config: ConfigResult) -> str | None:
-    """Admitted / achievable at the root, worst complete window after the first, and overall."""
+    """Admitted / achievable at the root: the first window, the worst later one, overall."""
     measured = [w for w in config.windows if w.complete and w.utilisation is not None]
-    later = [w for w in measured if w.index > 0] or measured
-    if not later:
+    if not measured:
         return None
-    worst = min(later, key=lambda w: w.utilisation or 0.0)
+    first, later = measured[0], measured[1:]
+    worst = min(later, key=lambda w: w.utilisation or 0.0) if later else None
     admitted = sum(w.admitted for w in measured)
     achievable = sum(w.achievable for w in measured)
     levels = config.levels_per_second
     level = f"; λ at the end {_level(levels[-1])}" if any(x is not None for x in levels) else ""
+    then = (
+        f", then worst {worst.utilisation:.2f} ({worst.start:g}-{worst.end:g} s)" if worst else ""
+    )
     return (
-        f"utilisation (admitted/achievable): worst {worst.utilisation:.2f} in "
-        f"{worst.start:g}-{worst.end:g} s, overall {admitted / achievable:.2f}{level}"
+        f"utilisation (admitted/achievable): first window {first.utilisation:.2f}{then}, "
+        f"overall {admitted / achievable:.2f}{level}"
     )
 
 
@@ -226,7 +229,7 @@ def _rows(clients: Sequence[ClientResult]) -> list[ClientResult]:
 def _table(config: ConfigResult, width: int, hits: bool) -> list[str]:
     head: tuple[str, ...] = ("offered", "attempted", "admitted", "rejected", "success")
     head += ("admitted/s", "hits admitted") if hits else ("admitted/s",)
-    lines = [f"{'client':<{width}}" + "".join(f"{h:>11}" for h in head)]
+    lines = [f"{'client':<{width}}" + "".join(f"{h:>{11 if len(h) < 11 else 14}}" for h in head)]
     for c in [*_rows(config.clients), _total(config.clients, "total")]:
         cells = (c.offered, c.attempted, c.admitted, c.rejected)
         lines.append(

@@ -2,10 +2,11 @@
 
 A client entry is one client, or ``count`` identical ones (``name-1`` ... ``name-N``, drawn
 as one band by ``plot``). Its traffic is ``rate``/``start``/``stop`` or a list of ``phases``
-(``traffic.Phase``); ``cost`` is hits per request (``traffic.Cost``); ``tenant`` fills the
-``{tenant}`` placeholder of the request template, as ``{client}`` takes its name;
-``charge: response`` sends the request as Envoy's two-phase flow does for token budgets: a
-check with ``hits_addend: 0`` first, then, once admitted, the cost as a charge.
+(``traffic.Phase``; ``every: 2, for: 0.2`` is an on/off cycle); ``cost`` is hits per
+request (``traffic.Cost``); ``tenant`` fills the ``{tenant}`` placeholder of the request
+template, as ``{client}`` takes its name; ``charge: response`` sends the request as Envoy's
+two-phase flow does for token budgets: a check with ``hits_addend: 0`` first, then, once
+admitted, the cost as a charge.
 """
 
 import math
@@ -30,7 +31,8 @@ CLIENT_KEYS = frozenset(
     {"name", "rate", "retries", "weight", "start", "stop"}
     | {"phases", "cost", "count", "tenant", "group", "charge"}
 )
-PHASE_KEYS = frozenset({"start", "stop", "rate", "every", "on", "burst"})
+# "for", not "on": YAML 1.1 reads a key `on` as the boolean true.
+PHASE_KEYS = frozenset({"start", "stop", "rate", "every", "for", "burst"})
 CHARGES = ("request", "response")
 ONE_HIT = Cost()
 Template = tuple[tuple[str, str], ...]  # one descriptor's (key, value), {client} unfilled
@@ -225,9 +227,9 @@ def _phase(reader: _Reader, raw: object, where: str, duration: float) -> Phase |
     stop = number("stop", _after(start, duration, "start"), duration) or duration
     rate = number("rate", _within(0, 1e7), 0.0)
     every = number("every", ABOVE_ZERO, 0.0)
-    on = number("on", _within(0, every, "seconds on, a number"), 0.0) if every else 0.0
+    on = number("for", _within(0, every, "seconds on, a number"), 0.0) if every else 0.0
     if every and not on:
-        reader.add(f"{where}.on", "must be above 0 when 'every' is given")
+        reader.add(f"{where}.for", "must be above 0 when 'every' is given")
     burst = _integer(reader, node, "burst", f"{where}.burst", MAX_OFFERED)
     if not rate and not burst:
         reader.add(where, "sends nothing: give a rate above 0 or a burst")
