@@ -34,9 +34,11 @@ def http_get(
 
 
 class EnvoyProcess:
-    def __init__(self, rls_port: int, tmp_path: Path, edits: dict[str, str]) -> None:
+    def __init__(
+        self, rls_port: int, tmp_path: Path, edits: dict[str, str], example: Path = EXAMPLE
+    ) -> None:
         self.port, self.admin = free_port(), free_port()
-        text = EXAMPLE.read_text()
+        text = example.read_text()
         for old, new in edits.items():
             assert old in text, old
             text = text.replace(old, new)
@@ -80,10 +82,10 @@ class EnvoyProcess:
 
 @contextmanager
 def envoy_in_front(
-    rls_port: int, tmp_path: Path, edits: dict[str, str] | None = None
+    rls_port: int, tmp_path: Path, edits: dict[str, str] | None = None, example: Path = EXAMPLE
 ) -> Iterator[EnvoyProcess]:
-    """Envoy from the example, pointed at fairlimit on ``rls_port``; ``edits`` patch its text."""
-    proxy = EnvoyProcess(rls_port, tmp_path, edits or {})
+    """Envoy from ``example``, pointed at fairlimit on ``rls_port``; ``edits`` patch its text."""
+    proxy = EnvoyProcess(rls_port, tmp_path, edits or {}, example)
     try:
         yield proxy
     finally:
