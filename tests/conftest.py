@@ -8,6 +8,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests check behaviour, not speed: on a loaded 2-core machine (CI, or several
+# suites at once) an example may take longer than Hypothesis' 200 ms deadline or its
+# input-generation budget; neither is a failure of the code under test.
+settings.register_profile("fairlimit", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("fairlimit")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "server"))

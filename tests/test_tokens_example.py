@@ -22,7 +22,7 @@ pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = ROOT / "examples" / "envoy" / "tokens.yaml"
-DESCRIPTORS = ROOT / "examples" / "envoy" / "descriptors" / "tokens.yaml"
+DESCRIPTORS = ROOT / "examples" / "envoy" / "tokens-descriptors.yaml"
 ACTIONS = [
     {"generic_key": {"descriptor_key": "provider", "descriptor_value": "llm"}},
     {"request_headers": {"header_name": "x-tenant", "descriptor_key": "tenant"}},

@@ -152,12 +152,25 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
         }
         for c in loaded.classifications
     ]
+    slots = [
+        {
+            "path": c.path,
+            "mode": c.mode.value,
+            "warning": c.is_warning,
+            "message": c.message,
+            "max_in_flight": int(c.cap_per_second),
+            "required_in_flight": c.required_per_second,
+            "active_clients": c.active_clients,
+        }
+        for c in loaded.concurrency
+    ]
     warnings = loaded.warnings
     return {
         "ok": not (strict and warnings),
         "files": [str(f) for f in loaded.files],
         "domains": sorted(loaded.config.domains),
         "classifications": caps,
+        "concurrency": slots,
         "errors": warnings if strict else [],
         "warnings": [] if strict else warnings,
         "notes": loaded.notes,
@@ -196,12 +209,12 @@ _EXPLAINED = {
 
 def _check_text(loaded: Loaded, strict: bool) -> None:
     levels = []
-    for c in loaded.classifications:
+    for c in (*loaded.classifications, *loaded.concurrency):
         level = "error" if strict and c.is_warning else "warning" if c.is_warning else (
             "note" if c.is_note else "ok")  # fmt: skip
         levels.append(level)
         print(f"{level}: {c.line}")
-    modes = [c.mode.value for c in loaded.classifications]
+    modes = [c.mode.value for c in (*loaded.classifications, *loaded.concurrency)]
     summary = ", ".join(f"{modes.count(m)} {m}" for m in sorted(set(modes))) or "no limits"
     print(f"{len(loaded.files)} files, {len(loaded.config.domains)} domains: {summary}")
     for level, text in _EXPLAINED.items():

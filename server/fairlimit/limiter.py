@@ -1,4 +1,14 @@
-"""The use case: a request -> the core's plan -> the store's atomic admission -> statuses."""
+"""The use case: a request -> the core's plan -> the store's atomic admission -> statuses.
+
+Concurrency (core/concurrency.py) is all or nothing together with the rate limits, in two
+atomic steps: the request's slots are acquired first (one atomic store call, all or none),
+then the rates are admitted, and when the rates reject the slots are released at once. So
+a request refused a slot never reaches the rate counters and consumes no rate capacity, and
+a request refused by a rate holds no slot once it is answered. The window between the two
+steps (one store call) can only make a concurrent request see a slot taken that is about to
+come back - a spurious refusal, never an admission past a limit. If that release fails
+(backend gone) the slot expires after its rule's max_duration.
+"""
 
 import logging
 import time
@@ -7,6 +17,7 @@ from typing import Protocol
 
 from fairlimit.core import admission
 from fairlimit.core.admission import Code, Outcome, Status
+from fairlimit.core.concurrency import Claim, SlotOutcome, Slots, declared, split, taken
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
@@ -49,6 +60,7 @@ class Decision:
 class _Active:
     loaded: Loaded
     matcher: Matcher
+    slots: bool  # the config declares concurrency somewhere (else no request takes a slot)
 
 
 class Limiter:
@@ -65,7 +77,7 @@ class Limiter:
         telemetry: Telemetry | None = None,
         quota_mode: bool = False,
     ) -> None:
-        self._active = _Active(loaded, Matcher(loaded.config))
+        self._active = _Active(loaded, Matcher(loaded.config), declared(loaded.config))
         self.store = store
         self.clock = clock or SystemClock()
         self.shadow = shadow
@@ -81,14 +93,63 @@ class Limiter:
 
     def swap(self, loaded: Loaded) -> None:
         """Serve ``loaded`` from the next request on (one reference swap, so atomic)."""
-        self._active = _Active(loaded, Matcher(loaded.config))
+        self._active = _Active(loaded, Matcher(loaded.config), declared(loaded.config))
         self.telemetry.use(loaded)
 
     async def should_rate_limit(self, request: Request) -> Decision:
         """Decide ``request``; RequestError for a malformed one, StoreUnavailable if closed."""
         validate(request)
+        active = self._active
+        if active.slots:
+            slots = split(request, active.matcher)
+            if slots.acquire or slots.release:
+                return await self._with_slots(request, slots, self.clock.now())
+        return await self._rates(request, self.clock.now())
+
+    async def _with_slots(self, request: Request, slots: Slots, now: float) -> Decision:
+        """Release, then acquire, then the rates (see the module docstring)."""
+        if slots.release:
+            await self._release(request.domain, slots.release, now)
+        held: SlotOutcome | None = None
+        if slots.acquire:
+            try:
+                held = await self.store.acquire(slots.acquire, now)
+            except StoreUnavailable as exc:
+                self._backend_state(exc)
+                if self.failure_mode is FailureMode.CLOSED:
+                    raise
+            if held is not None:
+                if not self.backend_healthy:
+                    self._backend_state(None)
+                pools = [p for _, p in taken(slots.acquire)]
+                self.telemetry.slots.acquired(request.domain, pools, held)
+                if not held.admitted:
+                    self.telemetry.slots.refused(request.domain, slots.acquire)
+                    return self._refused(request, slots)
+        rates = await self._rates(slots.rates, now) if slots.rates.descriptors else None
+        if held is not None and rates is not None and rates.code is Code.OVER_LIMIT:
+            await self._release(request.domain, slots.acquire, now)
+        return _placed(request, slots, rates)
+
+    async def _release(self, domain: str, claims: tuple[Claim, ...], now: float) -> None:
+        """Give slots back; a failure is logged and left to the slots' expiry."""
+        try:
+            given = await self.store.release(claims, now)
+        except StoreUnavailable as exc:
+            self._backend_state(exc)
+            log.warning("slots not released (they expire after max_duration): %s", exc)
+            return
+        self.telemetry.slots.released(domain, [p for _, p in taken(claims)], given)
+
+    def _refused(self, request: Request, slots: Slots) -> Decision:
+        statuses = [Status(Code.OK, None, 0, 0.0) for _ in request.descriptors]
+        for claim in slots.acquire:
+            statuses[claim.descriptor] = Status(Code.OVER_LIMIT, None, 0, 0.0, claim.pools[-1].rule)
+        return Decision(Code.OK if self.shadow else Code.OVER_LIMIT, tuple(statuses))
+
+    async def _rates(self, request: Request, now: float) -> Decision:
+        """The rate-limit decision of ``request`` (no concurrency in it)."""
         plan = make_plan(request, self._active.matcher)
-        now = self.clock.now()
         started = time.perf_counter()  # a latency, so real time: windows use self.clock
         outcome = await self._admit(plan, now)
         if outcome is None:
@@ -178,3 +239,14 @@ class Limiter:
             log.info("backend healthy again")
         else:
             log.error("backend unavailable: %s", error or type(error).__name__)
+
+
+def _placed(request: Request, slots: Slots, rates: Decision | None) -> Decision:
+    """The rates' decision with a status at every descriptor of ``request`` as received:
+    release descriptors answer OK (Envoy ignores the stream-done answer anyway)."""
+    statuses = [Status(Code.OK, None, 0, 0.0) for _ in request.descriptors]
+    if rates is None:
+        return Decision(Code.OK, tuple(statuses))
+    for position, status in zip(slots.positions, rates.statuses, strict=True):
+        statuses[position] = status
+    return Decision(rates.code, tuple(statuses), rates.backend_failed, rates.backend_seconds)

@@ -28,7 +28,7 @@ SCENARIO_KEYS = frozenset(
     | {"steady", "seed"}
 )
 CLIENT_KEYS = frozenset(
-    {"name", "rate", "retries", "weight", "start", "stop"}
+    {"name", "rate", "retries", "weight", "start", "stop", "request_duration"}
     | {"phases", "cost", "count", "tenant", "group", "charge"}
 )
 # "for", not "on": YAML 1.1 reads a key `on` as the boolean true.
@@ -57,6 +57,9 @@ class Client:
     tenant: str = ""
     group: str = ""  # the entry's name when it made ``count`` clients, else the client's
     charge_after: bool = False  # ``charge: response``: check with 0 hits, then charge
+    # seconds an admitted request stays in flight (0: not modelled); with it, every request
+    # carries a request id and its stream-done release follows, so concurrency caps apply
+    request_duration: float = 0.0
 
     @property
     def active(self) -> float:
@@ -325,7 +328,12 @@ def _entry(reader: _Reader, node: Mapping[str, Any], where: str, duration: float
     names = [name] if count == 1 else [f"{name}-{i}" for i in range(1, count + 1)]
     group = group or name
     after = charge == "response"
-    return [Client(n, phases, retries, weight, cost, tenant, group, after) for n in names]
+    held = reader.number(
+        node, "request_duration", f"{where}.request_duration", _within(0, 86400), 0.0
+    )
+    return [
+        Client(n, phases, retries, weight, cost, tenant, group, after, held or 0.0) for n in names
+    ]
 
 
 def _clients(reader: _Reader, raw: object, duration: float) -> tuple[Client, ...]:

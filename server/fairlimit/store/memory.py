@@ -6,12 +6,14 @@ Expiry is driven by two heaps of deadlines, so memory stays bounded by the live 
 
 import heapq
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from fairlimit.core.admission import Outcome, admits, share_bound
+from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures, PeriodDemand, figures_of, level_of
 from fairlimit.core.plan import Plan, Share
 from fairlimit.core.units import window_start
+from fairlimit.store.slots import MemorySlots
 
 _SHRINK = 4  # compact the counter table once it holds under a quarter of its high mark
 
@@ -122,6 +124,7 @@ class MemoryStore:
         self._counter_deadlines: list[tuple[float, str]] = []
         self._cap_deadlines: list[tuple[float, str]] = []
         self._high = 0  # the most counters held since the table was last compacted
+        self.slots = MemorySlots()  # concurrency pools (store/slots.py)
 
     def __len__(self) -> int:
         """How many counters and caps are held (for tests and memory accounting)."""
@@ -195,6 +198,12 @@ class MemoryStore:
                 cap.charge(share)
         return Outcome(admitted, counts, shared, bounds)
 
+    async def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
+        return self.slots.acquire(claims, now)
+
+    async def release(self, claims: Sequence[Claim], now: float) -> tuple[bool, ...]:
+        return self.slots.release(claims, now)
+
     async def caps(self) -> Mapping[str, CapReport]:
         return {
             key: CapReport(key, cap.level, cap.declared, cap.report_figures())
@@ -209,3 +218,4 @@ class MemoryStore:
         self._caps.clear()
         self._counter_deadlines.clear()
         self._cap_deadlines.clear()
+        self.slots.clear()

@@ -24,6 +24,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 from fairlimit.core.admission import Outcome
+from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.plan import Plan
 from fairlimit.core.units import window_start
@@ -34,6 +35,7 @@ from fairlimit.store.redis.client import Options, unavailable
 from fairlimit.store.redis.keys import SlotGroup, slot_groups
 from fairlimit.store.redis.overlimit_cache import OverLimitCache
 from fairlimit.store.redis.script import ADMIT, NEED_LEVEL, RELEASE, GivenLevel, Seen
+from fairlimit.store.redis.slots import RedisSlots, clock_base
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ class RedisStore:
         self._registry = f"{options.key_prefix}caps"
         self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips = 0  # script calls made (tests, the README's numbers)
+        self._slots = RedisSlots(client, options.key_prefix, cluster, self._call)
 
     @property
     def _caller_clock(self) -> bool:
@@ -110,6 +113,15 @@ class RedisStore:
         if combined.rolled:
             self._register(combined.rolled)
         return combined.outcome
+
+    async def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
+        at = repr(now) if self._caller_clock else ""
+        with unavailable():
+            return await self._slots.acquire(claims, at, clock_base(self._caller_clock, now))
+
+    async def release(self, claims: Sequence[Claim], now: float) -> tuple[bool, ...]:
+        with unavailable():
+            return await self._slots.release(claims, repr(now) if self._caller_clock else "")
 
     async def _admit(self, plan: Plan, now: str) -> _Combined:
         groups = slot_groups(plan, self._options.key_prefix, self._cluster)
