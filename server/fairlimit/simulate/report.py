@@ -179,7 +179,7 @@ def _utilisation_line(config: ConfigResult) -> str | None:
     levels = config.levels_per_second
     level = f"; λ at the end {_level(levels[-1])}" if any(x is not None for x in levels) else ""
     then = (
-        f", then worst {worst.utilisation:.2f} ({worst.start:g}-{worst.end:g} s)" if worst else ""
+        f", then lowest {worst.utilisation:.2f} ({worst.start:g}-{worst.end:g} s)" if worst else ""
     )
     return (
         f"utilisation (admitted/achievable): first window {first.utilisation:.2f}{then}, "
