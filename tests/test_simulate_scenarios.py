@@ -258,3 +258,102 @@ class TestBundledScenarios:
         code, _, _ = _cli("simulate", str(SCENARIOS / "token-budget.yaml"), "--plot", str(out))
         assert code == 0
         assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+BASE: dict[str, Any] = {
+    "name": "broken",
+    "duration": 5,
+    "domain": "edge",
+    "descriptor": [{"key": "client_id", "value": "{client}"}],
+    "configs": [{"label": "one", "path": "global.yaml"}],
+}
+# (case, the client entry, the one line expected after "{file}: ")
+CLIENT_ERRORS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "phases-and-rate",
+        {"name": "a", "rate": 1, "phases": [{"rate": 2}]},
+        "clients[0]: give 'rate', 'start' and 'stop' or 'phases', not both",
+    ),
+    (
+        "phases-empty",
+        {"name": "a", "phases": []},
+        "clients[0].phases: must be a non-empty list of phases",
+    ),
+    (
+        "phase-sends-nothing",
+        {"name": "a", "phases": [{"start": 1}]},
+        "clients[0].phases[0]: sends nothing: give a rate above 0 or a burst",
+    ),
+    (
+        "phase-on-as-yaml-bool",
+        {"name": "a", "phases": [{"rate": 2, "every": 2, "on": 0.5}]},
+        "clients[0].phases[0]: write 'for' for the seconds on (YAML reads a key 'on' as true)",
+    ),
+    (
+        "cycle-without-for",
+        {"name": "a", "phases": [{"rate": 2, "every": 2}]},
+        "clients[0].phases[0].for: must be above 0 when 'every' is given",
+    ),
+    (
+        "phase-stops-late",
+        {"name": "a", "phases": [{"rate": 2, "start": 1, "stop": 9}]},
+        "clients[0].phases[0].stop: must be a number above start (1) up to duration (5), not 9",
+    ),
+    (
+        "cost-zero",
+        {"name": "a", "rate": 1, "cost": 0},
+        "clients[0].cost: must be an integer from 1 to 1000000000, not 0",
+    ),
+    (
+        "cost-both-forms",
+        {"name": "a", "rate": 1, "cost": {"uniform": [1, 2], "values": [3]}},
+        "clients[0].cost: give a number, {uniform: [low, high]} or {values: [...], weights: [...]}",
+    ),
+    (
+        "cost-uniform-backwards",
+        {"name": "a", "rate": 1, "cost": {"uniform": [9, 2]}},
+        "clients[0].cost.uniform: must go from low to high, not [9, 2]",
+    ),
+    (
+        "cost-weights-short",
+        {"name": "a", "rate": 1, "cost": {"values": [1, 2], "weights": [1]}},
+        "clients[0].cost.weights: must be 2 numbers above 0, one per value",
+    ),
+    (
+        "retries-with-varying-cost",
+        {"name": "a", "rate": 1, "cost": {"uniform": [1, 2]}, "retries": {"max": 1}},
+        "clients[0].retries: a client whose cost varies cannot retry",
+    ),
+    (
+        "charge-unknown",
+        {"name": "a", "rate": 1, "charge": "later"},
+        "clients[0].charge: must be one of request, response, not 'later'",
+    ),
+    ("count-zero", {"name": "a", "rate": 1, "count": 0}, "clients[0].count: must be at least 1"),
+]
+
+
+class TestClientErrors:
+    @pytest.mark.parametrize(
+        ("client", "line"), [c[1:] for c in CLIENT_ERRORS], ids=[c[0] for c in CLIENT_ERRORS]
+    )
+    def test_each_broken_client_exits_2_with_its_exact_message(
+        self, tmp_path: Path, client: dict[str, Any], line: str
+    ) -> None:
+        """A client entry with one mistake exits 2 and names it as FILE: PATH: message."""
+        (tmp_path / "global.yaml").write_text(PER_SECOND_100)
+        path = tmp_path / "scenario.yaml"
+        path.write_text(yaml.safe_dump({**BASE, "clients": [client]}))
+        code, out, err = _cli("simulate", str(path))
+        assert (code, out, err.splitlines()) == (2, "", [f"{path}: {line}"])
+
+    def test_a_tenant_placeholder_needs_every_clients_tenant(self, tmp_path: Path) -> None:
+        """{tenant} in the template and a client without one: the client is named."""
+        (tmp_path / "global.yaml").write_text(PER_SECOND_100)
+        template = [_entry("tenant", "{tenant}"), _entry("user", "{client}")]
+        clients = [{"name": "a", "tenant": "A", "rate": 1}, {"name": "b", "rate": 1}]
+        path = tmp_path / "scenario.yaml"
+        path.write_text(yaml.safe_dump({**BASE, "descriptor": template, "clients": clients}))
+        code, _, err = _cli("simulate", str(path))
+        expected = f"{path}: clients: client 'b' has no tenant for the {{tenant}} placeholder"
+        assert (code, err.splitlines()) == (2, [expected])

@@ -5,9 +5,10 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fairlimit.simulate.clients import Client
 from fairlimit.simulate.levels import Level, Tree
 from fairlimit.simulate.report import CapCheck, ClientResult, WindowResult
-from fairlimit.simulate.scenario import Client, Scenario
+from fairlimit.simulate.scenario import Scenario
 
 EPSILON = 1e-9
 
