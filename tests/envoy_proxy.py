@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from helpers import require
+from helpers import STARTUP_SECONDS, require
 from servers import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "envoy" / "envoy.yaml"
@@ -51,7 +51,7 @@ class EnvoyProcess:
                    "--log-level", "warn", "--concurrency", "1"]  # fmt: skip
         with self.log.open("w") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        self._wait_ready(time.monotonic() + 30)
+        self._wait_ready(time.monotonic() + STARTUP_SECONDS)
 
     def _wait_ready(self, deadline: float) -> None:
         while time.monotonic() < deadline:

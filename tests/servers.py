@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from helpers import STARTUP_SECONDS
+
 ROOT = Path(__file__).resolve().parents[1]
 _PORT = re.compile(r"serving gRPC on \S+ \(port (\d+)\)")
 
@@ -46,7 +48,7 @@ class ServerProcess:
             command, env=full_env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
         )
         self.lines: list[str] = []
-        self.grpc_port = self._wait_for_port(timeout=20.0)
+        self.grpc_port = self._wait_for_port(timeout=STARTUP_SECONDS)
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()
 
@@ -75,7 +77,7 @@ class ServerProcess:
         for line in self.process.stderr:
             self.lines.append(line)
 
-    def wait_for(self, pattern: str, timeout: float = 20.0) -> str:
+    def wait_for(self, pattern: str, timeout: float = STARTUP_SECONDS) -> str:
         """The first group (or the whole match) of the first log line matching ``pattern``."""
         deadline = time.monotonic() + timeout
         while True:
