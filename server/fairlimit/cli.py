@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fairlimit import __version__
@@ -59,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--failure-mode", choices=["open", "closed"])
     serve.add_argument("--shadow", action="store_const", const=True)
     serve.add_argument("--workers", metavar="N")
+    serve.add_argument("--max-connection-age", metavar="SECONDS",
+                       help="GOAWAY after this long (0: never), so clients rebalance")  # fmt: skip
+    serve.add_argument("--max-connection-age-grace", metavar="SECONDS",
+                       help="time calls in flight get after GOAWAY")  # fmt: skip
     serve.add_argument("--log-format", choices=["text", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this chain")
@@ -117,13 +122,17 @@ def _serve_worker(settings: "Settings", index: int) -> None:
 
 def _serve_settings(settings: "Settings", worker: int = 0) -> int:
     from fairlimit.app import App  # grpc is imported only when serving
+    from fairlimit.telemetry import pooled
     from fairlimit.telemetry import sdk as otel_sdk
 
     sdk = otel_sdk.install(os.environ)  # the OpenTelemetry SDK, here and nowhere else
+    shared = os.environ.get(pooled.DIRECTORY_ENV) if settings.workers > 1 else None
+    metrics_dir = Path(shared) if shared else None
 
     async def serve() -> int:
         try:  # inside the loop: grpc.aio binds to the running loop
-            app = App(settings, metrics_registry=sdk.registry, worker=worker)
+            app = App(settings, metrics_registry=sdk.registry, worker=worker,
+                      metrics_dir=metrics_dir)  # fmt: skip
         except ConfigError as exc:
             for line in exc.problems:
                 logging.getLogger("fairlimit").error("%s", line)

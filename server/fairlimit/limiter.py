@@ -23,9 +23,10 @@ from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.request import Request, validate
 from fairlimit.core.rules import Loaded
-from fairlimit.errors import StoreUnavailable
+from fairlimit.errors import DeadlineExceeded, StoreUnavailable
 from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
+from fairlimit.store.deadline import DEADLINE
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.fairness import CapRow
 from fairlimit.telemetry.top import TopRow
@@ -54,6 +55,7 @@ class Decision:
     statuses: tuple[Status, ...]
     backend_failed: bool = False
     backend_seconds: float = 0.0  # time spent waiting for the store, for the trace
+    shed: bool = False  # the caller's deadline had passed or left the store no time
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,23 @@ class _Active:
     loaded: Loaded
     matcher: Matcher
     slots: bool  # the config declares concurrency somewhere (else no request takes a slot)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated request and its plan under one configuration: pure of time, so a caller
+    that sees the same request again may decide it again without rebuilding the plan
+    (``Limiter.current`` says whether the configuration is still the one in force)."""
+
+    request: Request
+    plan: Plan | None  # None when the request takes or gives back slots
+    slots: Slots | None
+    active: object  # the configuration it was planned under
+
+
+def _open_statuses(descriptors: int) -> tuple[Status, ...]:
+    """What ``--failure-mode open`` answers: OK for every descriptor, no limit."""
+    return tuple(Status(Code.OK, None, 0, 0.0) for _ in range(descriptors))
 
 
 class Limiter:
@@ -98,13 +117,51 @@ class Limiter:
 
     async def should_rate_limit(self, request: Request) -> Decision:
         """Decide ``request``; RequestError for a malformed one, StoreUnavailable if closed."""
+        return await self.decide(self.prepare(request))
+
+    def prepare(self, request: Request) -> Prepared:
+        """Validate ``request`` (RequestError) and plan it under the configuration in force:
+        its slots, when it takes or gives back any, else the plan of its rates."""
         validate(request)
         active = self._active
         if active.slots:
             slots = split(request, active.matcher)
             if slots.acquire or slots.release:
-                return await self._with_slots(request, slots, self.clock.now())
-        return await self._rates(request, self.clock.now())
+                return Prepared(request, None, slots, active)
+        return Prepared(request, make_plan(request, active.matcher), None, active)
+
+    def current(self, prepared: Prepared) -> bool:
+        """Whether ``prepared`` was planned under the configuration in force now."""
+        return prepared.active is self._active
+
+    async def decide(self, prepared: Prepared, remaining: float | None = None) -> Decision:
+        """Decide a prepared request now; StoreUnavailable if the store fails and closed.
+
+        ``remaining``: seconds until the caller's deadline (None: no deadline). A call whose
+        deadline has passed, or leaves the store no time, is shed: answered at once by the
+        failure mode and counted, since nobody waits for its answer.
+        """
+        request = prepared.request
+        if remaining is not None and remaining <= 0:
+            return self._shed(request)
+        now = self.clock.now()
+        token = None if remaining is None else DEADLINE.set(time.monotonic() + remaining)
+        try:
+            if prepared.slots is not None:
+                return await self._with_slots(request, prepared.slots, now)
+            return await self._rates(request, now, prepared.plan)
+        except DeadlineExceeded:
+            return self._shed(request)
+        finally:
+            if token is not None:
+                DEADLINE.reset(token)
+
+    def _shed(self, request: Request) -> Decision:
+        """The failure mode's answer for a call past (or too near) its deadline, counted."""
+        self.telemetry.shed()
+        if self.failure_mode is FailureMode.CLOSED:
+            raise DeadlineExceeded("the call's deadline passed before it could be decided")
+        return Decision(Code.OK, _open_statuses(len(request.descriptors)), shed=True)
 
     async def _with_slots(self, request: Request, slots: Slots, now: float) -> Decision:
         """Release, then acquire, then the rates (see the module docstring)."""
@@ -114,6 +171,8 @@ class Limiter:
         if slots.acquire:
             try:
                 held = await self.store.acquire(slots.acquire, now)
+            except DeadlineExceeded:
+                raise  # shed by decide(), not a backend failure
             except StoreUnavailable as exc:
                 self._backend_state(exc)
                 if self.failure_mode is FailureMode.CLOSED:
@@ -147,13 +206,15 @@ class Limiter:
             statuses[claim.descriptor] = Status(Code.OVER_LIMIT, None, 0, 0.0, claim.pools[-1].rule)
         return Decision(Code.OK if self.shadow else Code.OVER_LIMIT, tuple(statuses))
 
-    async def _rates(self, request: Request, now: float) -> Decision:
-        """The rate-limit decision of ``request`` (no concurrency in it)."""
-        plan = make_plan(request, self._active.matcher)
+    async def _rates(self, request: Request, now: float, plan: Plan | None = None) -> Decision:
+        """The rate-limit decision of ``request`` (no concurrency in it); ``plan``, its plan
+        under the configuration in force when already made."""
+        if plan is None:
+            plan = make_plan(request, self._active.matcher)
         started = time.perf_counter()  # a latency, so real time: windows use self.clock
         outcome = await self._admit(plan, now)
         if outcome is None:
-            open_statuses = tuple(Status(Code.OK, None, 0, 0.0) for _ in plan.descriptors)
+            open_statuses = _open_statuses(len(plan.descriptors))
             return Decision(Code.OK, open_statuses, True, time.perf_counter() - started)
         statuses = admission.statuses(plan, outcome, now if outcome.now is None else outcome.now)
         code = admission.overall(statuses, self.quota_mode)
@@ -169,6 +230,8 @@ class Limiter:
             return Outcome(True, (), (), ())
         try:
             outcome = await self.store.admit(plan, now)
+        except DeadlineExceeded:
+            raise  # shed by decide(), not a backend failure
         except StoreUnavailable as exc:
             self._backend_state(exc)
             if self.failure_mode is FailureMode.CLOSED:

@@ -8,7 +8,8 @@ rule past the near-limit ratio, 80% unless set, of its current limit), ``.within
 ``.shadow_mode``. Per cap rule, observable gauges read from the last ``refresh``
 (attributes ``domain`` and ``rule``; never a client value): see ``fairness``; the ratios end
 in ``_ratio``, as Prometheus names unit-less ratios.
-Service: ``fairlimit.rpc.duration``, ``fairlimit.backend.errors``, ``fairlimit.config.loads``.
+Service: ``fairlimit.rpc.duration``, ``fairlimit.rpc.shed``, ``fairlimit.backend.errors``,
+``fairlimit.config.loads``.
 
 Telemetry never fails a request: recording errors are caught, counted and logged once.
 """
@@ -153,6 +154,12 @@ class Telemetry:
         self._backend_errors = meter.create_counter(
             "fairlimit.backend.errors", "{error}", "Store calls that failed (StoreUnavailable)"
         )
+        self._shed = meter.create_counter(
+            "fairlimit.rpc.shed",
+            "{call}",
+            "Calls answered by the failure mode because their deadline passed (or left the "
+            "backend no time)",
+        )
         self._loads = meter.create_counter(
             "fairlimit.config.loads", "{load}", "Config loads, by result (success|failure)"
         )
@@ -236,6 +243,9 @@ class Telemetry:
         self._safely(self._backend_errors.add, 1)
         if self.upstream is not None:
             self._safely(self.upstream.error, "redis_error")
+
+    def shed(self) -> None:
+        self._safely(self._shed.add, 1)
 
     def config_load(self, ok: bool) -> None:
         self._safely(self._loads.add, 1, {"result": "success" if ok else "failure"})
