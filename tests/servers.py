@@ -40,6 +40,7 @@ class ServerProcess:
         """``loopback_ports``: ask for free ports on 127.0.0.1 by flag; False leaves the
         addresses to ``env`` (the environment-only deployments). ``serve``: the command
         instead of ``python -m fairlimit serve`` (the image's /bin/ratelimit)."""
+        self._terminated = False
         full_env = {**os.environ, "PYTHONPATH": str(ROOT / "server"), **(env or {})}
         ports = ["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]
         start = serve or [sys.executable, "-m", "fairlimit", "serve"]
@@ -91,10 +92,17 @@ class ServerProcess:
     def admin_port(self) -> int:
         return int(self.wait_for(r"serving admin HTTP on \S+ \(port (\d+)\)"))
 
-    def stop(self, timeout: float = 15.0) -> int:
-        """SIGTERM, then wait; returns the exit code."""
-        if self.process.poll() is None:
+    def terminate(self) -> None:
+        """SIGTERM once: a second one may land after the server's handlers are gone (its
+        loop closing at the end of the drain) and kill it with -15 instead of exit 0."""
+        if not self._terminated:
+            self._terminated = True
             self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM (unless sent already), then wait; returns the exit code."""
+        if self.process.poll() is None:
+            self.terminate()
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:

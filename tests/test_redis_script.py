@@ -127,15 +127,17 @@ class TestArgumentBuilders:
     def test_admit_rows_carry_the_named_fields(self, plan: Plan, groups: list[SlotGroup]) -> None:
         """admit_args, cut by ADMIT, gives back each counter, cap and share by name."""
         g = next(g for g in groups if g.shares)
-        lv = GivenLevel("7", "2.5", ("0.5", "3", "2.5", "1.0", "0.4", "0"))
+        lv = GivenLevel("7", "2.5", "12", "3", ("0.5", "3", "2.5", "1.0", "0.4", "0"))
         args = script.admit_args(plan, g, "12.5", (True, 250), {g.caps[0]: lv})
         got = rows(args, ADMIT)
         assert got["head"] == [{"now": "12.5", "may_lock": 1, "lock_ms": 250}]
         c = plan.counters[g.counters[0]]
         assert got["counter"][0] == {"limit": c.limit, "window": c.window, "hits": c.hits,
-                                     "shadow": int(c.shadow)}  # fmt: skip
+                                     "shadow": int(c.shadow), "force": 0}  # fmt: skip
         (cap,) = got["cap"]
         assert (cap["cap"], cap["given_period"], cap["given_level"]) == (g.caps[0], "7", "2.5")
+        assert (cap["given_reserved"], cap["given_holders"]) == ("12", "3")
+        assert cap["total"] == 2  # the cap's own counter
         assert tuple(cap[f] for f in script.FIGURES) == lv.figures
         (share,) = got["share"]
         s = plan.shares[g.shares[0]]
@@ -144,7 +146,8 @@ class TestArgumentBuilders:
     def test_release_rows_carry_the_named_fields(self, plan: Plan, groups: list[SlotGroup]) -> None:
         """release_args, cut by RELEASE, gives back what admit.lua charged, by name."""
         for g in groups:
-            got = rows(script.release_args(plan, g, "12.5"), RELEASE)
+            within = [True] * len(g.shares)
+            got = rows(script.release_args(plan, g, "12.5", within), RELEASE)
             assert got["head"] == [{"now": "12.5"}]
             windows = [plan.counters[i].window for i in g.counters]
             assert [r["window"] for r in got["counter"]] == windows
@@ -153,6 +156,7 @@ class TestArgumentBuilders:
             ]
             assert [r["client"] for r in got["share"]] == [plan.shares[i].client for i in g.shares]
             assert all(r["cap_index"] == 1 for r in got["share"])
+            assert all(r["within"] == 1 for r in got["share"])
 
 
 _SLOT_HEADER = re.compile(r"^-- (KEYS|ARGV) +(head|per pool): (.+)$")

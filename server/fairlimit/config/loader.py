@@ -35,7 +35,9 @@ DESCRIPTOR_KEYS = frozenset(
 )  # fmt: skip
 CONCURRENCY_KEYS = frozenset({"max_in_flight", "max_duration"})
 REQUEST_ID_KEYS = frozenset({"acquire", "release"})
-RATE_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
+RATE_LIMIT_KEYS = frozenset(
+    {"unit", "requests_per_unit", "unlimited", "name", "replaces", "charge_when_over_limit"}
+)
 FAIR_SHARE_KEYS = frozenset({"active_clients", "weights"})
 YAML_SUFFIXES = (".yaml", ".yml")
 _OCTAL_HINT = " (upstream reads a leading zero as octal: write it without)"
@@ -111,6 +113,7 @@ def _rate_limit(problems: _Problems, path: str, raw: object) -> RateLimit | None
         return None
     _check_keys(problems, path, raw, RATE_LIMIT_KEYS)
     unlimited = _bool(problems, path, raw, "unlimited")
+    charge = _bool(problems, path, raw, "charge_when_over_limit")
     name = raw.get("name")
     name = str(name) if isinstance(name, str) else name
     if name is not None and not isinstance(name, str):
@@ -140,7 +143,7 @@ def _rate_limit(problems: _Problems, path: str, raw: object) -> RateLimit | None
         return None
     if unit is None:
         return None
-    return RateLimit(rpu, unit, name=name, replaces=replaces)
+    return RateLimit(rpu, unit, name=name, replaces=replaces, charge_when_over_limit=charge)
 
 
 def _weights(problems: _Problems, path: str, raw: object) -> Mapping[str, float]:

@@ -27,6 +27,9 @@ class RateLimit:
     unlimited: bool = False
     name: str | None = None
     replaces: tuple[str, ...] = ()
+    # Usage reported after the response (Envoy's apply_on_stream_done): a charge is recorded
+    # on every level it touches even when the answer is OVER_LIMIT (DESIGN section 4).
+    charge_when_over_limit: bool = False
     window: int = field(init=False, repr=False, compare=False)
     per_second: float = field(init=False, repr=False, compare=False)
 

@@ -69,8 +69,13 @@ class Block:
 
 
 def eligible(plan: Plan) -> bool:
-    """Whether ``plan`` may be admitted from leases: plain counters only, none shadowed."""
-    return bool(plan.counters) and not plan.shares and not any(c.shadow for c in plan.counters)
+    """Whether ``plan`` may be admitted from leases: plain counters only, none shadowed and
+    none of a charge_when_over_limit rule (a refused charge must still reach its counter)."""
+    return (
+        bool(plan.counters)
+        and not plan.shares
+        and not any(c.shadow or c.force for c in plan.counters)
+    )
 
 
 class Leases:

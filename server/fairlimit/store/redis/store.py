@@ -232,7 +232,7 @@ class RedisStore:
             self._call(
                 self._scripts.release,
                 script.keys(RELEASE, g),
-                script.release_args(plan, g, repr(s.now)),
+                script.release_args(plan, g, repr(s.now), s.within),
             )
             for g, s in charged
         ]
