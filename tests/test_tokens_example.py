@@ -17,6 +17,7 @@ import yaml
 
 from envoy_proxy import EnvoyProcess, envoy_in_front, http_get
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from servers import fairlimit_server
 
 pytestmark = pytest.mark.process
 
@@ -144,3 +145,31 @@ class TestTwoPhaseOnTheWire:
         assert accepted[0] == 200
         tenants = [call[0][0][1][1] for call in service.calls]
         assert tenants == ["over", "small", "small"]
+
+
+class TestTokenBudgetEndToEnd:
+    """HTTP -> a real Envoy (tokens.yaml) -> a real fairlimit (tokens-descriptors.yaml)."""
+
+    def test_a_tenant_with_large_responses_is_stopped_a_small_one_passes(
+        self, tmp_path: Path
+    ) -> None:
+        """20 000 tokens a minute each: a tenant spending 15 000 a call passes twice (the second
+        charge is recorded past its limit), then gets 429; a tenant at 10 a call still passes."""
+        with (
+            fairlimit_server("--config", str(DESCRIPTORS)) as server,
+            envoy_in_front(server.grpc_port, tmp_path, example=TOKENS) as proxy,
+        ):
+            for attempt in range(3):  # a minute boundary mid-test spoils an attempt
+                minute = int(time.time() // 60)
+                calls, codes = _rls_calls(proxy), []
+                for _ in range(3):
+                    codes.append(_ask(proxy, f"big-{attempt}", 15000)[0])
+                    calls += 2 if codes[-1] == 200 else 1  # a 429 has no charge
+                    _wait_calls(proxy, calls)
+                small = _ask(proxy, f"small-{attempt}", 10)
+                if int(time.time() // 60) != minute:
+                    continue
+                assert codes == [200, 200, 429]
+                assert (small[0], small[1]["x-tokens-used"]) == (200, "10")
+                return
+            raise AssertionError("three attempts straddled minute boundaries")
