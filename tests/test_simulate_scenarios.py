@@ -244,6 +244,17 @@ class TestBundledScenarios:
         assert config["cap"]["exceeded"]
         assert config["cap"]["max_admitted_over_limit"] > 2
 
+    def test_charged_when_over_the_limit_tokens_stop_at_the_budget(
+        self, bundled: dict[str, dict[str, Any]]
+    ) -> None:
+        """With charge_when_over_limit every charge counts: no tenant passes its 30 000 a
+        minute, and the provider's cap is passed by at most one response's cost (2000)."""
+        config = bundled["token-budget"]["configs"][2]
+        assert config["label"] == "charged-when-over"
+        cap, tenants = config["levels"]
+        assert tenants["path"] == "edge/provider=llm/tenant" and not tenants["exceeded"]
+        assert cap["max_admitted_in_a_window"] <= 60000 + 2000
+
     def test_nested_achievable_counts_what_each_tenant_can_use(
         self, bundled: dict[str, dict[str, Any]]
     ) -> None:
