@@ -393,7 +393,7 @@ class TestScenarioErrors:
 
 class TestPlot:
     def test_plot_writes_a_png(self, tmp_path: Path) -> None:
-        """--plot OUT.png draws the admitted rate per client (needs matplotlib)."""
+        """--plot OUT.png draws admitted hits per group (needs matplotlib)."""
         require_module("matplotlib", "the plot extra: pip install 'fairlimit[plot]'")
         path = _scenario(tmp_path, [{"name": "a", "rate": 20}, {"name": "b", "rate": 5}])
         out = tmp_path / "out.png"

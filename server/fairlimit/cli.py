@@ -79,7 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--config", action="append", metavar="PATH", default=[], help="instead of its configs"
     )
-    simulate.add_argument("--plot", metavar="OUT.png", help="draw admitted rate per client")
+    simulate.add_argument(
+        "--plot", metavar="OUT.png", help="draw admitted hits per group against the cap and λ"
+    )
     simulate.add_argument("--format", choices=["text", "json"], default="text")
     top = sub.add_parser("top", help="a live view of each cap's top clients (admin /top)")
     top.add_argument("--admin-addr", metavar="HOST:PORT", help="the server's admin address")

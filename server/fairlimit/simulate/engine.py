@@ -5,9 +5,13 @@ The model, so that every figure can be checked by hand:
 - Time advances in ticks of ``tick`` seconds (a divisor of 1 s, so no tick straddles a
   limiter window); the clock the ``Limiter`` reads is the tick's start, and scenario time 0
   is a day boundary, so scenario seconds are the limiter's epoch-aligned windows.
-- A client at ``rate`` sends request n at ``start + n / rate`` while that is before ``stop``:
-  evenly spread, no randomness. Within a tick, attempts go in order of those exact times;
-  retries due in a tick go first (at its start); ties go in scenario order.
+- A client at ``rate`` sends request n at ``start + n / rate`` while that is before ``stop``,
+  in each of its phases (``traffic``): evenly spread. Within a tick, attempts go in order of
+  those exact times; retries due in a tick go first (at its start); ties go in scenario order.
+- A request costs its client's ``cost`` in hits (request-level ``hits_addend``). A client with
+  ``charge: response`` sends a check with ``hits_addend: 0`` and, when it passes, the cost as
+  a second request, as Envoy's ``apply_on_stream_done`` does; its hits count as admitted when
+  the check passes, whatever the limiter says of the charge (the tokens were spent).
 - A rejected attempt with retries left is sent again ``backoff`` seconds later, and never in
   the same tick (``backoff: 0`` means the next tick). Retries past the end are not sent.
 - Every config runs against the same traffic, with its own fresh ``MemoryStore``.
@@ -23,7 +27,12 @@ still sent through the limiter, but as one request whose ``hits_addend`` is thei
 rejected, it moves no counter and records the same demand at each cap as they would have
 one by one. A retry storm then costs two limiter calls per client and tick, not thousands.
 The run checks the limiter agrees (RuntimeError otherwise), and the tests compare it with
-sending every attempt alone.
+sending every attempt alone. Clients whose cost varies or who charge after the response are
+always sent one request at a time.
+
+What is measured: per client and second the hits admitted; per window of every counter
+charged, the hits admitted there (``levels``: the cap checked at every level); per window
+of the root limit, demand, achievable and admitted; λ at the root cap each second.
 
 With an ``rlqs`` key each config runs a second time with the clients behind simulated RLQS
 Envoys (``rlqs``), under the same ticks.
@@ -34,9 +43,8 @@ The scenario file is read by ``scenario``; the report is ``report`` (and ``plot`
 import asyncio
 import dataclasses
 import math
-from collections import Counter, defaultdict, deque
+from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from fairlimit.config.loader import load
@@ -48,8 +56,12 @@ from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import Loaded
 from fairlimit.errors import ScenarioError
 from fairlimit.limiter import Limiter
-from fairlimit.simulate.report import ClientResult, ConfigResult, Result, Summary, shared_limit
-from fairlimit.simulate.scenario import Client, Scenario
+from fairlimit.simulate import levels
+from fairlimit.simulate.measure import Meter, Tally, client_result
+from fairlimit.simulate.report import ConfigResult, Result, Summary, shared_limit
+from fairlimit.simulate.retries import RetryPool
+from fairlimit.simulate.scenario import Scenario
+from fairlimit.simulate.traffic import arrivals
 from fairlimit.store.memory import MemoryStore
 
 EPOCH = 1_699_920_000  # a day boundary (19675 x 86400): scenario time 0
@@ -66,12 +78,16 @@ class SimClock:
 
 
 def requests_for(scenario: Scenario) -> list[Request]:
-    """Each client's request: the descriptor template with its name filled in."""
+    """Each client's request: the descriptor template with its name and tenant filled in."""
+
+    def fill(value: str, name: str, tenant: str) -> str:
+        return value.replace("{client}", name).replace("{tenant}", tenant)
+
     return [
         Request(
             scenario.domain,
             tuple(
-                Descriptor(tuple((k, v.replace("{client}", c.name)) for k, v in template))
+                Descriptor(tuple((k, fill(v, c.name, c.tenant)) for k, v in template))
                 for template in scenario.descriptors
             ),
         )
@@ -79,73 +95,13 @@ def requests_for(scenario: Scenario) -> list[Request]:
     ]
 
 
-def _arrivals(scenario: Scenario) -> dict[int, list[tuple[float, int]]]:
-    """Original requests by tick: (exact time, client index), in time order."""
-    by_tick: dict[int, list[tuple[float, int]]] = defaultdict(list)
-    per_second = round(1 / scenario.tick)
-    for index, client in enumerate(scenario.clients):
-        n = 0
-        while (at := client.start + n / client.rate) < client.stop - 1e-9:
-            by_tick[math.floor(at * per_second + 1e-9)].append((at, index))
-            n += 1
-    for events in by_tick.values():
-        events.sort()
-    return by_tick
+def _with_hits(request: Request, hits: int) -> Request:
+    """``request`` with every descriptor's own ``hits_addend`` set (0: a check only)."""
+    descriptors = tuple(dataclasses.replace(d, hits=hits) for d in request.descriptors)
+    return Request(request.domain, descriptors)
 
 
-@dataclass
-class _Tally:
-    offered: int = 0
-    attempted: int = 0
-    admitted: int = 0
-    steady_attempted: int = 0
-    steady_admitted: int = 0
-    per_second: Counter[int] = field(default_factory=Counter)
-
-
-class _Pool:
-    """One client's retries due in one tick, as runs of [last tick they may go, count].
-
-    A client's retries all wait the same ``backoff``, so the pool due at tick t + b is filled
-    only while tick t runs, in order of expiry; it moves on whole when the client is refused.
-    """
-
-    __slots__ = ("runs", "total")
-
-    def __init__(self) -> None:
-        self.runs: deque[list[int]] = deque()
-        self.total = 0
-
-    def add(self, expiry: int, count: int) -> None:
-        if self.runs and self.runs[-1][0] == expiry:
-            self.runs[-1][1] += count
-        else:
-            self.runs.append([expiry, count])
-        self.total += count
-
-    def push_front(self, expiry: int) -> None:
-        """Put back one retry expiring no later than any in the pool."""
-        if self.runs and self.runs[0][0] == expiry:
-            self.runs[0][1] += 1
-        else:
-            self.runs.appendleft([expiry, 1])
-        self.total += 1
-
-    def take(self) -> int:
-        """Remove one retry (the soonest to expire); its expiry."""
-        run = self.runs[0]
-        run[1] -= 1
-        self.total -= 1
-        if not run[1]:
-            self.runs.popleft()
-        return run[0]
-
-    def drop_expired(self, tick: int) -> None:
-        while self.runs and self.runs[0][0] < tick:
-            self.total -= self.runs.popleft()[1]
-
-
-Event = tuple[int, _Pool | None]  # (client, its retry pool) or (client, None): an original
+Event = tuple[int, RetryPool | None, int]  # (client, retry pool or None: an original, cost)
 
 
 class _Run:
@@ -154,39 +110,49 @@ class _Run:
     def __init__(self, scenario: Scenario, loaded: Loaded, coalesce: bool) -> None:
         self.scenario = scenario
         self.clock = SimClock()
-        self.limiter = Limiter(loaded, MemoryStore(), self.clock)
+        self.store = MemoryStore()
+        self.limiter = Limiter(loaded, self.store, self.clock)
         self.requests = requests_for(scenario)
         self.shared = shared_limit(loaded, self.requests)
+        self.tree = levels.tree(loaded, self.requests, self.shared.key if self.shared else None)
+        self.meter = Meter(scenario, self.tree)
         self.coalesce = coalesce and not any(c.request_duration for c in scenario.clients)
         self.releases: dict[int, list[Request]] = defaultdict(list)  # tick -> stream-done calls
         self.ids = 0
         domain = loaded.config.domains.get(scenario.domain)
         self.id_keys = (domain.acquire_key, domain.release_key) if domain else ("", "")
+        clients = scenario.clients
+        self.batchable = [c.cost.fixed is not None and not c.charge_after for c in clients]
         self.per_second = round(1 / scenario.tick)
         self.backoff = [  # in ticks; a retry never goes in the tick that was refused
-            max(1, math.ceil(c.retries.backoff * self.per_second - 1e-9)) for c in scenario.clients
+            max(1, math.ceil(c.retries.backoff * self.per_second - 1e-9)) for c in clients
         ]
-        self.tallies = [_Tally() for _ in scenario.clients]
-        self.pending: dict[int, dict[int, _Pool]] = defaultdict(dict)  # tick -> client -> pool
-        self.windows: Counter[int] = Counter()
+        self.tallies = [Tally() for _ in clients]
+        self.pending: dict[int, dict[int, RetryPool]] = defaultdict(dict)  # tick -> client
         self.calls = 0
         self.tick = 0
         self.steady = False
 
-    async def run(self, arrivals: dict[int, list[tuple[float, int]]]) -> None:
+    async def run(self, by_tick: dict[int, list[tuple[float, int, int]]]) -> None:
         ticks = math.ceil(self.scenario.duration * self.per_second - 1e-9)
         low, high = (round(x * self.per_second) for x in self.scenario.steady)
+        fixed = [c.cost.fixed or 1 for c in self.scenario.clients]
         for self.tick in range(ticks):
+            if self.tick and self.tick % self.per_second == 0:
+                await self._second_ends()
             self.clock.t = EPOCH + self.tick / self.per_second
             self.steady = low <= self.tick < high
             for done in self.releases.pop(self.tick, ()):
                 await self.limiter.should_rate_limit(done)
             await self._before_tick()
-            events: list[Event] = sorted(self.pending.pop(self.tick, {}).items())
-            for _, client in arrivals.get(self.tick, ()):
-                self.tallies[client].offered += 1
-                events.append((client, None))
+            due = sorted(self.pending.pop(self.tick, {}).items())
+            events: list[Event] = [(c, pool, fixed[c]) for c, pool in due]
+            for at, client, cost in by_tick.get(self.tick, ()):
+                self.tallies[client].offer(cost)
+                self.meter.offer(at, client, cost)
+                events.append((client, None, cost))
             await self._tick(events)
+        await self._second_ends()
 
     async def _before_tick(self) -> None:
         """What happens at a tick's start besides requests (nothing for RLS)."""
@@ -195,74 +161,79 @@ class _Run:
         """Whether ``request`` of ``client`` is admitted: the limiter's answer."""
         return (await self.limiter.should_rate_limit(request)).code is Code.OK
 
+    async def _second_ends(self) -> None:
+        """λ at the root cap as the store reports it, at the end of each second."""
+        report = (await self.store.caps()).get(self.tree.root or "")
+        self.meter.level(None if report is None else report.level)
+
     async def _tick(self, events: list[Event]) -> None:
-        if not self.coalesce:
-            for client, pool in events:
-                if pool is None:
-                    await self._send(client, self._expiry(client))
-                while pool is not None and pool.total:
-                    await self._send(client, pool.take())
-            return
-        refused: dict[int, tuple[int, _Pool]] = {}  # client -> (refused alone, still to send)
-        for client, pool in events:
-            if client in refused:  # only originals follow a client's retries
+        refused: dict[int, tuple[int, RetryPool]] = {}  # client -> (refused alone, to send)
+        for client, pool, cost in events:
+            if not (self.coalesce and self.batchable[client]):
+                await self._alone(client, pool, cost)
+            elif client in refused:  # only originals follow a client's retries
                 refused[client][1].add(self._expiry(client), 1)
             elif pool is None:
                 expiry = self._expiry(client)
-                if not await self._ask(client, 1):
-                    refused[client] = (expiry, _Pool())
+                if not await self._ask(client, 1, cost):
+                    refused[client] = (expiry, RetryPool())
             else:
                 while pool.total:
                     expiry = pool.take()
-                    if not await self._ask(client, 1):
+                    if not await self._ask(client, 1, cost):
                         refused[client] = (expiry, pool)
                         break
         for client, (first, rest) in refused.items():
             await self._send_refused(client, first, rest)
 
+    async def _alone(self, client: int, pool: RetryPool | None, cost: int) -> None:
+        if pool is None:
+            await self._send(client, self._expiry(client), cost)
+        while pool is not None and pool.total:
+            await self._send(client, pool.take(), cost)
+
     def _expiry(self, client: int) -> int:
         """The last tick a request first sent now may be retried in."""
         return self.tick + self.scenario.clients[client].retries.max * self.backoff[client]
 
-    async def _send(self, client: int, expiry: int) -> None:
+    async def _send(self, client: int, expiry: int, cost: int) -> None:
         """One attempt; if refused, its retry is due ``backoff`` later unless that is too late."""
-        if not await self._ask(client, 1):
+        if not await self._ask(client, 1, cost):
             due = self.tick + self.backoff[client]
             if due <= expiry:
-                self.pending[due].setdefault(client, _Pool()).add(expiry, 1)
+                self.pending[due].setdefault(client, RetryPool()).add(expiry, 1)
 
-    async def _ask(self, client: int, hits: int) -> bool:
-        """``hits`` identical attempts as one request through the limiter; True if admitted."""
+    async def _ask(self, client: int, count: int, cost: int) -> bool:
+        """``count`` identical attempts as one request through the limiter; True if admitted."""
         request = self.requests[client]
-        if hits != 1:
-            request = Request(request.domain, request.descriptors, hits)
+        after = self.scenario.clients[client].charge_after
+        if after:
+            request = _with_hits(request, 0)
+        elif count * cost != 1:
+            request = Request(request.domain, request.descriptors, count * cost)
         held = self.scenario.clients[client].request_duration
         if held:
             self.ids += 1
             request = with_id(request, self.id_keys[0], str(self.ids))
-        admitted = await self._decide(client, request)
-        if held and admitted:
+        ok = await self._decide(client, request)
+        self.calls += 1
+        if held and ok:
             ends = self.tick + max(1, math.ceil(held * self.per_second - 1e-9))
             self.releases[ends].append(
                 with_id(self.requests[client], self.id_keys[1], str(self.ids))
             )
-        self.calls += 1
-        tally = self.tallies[client]
-        tally.attempted += hits
-        tally.steady_attempted += hits if self.steady else 0
-        if not admitted:
-            return False
-        tally.admitted += hits
-        tally.steady_admitted += hits if self.steady else 0
-        tally.per_second[self.tick // self.per_second] += hits
-        if self.shared is not None:
-            window = math.floor(self.clock.t / self.shared.check.window)
-            self.windows[window] += self.shared.hits[client] * hits
-        return True
+        self.tallies[client].attempt(count, cost, ok, self.steady, self.tick // self.per_second)
+        if ok and after:  # the response came back: its real cost is charged, answer or not
+            await self.limiter.should_rate_limit(_with_hits(self.requests[client], cost))
+            self.calls += 1
+        if ok:
+            self.meter.admit(self.clock.t - EPOCH, client, count * cost)
+        return ok
 
-    async def _send_refused(self, client: int, first: int, rest: _Pool) -> None:
+    async def _send_refused(self, client: int, first: int, rest: RetryPool) -> None:
         """A refused client's other attempts this tick as one request, then all their retries."""
-        if rest.total and await self._ask(client, rest.total):
+        cost = self.scenario.clients[client].cost.fixed or 1
+        if rest.total and await self._ask(client, rest.total, cost):
             raise RuntimeError(
                 f"the limiter admitted {self.scenario.clients[client].name} after refusing "
                 "the same request earlier in the tick: counters moved backwards"
@@ -276,19 +247,30 @@ class _Run:
     def result(self, label: str, path: str) -> ConfigResult:
         seconds = math.ceil(self.scenario.duration - 1e-9)
         clients = tuple(
-            _client_result(c, t, seconds)
+            client_result(c, t, seconds)
             for c, t in zip(self.scenario.clients, self.tallies, strict=True)
         )
+        modes = {c.path: c.mode.value for c in self.limiter.loaded.classifications}
+        checks = self.meter.checks(self.tree.root, modes)
         cap, figures = None, None
         if self.shared is not None:
-            top = max(self.windows.values(), default=0)
-            cap = dataclasses.replace(self.shared.check, max_admitted=top)
+            cap = checks[0]
             span = self.scenario.steady[1] - self.scenario.steady[0]
             figures = self.shared.figures(
                 [t.steady_attempted / span for t in self.tallies],
                 [t.steady_admitted / span for t in self.tallies],
             )
-        return ConfigResult(label, path, clients, cap, figures, self.calls)
+        return ConfigResult(
+            label,
+            path,
+            clients,
+            cap,
+            figures,
+            self.calls,
+            checks,
+            self.meter.windows(),
+            self.meter.levels,
+        )
 
 
 def with_id(request: Request, key: str, request_id: str) -> Request:
@@ -303,34 +285,27 @@ def with_id(request: Request, key: str, request_id: str) -> Request:
     )
 
 
-def _client_result(client: Client, tally: _Tally, seconds: int) -> ClientResult:
-    active = client.stop - client.start
-    return ClientResult(
-        client.name,
-        tally.offered,
-        tally.attempted,
-        tally.admitted,
-        tally.attempted - tally.admitted,
-        tally.admitted / tally.offered if tally.offered else 1.0,
-        tally.admitted / active,
-        tuple(tally.per_second[s] for s in range(seconds)),
-    )
-
-
 async def _run_all(
     scenario: Scenario, configs: Sequence[tuple[str, str, Loaded]], coalesce: bool
 ) -> Result:
     from fairlimit.simulate.rlqs import RlqsRun  # it builds on _Run, defined here
 
-    arrivals = _arrivals(scenario)
+    clients = scenario.clients
+    by_tick = arrivals(
+        [c.phases for c in clients],
+        [c.cost for c in clients],
+        [c.name for c in clients],
+        scenario.seed,
+        round(1 / scenario.tick),
+    )
     results = []
     for label, path, loaded in configs:
         sim = _Run(scenario, loaded, coalesce)
-        await sim.run(arrivals)
+        await sim.run(by_tick)
         results.append(sim.result(label, path))
         if scenario.rlqs is not None:
             over = RlqsRun(scenario, loaded, scenario.rlqs)
-            await over.run(arrivals)
+            await over.run(by_tick)
             results.append(over.result(f"{label} over RLQS", path))
     summary = Summary(
         scenario.name,

@@ -1,12 +1,22 @@
-"""The admitted rate per client and second, drawn with matplotlib (the ``plot`` extra)."""
+"""What each config admitted, drawn with matplotlib (the ``plot`` extra).
+
+One panel per config, on the same axes: the hits admitted, stacked by group of identical
+clients (one band each), against the cap and λ. For a per-second cap the y axis is hits per
+second; for a longer window it is the hits admitted so far in the current window, so the
+stack climbs to the cap and starts again at each window: how a burst at second 0 or a late
+arrival shares a minute shows at a glance.
+"""
 
 import importlib
+import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fairlimit.simulate.report import Result
+from fairlimit.simulate.report import ConfigResult, Result
 
 PLOT_HINT = "--plot needs matplotlib: pip install 'fairlimit[plot]'"
+UNITS = {1: "second", 60: "minute", 3600: "hour", 86400: "day"}
 
 
 def plotting() -> Any:
@@ -18,32 +28,105 @@ def plotting() -> Any:
         raise ModuleNotFoundError(PLOT_HINT) from exc
 
 
+def bands(config: ConfigResult, window: int) -> dict[str, list[float]]:
+    """Per group (in order of first client), the hits to draw at each second's end."""
+    out: dict[str, list[float]] = {}
+    for client in config.clients:
+        name = client.group or client.name
+        series = list(_so_far(client.per_second, window))
+        if name in out:
+            out[name] = [a + b for a, b in zip(out[name], series, strict=True)]
+        else:
+            out[name] = series
+    return out
+
+
+def _so_far(per_second: Sequence[int], window: int) -> list[float]:
+    """Per second: admitted in that second (window 1 s) or so far in its window."""
+    out, total = [], 0.0
+    for second, hits in enumerate(per_second):
+        total = hits if second % window == 0 else total + hits
+        out.append(total)
+    return out
+
+
+def _labels(result: Result) -> dict[str, str]:
+    """Band labels: a group of several clients says how many."""
+    counts: dict[str, int] = {}
+    for client in result.configs[0].clients:
+        name = client.group or client.name
+        counts[name] = counts.get(name, 0) + 1
+    return {g: f"{g} (x{n})" if n > 1 else g for g, n in counts.items()}
+
+
+def _title(config: ConfigResult) -> str:
+    cap = config.cap
+    if cap is None:
+        return f"{config.label}: no limit shared by every client"
+    measured = [w for w in config.windows if w.complete and w.achievable > 0]
+    achievable = sum(w.achievable for w in measured)
+    used = sum(w.admitted for w in measured) / achievable if achievable else 1.0
+    verdict = "EXCEEDED" if any(c.exceeded for c in config.levels) else "never exceeded"
+    return (
+        f"{config.label}: {cap.path}  |  utilisation {used:.2f} of achievable  |  "
+        f"max {cap.max_admitted}/{cap.limit} per window, caps {verdict}"
+    )
+
+
+def _panel(ax: Any, config: ConfigResult, window: int, labels: dict[str, str]) -> None:
+    series = bands(config, window)
+    seconds = len(next(iter(series.values()), []))
+    x = [s + 1 for s in range(seconds)]  # drawn at the end of each second
+    colours = [f"C{i % 10}" for i in range(len(series))]
+    ax.stackplot(
+        [0, *x],
+        *[[0.0, *ys] for ys in series.values()],
+        labels=[labels.get(g, g) for g in series],
+        colors=colours,
+        alpha=0.85,
+        step="pre",
+    )
+    if config.cap is not None:
+        ax.axhline(config.cap.limit, color="black", linestyle="--", linewidth=1.2, label="cap")
+    levels = [
+        math.nan if v is None or math.isinf(v) else v for v in config.levels_per_second[:seconds]
+    ]
+    if any(not math.isnan(v) for v in levels):
+        ax.step(x[: len(levels)], levels, where="pre", color="black", linestyle=":", linewidth=2,
+                label="λ: the fair share of one child of the cap")  # fmt: skip
+    ax.set_title(_title(config), fontsize="medium", loc="left")
+    ax.set_ylim(bottom=0)
+    ax.grid(axis="y", alpha=0.3)
+
+
 def plot(result: Result, out: str | Path) -> None:
-    """Admitted rate per client and second, one panel per config, written to ``out``.
+    """Admitted hits per group, one panel per config, written to ``out``.
 
     Raises ModuleNotFoundError (PLOT_HINT) without the ``plot`` extra, OSError if unwritable.
     """
     figure_module = plotting()
     panels = len(result.configs)
-    figure = figure_module.Figure(figsize=(9, 3.2 * panels), layout="constrained")
-    axes = figure.subplots(panels, 1, sharex=True, squeeze=False)
+    figure = figure_module.Figure(figsize=(11, 3.4 * panels), layout="constrained")
+    axes = figure.subplots(panels, 1, sharex=True, sharey=True, squeeze=False)
+    caps = [c.cap for c in result.configs if c.cap is not None]
+    window = caps[0].window if caps else 1
+    labels = _labels(result)
     for ax, config in zip(axes[:, 0], result.configs, strict=True):
-        for client in config.clients:
-            seconds = list(range(len(client.per_second) + 1))
-            rates = [*client.per_second, client.per_second[-1] if client.per_second else 0]
-            ax.step(seconds, rates, where="post", label=client.name, linewidth=1.2)
-        if config.cap is not None:
-            ax.axhline(
-                config.cap.limit / config.cap.window,
-                color="black",
-                linestyle="--",
-                linewidth=0.8,
-                label="cap",
-            )
-        ax.set_title(f"{config.label}: admitted requests per second")
-        ax.set_ylabel("admitted/s")
-        ax.set_ylim(bottom=0)
-    axes[-1, 0].set_xlabel(f"scenario time (s): {result.summary.name}")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside right upper", fontsize="small")
+        _panel(ax, config, window, labels)
+        unit = UNITS.get(window, f"{window} s")
+        ax.set_ylabel("admitted per second" if window == 1 else f"admitted so far this {unit}")
+    axes[-1, 0].set_xlabel("scenario time (s)")
+    figure.suptitle(f"fairlimit simulate: {result.summary.name}", fontsize="large")
+    shown: dict[str, Any] = {}
+    for ax in axes[:, 0]:
+        for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
+            shown.setdefault(name, handle)
+    names = list(shown)[::-1]  # bands top-down, as stacked, under the cap and λ
+    figure.legend(
+        [shown[n] for n in names],
+        names,
+        loc="outside lower center",
+        ncols=min(len(names), 5),
+        fontsize="small",
+    )
     figure.savefig(out, dpi=100)

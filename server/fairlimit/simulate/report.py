@@ -24,7 +24,10 @@ class ClientResult:
     rejected: int
     success: float
     admitted_per_second: float  # over the client's own active time
-    per_second: tuple[int, ...]  # admitted in each scenario second
+    per_second: tuple[int, ...]  # hits admitted in each scenario second
+    group: str = ""  # identical clients share one (one band in the plot)
+    offered_hits: int = 0  # hits (tokens) of the original requests
+    admitted_hits: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,7 @@ class CapCheck:
     limit: int
     window: int
     max_admitted: int
+    instances: int = 1  # counters of this rule the clients were charged at
 
     @property
     def exceeded(self) -> bool:
@@ -43,9 +47,29 @@ class CapCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class WindowResult:
+    """One window of the root limit: demand, what max-min could admit, what was admitted."""
+
+    index: int
+    start: float  # scenario seconds
+    end: float
+    complete: bool  # the run covered the whole window
+    achievable: float
+    admitted: int  # at the root counter
+    level: float | None  # λ at the root cap at the window's last second (None: not a cap, cold)
+    offered: tuple[int, ...]  # per client, hits of original requests
+    admitted_by_client: tuple[int, ...]
+
+    @property
+    def utilisation(self) -> float | None:
+        return self.admitted / self.achievable if self.achievable > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
 class SharedLimit:
     """The limit every client is charged against: where the cap and fairness are measured."""
 
+    key: str  # its counter key
     check: CapCheck  # max_admitted still 0
     hits: tuple[int, ...]  # per client: what one admitted request adds to its counter
     capacity: float  # per second
@@ -77,6 +101,7 @@ def shared_limit(loaded: Loaded, requests: Sequence[Request]) -> SharedLimit | N
     modes = [c.mode.value for c in loaded.classifications if c.path == path]
     limit, window = counters[0].limit, counters[0].window
     return SharedLimit(
+        common[0],
         CapCheck(path, modes[0] if modes else None, limit, window, 0),
         tuple(c.hits for c in counters),
         limit / window,
@@ -93,6 +118,9 @@ class ConfigResult:
     cap: CapCheck | None  # None when no limit is shared by every client
     figures: FairnessFigures | None  # at that limit, per second, over the steady part
     limiter_calls: int
+    levels: tuple[CapCheck, ...] = ()  # every rule charged, worst instance and window
+    windows: tuple[WindowResult, ...] = ()  # of the root limit
+    levels_per_second: tuple[float | None, ...] = ()  # λ at the root cap, end of each second
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,42 +146,106 @@ def _window(seconds: int) -> str:
     return names.get(seconds, f"{seconds}-s")
 
 
-def _cap_line(cap: CapCheck) -> str:
+def _cap_line(cap: CapCheck, root: bool) -> str:
     verdict = "EXCEEDED" if cap.exceeded else "never exceeded"
+    share = f" ({cap.max_admitted / cap.limit:.0%})" if cap.limit else ""
+    if root:
+        return (
+            f"cap {cap.limit} per {_window(cap.window)} window: "
+            f"at most {cap.max_admitted}{share} admitted in one, {verdict}"
+        )
+    many = f" x{cap.instances}" if cap.instances > 1 else ""
     return (
-        f"cap {cap.limit} per {_window(cap.window)} window: "
-        f"at most {cap.max_admitted} admitted in one, {verdict}"
+        f"  level {cap.path}{many}: {cap.limit} per {_window(cap.window)}, "
+        f"at most {cap.max_admitted}{share}, {verdict}"
+    )
+
+
+def _level(value: float | None) -> str:
+    if value is None:
+        return "none (cold start)"
+    return "inf (fits)" if math.isinf(value) else f"{value:.0f}"
+
+
+def _utilisation_line(config: ConfigResult) -> str | None:
+    """Admitted / achievable at the root: the first window, the worst later one, overall."""
+    measured = [w for w in config.windows if w.complete and w.utilisation is not None]
+    if not measured:
+        return None
+    first, later = measured[0], measured[1:]
+    worst = min(later, key=lambda w: w.utilisation or 0.0) if later else None
+    admitted = sum(w.admitted for w in measured)
+    achievable = sum(w.achievable for w in measured)
+    levels = config.levels_per_second
+    level = f"; λ at the end {_level(levels[-1])}" if any(x is not None for x in levels) else ""
+    then = (
+        f", then lowest {worst.utilisation:.2f} ({worst.start:g}-{worst.end:g} s)" if worst else ""
+    )
+    return (
+        f"utilisation (admitted/achievable): first window {first.utilisation:.2f}{then}, "
+        f"overall {admitted / achievable:.2f}{level}"
     )
 
 
 def _figures_line(figures: FairnessFigures, steady: tuple[float, float]) -> str:
     level = "inf (fits)" if math.isinf(figures.level) else f"{figures.level:.0f}/s"
     return (
-        f"fairness {steady[0]:g}-{steady[1]:g} s: utilization {figures.utilization:.2f}, "
+        f"fairness {steady[0]:g}-{steady[1]:g} s: "
         f"Jain {figures.jain_index:.2f}, top client {figures.top_client_share:.0%}, "
         f"starved {figures.starved_clients}/{figures.active_clients}, level {level}"
     )
 
 
-def _table(config: ConfigResult, width: int) -> list[str]:
-    head = ("offered", "attempted", "admitted", "rejected", "success", "admitted/s")
-    lines = [f"{'client':<{width}}" + "".join(f"{h:>11}" for h in head)]
-    rows = [*config.clients, _total(config.clients)]
-    for c in rows:
+def _rows(clients: Sequence[ClientResult]) -> list[ClientResult]:
+    """One row per client, or per group of identical clients (their mean, named so)."""
+    groups: dict[str, list[ClientResult]] = {}
+    for c in clients:
+        groups.setdefault(c.group or c.name, []).append(c)
+    rows = []
+    for name, members in groups.items():
+        if len(members) == 1:
+            rows.append(members[0])
+            continue
+        mean = _total(members, f"{name} x{len(members)} (each)")
+        n = len(members)
+        rows.append(
+            ClientResult(
+                mean.name,
+                round(mean.offered / n),
+                round(mean.attempted / n),
+                round(mean.admitted / n),
+                round(mean.rejected / n),
+                mean.success,
+                mean.admitted_per_second / n,
+                (),
+                name,
+                round(mean.offered_hits / n),
+                round(mean.admitted_hits / n),
+            )
+        )
+    return rows
+
+
+def _table(config: ConfigResult, width: int, hits: bool) -> list[str]:
+    head: tuple[str, ...] = ("offered", "attempted", "admitted", "rejected", "success")
+    head += ("admitted/s", "hits admitted") if hits else ("admitted/s",)
+    lines = [f"{'client':<{width}}" + "".join(f"{h:>{11 if len(h) < 11 else 14}}" for h in head)]
+    for c in [*_rows(config.clients), _total(config.clients, "total")]:
         cells = (c.offered, c.attempted, c.admitted, c.rejected)
         lines.append(
             f"{c.name:<{width}}"
             + "".join(f"{n:>11}" for n in cells)
             + f"{c.success:>11.1%}{c.admitted_per_second:>11.1f}"
+            + (f"{c.admitted_hits:>14}" if hits else "")
         )
     return lines
 
 
-def _total(clients: Sequence[ClientResult]) -> ClientResult:
+def _total(clients: Sequence[ClientResult], name: str) -> ClientResult:
     offered = sum(c.offered for c in clients)
     admitted = sum(c.admitted for c in clients)
     return ClientResult(
-        "total",
+        name,
         offered,
         sum(c.attempted for c in clients),
         admitted,
@@ -161,6 +253,9 @@ def _total(clients: Sequence[ClientResult]) -> ClientResult:
         admitted / offered if offered else 1.0,
         sum(c.admitted_per_second for c in clients),
         (),
+        name,
+        sum(c.offered_hits for c in clients),
+        sum(c.admitted_hits for c in clients),
     )
 
 
@@ -178,13 +273,19 @@ def text(result: Result) -> str:
         f"{s.clients} clients",
         "success = original requests eventually admitted (after retries) / offered",
     ]
-    width = max([6] + [len(c.name) for cfg in result.configs for c in cfg.clients]) + 1
+    rows = [r for cfg in result.configs for r in _rows(cfg.clients)]
+    width = max([6] + [len(r.name) for r in rows]) + 1
+    hits = any(c.offered_hits != c.offered for cfg in result.configs for c in cfg.clients)
     for config in result.configs:
-        lines += ["", _heading(config), *_table(config, width)]
+        lines += ["", _heading(config), *_table(config, width, hits)]
         if config.cap is None:
             lines.append("no limit is shared by every client: no cap to check")
-        else:
-            lines.append(_cap_line(config.cap))
+        lines += [
+            _cap_line(c, i == 0 and config.cap is not None) for i, c in enumerate(config.levels)
+        ]
+        utilisation = _utilisation_line(config)
+        if utilisation is not None:
+            lines.append(utilisation)
         if config.figures is not None:
             lines.append(_figures_line(config.figures, s.steady))
     return "\n".join(lines)
@@ -200,6 +301,41 @@ def _figures_json(figures: FairnessFigures | None) -> dict[str, Any] | None:
         "jain_index": figures.jain_index,
         "top_client_share": figures.top_client_share,
         "starved_clients": figures.starved_clients,
+    }
+
+
+def _number(value: float | None) -> float | str | None:
+    """JSON has no infinity: λ = inf (every demand fits) is written "inf"."""
+    return "inf" if value is not None and math.isinf(value) else value
+
+
+def _check_json(cap: CapCheck) -> dict[str, Any]:
+    return {
+        "path": cap.path,
+        "mode": cap.mode,
+        "limit": cap.limit,
+        "window_seconds": cap.window,
+        "counters": cap.instances,
+        "max_admitted_in_a_window": cap.max_admitted,
+        "max_admitted_over_limit": cap.max_admitted / cap.limit if cap.limit else None,
+        "exceeded": cap.exceeded,
+    }
+
+
+def _window_json(window: WindowResult, clients: Sequence[ClientResult]) -> dict[str, Any]:
+    return {
+        "index": window.index,
+        "start": window.start,
+        "end": window.end,
+        "complete": window.complete,
+        "achievable": window.achievable,
+        "admitted": window.admitted,
+        "utilisation": window.utilisation,
+        "level": _number(window.level),
+        "clients": [
+            {"name": c.name, "offered_hits": o, "admitted_hits": a}
+            for c, o, a in zip(clients, window.offered, window.admitted_by_client, strict=True)
+        ],
     }
 
 
@@ -219,19 +355,16 @@ def _config_json(config: ConfigResult) -> dict[str, Any]:
                 "success": c.success,
                 "admitted_per_second": c.admitted_per_second,
                 "admitted_each_second": list(c.per_second),
+                "group": c.group,
+                "offered_hits": c.offered_hits,
+                "admitted_hits": c.admitted_hits,
             }
             for c in config.clients
         ],
-        "cap": None
-        if cap is None
-        else {
-            "path": cap.path,
-            "mode": cap.mode,
-            "limit": cap.limit,
-            "window_seconds": cap.window,
-            "max_admitted_in_a_window": cap.max_admitted,
-            "exceeded": cap.exceeded,
-        },
+        "levels": [_check_json(c) for c in config.levels],
+        "windows": [_window_json(w, config.clients) for w in config.windows],
+        "level_each_second": [_number(x) for x in config.levels_per_second],
+        "cap": None if cap is None else _check_json(cap),
         "fairness": _figures_json(config.figures),
     }
 
