@@ -7,6 +7,7 @@ Redis-only: several workers share state through Redis; memory:// with --workers 
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -121,23 +122,86 @@ class TestWorkers:
         assert log.count("admin HTTP is served by worker 0 only") == 1
         assert "workers exited: 0, 0" in log
 
-    def test_a_worker_that_dies_takes_the_server_down(
+    def test_a_worker_that_dies_is_logged_and_restarted(
         self, redis_server: RedisProcess, tmp_path: Path
     ) -> None:
-        """One worker killed: the parent stops the other and exits non-zero, for a supervisor."""
-        config = tmp_path / "edge.yaml"
-        config.write_text(CONFIG)
-        url = redis_server.url + "?timeout=0.5"
-        server = ServerProcess(["--config", str(config), "--backend", url, "--workers", "2"])
+        """One worker killed: the parent logs it, starts another, and the port answers on."""
+        server = _serve_workers(redis_server, tmp_path)
         try:
-            _wait_for_log(server, "serving gRPC on", 2)
-            workers = [pid for pid in _children(server.process.pid) if _socket_inodes(pid)]
-            assert len(workers) == 2, workers  # with one, "stops the other" would be vacuous
+            workers = _listening_workers(server)
+            assert len(workers) == 2, workers  # with one, "the other answers on" is vacuous
             os.kill(workers[0], signal.SIGKILL)
-            code = server.process.wait(30)
+            _wait_for_log(server, "restarted as pid", 1)
+            _wait_for_log(server, "serving gRPC on", 3)
+            replaced = _listening_workers(server)
+            with grpc.insecure_channel(server.target) as channel:
+                answer = _ask(channel, "restart")
         finally:
-            server.stop()
-        assert code != 0
-        _wait_for_log(server, "workers exited", 1)  # the log is read by a thread
-        assert "stopping the others" in "".join(server.lines)
-        assert not Path(f"/proc/{workers[1]}").exists()
+            code = server.stop()
+        assert len(replaced) == 2 and workers[0] not in replaced and workers[1] in replaced
+        assert answer == OK and code == 0
+        assert f"exited with -{int(signal.SIGKILL)}" in "".join(server.lines)
+
+    def test_sighup_reloads_every_worker_and_the_parent_stays(
+        self, redis_server: RedisProcess, tmp_path: Path
+    ) -> None:
+        """SIGHUP to the parent (systemd's ExecReload): each worker reloads, none exits."""
+        server = _serve_workers(redis_server, tmp_path)
+        try:
+            workers = _listening_workers(server)
+            server.process.send_signal(signal.SIGHUP)
+            _wait_for_log(server, "config reloaded", 2)
+            alive = server.process.poll() is None
+            after = _listening_workers(server)
+        finally:
+            code = server.stop()
+        assert alive and after == workers and code == 0
+        assert "restarted" not in "".join(server.lines)
+
+    def test_workers_die_with_a_killed_parent(
+        self, redis_server: RedisProcess, tmp_path: Path
+    ) -> None:
+        """SIGKILL of the parent: its workers stop too, and nobody is left on the port."""
+        server = _serve_workers(redis_server, tmp_path)
+        try:
+            workers = _listening_workers(server)
+            server.process.kill()
+            server.process.wait(10)
+            _wait_until(lambda: not any(_alive(pid) for pid in workers))
+            listening = _sockets_on(server.grpc_port, _LISTEN)
+        finally:
+            for pid in workers:
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            server.stop()  # the parent is gone: this closes its log pipe
+        assert listening == set()
+
+
+def _serve_workers(redis_server: RedisProcess, tmp_path: Path) -> ServerProcess:
+    config = tmp_path / "edge.yaml"
+    config.write_text(CONFIG)
+    url = redis_server.url + "?timeout=0.5"
+    server = ServerProcess(["--config", str(config), "--backend", url, "--workers", "2"])
+    _wait_for_log(server, "serving gRPC on", 2)
+    return server
+
+
+def _listening_workers(server: ServerProcess) -> list[int]:
+    """The workers (children of the parent) that hold a listening socket on the port."""
+    return sorted(_workers_holding(server, _sockets_on(server.grpc_port, _LISTEN)))
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for init to reap it counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)

@@ -8,10 +8,16 @@ labelled ``worker`` (the others hand theirs over through a directory: telemetry/
 
 The parent binds the port first (without listening, so it takes no connections) with
 SO_REUSEPORT: that turns a port of 0 into one real port every worker can bind, and keeps it
-held while they run. It forwards SIGTERM and SIGINT to every worker, and when one worker
-exits on its own it stops the others, so a supervisor sees the whole server go.
+held while they run. It forwards SIGTERM and SIGINT to every worker, and SIGHUP too (each
+worker reloads its config). A worker that crashes is logged and started again, up to
+``RESTARTS`` times in ``RESTART_WINDOW`` seconds; past that, or when a worker refuses its
+config or settings (a restart cannot mend those), the parent stops the others and exits
+non-zero, so a supervisor sees the whole server go. Workers die with the parent, however it
+dies (SIGKILL included): no stale process stays on the port.
 """
 
+import collections
+import ctypes
 import dataclasses
 import logging
 import multiprocessing
@@ -19,9 +25,13 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from fairlimit.settings import Settings, parse_address
@@ -31,6 +41,10 @@ log = logging.getLogger("fairlimit")
 
 Worker = Callable[[Settings, int], None]  # a module-level function (spawn pickles it by name)
 _GRACEFUL = (0, -signal.SIGTERM, -signal.SIGINT)
+_UNUSABLE = 2  # the CLI's exit code for a config or settings error: restarting cannot help
+RESTARTS = 5
+RESTART_WINDOW = 60.0
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def reserve_port(address: str) -> tuple[socket.socket, str]:
@@ -46,30 +60,74 @@ def reserve_port(address: str) -> tuple[socket.socket, str]:
     return sock, f"{shown}:{real}"
 
 
+def _follow_parent(parent: int) -> None:
+    """Have this worker receive SIGTERM (and drain) when its parent process dies."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    else:  # elsewhere, the pipe multiprocessing keeps to the parent closes when it dies
+        spawner = multiprocessing.parent_process()
+        if spawner is not None:
+            threading.Thread(target=_on_close, args=(spawner.sentinel,), daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _on_close(sentinel: int) -> None:
+    wait([sentinel])
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _worker_main(worker: Worker, settings: Settings, index: int, parent: int) -> None:
+    """A worker process: follow the parent, then serve."""
+    # A SIGHUP before the server installs its reload handler would kill the worker by
+    # default; the config it is about to load is the current one anyway.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    _follow_parent(parent)
+    worker(settings, index)
+
+
 class Parent:
-    """Starts the workers, forwards stop signals, waits for all of them."""
+    """Starts the workers, forwards signals, restarts crashed ones, waits for all of them."""
 
     def __init__(self, settings: Settings, worker: Worker) -> None:
         self.held, address = reserve_port(settings.grpc_addr)
         self.settings = dataclasses.replace(settings, grpc_addr=address)
-        context = multiprocessing.get_context("spawn")  # never fork a process that has grpc
-        self.workers = [
-            context.Process(target=worker, args=(self.settings, i), name=f"fairlimit-worker-{i}")
-            for i in range(settings.workers)
-        ]
+        self.context = multiprocessing.get_context("spawn")  # never fork a process with grpc
+        self.worker = worker
+        self.workers = [self._process(i) for i in range(settings.workers)]
         self.stopping = False
+        self.failure: int | None = None  # the exit code that brought the server down
+        self.restarts: collections.deque[float] = collections.deque()
         # Where workers 1..N-1 leave their metrics for worker 0's /metrics (telemetry/pooled).
         self.metrics_dir = tempfile.mkdtemp(prefix="fairlimit-metrics-")
 
-    def _forward(self, signum: int, frame: FrameType | None = None) -> None:
-        self.stopping = True
+    def _process(self, index: int) -> BaseProcess:
+        return self.context.Process(
+            target=_worker_main,
+            args=(self.worker, self.settings, index, os.getpid()),
+            name=f"fairlimit-worker-{index}",
+        )
+
+    def _signal_all(self, signum: int) -> None:
         for process in self.workers:
             if process.pid is not None and process.exitcode is None:
                 os.kill(process.pid, signum)
 
+    def _forward(self, signum: int, frame: FrameType | None = None) -> None:
+        self.stopping = True
+        self._signal_all(signum)
+
+    def _reload(self, signum: int, frame: FrameType | None = None) -> None:
+        log.info("SIGHUP: every worker reloads its config")
+        self._signal_all(signal.SIGHUP)
+
     def run(self) -> int:
         """Serve until every worker has exited; 0 when they all stopped cleanly."""
-        previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        handlers = {signal.SIGTERM: self._forward, signal.SIGINT: self._forward,
+                    signal.SIGHUP: self._reload}  # fmt: skip
+        previous = {s: signal.signal(s, h) for s, h in handlers.items()}
         os.environ[DIRECTORY_ENV] = self.metrics_dir  # a spawned worker inherits it
         try:
             for process in self.workers:
@@ -87,26 +145,38 @@ class Parent:
             os.environ.pop(DIRECTORY_ENV, None)
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
         codes = [p.exitcode for p in self.workers]
-        failed = [c for c in codes if c not in _GRACEFUL]
         log.info("workers exited: %s", ", ".join(str(c) for c in codes))
-        return next((c if c and c > 0 else 1 for c in failed), 0)
+        failed = [c for c in (self.failure, *codes) if c is not None and c not in _GRACEFUL]
+        return next((c if c > 0 else 1 for c in failed), 0)
 
     def _wait(self) -> None:
-        running = list(self.workers)
-        while running:
-            wait([p.sentinel for p in running], timeout=0.5)
-            # Each exit code read once: a worker reaped between two reads would otherwise
-            # leave the running list without being seen to end.
-            exited = [p.exitcode is not None for p in running]
-            ended = [p for p, gone in zip(running, exited, strict=True) if gone]
-            running = [p for p, gone in zip(running, exited, strict=True) if not gone]
-            if ended and running and not self.stopping:
-                first = ended[0]
-                log.error("worker %s exited with %s: stopping the others", first.name,
-                          first.exitcode)  # fmt: skip
-                self._forward(signal.SIGTERM)
+        while any(p.exitcode is None for p in self.workers):
+            wait([p.sentinel for p in self.workers if p.exitcode is None], timeout=0.5)
+            if self.stopping:
+                continue
+            for index, process in enumerate(self.workers):
+                if process.exitcode is not None:
+                    self._crashed(index, process)
         for process in self.workers:
             process.join()
+
+    def _crashed(self, index: int, process: BaseProcess) -> None:
+        """Restart worker ``index`` that exited on its own, or stop them all."""
+        code = process.exitcode
+        now = time.monotonic()
+        while self.restarts and self.restarts[0] <= now - RESTART_WINDOW:
+            self.restarts.popleft()
+        if code != _UNUSABLE and len(self.restarts) < RESTARTS:
+            self.restarts.append(now)
+            self.workers[index] = fresh = self._process(index)
+            fresh.start()
+            log.error("worker %s (pid %s) exited with %s: restarted as pid %s",
+                      process.name, process.pid, code, fresh.pid)  # fmt: skip
+            return
+        why = "a config it cannot load" if code == _UNUSABLE else "crashing too often"
+        log.error("worker %s exited with %s (%s): stopping the others", process.name, code, why)
+        self.failure = code
+        self._forward(signal.SIGTERM)
 
 
 def run_workers(settings: Settings, worker: Worker) -> int:
