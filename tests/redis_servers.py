@@ -254,3 +254,154 @@ def redis_cluster_store_factory(redis_cluster: RedisClusterProcesses) -> StoreFa
         return open_redis(suite_url(redis_cluster.url, **options))
 
     return make
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = STARTUP_SECONDS) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except redis.RedisError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} within {timeout:.0f}s")
+
+
+_PROMPT_SYNC = ("--repl-diskless-sync-delay", "0")  # a replica syncs at once, not after 5 s
+
+
+class SentinelFailover:
+    """A master, its replica and one Sentinel that fails over about a second after a kill.
+
+    One Sentinel is a quorum of one: enough to elect itself and promote the replica, and
+    the leanest set-up that still goes through Sentinel's real failover.
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self.master = RedisProcess(workdir, None, *_PROMPT_SYNC)
+        self.replica = RedisProcess(workdir, None, "--replicaof", "127.0.0.1",
+                                    str(self.master.port))  # fmt: skip
+        self.port = free_port()
+        self.conf = workdir / f"sentinel-{self.port}.conf"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.port}/mymaster"
+
+    def start(self) -> "SentinelFailover":
+        self.master.start()
+        self.replica.start()
+        _wait(lambda: _streams_to_replica(self.master), "the replica did not sync")
+        self.conf.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.conf.parent}\n"
+            f"sentinel monitor mymaster 127.0.0.1 {self.master.port} 1\n"
+            "sentinel down-after-milliseconds mymaster 500\n"
+            "sentinel failover-timeout mymaster 5000\n"
+        )
+        with (self.conf.parent / f"sentinel-{self.port}.log").open("ab") as log:
+            self.proc = subprocess.Popen([self.master.binary, str(self.conf), "--sentinel"],
+                                         stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        _wait(lambda: bool(self._ask("SENTINEL", "REPLICAS", "mymaster")),
+              "the Sentinel did not find the replica")  # fmt: skip
+        return self
+
+    def _ask(self, *command: str) -> object:
+        with redis.Redis(port=self.port, socket_timeout=0.5, decode_responses=True) as client:
+            return client.execute_command(*command)
+
+    def master_port(self) -> int:
+        """The port of the master the Sentinel names now."""
+        reply = self._ask("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster")
+        assert isinstance(reply, list | tuple)
+        return int(reply[1])
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.master.stop()
+        self.replica.stop()
+
+
+def _info(server: RedisProcess, section: str) -> dict[str, object]:
+    with redis.Redis(port=server.port, socket_timeout=0.5, decode_responses=True) as client:
+        info: dict[str, object] = client.info(section)
+        return info
+
+
+def _streams_to_replica(master: RedisProcess) -> bool:
+    """Whether ``master``'s writes reach its replica. The replica's side says the link is up
+    as soon as it has loaded the first copy, but the master streams writes only after the
+    replica's first acknowledgement, up to a second later: a kill before that loses every
+    write since. WAIT returns once the replica has acknowledged a write of ours."""
+    with redis.Redis(port=master.port, socket_timeout=2) as client:
+        for key in (f"replica-probe-{i}" for i in range(1000)):
+            try:
+                client.set(key, 1)
+            except redis.ResponseError:  # MOVED: in a cluster, that slot is another master's
+                continue
+            acknowledged = int(client.execute_command("WAIT", 1, 1000))
+            client.delete(key)
+            return acknowledged == 1
+    return False
+
+
+@pytest.fixture
+def sentinel_failover(tmp_path: Path) -> Iterator[SentinelFailover]:
+    """A master, a replica and a Sentinel of this test's own, for it to kill."""
+    group = SentinelFailover(tmp_path)
+    try:
+        yield group.start()
+    finally:
+        group.stop()
+
+
+class ReplicatedCluster(RedisClusterProcesses):
+    """Three masters and a replica of the first, with a one-second node timeout."""
+
+    def __init__(self, workdir: Path) -> None:
+        extra = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
+                 "--cluster-config-file", "nodes.conf", *_PROMPT_SYNC)  # fmt: skip
+        self.nodes = [RedisProcess(workdir, None, *extra) for _ in range(3)]
+        self.replica = RedisProcess(workdir, None, *extra)
+
+    def start(self) -> "ReplicatedCluster":
+        super().start()
+        first = self.nodes[0]
+        with first.client() as client:
+            first_id = str(client.execute_command("CLUSTER", "MYID"))
+        self.replica.start()
+        subprocess.run(
+            ["redis-cli", "--cluster", "add-node", f"127.0.0.1:{self.replica.port}",
+             f"127.0.0.1:{first.port}", "--cluster-slave", "--cluster-master-id", first_id],
+            check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
+        _wait(lambda: _streams_to_replica(first), "the cluster replica did not sync", 30)
+        return self
+
+    def promoted(self) -> bool:
+        """Whether the replica has become a master that serves slots."""
+        return _info(self.replica, "replication").get("role") == "master" and self._serves(
+            self.replica
+        )
+
+    @staticmethod
+    def _serves(node: RedisProcess) -> bool:
+        with node.client() as client:
+            return "cluster_state:ok" in str(client.execute_command("CLUSTER", "INFO"))
+
+    def stop(self) -> None:
+        super().stop()
+        self.replica.stop()
+
+
+@pytest.fixture
+def replicated_cluster(tmp_path: Path) -> Iterator[ReplicatedCluster]:
+    """A Redis Cluster of this test's own whose first master has a replica to promote."""
+    cluster = ReplicatedCluster(tmp_path)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
