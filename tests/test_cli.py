@@ -105,7 +105,8 @@ class TestServe:
     def test_env_twins_configure_serve(self, tmp_path: Path) -> None:
         """FAIRLIMIT_CONFIG and FAIRLIMIT_LOG_FORMAT work as the flags do."""
         config = tmp_path / "only.yaml"
-        config.write_text("domain: envtwin\ndescriptors: []\n")
+        limit = "    rate_limit: {unit: second, requests_per_unit: 1}\n"
+        config.write_text(f"domain: envtwin\ndescriptors:\n  - key: k\n{limit}")
         env = {"FAIRLIMIT_CONFIG": str(config), "FAIRLIMIT_LOG_FORMAT": "json"}
         with fairlimit_server(env=env) as server:
             pass

@@ -176,7 +176,9 @@ class TestRecorder:
 
     def test_nothing_is_watched_without_caps_or_with_capacity_zero(self, tmp_path: Path) -> None:
         """The request path pays one flag check when there is nothing to rank."""
-        no_caps = load_text(tmp_path, "domain: d\ndescriptors:\n  - key: k\n", "plain.yaml")
+        limit = "    rate_limit: {unit: second, requests_per_unit: 1}\n"  # a limit, no cap
+        plain = f"domain: d\ndescriptors:\n  - key: k\n{limit}"
+        no_caps = load_text(tmp_path, plain, "plain.yaml")
         recorder = TopClients(4)
         recorder.use(no_caps)
         assert not recorder.watching

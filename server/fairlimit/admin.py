@@ -53,6 +53,8 @@ class AdminServer:
         self.registry = registry  # the Prometheus reader's, from the CLI's SDK wiring
         self.host, self.port = host, port
         self.draining = False
+        self.config_missing = False  # not ready until a domain is loaded (healthy_with_config)
+        self.reload_failure: str | None = None  # why the last reload was rejected, if it was
         self.healthy_with_config = healthy_with_config  # HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
         self.upstream_metrics = upstream_metrics  # envoyproxy/ratelimit's names, when asked
         app = web.Application(client_max_size=MAX_BODY)
@@ -82,11 +84,21 @@ class AdminServer:
         return web.Response(text="ok\n")
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Ready: config loaded (it is, once serving), backend answering, not draining."""
+        """Ready: config loaded, backend answering, not draining.
+
+        A rejected reload is reported in the body but keeps the status 200: the running
+        config still limits, and a bad ConfigMap sent to every replica must not take them
+        all out of service (fairlimit.config.loads{result="failure"} counts it).
+        """
         if self.draining:
             return web.Response(status=503, text="draining\n")
+        if self.config_missing:
+            return web.Response(status=503, text="no config with a domain loaded yet\n")
         if not await self.limiter.ping():
             return web.Response(status=503, text="backend unavailable\n")
+        if self.reload_failure is not None:
+            why = self.reload_failure
+            return web.Response(text=f"ready; last reload rejected, previous config kept: {why}\n")
         return web.Response(text="ready\n")
 
     async def healthcheck(self, request: web.Request) -> web.Response:

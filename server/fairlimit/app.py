@@ -122,7 +122,12 @@ class App:
         loaded = (
             assemble([], ())  # nothing until the management server sends the first set
             if self.xds is not None
-            else load(settings.config, strict=settings.strict, merge_domains=settings.merge_domains)
+            else load(
+                settings.config,
+                strict=settings.strict,
+                merge_domains=settings.merge_domains,
+                allow_empty=settings.allow_empty_config,
+            )
         )
         for line in loaded.warnings:
             log.warning("%s", line)
@@ -169,6 +174,7 @@ class App:
             settings.config,
             strict=settings.strict,
             merge_domains=settings.merge_domains,
+            allow_empty=settings.allow_empty_config,
             apply=self._apply,
             reject=self._reject,
         )
@@ -205,6 +211,15 @@ class App:
             listeners.append(SideListener(host, port, {self.settings.metrics_path: admin.metrics}))
         return listeners
 
+    def _has_config(self, loaded: Loaded) -> bool:
+        """Ready as far as the config goes: always, unless readiness needs a domain loaded."""
+        return bool(loaded.config.domains) or not self.settings.healthy_with_config
+
+    async def _config_ready(self, ready: bool) -> None:
+        if self.admin is not None:
+            self.admin.config_missing = not ready
+        await self.grpc.set_serving(ready)
+
     async def start(self) -> None:
         if self.xds is not None:
             # As upstream: serve only once the management server has sent a config.
@@ -217,6 +232,7 @@ class App:
         for listener in self.side:
             await listener.start()
             log.info("serving %s:%d", listener.host, listener.port)
+        await self._config_ready(self._has_config(self.limiter.loaded))
         self.telemetry.config_load(True)
         _log_loaded("config loaded", self.limiter.loaded)
         log.info("serving gRPC on %s (port %d)", self.settings.grpc_addr, self.grpc.port)
@@ -249,12 +265,18 @@ class App:
             log.info("%s", line)
         self.limiter.swap(loaded)
         self.telemetry.config_load(True)
+        if self.admin is not None:
+            self.admin.reload_failure = None
+        if not self._stopping.is_set():  # a drain has said NOT_SERVING: a reload keeps it
+            self._spawn(self._config_ready(self._has_config(loaded)))
         _log_loaded("config reloaded", loaded)
 
     def _reject(self, error: ConfigError) -> None:
         for line in error.problems:
             log.error("%s", line)
         self.telemetry.config_load(False)
+        if self.admin is not None:
+            self.admin.reload_failure = f"{len(error.problems)} problems: {error.problems[0]}"
         log.error("config rejected: keeping the running config (%d problems)", len(error.problems))
 
     def reload(self) -> None:

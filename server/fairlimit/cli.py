@@ -64,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="GOAWAY after this long (0: never), so clients rebalance")  # fmt: skip
     serve.add_argument("--max-connection-age-grace", metavar="SECONDS",
                        help="time calls in flight get after GOAWAY")  # fmt: skip
+    serve.add_argument(
+        "--allow-empty-config", action="store_const", const=True,
+        help="accept a config without any rate limit (refused by default)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--healthy-with-config", action="store_const", const=True,
+        help="not ready (nor healthy) until a config with a domain is loaded",
+    )  # fmt: skip
     serve.add_argument("--log-format", choices=["text", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this chain")

@@ -23,6 +23,7 @@ from fairlimit.core.rules import (
     Loaded,
     RateLimit,
     Rule,
+    walk,
 )
 from fairlimit.core.units import Unit
 from fairlimit.core.validation import classify
@@ -41,6 +42,7 @@ RATE_LIMIT_KEYS = frozenset(
 FAIR_SHARE_KEYS = frozenset({"active_clients", "weights"})
 YAML_SUFFIXES = (".yaml", ".yml")
 _OCTAL_HINT = " (upstream reads a leading zero as octal: write it without)"
+_ALLOW = "a config without limits turns the limiter off; --allow-empty-config accepts it"
 
 
 class _Problems:
@@ -426,13 +428,40 @@ def assemble(
     return loaded
 
 
+def _empty(paths: Sequence[str | Path], config: Config) -> list[str]:
+    """Why ``config`` loaded from ``paths`` would switch limiting off: a directory given that
+    holds no descriptor file (a ConfigMap whose key or ``..data`` link went), or not one
+    rate or concurrency limit in the whole set."""
+    lines = [
+        f"{path}: (directory): no descriptor files (*.yaml, *.yml): {_ALLOW}"
+        for path in map(Path, paths)
+        if path.is_dir() and not config_files([path])
+    ]
+    limits = [
+        rule
+        for domain in config.domains.values()
+        for rule, _ in walk(domain.rules)
+        if (rule.rate_limit is not None and not rule.rate_limit.unlimited) or rule.concurrency
+    ]
+    if not limits and not lines:
+        where = ", ".join(str(p) for p in paths)
+        lines.append(f"{where}: (config): no rate limit in any domain: {_ALLOW}")
+    return lines
+
+
 def load(
-    paths: Sequence[str | Path], *, strict: bool = False, merge_domains: bool = False
+    paths: Sequence[str | Path],
+    *,
+    strict: bool = False,
+    merge_domains: bool = False,
+    allow_empty: bool = False,
 ) -> Loaded:
     """Load every descriptor file under ``paths``, all or nothing.
 
     Raises ConfigUnreadable for paths that cannot be read at all, ConfigError for rule
-    problems, and ConfigWarningError when ``strict`` and any cap or bucket draws a warning.
+    problems and for a config that limits nothing (a directory without descriptor files,
+    or no limit anywhere) unless ``allow_empty``, and ConfigWarningError when ``strict``
+    and any cap or bucket draws a warning.
     """
     files = config_files(paths)
     domains: list[Domain] = []
@@ -446,4 +475,8 @@ def load(
             lines.extend(exc.problems)
     if lines:
         raise (ConfigUnreadable if unreadable else ConfigError)(lines)
-    return assemble(domains, files, strict=strict, merge_domains=merge_domains)
+    loaded = assemble(domains, files, strict=strict, merge_domains=merge_domains)
+    empty = [] if allow_empty else _empty(paths, loaded.config)
+    if empty:
+        raise ConfigError(empty)
+    return loaded

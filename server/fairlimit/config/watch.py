@@ -33,6 +33,7 @@ class ConfigWatcher:
         *,
         strict: bool,
         merge_domains: bool = False,
+        allow_empty: bool = False,
         apply: Callable[[Loaded], None],
         reject: Callable[[ConfigError], None],
         debounce_ms: int = 300,
@@ -41,6 +42,7 @@ class ConfigWatcher:
         self._watched = tuple(Path(p).absolute() for p in paths)  # events carry absolute paths
         self.strict = strict
         self.merge_domains = merge_domains
+        self.allow_empty = allow_empty
         self._apply, self._reject = apply, reject
         self.debounce_ms = debounce_ms
         self._stop = asyncio.Event()
@@ -63,7 +65,11 @@ class ConfigWatcher:
             self.reloads += 1
             try:  # in a thread: reading and parsing must not stall the requests on the loop
                 loaded = await asyncio.to_thread(
-                    load, self.paths, strict=self.strict, merge_domains=self.merge_domains
+                    load,
+                    self.paths,
+                    strict=self.strict,
+                    merge_domains=self.merge_domains,
+                    allow_empty=self.allow_empty,
                 )
             except ConfigError as exc:
                 self._reject(exc)

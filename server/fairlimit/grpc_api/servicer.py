@@ -225,6 +225,12 @@ class GrpcServer:
         for name in HEALTH_NAMES:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
+    async def set_serving(self, serving: bool) -> None:
+        """Health SERVING or NOT_SERVING (no domain loaded yet, with --healthy-with-config)."""
+        status = health_pb2.HealthCheckResponse
+        for name in HEALTH_NAMES:
+            await self.health.set(name, status.SERVING if serving else status.NOT_SERVING)
+
     async def drain(self, grace: float) -> None:
         """Say NOT_SERVING, let in-flight calls finish within ``grace`` seconds, stop."""
         for name in HEALTH_NAMES:

@@ -82,7 +82,12 @@ class Settings:
     header_remaining: str = "RateLimit-Remaining"
     header_reset: str = "RateLimit-Reset"
     response_metadata: bool = False
+    # Upstream's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: /healthcheck, /readyz and gRPC
+    # health fail until a config with at least one domain is loaded.
     healthy_with_config: bool = False
+    # A config that limits nothing (no descriptor file in a directory given, no limit at
+    # all) is refused at start and on reload unless this is set.
+    allow_empty_config: bool = False
     metrics_compat: bool = False  # upstream's Prometheus names next to ours
     metrics_addr: str | None = None  # a listener of its own for /metrics (PROMETHEUS_ADDR)
     metrics_path: str = "/metrics"
@@ -189,7 +194,7 @@ class Settings:
 
 _FLAGS = frozenset({"strict", "shadow", "quota_mode", "merge_domains", "response_headers",
                     "response_metadata", "healthy_with_config", "metrics_compat",
-                    "xds_tls"})  # fmt: skip
+                    "xds_tls", "allow_empty_config"})  # fmt: skip
 _XDS_FILES = frozenset({"xds_server_ca", "xds_client_cert", "xds_client_key"})
 _NUMBERS = frozenset(
     {"near_limit_ratio", "max_connection_age", "max_connection_age_grace", "xds_retry"}
