@@ -167,6 +167,8 @@ class App:
             _response_options(settings),
             (settings.max_connection_age, settings.max_connection_age_grace),
             quota=self.quota,
+            max_receive=settings.grpc_max_receive_bytes,
+            max_concurrent=settings.grpc_max_concurrent,
         )
         self.admin = None if worker else self._admin(metrics_registry)
         self.side = [] if self.admin is None else self._side_listeners(self.admin)

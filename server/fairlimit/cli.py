@@ -78,6 +78,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     serve.add_argument("--tls-client-ca", metavar="PEM", help="require client certs (mTLS)")
     serve.add_argument("--top-clients", metavar="K", help="clients tracked per cap for /top")
+    serve.add_argument(
+        "--grpc-max-receive-bytes",
+        metavar="N",
+        help="largest gRPC message (0: the largest the request bounds admit)",
+    )
+    serve.add_argument(
+        "--grpc-max-concurrent",
+        metavar="N",
+        help="gRPC calls at once; more get RESOURCE_EXHAUSTED (default 32)",
+    )
     check = sub.add_parser("check", help="validate and classify descriptor files")
     check.add_argument("paths", nargs="+", metavar="PATH")
     check.add_argument("--strict", action="store_true", help="warnings are errors")

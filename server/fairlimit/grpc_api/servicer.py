@@ -12,6 +12,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.errors import RequestError, StoreUnavailable
+from fairlimit.grpc_api import limits
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
 from fairlimit.grpc_api.extras import ResponseOptions, add_extras
 from fairlimit.grpc_api.rlqs import RLQS_SERVICE, QuotaServicer
@@ -188,16 +189,25 @@ class GrpcServer:
         options: ResponseOptions | None = None,
         max_age: tuple[float | None, float | None] = (None, None),
         quota: QuotaService | None = None,
+        *,
+        max_receive: int = 0,
+        max_concurrent: int | None = None,
     ) -> None:
         # SO_REUSEPORT only where workers share the port on purpose: otherwise a second server
         # on a busy port must fail to bind rather than quietly take half of its connections.
-        server_options: list[tuple[str, int]] = [("grpc.so_reuseport", int(reuse_port))]
+        server_options = [
+            ("grpc.so_reuseport", int(reuse_port)),
+            *limits.server_options(max_receive),
+        ]
         # upstream's GRPC_MAX_CONNECTION_AGE(_GRACE): clients reconnect (and re-resolve)
         for name, seconds in zip(("max_connection_age", "max_connection_age_grace"), max_age,
                                  strict=True):  # fmt: skip
             if seconds is not None:
                 server_options.append((f"grpc.{name}_ms", int(seconds * 1000)))
-        self.server = grpc.aio.server(options=server_options)
+        # Beyond max_concurrent calls grpc answers RESOURCE_EXHAUSTED before reading a message.
+        self.server = grpc.aio.server(
+            options=server_options, maximum_concurrent_rpcs=max_concurrent
+        )
         self.options = options or ResponseOptions()  # /json adds the same parts
         servicer = RateLimitServicer(limiter, telemetry, self.options)
         self.server.add_generic_rpc_handlers((servicer.handler(),))

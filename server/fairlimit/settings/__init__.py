@@ -88,6 +88,11 @@ class Settings:
     # A config that limits nothing (no descriptor file in a directory given, no limit at
     # all) is refused at start and on reload unless this is set.
     allow_empty_config: bool = False
+    # The largest gRPC message received; 0: the largest request the bounds admit (~2.1 MB).
+    grpc_max_receive_bytes: int = 0
+    # Calls served at once; beyond, RESOURCE_EXHAUSTED. With the receive limit it bounds
+    # the memory a flood of maximal requests can take.
+    grpc_max_concurrent: int = 32
     metrics_compat: bool = False  # upstream's Prometheus names next to ours
     metrics_addr: str | None = None  # a listener of its own for /metrics (PROMETHEUS_ADDR)
     metrics_path: str = "/metrics"
@@ -161,6 +166,9 @@ class Settings:
             raise SettingsError(
                 f"--log-level: expected one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}"
             )
+        if self.grpc_max_concurrent < 1:
+            count = self.grpc_max_concurrent
+            raise SettingsError(f"--grpc-max-concurrent: must be 1 or more, got {count}")
         if self.workers < 1:
             raise SettingsError(f"--workers: must be 1 or more, got {self.workers}")
         if self.workers > 1 and self.grpc_addr.startswith("unix:"):
@@ -228,7 +236,7 @@ def _convert(label: str, name: str, value: object) -> object:
         return text or None
     if name == "unsupported_upstream":
         return tuple(v for v in text.split(",") if v)
-    if name in ("workers", "top_clients"):
+    if name in ("workers", "top_clients", "grpc_max_receive_bytes", "grpc_max_concurrent"):
         if not text.isdigit():
             raise SettingsError(f"{label}: expected a whole number, got {text!r}")
         return int(text)

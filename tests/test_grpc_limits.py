@@ -1,0 +1,144 @@
+"""The gRPC receive limit and the cap on concurrent calls, on a real server process.
+
+Before them, grpc's default 4 MB limit let a ~3.9 MB request in, parsed whole before the
+request bounds rejected it: 64 of them at once took the server from 61 to ~400 MB.
+"""
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
+from fairlimit.core.request import MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT
+from helpers import skip_or_fail
+from redis_servers import RedisProcess
+from servers import ServerProcess
+
+pytestmark = pytest.mark.process
+
+METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+D = ratelimit_pb2.RateLimitDescriptor
+CONFIG = """\
+domain: edge
+descriptors:
+  - key: client_id
+    rate_limit: {unit: minute, requests_per_unit: 10}
+"""
+
+
+def _request(text: int, domain: str = "edge") -> bytes:
+    """A request of MAX_DESCRIPTORS descriptors of MAX_ENTRIES entries of ``text`` chars."""
+    entry = D.Entry(key="k" * text, value="v" * text)
+    descriptors = [D(entries=[entry] * MAX_ENTRIES)] * MAX_DESCRIPTORS
+    message = rls_pb2.RateLimitRequest(domain=domain, descriptors=descriptors)
+    return message.SerializeToString()
+
+
+def _send(target: str, payload: bytes, timeout: float = 30) -> str:
+    """One call on its own connection; the status code's name."""
+    options = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_send_message_length", -1)]
+    with grpc.insecure_channel(target, options) as channel:
+        call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+        try:
+            call(payload, timeout=timeout)
+        except grpc.RpcError as error:
+            return str(error.code().name)
+    return "OK"
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc status")
+
+
+def _serve(tmp_path: Path, *args: str) -> ServerProcess:
+    config = tmp_path / "edge.yaml"
+    config.write_text(CONFIG)
+    return ServerProcess(["--config", str(config), *args])
+
+
+class TestReceiveLimit:
+    def test_the_largest_request_the_bounds_admit_is_answered(self, tmp_path: Path) -> None:
+        """Every descriptor, entry and text at its bound (~2.1 MB): served, not refused."""
+        server = _serve(tmp_path)
+        try:
+            code = _send(server.target, _request(MAX_TEXT, domain="d" * MAX_TEXT))
+        finally:
+            server.stop()
+        assert code == "OK"  # an unknown domain: no limits apply
+
+    def test_a_larger_request_is_refused_unread(self, tmp_path: Path) -> None:
+        """A ~3.9 MB request is past any valid one: RESOURCE_EXHAUSTED, not parsed first."""
+        server = _serve(tmp_path)
+        try:
+            code = _send(server.target, _request(1900))
+        finally:
+            server.stop()
+        assert code == "RESOURCE_EXHAUSTED"
+
+    def test_a_flood_of_oversized_requests_keeps_memory_bounded(self, tmp_path: Path) -> None:
+        """64 concurrent ~3.9 MB requests: the server grows by well under 100 MB (it grew by
+        ~340 MB when they were parsed)."""
+        if not Path("/proc/self/status").exists():
+            skip_or_fail("reads the server's peak RSS from Linux /proc")
+        server = _serve(tmp_path)
+        codes: list[str] = []
+        try:
+            _send(server.target, _request(1))  # imports and the first call done
+            baseline = _peak_rss_mb(server.process.pid)
+            payload = _request(1900)
+            flood = [
+                threading.Thread(target=lambda: codes.append(_send(server.target, payload)))
+                for _ in range(64)
+            ]
+            for thread in flood:
+                thread.start()
+            for thread in flood:
+                thread.join()
+            growth = _peak_rss_mb(server.process.pid) - baseline
+        finally:
+            server.stop()
+        assert codes == ["RESOURCE_EXHAUSTED"] * 64
+        assert growth < 100, growth
+
+
+class TestConcurrencyCap:
+    def test_calls_beyond_the_cap_are_resource_exhausted(
+        self, redis_process: RedisProcess, tmp_path: Path
+    ) -> None:
+        """--grpc-max-concurrent 1: while one call waits on a stopped Redis, the others sent
+        with it are refused with RESOURCE_EXHAUSTED; once it ends, calls are served again."""
+        url = redis_process.url + "?timeout=3"
+        server = _serve(tmp_path, "--backend", url, "--grpc-max-concurrent", "1")
+        small = rls_pb2.RateLimitRequest(
+            domain="edge", descriptors=[D(entries=[D.Entry(key="client_id", value="a")])]
+        ).SerializeToString()
+        codes: list[str] = []
+        assert redis_process.proc is not None
+        try:
+            assert _send(server.target, small) == "OK"
+            os.kill(redis_process.proc.pid, signal.SIGSTOP)
+            try:
+                calls = [
+                    threading.Thread(target=lambda: codes.append(_send(server.target, small)))
+                    for _ in range(6)
+                ]
+                for thread in calls:
+                    thread.start()
+                for thread in calls:
+                    thread.join()
+            finally:
+                os.kill(redis_process.proc.pid, signal.SIGCONT)
+            after = _send(server.target, small)
+        finally:
+            server.stop()
+        # The held call ends in the failure mode (open: OK) once Redis's timeout passes.
+        assert sorted(codes) == ["OK"] + ["RESOURCE_EXHAUSTED"] * 5
+        assert after == "OK"
