@@ -182,6 +182,7 @@ class App:
         )
         self._tasks: set[asyncio.Task[object]] = set()
         self._stopping = asyncio.Event()
+        self._hurry = asyncio.Event()  # a second SIGTERM: no more drain delay
 
     def _admin(self, registry: CollectorRegistry | None) -> AdminServer:
         host, port = parse_address("--admin-addr", self.settings.admin_addr)
@@ -323,7 +324,9 @@ class App:
                 await asyncio.wait_for(self._stopping.wait(), DRIP_SECONDS)
 
     def stop(self) -> None:
-        """Ask the serve loop to drain and exit."""
+        """Ask the serve loop to drain and exit; asked again, cut the drain delay short."""
+        if self._stopping.is_set():
+            self._hurry.set()
         self._stopping.set()
 
     async def run(self, on_ready: Callable[["App"], None] | None = None) -> None:
@@ -343,11 +346,23 @@ class App:
         await self.shutdown()
 
     async def shutdown(self) -> None:
-        """NOT_SERVING and /readyz 503, drain in-flight calls, stop the rest."""
+        """NOT_SERVING and /readyz 503; answer on for the drain delay; drain in-flight calls,
+        stop the rest.
+
+        The delay is for Kubernetes: endpoints learn of a terminating pod after the pod has
+        got its SIGTERM, and until they do, Envoy keeps sending it calls; a server that had
+        stopped accepting would fail them.
+        """
         self._stopping.set()  # also when called without stop(): the refresh loop ends on it
-        log.info("draining: health NOT_SERVING, finishing in-flight calls")
         if self.admin is not None:
             self.admin.draining = True
+        await self.grpc.set_serving(False)
+        delay = self.settings.drain_delay
+        if delay > 0:
+            log.info("health NOT_SERVING; answering calls for %gs more (--drain-delay)", delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), delay)
+        log.info("draining: health NOT_SERVING, finishing in-flight calls")
         self.watcher.stop()
         if self.xds is not None:
             self.xds.stop()

@@ -88,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="gRPC calls at once; more get RESOURCE_EXHAUSTED (default 32)",
     )
+    serve.add_argument(
+        "--drain-delay",
+        metavar="SECONDS",
+        help="on SIGTERM, answer this long while health says NOT_SERVING",
+    )
     check = sub.add_parser("check", help="validate and classify descriptor files")
     check.add_argument("paths", nargs="+", metavar="PATH")
     check.add_argument("--strict", action="store_true", help="warnings are errors")

@@ -93,6 +93,8 @@ class Settings:
     # Calls served at once; beyond, RESOURCE_EXHAUSTED. With the receive limit it bounds
     # the memory a flood of maximal requests can take.
     grpc_max_concurrent: int = 32
+    # On SIGTERM, seconds to keep answering while health says NOT_SERVING, before draining.
+    drain_delay: float = 0.0
     metrics_compat: bool = False  # upstream's Prometheus names next to ours
     metrics_addr: str | None = None  # a listener of its own for /metrics (PROMETHEUS_ADDR)
     metrics_path: str = "/metrics"
@@ -166,6 +168,10 @@ class Settings:
             raise SettingsError(
                 f"--log-level: expected one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}"
             )
+        if not 0 <= self.drain_delay < float("inf"):
+            raise SettingsError(
+                f"--drain-delay: expected seconds, 0 or more, got {self.drain_delay}"
+            )
         if self.grpc_max_concurrent < 1:
             count = self.grpc_max_concurrent
             raise SettingsError(f"--grpc-max-concurrent: must be 1 or more, got {count}")
@@ -205,7 +211,13 @@ _FLAGS = frozenset({"strict", "shadow", "quota_mode", "merge_domains", "response
                     "xds_tls", "allow_empty_config"})  # fmt: skip
 _XDS_FILES = frozenset({"xds_server_ca", "xds_client_cert", "xds_client_key"})
 _NUMBERS = frozenset(
-    {"near_limit_ratio", "max_connection_age", "max_connection_age_grace", "xds_retry"}
+    {
+        "near_limit_ratio",
+        "max_connection_age",
+        "max_connection_age_grace",
+        "xds_retry",
+        "drain_delay",
+    }
 )
 _LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "critical", "trace", "fatal", "panic")
 
