@@ -1,5 +1,9 @@
 """gRPC over TLS and mTLS, through real secure channels to a real server process."""
 
+import shutil
+import socket
+import ssl
+import subprocess
 from pathlib import Path
 
 import grpc
@@ -83,3 +87,78 @@ class TestTls:
         """Half a TLS setup is an error at start, never a silent plaintext server."""
         out = run("serve", *args)
         assert out.returncode == 2 and message in out.stderr
+
+
+def _issue(tls_files: dict[str, Path], where: Path, name: str) -> tuple[Path, Path]:
+    """A new certificate for 127.0.0.1 from the test CA, with its key: (cert, key)."""
+    ca = tls_files["ca.crt"]
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    (where / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=where, timeout=30)
+
+    openssl("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", str(ca), "-CAkey",
+            str(ca.parent / "ca.key"), "-CAcreateserial", "-out", f"{name}.crt", "-days", "2",
+            "-extfile", "san.ext")  # fmt: skip
+    return where / f"{name}.crt", where / f"{name}.key"
+
+
+def _served_name(target: str, ca: Path) -> str:
+    """The common name of the certificate the server presents to a new connection."""
+    host, port = target.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=ca)
+    context.set_alpn_protocols(["h2"])
+    with (
+        socket.create_connection((host, int(port)), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname=host) as tls,
+    ):
+        cert = tls.getpeercert()
+    assert cert is not None
+    subject = dict(pair[0] for pair in cert["subject"])
+    return str(subject["commonName"])
+
+
+class TestTlsFiles:
+    def test_a_key_that_is_not_the_certificates_is_refused_clearly(
+        self, tls_files: dict[str, Path]
+    ) -> None:
+        """A mismatched pair: exit 2 naming both files, not a traceback and a failed bind."""
+        cert, key = tls_files["server.crt"], tls_files["client.key"]
+        out = run("serve", "--tls-cert", str(cert), "--tls-key", str(key),
+                  "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0")  # fmt: skip
+        assert out.returncode == 2
+        assert f"--tls-key: {key} is not the private key of --tls-cert {cert}" in out.stderr
+        assert "Traceback" not in out.stderr
+
+    def test_rotated_files_are_served_to_new_connections(
+        self, tls_files: dict[str, Path], tmp_path: Path
+    ) -> None:
+        """The files replaced (as a Secret mount swaps them): new handshakes get the new
+        certificate without a restart; a mismatched replacement keeps the last good one."""
+        first, second = tmp_path / "first", tmp_path / "second"
+        first.mkdir()
+        second.mkdir()
+        cert, key = _issue(tls_files, first, "first")
+        new_cert, new_key = _issue(tls_files, second, "second")
+        live_cert, live_key = tmp_path / "tls.crt", tmp_path / "tls.key"
+        shutil.copy(cert, live_cert)
+        shutil.copy(key, live_key)
+        server = ServerProcess(["--tls-cert", str(live_cert), "--tls-key", str(live_key)])
+        try:
+            before = _served_name(server.target, tls_files["ca.crt"])
+            shutil.copy(new_key, live_key.with_suffix(".tmp"))
+            live_key.with_suffix(".tmp").replace(live_key)  # a key without its certificate
+            half = _served_name(server.target, tls_files["ca.crt"])
+            server.wait_for(r"TLS files changed but cannot be used")
+            shutil.copy(new_cert, live_cert.with_suffix(".tmp"))
+            live_cert.with_suffix(".tmp").replace(live_cert)
+            after = _served_name(server.target, tls_files["ca.crt"])
+            trust = grpc.ssl_channel_credentials(tls_files["ca.crt"].read_bytes())
+            answer = _ask(server.target, trust).overall_code
+        finally:
+            assert server.stop() == 0
+        assert (before, half, after) == ("first", "first", "second")
+        assert answer == rls_pb2.RateLimitResponse.OK
+        assert any("TLS certificate reloaded" in line for line in server.lines)

@@ -18,7 +18,8 @@ from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.extras import ResponseOptions
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
-from fairlimit.grpc_api.servicer import GrpcServer, TlsFiles
+from fairlimit.grpc_api.servicer import GrpcServer
+from fairlimit.grpc_api.tls import TlsFiles
 from fairlimit.grpc_api.xds import XdsConfigSource, XdsSettings, XdsTls
 from fairlimit.limiter import Limiter
 from fairlimit.quota import QuotaService
@@ -36,11 +37,10 @@ DRIP_SECONDS = 0.2  # how often RLQS usage owed is paid into the counters (quota
 
 
 def _tls(settings: Settings) -> TlsFiles | None:
-    """The TLS files named by the settings, read once at start."""
+    """The TLS files named by the settings (read at start and again when they change)."""
     if settings.tls_cert is None or settings.tls_key is None:
         return None
-    ca = settings.tls_client_ca.read_bytes() if settings.tls_client_ca else None
-    return TlsFiles(settings.tls_cert.read_bytes(), settings.tls_key.read_bytes(), ca)
+    return TlsFiles(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
 
 
 def _response_options(settings: Settings) -> ResponseOptions:

@@ -2,7 +2,6 @@
 
 import logging
 import time
-from dataclasses import dataclass
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -16,6 +15,7 @@ from fairlimit.grpc_api import limits
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
 from fairlimit.grpc_api.extras import ResponseOptions, add_extras
 from fairlimit.grpc_api.rlqs import RLQS_SERVICE, QuotaServicer
+from fairlimit.grpc_api.tls import TlsFiles
 from fairlimit.limiter import Limiter, Prepared
 from fairlimit.quota import QuotaService
 from fairlimit.telemetry import Telemetry
@@ -157,22 +157,6 @@ class RateLimitServicer:
 def _describe(span: Span, request: rls_pb2.RateLimitRequest) -> None:
     span.set_attribute("ratelimit.domain", request.domain)
     span.set_attribute("ratelimit.descriptor_count", len(request.descriptors))
-
-
-@dataclass(frozen=True, slots=True)
-class TlsFiles:
-    """PEM contents for serving gRPC over TLS; a client CA makes it mTLS."""
-
-    cert_chain: bytes
-    private_key: bytes
-    client_ca: bytes | None = None
-
-    def credentials(self) -> grpc.ServerCredentials:
-        return grpc.ssl_server_credentials(
-            [(self.private_key, self.cert_chain)],
-            root_certificates=self.client_ca,
-            require_client_auth=self.client_ca is not None,
-        )
 
 
 class GrpcServer:

@@ -1,11 +1,12 @@
 """Serve settings from a mapping (the environment) and the command line; read once in cli.py.
 
-Plain values, checked for shape only: whether a backend URL names a store that exists is the
-store's to say (``open_store``), when the server starts.
+Plain values, checked for shape only (and the TLS files, for being a usable pair): whether a
+backend URL names a store that exists is the store's to say (``open_store``), at start.
 """
 
 import enum
 import os
+import ssl
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -204,6 +205,25 @@ class Settings:
         ):
             if path is not None and not path.is_file():
                 raise SettingsError(f"{flag}: no such file: {path}")
+        if self.tls_cert is not None and self.tls_key is not None:
+            try:
+                check_tls_pair(self.tls_cert, self.tls_key)
+            except (OSError, ssl.SSLError) as exc:
+                raise SettingsError(
+                    f"--tls-key: {self.tls_key} is not the private key of --tls-cert "
+                    f"{self.tls_cert}, or one of them is not PEM ({exc})"
+                ) from None
+        if self.tls_client_ca is not None:
+            try:
+                ssl.create_default_context(cafile=self.tls_client_ca)
+            except (OSError, ssl.SSLError) as exc:
+                problem = f"no PEM CA certificate in {self.tls_client_ca} ({exc})"
+                raise SettingsError(f"--tls-client-ca: {problem}") from None
+
+
+def check_tls_pair(cert: Path, key: Path) -> None:
+    """Raise ssl.SSLError (or OSError) unless ``key`` is the private key of ``cert``."""
+    ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
 
 
 _FLAGS = frozenset({"strict", "shadow", "quota_mode", "merge_domains", "response_headers",
