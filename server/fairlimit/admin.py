@@ -1,8 +1,9 @@
 """HTTP admin endpoints (aiohttp, on the serve loop): health, metrics, config, ``POST /json``."""
 
+import asyncio
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ class AdminServer:
         healthy_with_config: bool = False,
         upstream_metrics: Callable[[], str] | None = None,
         rlqs: Callable[[], dict[str, Any]] | None = None,
+        timeout: float = 10.0,
     ) -> None:
         self.limiter = limiter
         self.rlqs = rlqs  # the RLQS streams and assignments, for /rlconfig
@@ -69,7 +71,8 @@ class AdminServer:
                 web.post("/json", self.json),
             ]
         )
-        self._runner = web.AppRunner(app, access_log=None)
+        self.timeout = timeout
+        self._runner = _runner(app, timeout)
 
     async def start(self) -> None:
         await self._runner.setup()
@@ -155,9 +158,16 @@ class AdminServer:
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
 
     async def json(self, request: web.Request) -> web.Response:
-        """A RateLimitRequest in proto3 JSON: 200 OK, 429 over, 400 bad, 503 backend down."""
+        """A RateLimitRequest in proto3 JSON: 200 OK, 429 over, 400 bad, 503 backend down,
+        408 when the body takes longer than the timeout.
+
+        It is answered as a gRPC call would be: the hits are counted, real quota is spent.
+        """
         try:
-            body = await request.read()
+            body = await asyncio.wait_for(request.read(), self.timeout)
+        except TimeoutError:
+            return web.json_response({"error": "request body too slow"}, status=408)
+        try:
             asked = self.codec.read_request(body)
             decision = await self.limiter.should_rate_limit(asked)
         except RequestError as exc:
@@ -286,12 +296,16 @@ class SideListener:
     """A listener of its own for a few GET routes: upstream's debug port, PROMETHEUS_ADDR."""
 
     def __init__(
-        self, host: str, port: int, routes: dict[str, Callable[[web.Request], Any]]
+        self,
+        host: str,
+        port: int,
+        routes: Mapping[str, Callable[[web.Request], Any]],
+        timeout: float = 10.0,
     ) -> None:
         self.host, self.port = host, port
         app = web.Application()
         app.add_routes([web.get(path, handler) for path, handler in routes.items()])
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = _runner(app, timeout)
 
     async def start(self) -> None:
         await self._runner.setup()
@@ -300,3 +314,10 @@ class SideListener:
 
     async def stop(self) -> None:
         await self._runner.cleanup()
+
+
+def _runner(app: web.Application, timeout: float) -> web.AppRunner:
+    # aiohttp's keep-alive timer also runs from a connection's start until a request's
+    # headers are complete: set to ``timeout``, it closes a connection that sends its
+    # headers too slowly (or none), where its default would wait an hour.
+    return web.AppRunner(app, access_log=None, keepalive_timeout=timeout)

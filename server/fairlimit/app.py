@@ -201,6 +201,7 @@ class App:
             healthy_with_config=self.settings.healthy_with_config,
             upstream_metrics=None if upstream is None else upstream.render,
             rlqs=self.quota.describe,
+            timeout=self.settings.admin_timeout,
         )
 
     def _side_listeners(self, admin: AdminServer) -> list[SideListener]:
@@ -208,10 +209,12 @@ class App:
         listeners = []
         if self.settings.debug_addr is not None:
             host, port = parse_address("--debug-addr", self.settings.debug_addr)
-            listeners.append(SideListener(host, port, {"/rlconfig": admin.rlconfig_text}))
+            routes = {"/rlconfig": admin.rlconfig_text}
+            listeners.append(SideListener(host, port, routes, self.settings.admin_timeout))
         if self.settings.metrics_addr is not None:
             host, port = parse_address("--metrics-addr", self.settings.metrics_addr)
-            listeners.append(SideListener(host, port, {self.settings.metrics_path: admin.metrics}))
+            routes = {self.settings.metrics_path: admin.metrics}
+            listeners.append(SideListener(host, port, routes, self.settings.admin_timeout))
         return listeners
 
     def _has_config(self, loaded: Loaded) -> bool:

@@ -89,6 +89,11 @@ def _parser() -> argparse.ArgumentParser:
         help="gRPC calls at once; more get RESOURCE_EXHAUSTED (default 32)",
     )
     serve.add_argument(
+        "--admin-timeout",
+        metavar="SECONDS",
+        help="admin HTTP: the longest a client may take to send headers or a body (10)",
+    )
+    serve.add_argument(
         "--drain-delay",
         metavar="SECONDS",
         help="on SIGTERM, answer this long while health says NOT_SERVING",

@@ -96,6 +96,8 @@ class Settings:
     grpc_max_concurrent: int = 32
     # On SIGTERM, seconds to keep answering while health says NOT_SERVING, before draining.
     drain_delay: float = 0.0
+    # Admin HTTP: seconds a client may take to send a request's headers, or its body.
+    admin_timeout: float = 10.0
     metrics_compat: bool = False  # upstream's Prometheus names next to ours
     metrics_addr: str | None = None  # a listener of its own for /metrics (PROMETHEUS_ADDR)
     metrics_path: str = "/metrics"
@@ -173,6 +175,8 @@ class Settings:
             raise SettingsError(
                 f"--drain-delay: expected seconds, 0 or more, got {self.drain_delay}"
             )
+        if not 0 < self.admin_timeout < float("inf"):
+            raise SettingsError(f"--admin-timeout: must be above 0, got {self.admin_timeout}")
         if self.grpc_max_concurrent < 1:
             count = self.grpc_max_concurrent
             raise SettingsError(f"--grpc-max-concurrent: must be 1 or more, got {count}")
@@ -237,6 +241,7 @@ _NUMBERS = frozenset(
         "max_connection_age_grace",
         "xds_retry",
         "drain_delay",
+        "admin_timeout",
     }
 )
 _LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "critical", "trace", "fatal", "panic")
