@@ -6,7 +6,6 @@ backend URL names a store that exists is the store's to say (``open_store``), at
 
 import enum
 import os
-import ssl
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -209,7 +208,11 @@ class Settings:
         ):
             if path is not None and not path.is_file():
                 raise SettingsError(f"{flag}: no such file: {path}")
-        if self.tls_cert is not None and self.tls_key is not None:
+        if self.tls_cert is None:
+            return
+        import ssl  # here: 4 MB that only a TLS server needs (limiter imports this module)
+
+        if self.tls_key is not None:
             try:
                 check_tls_pair(self.tls_cert, self.tls_key)
             except (OSError, ssl.SSLError) as exc:
@@ -227,6 +230,8 @@ class Settings:
 
 def check_tls_pair(cert: Path, key: Path) -> None:
     """Raise ssl.SSLError (or OSError) unless ``key`` is the private key of ``cert``."""
+    import ssl  # see Settings._validate_tls
+
     ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
 
 

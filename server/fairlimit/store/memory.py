@@ -4,8 +4,10 @@ Every ``admit`` runs without awaiting, so on one event loop it is atomic by cons
 Expiry is driven by two heaps of deadlines, so memory stays bounded by the live state.
 """
 
+import ctypes
+import gc
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from fairlimit.core.admission import Outcome, admits, demand_seen
 from fairlimit.core.concurrency import Claim, SlotOutcome
@@ -29,6 +31,34 @@ from fairlimit.core.units import window_start
 from fairlimit.store.slots import MemorySlots
 
 _SHRINK = 4  # compact the counter table once it holds under a quarter of its high mark
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_MMAP_THRESHOLD = 128 * 1024  # glibc's initial value
+
+
+def _glibc(function: str) -> Callable[..., int] | None:
+    """A glibc malloc function, or None where the C library is another (the process's own
+    symbols, so no library search: ctypes.util alone would cost 2 MB)."""
+    found: Callable[..., int] | None = getattr(ctypes.CDLL(None), function, None)
+    return found
+
+
+def _fix_mmap_threshold() -> None:
+    """Keep glibc's mmap threshold where it starts.
+
+    glibc raises it each time a mapped block is freed, so after one spike of clients the
+    big tables of the next come from the heap, whose free middle it rarely gives back
+    (bench/memory.py: 44 MB left after a second wave of 200k hour clients, 31 MB with this).
+    """
+    mallopt = _glibc("mallopt")
+    if mallopt is not None:
+        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+
+
+def _trim_malloc() -> None:
+    """glibc's malloc_trim(0): return free heap pages to the system."""
+    trim = _glibc("malloc_trim")
+    if trim is not None:
+        trim(0)
 
 
 def _idle(window: int) -> float:
@@ -119,6 +149,7 @@ class MemoryStore:
         self._high = 0  # the most counters held since the table was last compacted
         self._now = 0.0
         self.slots = MemorySlots()  # concurrency pools (store/slots.py)
+        _fix_mmap_threshold()
 
     def __len__(self) -> int:
         """How many counters and caps are held (for tests and memory accounting)."""
@@ -151,11 +182,6 @@ class MemoryStore:
                 counter = self._counters.get(key)
                 if counter is not None and counter.start + counter.window <= now:
                     del self._counters[key]
-            if len(self._counters) * _SHRINK < self._high:
-                # A dict never gives back the table it grew to: copy what is live into a
-                # table of its size, so memory follows the live clients down after a spike.
-                self._counters = dict(self._counters)
-                self._high = len(self._counters)
         caps = self._cap_deadlines
         while caps and caps[0][0] <= now:
             _, key = heapq.heappop(caps)
@@ -167,6 +193,22 @@ class MemoryStore:
                 del self._caps[key]
             else:
                 heapq.heappush(caps, (idle_until, key))
+        if len(self._counters) * _SHRINK < self._high:
+            self._shrink()
+
+    def _shrink(self) -> None:
+        """Give the memory of a spike of clients back, now that it is all free."""
+        # Python keeps freed tuples and floats on free lists, and each one left in a block
+        # of memory (a 1 MiB arena) keeps that whole block: a full collection empties the
+        # lists, so the blocks the expired clients filled are released. This runs before
+        # anything new is allocated (the expiry comes first in a request), so the next
+        # objects go to blocks that stay anyway. Then the C allocator returns its free
+        # pages, and a dict, which never gives back the table it grew to, is copied into
+        # one of its live size. bench/memory.py measures the effect.
+        gc.collect()
+        _trim_malloc()
+        self._counters = dict(self._counters)
+        self._high = len(self._counters)
 
     async def admit(self, plan: Plan, now: float) -> Outcome:
         self._expire(now)
