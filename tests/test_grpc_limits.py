@@ -136,9 +136,30 @@ class TestConcurrencyCap:
                     thread.join()
             finally:
                 os.kill(redis_process.proc.pid, signal.SIGCONT)
-            after = _send(server.target, small)
+            # The held call's slot is given back just after its answer is sent.
+            after = next(c for c in (_send(server.target, small) for _ in range(200))
+                         if c != "RESOURCE_EXHAUSTED")  # fmt: skip
         finally:
             server.stop()
         # The held call ends in the failure mode (open: OK) once Redis's timeout passes.
         assert sorted(codes) == ["OK"] + ["RESOURCE_EXHAUSTED"] * 5
         assert after == "OK"
+
+
+class TestPreparedCache:
+    def test_distinct_large_valid_requests_are_not_kept(self, tmp_path: Path) -> None:
+        """40 different maximal valid requests, one after another: the server does not keep
+        them (the cache of prepared requests takes small payloads only; it grew by ~6 MB a
+        request before)."""
+        if not Path("/proc/self/status").exists():
+            skip_or_fail("reads the server's peak RSS from Linux /proc")
+        server = _serve(tmp_path)
+        try:
+            _send(server.target, _request(1))
+            baseline = _peak_rss_mb(server.process.pid)
+            codes = {_send(server.target, _request(MAX_TEXT, domain=f"d{i}")) for i in range(40)}
+            growth = _peak_rss_mb(server.process.pid) - baseline
+        finally:
+            server.stop()
+        assert codes == {"OK"}
+        assert growth < 60, growth

@@ -45,6 +45,9 @@ _FAILED = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE)  # the server'
 # planning them is a third of our work per call, and pure of time, so it is kept by payload.
 # Emptied when full (a dict lookup is all a miss adds); 4096 entries of ~2 kB at most.
 PREPARED_CACHE_SIZE = 4096
+# Only payloads this small are kept: Envoy's requests are a few hundred bytes, and distinct
+# requests near the bounds (2 MB each) would otherwise be kept 4096 at a time (+6 MB each).
+PREPARED_MAX_BYTES = 1024
 _Failure = tuple[grpc.StatusCode, str]
 _Kept = tuple[rls_pb2.RateLimitRequest, Prepared]  # the parsed request (read-only) and plan
 
@@ -148,9 +151,10 @@ class RateLimitServicer:
         request = rls_pb2.RateLimitRequest.FromString(payload)
         _describe(span, request)
         kept = (request, self.limiter.prepare(request_from_proto(request)))
-        if len(self._prepared) >= PREPARED_CACHE_SIZE:
-            self._prepared.clear()
-        self._prepared[payload] = kept
+        if len(payload) <= PREPARED_MAX_BYTES:
+            if len(self._prepared) >= PREPARED_CACHE_SIZE:
+                self._prepared.clear()
+            self._prepared[payload] = kept
         return kept
 
 
