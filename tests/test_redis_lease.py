@@ -39,7 +39,7 @@ _STRIDE = re.compile(r"^local COUNTER_ARGS = (\d+)$", re.M)
 
 def _header(layout: script.Layout) -> dict[tuple[str, str], tuple[str, ...]]:
     found: dict[tuple[str, str], tuple[str, ...]] = {}
-    for line in script.source(layout).splitlines():
+    for line in script.text(layout.script).splitlines():
         if not line.startswith("--"):
             break
         if m := _HEADER.match(line):
@@ -59,7 +59,7 @@ class TestContract:
 
     @pytest.mark.parametrize("layout", [lease.LEASE, lease.RETURN], ids=lambda x: x.script)
     def test_each_script_walks_rows_by_the_python_stride(self, layout: script.Layout) -> None:
-        (stride,) = _STRIDE.findall(script.source(layout))
+        (stride,) = _STRIDE.findall(script.text(layout.script))
         assert int(stride) == len(layout.counter)
 
     def test_lease_args_carry_the_named_fields(self, tmp_path: Path) -> None:

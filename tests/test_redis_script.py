@@ -48,7 +48,7 @@ _STRIDES = re.compile(
 def header(layout: Layout) -> dict[tuple[str, str], tuple[str, ...]]:
     """The KEYS and ARGV lines of a script's opening comment, by (list, part)."""
     found: dict[tuple[str, str], tuple[str, ...]] = {}
-    for line in script.source(layout).splitlines():
+    for line in script.text(layout.script).splitlines():
         if not line.startswith("--"):
             break
         if m := _HEADER.match(line):
@@ -57,7 +57,7 @@ def header(layout: Layout) -> dict[tuple[str, str], tuple[str, ...]]:
 
 
 def strides(layout: Layout) -> tuple[int, ...]:
-    matches = [_STRIDES.match(line) for line in script.source(layout).splitlines()]
+    matches = [_STRIDES.match(line) for line in script.text(layout.script).splitlines()]
     (only,) = [m for m in matches if m]
     return tuple(int(x) for x in only.groups())
 
@@ -181,7 +181,7 @@ class TestSlotScripts:
     def test_each_slot_script_opens_with_the_python_layout(self, layout: SlotLayout) -> None:
         """The KEYS and ARGV lines of the .lua header name the fields slots.py builds."""
         found: dict[tuple[str, str], tuple[str, ...]] = {}
-        for line in slots.source(layout).splitlines():
+        for line in script.text(layout.script).splitlines():
             if not line.startswith("--"):
                 break
             if m := _SLOT_HEADER.match(line):
@@ -195,7 +195,7 @@ class TestSlotScripts:
     @pytest.mark.parametrize("layout", SLOT_LAYOUTS, ids=lambda lay: lay.script)
     def test_each_slot_script_walks_by_the_python_strides(self, layout: SlotLayout) -> None:
         """The strides the Lua body steps by are the lengths of the Python rows."""
-        lines = [_SLOT_STRIDES.match(line) for line in slots.source(layout).splitlines()]
+        lines = [_SLOT_STRIDES.match(line) for line in script.text(layout.script).splitlines()]
         (only,) = [m for m in lines if m]
         assert (int(only[1]), int(only[2])) == (len(layout.pool), len(layout.pool_keys))
 

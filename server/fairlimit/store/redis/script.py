@@ -64,9 +64,14 @@ RELEASE = Layout(
 LAYOUTS = (ADMIT, RELEASE)
 
 
-def source(layout: Layout) -> str:
-    """The Lua text of a layout's script."""
-    return resources.files(__package__).joinpath(f"lua/{layout.script}.lua").read_text()
+def text(script: str) -> str:
+    """``lua/<script>.lua`` as written: its opening comment states its KEYS/ARGV contract."""
+    return resources.files(__package__).joinpath(f"lua/{script}.lua").read_text()
+
+
+def source(script: str) -> str:
+    """What is registered for ``script``: the clock every script reads (clock.lua), then it."""
+    return text("clock") + text(script)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +83,9 @@ class Scripts:
 
 
 def register(client: "aioredis.Redis | RedisCluster") -> Scripts:
-    return Scripts(client.register_script(source(ADMIT)), client.register_script(source(RELEASE)))
+    return Scripts(
+        client.register_script(source(ADMIT.script)), client.register_script(source(RELEASE.script))
+    )
 
 
 def keys(layout: Layout, g: SlotGroup) -> list[str]:

@@ -16,7 +16,6 @@ checked atomically in Lua, so staleness can cost fairness for a moment, never a 
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -34,6 +33,7 @@ from fairlimit.core.concurrency import (
     taken,
 )
 from fairlimit.store.redis.keys import tag
+from fairlimit.store.redis.script import source
 
 Call = Callable[[AsyncScript, Sequence[str], Sequence[str | int]], Awaitable[Any]]
 # A pool's keys by kind (acquire.lua's header names them).
@@ -63,10 +63,6 @@ RELEASE_SLOT = SlotLayout(
     pool=("request_id", "client"),
 )
 SLOT_LAYOUTS = (ACQUIRE, RELEASE_SLOT)
-
-
-def source(layout: SlotLayout) -> str:
-    return resources.files(__package__).joinpath(f"lua/{layout.script}.lua").read_text()
 
 
 def _num(x: float) -> str:
@@ -134,8 +130,8 @@ class RedisSlots:
     def __init__(
         self, client: "aioredis.Redis | RedisCluster", prefix: str, cluster: bool, call: Call
     ) -> None:
-        self._acquire = client.register_script(source(ACQUIRE))
-        self._release = client.register_script(source(RELEASE_SLOT))
+        self._acquire = client.register_script(source(ACQUIRE.script))
+        self._release = client.register_script(source(RELEASE_SLOT.script))
         self._prefix, self._cluster, self._call = prefix, cluster, call
         self._caps: dict[str, tuple[float, dict[str, CapDemand]]] = {}  # pool key -> state
 

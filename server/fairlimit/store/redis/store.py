@@ -98,12 +98,17 @@ class RedisStore:
         )
         self._known = OverLimitCache(options.local_cache)
         # Leases on one Redis only: on a Cluster a plan's counters may sit in several slots.
-        self._leases = None if cluster or options.leases != "on" else lease.Leases(
-            uuid.uuid4().hex[:12], margin=0.0 if options.clock == "caller" else lease.MARGIN
+        self._leases = (
+            None
+            if cluster or options.leases != "on"
+            else lease.Leases(
+                uuid.uuid4().hex[:12], margin=0.0 if options.clock == "caller" else lease.MARGIN
+            )
         )
         self._refills: dict[tuple[str, ...], asyncio.Future[None]] = {}  # block calls out
-        self._lease_scripts = (client.register_script(script.source(lease.LEASE)),
-                               client.register_script(script.source(lease.RETURN)))  # fmt: skip
+        self._lease_scripts = tuple(
+            client.register_script(script.source(x.script)) for x in (lease.LEASE, lease.RETURN)
+        )
         self._registry = f"{options.key_prefix}caps"
         self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips = 0  # script calls made (tests, the README's numbers)
@@ -147,6 +152,7 @@ class RedisStore:
             return None
         await asyncio.shield(pending)
         return self._leases.take(plan, now if self._caller_clock else time.monotonic())
+
     async def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
         at = repr(now) if self._caller_clock else ""
         with unavailable():

@@ -34,13 +34,7 @@ local function num(s)
   return tonumber(s)
 end
 
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-else
-  now = tonumber(ARGV[1])
-end
+local now = clock(ARGV[1])  -- clock.lua
 
 local rows = {}
 local a = 3

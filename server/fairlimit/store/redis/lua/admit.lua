@@ -68,13 +68,7 @@ local function list(s)
 end
 
 local may_lock, lock_ms = ARGV[2] == '1', ARGV[3]
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-else
-  now = tonumber(ARGV[1])
-end
+local now = clock(ARGV[1])  -- clock.lua
 
 local a = 4
 local counters, caps, shares = {}, {}, {}

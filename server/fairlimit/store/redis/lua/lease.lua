@@ -23,13 +23,7 @@
 local COUNTER_ARGS = 4
 local SLACK_MS = 1000
 
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-else
-  now = tonumber(ARGV[1])
-end
+local now = clock(ARGV[1])  -- clock.lua
 local holder = 'L:' .. ARGV[2]
 
 local counters = {}

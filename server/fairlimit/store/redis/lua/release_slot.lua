@@ -16,13 +16,7 @@
 
 local POOL_ARGS, POOL_KEYS = 2, 3
 
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-else
-  now = tonumber(ARGV[1])
-end
+local now = clock(ARGV[1])  -- clock.lua
 
 local given = {}
 local a = 3
