@@ -12,8 +12,9 @@ come back - a spurious refusal, never an admission past a limit. If that release
 
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from fairlimit.core import admission
 from fairlimit.core.admission import Code, Outcome, Status
@@ -32,6 +33,7 @@ from fairlimit.telemetry.fairness import CapRow
 from fairlimit.telemetry.top import TopRow
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class Clock(Protocol):
@@ -173,17 +175,8 @@ class Limiter:
             await self._release(request.domain, slots.release, now)
         held: SlotOutcome | None = None
         if slots.acquire:
-            try:
-                held = await self.store.acquire(slots.acquire, now)
-            except DeadlineExceeded:
-                raise  # shed by decide(), not a backend failure
-            except StoreUnavailable as exc:
-                self._backend_state(exc)
-                if self.failure_mode is FailureMode.CLOSED:
-                    raise
+            held = await self._store_call(self.store.acquire(slots.acquire, now))
             if held is not None:
-                if not self.backend_healthy:
-                    self._backend_state(None)
                 pools = [p for _, p in taken(slots.acquire)]
                 self.telemetry.slots.acquired(request.domain, pools, held)
                 if not held.admitted:
@@ -232,10 +225,18 @@ class Limiter:
         """The store's outcome; None when it is down and the failure mode is open."""
         if not plan.counters:
             return Outcome(True, (), (), ())
+        return await self._store_call(self.store.admit(plan, now))
+
+    async def _store_call(self, call: Awaitable[_T]) -> _T | None:
+        """A store call's answer; None when the store is down and the failure mode is open.
+
+        StoreUnavailable is counted and, under ``--failure-mode closed``, raised; a deadline
+        error is raised as it is.
+        """
         try:
-            outcome = await self.store.admit(plan, now)
+            answer = await call
         except DeadlineExceeded:
-            raise  # shed by decide(), not a backend failure
+            raise  # a StoreUnavailable too, but shed by decide(), not a backend failure
         except StoreUnavailable as exc:
             self._backend_state(exc)
             if self.failure_mode is FailureMode.CLOSED:
@@ -243,7 +244,7 @@ class Limiter:
             return None
         if not self.backend_healthy:
             self._backend_state(None)
-        return outcome
+        return answer
 
     async def _without_quotas_over(
         self, request: Request, statuses: tuple[Status, ...], now: float
