@@ -45,7 +45,9 @@ _OCTAL_HINT = " (upstream reads a leading zero as octal: write it without)"
 _ALLOW = "a config without limits turns the limiter off; --allow-empty-config accepts it"
 
 
-class _Problems:
+class Problems:
+    """Every problem of one file, each as ``FILE: PATH: message`` (scenario files too)."""
+
     def __init__(self, source: str) -> None:
         self.source = source
         self.lines: list[str] = []
@@ -74,13 +76,13 @@ def _shown(value: object) -> str:
 
 
 def _check_keys(
-    problems: _Problems, path: str, node: Mapping[Any, Any], allowed: frozenset[str]
+    problems: Problems, path: str, node: Mapping[Any, Any], allowed: frozenset[str]
 ) -> None:
     for key in _unknown_keys(node, allowed):
         problems.add(path, f"unknown key '{key}'")
 
 
-def _bool(problems: _Problems, path: str, node: Mapping[str, Any], key: str) -> bool:
+def _bool(problems: Problems, path: str, node: Mapping[str, Any], key: str) -> bool:
     raw = node.get(key)
     value = False if raw is None else as_bool(raw)
     if value is None:
@@ -89,7 +91,7 @@ def _bool(problems: _Problems, path: str, node: Mapping[str, Any], key: str) -> 
     return value
 
 
-def _replaces(problems: _Problems, path: str, raw: object, name: str | None) -> tuple[str, ...]:
+def _replaces(problems: Problems, path: str, raw: object, name: str | None) -> tuple[str, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -109,7 +111,7 @@ def _replaces(problems: _Problems, path: str, raw: object, name: str | None) -> 
     return tuple(names)
 
 
-def _rate_limit(problems: _Problems, path: str, raw: object) -> RateLimit | None:
+def _rate_limit(problems: Problems, path: str, raw: object) -> RateLimit | None:
     if not isinstance(raw, dict):
         problems.add(path, "rate_limit must be a mapping")
         return None
@@ -148,7 +150,7 @@ def _rate_limit(problems: _Problems, path: str, raw: object) -> RateLimit | None
     return RateLimit(rpu, unit, name=name, replaces=replaces, charge_when_over_limit=charge)
 
 
-def _weights(problems: _Problems, path: str, raw: object) -> Mapping[str, float]:
+def _weights(problems: Problems, path: str, raw: object) -> Mapping[str, float]:
     if raw is None:
         return MappingProxyType({})
     if not isinstance(raw, dict):
@@ -164,7 +166,7 @@ def _weights(problems: _Problems, path: str, raw: object) -> Mapping[str, float]
     return MappingProxyType(weights)
 
 
-def _concurrency(problems: _Problems, path: str, raw: object) -> Concurrency | None:
+def _concurrency(problems: Problems, path: str, raw: object) -> Concurrency | None:
     if not isinstance(raw, dict):
         problems.add(path, "concurrency must be a mapping")
         return None
@@ -188,7 +190,7 @@ def _concurrency(problems: _Problems, path: str, raw: object) -> Concurrency | N
     return None if most is None else Concurrency(most, duration)
 
 
-def _request_id_keys(problems: _Problems, domain: str, raw: object) -> tuple[str, str]:
+def _request_id_keys(problems: Problems, domain: str, raw: object) -> tuple[str, str]:
     if raw is None:
         return ACQUIRE_KEY, RELEASE_KEY
     if not isinstance(raw, dict):
@@ -205,7 +207,7 @@ def _request_id_keys(problems: _Problems, domain: str, raw: object) -> tuple[str
 
 
 def _fair_share(
-    problems: _Problems,
+    problems: Problems,
     path: str,
     raw: object,
     limit: RateLimit | None,
@@ -237,7 +239,7 @@ def _label(key: str, value: str | None) -> str:
     return key if value is None else f"{key}={value}"
 
 
-def _metadata(problems: _Problems, path: str, raw: object) -> Mapping[str, object] | None:
+def _metadata(problems: Problems, path: str, raw: object) -> Mapping[str, object] | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
@@ -246,7 +248,7 @@ def _metadata(problems: _Problems, path: str, raw: object) -> Mapping[str, objec
     return MappingProxyType(typed(raw))
 
 
-def _share_threshold(problems: _Problems, path: str, raw: Mapping[str, Any], value: str | None,
+def _share_threshold(problems: Problems, path: str, raw: Mapping[str, Any], value: str | None,
                      ) -> bool:  # fmt: skip
     shared = _bool(problems, path, raw, "share_threshold")
     if shared and (value is None or "*" not in value):
@@ -255,7 +257,7 @@ def _share_threshold(problems: _Problems, path: str, raw: Mapping[str, Any], val
     return shared
 
 
-def _descriptor(problems: _Problems, parent: str, index: int, raw: object) -> Rule | None:
+def _descriptor(problems: Problems, parent: str, index: int, raw: object) -> Rule | None:
     here = f"{parent}/descriptors[{index}]"
     if not isinstance(raw, dict):
         problems.add(here, "each descriptor must be a mapping")
@@ -295,7 +297,7 @@ def _descriptor(problems: _Problems, parent: str, index: int, raw: object) -> Ru
     )
 
 
-def _descriptors(problems: _Problems, parent: str, raw: object) -> tuple[Rule, ...]:
+def _descriptors(problems: Problems, parent: str, raw: object) -> tuple[Rule, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -343,7 +345,7 @@ def parse_domain(text: str, source: str) -> Domain:
 def parse_root(raw: Mapping[Any, Any], source: str) -> Domain:
     """One config root (``domain`` and ``descriptors``) -> its Domain; ConfigError if wrong."""
     domain = raw.get("domain")
-    problems = _Problems(source)
+    problems = Problems(source)
     if not isinstance(domain, str) or not domain:
         problems.add("(file)", "config file cannot have empty domain")
         domain = "(no domain)"

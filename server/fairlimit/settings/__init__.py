@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fairlimit.errors import SettingsError
-from fairlimit.settings.upstream import translate, unsupported_warning
+from fairlimit.settings.upstream import boolean, translate, unsupported_warning
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -34,12 +34,7 @@ def bundled_descriptors() -> Path:
 
 
 def _flag(name: str, text: str) -> bool:
-    value = text.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise SettingsError(f"{name}: expected true or false, got {text!r}")
+    return boolean(name, text, _TRUE, _FALSE)
 
 
 def parse_address(name: str, text: str) -> tuple[str, int]:

@@ -84,14 +84,19 @@ _DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
 _SCALE = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def go_bool(name: str, text: str) -> bool:
-    """A boolean as upstream's envconfig reads it (Go's ParseBool)."""
+def boolean(name: str, text: str, true: frozenset[str], false: frozenset[str]) -> bool:
+    """``text`` as a boolean by the given spellings (case aside); SettingsError naming ``name``."""
     value = text.strip().lower()
-    if value in _TRUE:
+    if value in true:
         return True
-    if value in _FALSE:
+    if value in false:
         return False
     raise SettingsError(f"{name}: expected true or false, got {text!r}")
+
+
+def go_bool(name: str, text: str) -> bool:
+    """A boolean as upstream's envconfig reads it (Go's ParseBool)."""
+    return boolean(name, text, _TRUE, _FALSE)
 
 
 def go_duration(name: str, text: str) -> float:

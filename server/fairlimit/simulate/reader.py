@@ -4,6 +4,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fairlimit.config.loader import Problems
+
 Rule = tuple[str, Callable[[float], bool]]  # what a number must be, and the test
 
 
@@ -18,15 +20,8 @@ def after(low: float, high: float, what: str) -> Rule:
 ABOVE_ZERO: Rule = ("a number above 0", lambda x: x > 0)
 
 
-class Reader:
+class Reader(Problems):
     """Reads one scenario file, collecting every problem as ``FILE: PATH: message``."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.lines: list[str] = []
-
-    def add(self, path: str, message: str) -> None:
-        self.lines.append(f"{self.source}: {path}: {message}")
 
     def mapping(self, raw: object, path: str, keys: frozenset[str]) -> Mapping[str, Any] | None:
         if not isinstance(raw, dict):
