@@ -29,15 +29,18 @@ CONFIG = ROOT / "bench" / "bench.yaml"
 T0 = 1_700_000_000.25
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.t = T0
+class Clock:
+    """An injected clock the benches move by hand."""
+
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
 
     def now(self) -> float:
         return self.t
 
 
-def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
+def drive(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never awaits (the memory store does not)."""
     try:
         coro.send(None)
     except StopIteration as stop:
@@ -49,8 +52,8 @@ def _request(route: str, client: str) -> Request:
     return Request("edge", (Descriptor((("route", route), ("client_id", client))),))
 
 
-def _limiter() -> tuple[Limiter, MemoryStore, _Clock]:
-    store, clock = MemoryStore(), _Clock()
+def _limiter() -> tuple[Limiter, MemoryStore, Clock]:
+    store, clock = MemoryStore(), Clock()
     return Limiter(load([CONFIG]), store, clock), store, clock
 
 
@@ -58,7 +61,7 @@ def _per_request_us(limiter: Limiter, requests: list[Request], repeat: int) -> f
     started = time.perf_counter()
     for _ in range(repeat):
         for request in requests:
-            _drive(limiter.should_rate_limit(request))
+            drive(limiter.should_rate_limit(request))
     return (time.perf_counter() - started) / (repeat * len(requests)) * 1e6
 
 
@@ -66,7 +69,7 @@ def _fill(limiter: Limiter, start: int, stop: int) -> float:
     """Requests for new clients ``start..stop-1``; µs per request."""
     started = time.perf_counter()
     for i in range(start, stop):
-        decision = _drive(limiter.should_rate_limit(_request("public", f"c{i:07d}")))
+        decision = drive(limiter.should_rate_limit(_request("public", f"c{i:07d}")))
         assert decision.code is Code.OK
     return (time.perf_counter() - started) / max(1, stop - start) * 1e6
 
@@ -99,7 +102,7 @@ def clients_run(steps: tuple[int, ...] = (10_000, 100_000, 1_000_000)) -> dict[s
     them), and the store's size; then every window ends and the store's size is read again.
     """
     limiter, store, clock = _limiter()
-    _drive(limiter.should_rate_limit(_request("contended", "warm")))  # structures exist
+    drive(limiter.should_rate_limit(_request("contended", "warm")))  # structures exist
     base = deep_size(store)
     hot = [_request("public", "hot")] * 1000
     rows = [{"live_clients": 0, "known_client_us": round(_per_request_us(limiter, hot, 10), 2),
@@ -112,7 +115,7 @@ def clients_run(steps: tuple[int, ...] = (10_000, 100_000, 1_000_000)) -> dict[s
                      "new_client_us": new_us, "store_bytes": deep_size(store)})  # fmt: skip
     full, entries = rows[-1]["store_bytes"], len(store)
     clock.t += 5.0  # past every 1-second window and the caps' idle time (2 windows + 1 s)
-    _drive(limiter.should_rate_limit(_request("contended", "warm")))  # expiry runs on admit
+    drive(limiter.should_rate_limit(_request("contended", "warm")))  # expiry runs on admit
     after = deep_size(store)
     return {
         "rows": rows,
@@ -133,14 +136,14 @@ def tracemalloc_check(clients: int = 20_000) -> dict[str, Any]:
     gc.collect()
     tracemalloc.start()
     limiter, _, clock = _limiter()
-    _drive(limiter.should_rate_limit(_request("contended", "warm")))
+    drive(limiter.should_rate_limit(_request("contended", "warm")))
     gc.collect()
     base = tracemalloc.get_traced_memory()[0]
     _fill(limiter, 0, clients)
     gc.collect()
     full = tracemalloc.get_traced_memory()[0]
     clock.t += 5.0
-    _drive(limiter.should_rate_limit(_request("contended", "warm")))
+    drive(limiter.should_rate_limit(_request("contended", "warm")))
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
@@ -177,7 +180,7 @@ def servicer_cost() -> dict[str, Any]:
     for _ in range(7):
         started = time.perf_counter()
         for body in bodies:
-            _drive(servicer.ShouldRateLimit(body, context)).SerializeToString()
+            drive(servicer.ShouldRateLimit(body, context)).SerializeToString()
         best = min(best, (time.perf_counter() - started) / len(bodies) * 1e6)
     sdk.shutdown()
     return {"us_per_request": round(best, 1)}

@@ -16,12 +16,12 @@ import argparse
 import json
 import subprocess
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "server"))
+
+from inproc import Clock, drive  # noqa: E402
 
 from fairlimit.config.loader import load  # noqa: E402
 from fairlimit.core.request import Descriptor, Request  # noqa: E402
@@ -44,21 +44,6 @@ descriptors:
 T0 = 1_700_000_000.0
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def now(self) -> float:
-        return self.t
-
-
-def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run a coroutine that never awaits (the memory store does not)."""
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        return stop.value
-    raise RuntimeError("the memory store awaited")
 
 
 def rss_mb() -> float:
@@ -70,14 +55,14 @@ def _wave(limiter: Limiter, prefix: str, clients: int) -> None:
     for i in range(clients):
         entries = (("route", "public"), ("client_id", f"{prefix}{i}"))
         request = Request("edge", (Descriptor(entries),))
-        _drive(limiter.should_rate_limit(request))
+        drive(limiter.should_rate_limit(request))
 
 
 def one_unit(unit: str, clients: int, waves: int, workdir: Path) -> dict[str, object]:
     """The measurements for one unit, in this process."""
     path = workdir / f"memory-{unit}.yaml"
     path.write_text(CONFIG.format(unit=unit))
-    clock, store = _Clock(), MemoryStore()
+    clock, store = Clock(T0), MemoryStore()
     limiter = Limiter(load([path]), store, clock)
     window = Unit[unit.upper()].seconds
     clock.t = (T0 // window + 1) * window  # window-aligned
