@@ -22,10 +22,14 @@ from fairlimit.config.loader import load  # noqa: E402
 from fairlimit.core import fairshare  # noqa: E402
 from fairlimit.core.admission import Code  # noqa: E402
 from fairlimit.core.request import Descriptor, Request  # noqa: E402
+from fairlimit.core.sharing import STALE  # noqa: E402
 from fairlimit.limiter import Limiter  # noqa: E402
 from fairlimit.store.memory import MemoryStore  # noqa: E402
 
 CONFIG = ROOT / "bench" / "bench.yaml"
+# Past every 1-second window and the STALE periods a cap keeps a quiet client's history
+# (fairness v2): then the store holds what it held before the clients came.
+QUIET = STALE + 6.0
 T0 = 1_700_000_000.25
 
 
@@ -114,7 +118,7 @@ def clients_run(steps: tuple[int, ...] = (10_000, 100_000, 1_000_000)) -> dict[s
         rows.append({"live_clients": live, "known_client_us": _known_us(limiter, live),
                      "new_client_us": new_us, "store_bytes": deep_size(store)})  # fmt: skip
     full, entries = rows[-1]["store_bytes"], len(store)
-    clock.t += 5.0  # past every 1-second window and the caps' idle time (2 windows + 1 s)
+    clock.t += QUIET
     drive(limiter.should_rate_limit(_request("contended", "warm")))  # expiry runs on admit
     after = deep_size(store)
     return {
@@ -142,7 +146,7 @@ def tracemalloc_check(clients: int = 20_000) -> dict[str, Any]:
     _fill(limiter, 0, clients)
     gc.collect()
     full = tracemalloc.get_traced_memory()[0]
-    clock.t += 5.0
+    clock.t += QUIET
     drive(limiter.should_rate_limit(_request("contended", "warm")))
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]
