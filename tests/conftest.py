@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "server"))
@@ -24,6 +25,17 @@ BACKENDS = ["memory", "redis", "redis-cluster"]
 # Real redis-server processes and the redis_store_factory / redis_cluster_store_factory
 # fixtures the `store` fixture below asks for.
 pytest_plugins = ["redis_servers"]
+
+# tests/mutate.sh runs the suite once per mutant inside one process, so each property is
+# called from several runs (differing executors); derandomized, so that a mutant is killed
+# or not the same way every time; no deadline, as the runs share a busy machine.
+settings.register_profile(
+    "mutation",
+    suppress_health_check=[HealthCheck.differing_executors],
+    derandomize=True,
+    database=None,
+    deadline=None,
+)
 
 
 @pytest.fixture
