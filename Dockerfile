@@ -6,19 +6,28 @@
 #
 # The runtime stage runs as uid 10001, writes nothing outside /tmp and works with a
 # read-only root filesystem (the Helm chart mounts an emptyDir at /tmp).
-ARG PYTHON_IMAGE=python:3.11-slim
+#
+# The base is pinned by digest (the multi-arch index of python:3.11-slim), so a rebuild
+# gets the same OS and Python until the pin is moved on purpose. To move it:
+#   docker buildx imagetools inspect python:3.11-slim   # the "Digest:" line
+ARG PYTHON_IMAGE=python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
 
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/fairlimit
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# The dependencies first, from pyproject alone: this layer is rebuilt only when they change,
+# not on every edit of the source.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > requirements.txt \
+ && /opt/fairlimit/bin/pip install -r requirements.txt
+COPY README.md LICENSE ./
 COPY server ./server
 # pyproject installs these as data files (share/fairlimit/descriptors, the bundled default).
 COPY descriptors ./descriptors
 # pip compiles the .pyc files here, so the read-only runtime never needs to write them.
-RUN /opt/fairlimit/bin/pip install .
+RUN /opt/fairlimit/bin/pip install --no-deps .
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="fairlimit" \
@@ -36,14 +45,17 @@ ENV PATH=/opt/fairlimit/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
     FAIRLIMIT_CONFIG=/etc/fairlimit/descriptors
+# envoyproxy/ratelimit's command, for manifests that name /bin/ratelimit (/bin is /usr/bin;
+# the file is executable in git, and COPY keeps its mode).
+COPY docker/ratelimit /usr/bin/ratelimit
 USER 10001:10001
 WORKDIR /tmp
 # 8081: gRPC (RateLimitService, grpc.health.v1, reflection); 8080: HTTP admin.
 EXPOSE 8081 8080
-# Asks the gRPC health service (overall status, service "") on the default gRPC port;
-# it turns unhealthy while the server drains after SIGTERM.
+# Asks the admin port's GET /healthz (plain HTTP), so it works whether gRPC is served in
+# plaintext or over TLS/mTLS. It expects the admin port of CMD below (8080).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
-    CMD ["python", "-c", "import sys, grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; r = g.HealthStub(grpc.insecure_channel('127.0.0.1:8081')).Check(h.HealthCheckRequest(service=''), timeout=2); sys.exit(0 if r.status == h.HealthCheckResponse.SERVING else 1)"]
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2).status == 200 else 1)"]
 ENTRYPOINT ["fairlimit"]
 # The admin port binds all interfaces in a container so that probes and scrapers reach it.
 CMD ["serve", "--admin-addr", "0.0.0.0:8080"]

@@ -10,6 +10,23 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+# Property tests check behaviour, not speed: on a loaded 2-core machine (CI, or several
+# suites at once) an example may take longer than Hypothesis' 200 ms deadline or its
+# input-generation budget; neither is a failure of the code under test.
+settings.register_profile("fairlimit", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("fairlimit")
+
+# tests/mutate.sh runs the suite once per mutant inside one process, so each property is
+# called from several runs (differing executors); derandomized, so that a mutant is killed
+# or not the same way every time.
+settings.register_profile(
+    "mutation",
+    parent=settings.get_profile("fairlimit"),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
+    derandomize=True,
+    database=None,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "server"))
 
@@ -25,17 +42,6 @@ BACKENDS = ["memory", "redis", "redis-cluster"]
 # Real redis-server processes and the redis_store_factory / redis_cluster_store_factory
 # fixtures the `store` fixture below asks for.
 pytest_plugins = ["redis_servers"]
-
-# tests/mutate.sh runs the suite once per mutant inside one process, so each property is
-# called from several runs (differing executors); derandomized, so that a mutant is killed
-# or not the same way every time; no deadline, as the runs share a busy machine.
-settings.register_profile(
-    "mutation",
-    suppress_health_check=[HealthCheck.differing_executors],
-    derandomize=True,
-    database=None,
-    deadline=None,
-)
 
 
 @pytest.fixture

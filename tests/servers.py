@@ -27,10 +27,21 @@ def free_port() -> int:
 class ServerProcess:
     """``python -m fairlimit serve ...`` with its log captured."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        *,
+        loopback_ports: bool = True,
+        serve: list[str] | None = None,
+    ) -> None:
+        """``loopback_ports``: ask for free ports on 127.0.0.1 by flag; False leaves the
+        addresses to ``env`` (the environment-only deployments). ``serve``: the command
+        instead of ``python -m fairlimit serve`` (the image's /bin/ratelimit)."""
         full_env = {**os.environ, "PYTHONPATH": str(ROOT / "server"), **(env or {})}
-        command = [sys.executable, "-m", "fairlimit", "serve", "--grpc-addr", "127.0.0.1:0",
-                   "--admin-addr", "127.0.0.1:0", *args]  # fmt: skip
+        ports = ["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]
+        start = serve or [sys.executable, "-m", "fairlimit", "serve"]
+        command = [*start, *(ports if loopback_ports else []), *args]
         self.process = subprocess.Popen(
             command, env=full_env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
         )
@@ -95,8 +106,13 @@ class ServerProcess:
 
 
 @contextmanager
-def fairlimit_server(*args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
-    server = ServerProcess(list(args), env)
+def fairlimit_server(
+    *args: str,
+    env: dict[str, str] | None = None,
+    loopback_ports: bool = True,
+    serve: list[str] | None = None,
+) -> Iterator[ServerProcess]:
+    server = ServerProcess(list(args), env, loopback_ports=loopback_ports, serve=serve)
     try:
         yield server
     finally:

@@ -172,7 +172,8 @@ class TestRlconfig:
         assert cap["descriptors"][0]["rate_limit"]["requests_per_unit"] == 2
         assert bucket["classification"]["mode"] == "global-bucket-only"
         message = bucket["classification"]["message"]
-        assert before["warnings"] == [f"{before['files'][0]}: edge/generic_key=api: {message}"]
+        assert before["warnings"] == []  # a global bucket is advice (a note), never a warning
+        assert before["notes"] == [f"{before['files'][0]}: edge/generic_key=api: {message}"]
         for client in ("a", "b", "c"):  # three clients at a cap sized for two
             await limiter.should_rate_limit(
                 req("edge", desc("route=public", f"client_id={client}"))

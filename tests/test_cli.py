@@ -68,6 +68,14 @@ class TestServe:
         assert out.returncode == 2
         assert f"{path}: edge/generic_key=api: invalid rate limit unit 'fortnight'" in out.stderr
 
+    def test_a_plain_upstream_config_passes_strict_with_notes(self) -> None:
+        """Global buckets, as every upstream config has them, are notes that say what to do."""
+        path = str(ROOT / "tests" / "fixtures" / "upstream" / "keys")
+        out = run("check", "--strict", path)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "note: " in out.stdout and "error: " not in out.stdout
+        assert "advice, never an error, --strict included" in out.stdout
+
     def test_strict_refuses_a_contended_cap(self) -> None:
         """--strict (or FAIRLIMIT_STRICT) makes a classification warning a load error."""
         path = str(FIXTURES / "validation" / "contended.yaml")

@@ -40,13 +40,21 @@ class TestThroughEnvoy:
                 return
             raise AssertionError("three attempts straddled minute boundaries")
 
-    def test_requests_without_a_client_id_are_not_limited(self, tmp_path: Path) -> None:
-        """No x-client-id: Envoy sends no descriptor, fairlimit is not asked, 200."""
-        with (
-            fairlimit_server("--config", str(FIXTURES / "fair")) as server,
-            envoy_in_front(server.grpc_port, tmp_path, MINUTE_ROUTE) as envoy,
-        ):
-            assert [http_get(envoy.url)[0] for _ in range(8)] == [200] * 8
+    def test_requests_without_a_client_id_are_one_anonymous_client(self, tmp_path: Path) -> None:
+        """No x-client-id: Envoy sends client_id=anonymous, so they share one 5/min bucket."""
+        for _ in range(3):  # a minute boundary mid-test spoils an attempt
+            with (
+                fairlimit_server("--config", str(FIXTURES / "fair")) as server,
+                envoy_in_front(server.grpc_port, tmp_path, MINUTE_ROUTE) as envoy,
+            ):
+                answers = [http_get(envoy.url) for _ in range(6)]
+            resets = [int(h.get("x-ratelimit-reset", "0")) for _, h, _ in answers]
+            if resets != sorted(resets, reverse=True):
+                continue
+            assert [code for code, _, _ in answers] == [200] * 5 + [429]
+            assert answers[0][1]["x-ratelimit-limit"].startswith("5, 5;w=60")
+            return
+        raise AssertionError("three attempts straddled minute boundaries")
 
 
 def _storm(url_port: int, seconds: float) -> tuple[Counter[str], Counter[str]]:

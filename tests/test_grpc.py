@@ -225,14 +225,15 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 class TestShutdown:
     def test_sigterm_turns_grpc_health_not_serving_on_the_wire(self) -> None:
-        """SIGTERM: health watchers of both names see SERVING turn NOT_SERVING; then exit 0."""
+        """SIGTERM: health watchers of every name (upstream's "ratelimit" too) see SERVING turn
+        NOT_SERVING; then exit 0."""
         process = ServerProcess(["--config", str(ROOT / "descriptors")])
         try:
             with grpc.insecure_channel(process.target) as ch:
-                watches = [_watch(ch, name) for name in ("", RLS_SERVICE)]
-                assert [next(w).status for w in watches] == [SERVING, SERVING]
+                watches = [_watch(ch, name) for name in ("", RLS_SERVICE, "ratelimit")]
+                assert [next(w).status for w in watches] == [SERVING] * 3
                 process.process.send_signal(signal.SIGTERM)
-                assert [next(w).status for w in watches] == [NOT_SERVING, NOT_SERVING]
+                assert [next(w).status for w in watches] == [NOT_SERVING] * 3
                 for w in watches:
                     w.cancel()  # type: ignore[attr-defined]  # a grpc call is also a future
         finally:

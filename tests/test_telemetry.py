@@ -137,7 +137,7 @@ class TestRuleCounters:
             await limiter.should_rate_limit(req("edge", desc("route=public", hits=hits)))
         got = points(reader)
         rule = frozenset(PUBLIC)
-        assert named(got, "ratelimit.total_hits") == {rule: 14}
+        assert named(got, "ratelimit.hits") == {rule: 14}
         assert named(got, "ratelimit.within_limit") == {rule: 10}
         assert named(got, "ratelimit.near_limit") == {rule: 2}
         assert named(got, "ratelimit.over_limit") == {rule: 4}
@@ -153,7 +153,7 @@ class TestRuleCounters:
         got = points(reader)
         assert named(got, "ratelimit.shadow_mode") == {rule: 1}
         assert named(got, "ratelimit.over_limit") == {rule: 1}
-        assert named(got, "ratelimit.total_hits") == {rule: 3}
+        assert named(got, "ratelimit.hits") == {rule: 3}
 
     async def test_client_values_only_with_detailed_metric(
         self, make_limiter: LimiterFactory, telemetry: Telemetry, reader: InMemoryMetricReader
@@ -162,7 +162,7 @@ class TestRuleCounters:
         limiter = make_limiter(RULES, telemetry=telemetry)
         await limiter.should_rate_limit(req("edge", desc("client_id=alice")))
         await limiter.should_rate_limit(req("edge", desc("tenant=acme", "user=bob")))
-        totals = named(points(reader), "ratelimit.total_hits")
+        totals = named(points(reader), "ratelimit.hits")
         assert set(totals) == {
             frozenset(
                 {("domain", "edge"), ("rule", "edge/client_id"), ("value", "client_id=alice")}
@@ -179,7 +179,7 @@ class TestRuleCounters:
             def add(self, *args: object) -> None:
                 raise RuntimeError("exporter exploded")
 
-        telemetry._rule["total_hits"] = Broken()  # type: ignore[assignment]
+        telemetry._rule["hits"] = Broken()  # type: ignore[assignment]
         limiter = make_limiter(RULES, telemetry=telemetry)
         for _ in range(2):
             decision = await limiter.should_rate_limit(req("edge", desc("route=public")))
@@ -242,10 +242,10 @@ class TestSeedTraceGauges:
         await _seed_trace(make_limiter(GLOBAL_BUCKET, telemetry=telemetry), clock, GLOBAL_BUCKET)
         got = points(reader)
         public = frozenset(PUBLIC)
-        assert named(got, "fairlimit.cap.jain_index")[public] < 0.5
+        assert named(got, "fairlimit.cap.jain_index_ratio")[public] < 0.5
         assert named(got, "fairlimit.cap.starved_clients")[public] == 9
-        assert named(got, "fairlimit.cap.top_client_share")[public] > 0.6
-        assert named(got, "fairlimit.cap.utilization")[public] == pytest.approx(1.0)
+        assert named(got, "fairlimit.cap.top_client_share_ratio")[public] > 0.6
+        assert named(got, "fairlimit.cap.utilization_ratio")[public] == pytest.approx(1.0)
         assert named(got, "fairlimit.cap.active_clients")[public] == 10
         mode = frozenset({*PUBLIC, ("mode", "global-bucket-only")})
         assert named(got, "fairlimit.cap.mode") == {mode: 1}
@@ -262,7 +262,7 @@ class TestSeedTraceGauges:
         await _seed_trace(make_limiter(FAIR_SHARE, telemetry=telemetry), clock, FAIR_SHARE)
         got = points(reader)
         public = frozenset(PUBLIC)
-        assert named(got, "fairlimit.cap.jain_index")[public] >= 0.99
+        assert named(got, "fairlimit.cap.jain_index_ratio")[public] >= 0.99
         assert named(got, "fairlimit.cap.starved_clients")[public] == 0
         assert named(got, "fairlimit.cap.active_clients")[public] == 10
         assert named(got, "fairlimit.cap.declared_clients")[public] == 10
@@ -306,9 +306,10 @@ class TestSeedTraceGauges:
             for family in text_string_to_metric_families(text)
             for s in family.samples
         }
-        assert jain[0] <= samples[("fairlimit_cap_jain_index", "edge/route=public")] <= jain[1]
+        jain_index = samples[("fairlimit_cap_jain_index_ratio", "edge/route=public")]
+        assert jain[0] <= jain_index <= jain[1]
         assert samples[("fairlimit_cap_starved_clients", "edge/route=public")] == starved
-        hits = sum(v for (name, _), v in samples.items() if name == "ratelimit_total_hits_total")
+        hits = sum(v for (name, _), v in samples.items() if name == "ratelimit_hits_total")
         assert hits > 1000  # 2 s of section 1 traffic
         assert "batch" not in text and "web-1" not in text  # no client value as a label
 

@@ -8,11 +8,11 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder, generate_latest
 
 from fairlimit.core.admission import Code
 from fairlimit.core.request import Request
-from fairlimit.core.rules import Loaded, Rule
+from fairlimit.core.rules import Loaded, Rule, walk
 from fairlimit.core.validation import Classification
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.limiter import Decision, Limiter
@@ -29,7 +29,7 @@ class JsonCodec:
     grpc_api's, so that the wire format is defined in one place)."""
 
     read_request: Callable[[bytes], Request]  # RequestError when malformed
-    write_response: Callable[[Decision], str]
+    write_response: Callable[[Decision, bytes], str]  # the decision, the request's body
 
 
 class AdminServer:
@@ -42,15 +42,21 @@ class AdminServer:
         port: int,
         codec: JsonCodec,
         registry: CollectorRegistry | None = None,
+        *,
+        healthy_with_config: bool = False,
+        upstream_metrics: Callable[[], str] | None = None,
     ) -> None:
         self.limiter = limiter
         self.codec = codec
         self.registry = registry  # the Prometheus reader's, from the CLI's SDK wiring
         self.host, self.port = host, port
         self.draining = False
+        self.healthy_with_config = healthy_with_config  # HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
+        self.upstream_metrics = upstream_metrics  # envoyproxy/ratelimit's names, when asked
         app = web.Application(client_max_size=MAX_BODY)
         app.add_routes(
             [
+                web.get("/healthcheck", self.healthcheck),
                 web.get("/healthz", self.healthz),
                 web.get("/readyz", self.readyz),
                 web.get("/metrics", self.metrics),
@@ -81,13 +87,33 @@ class AdminServer:
             return web.Response(status=503, text="backend unavailable\n")
         return web.Response(text="ready\n")
 
+    async def healthcheck(self, request: web.Request) -> web.Response:
+        """envoyproxy/ratelimit's probe: 200 ``OK``; 500 while draining, or with no domain
+        loaded when ``healthy_with_config``. The backend is not pinged: a liveness probe
+        that failed with Redis would restart every replica at once."""
+        no_config = self.healthy_with_config and not self.limiter.loaded.config.domains
+        if self.draining or no_config:
+            return web.Response(status=500)
+        return web.Response(text="OK")
+
     async def metrics(self, request: web.Request) -> web.Response:
-        """Prometheus text (or OpenMetrics, as the scraper asks) from the OTel SDK's reader."""
+        """Prometheus text (or OpenMetrics, as the scraper asks) from the OTel SDK's reader.
+
+        With upstream's names on, always Prometheus text 0.0.4, as upstream serves it:
+        OpenMetrics would require ``_total`` on the counters that dashboards name without.
+        """
         if self.registry is None:
             return web.Response(status=404, text="metrics are not configured\n")
         await self.limiter.refresh_fairness()
+        if self.upstream_metrics is not None:
+            body = generate_latest(self.registry) + self.upstream_metrics().encode()
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         return web.Response(body=encoder(self.registry), headers={"Content-Type": content_type})
+
+    async def rlconfig_text(self, request: web.Request) -> web.Response:
+        """The loaded limits, one line each (upstream's debug-port ``/rlconfig``)."""
+        return web.Response(text=config_text(self.limiter.loaded))
 
     async def rlconfig(self, request: web.Request) -> web.Response:
         """The loaded rules, each cap's classification and its live fairness figures."""
@@ -114,7 +140,8 @@ class AdminServer:
     async def json(self, request: web.Request) -> web.Response:
         """A RateLimitRequest in proto3 JSON: 200 OK, 429 over, 400 bad, 503 backend down."""
         try:
-            asked = self.codec.read_request(await request.read())
+            body = await request.read()
+            asked = self.codec.read_request(body)
             decision = await self.limiter.should_rate_limit(asked)
         except RequestError as exc:
             return web.json_response({"error": str(exc)}, status=400)
@@ -124,7 +151,7 @@ class AdminServer:
         status = 503 if decision.backend_failed else 200 if decision.code is Code.OK else 429
         return web.Response(
             status=status,
-            text=self.codec.write_response(decision),
+            text=self.codec.write_response(decision, body),
             content_type="application/json",
         )
 
@@ -136,6 +163,7 @@ def config_report(loaded: Loaded, rows: tuple[CapRow, ...]) -> dict[str, Any]:
     return {
         "files": [str(f) for f in loaded.files],
         "warnings": loaded.warnings,
+        "notes": loaded.notes,
         "domains": [
             {
                 "domain": d.name,
@@ -158,6 +186,11 @@ def _rule(rule: Rule, classes: dict[str, Classification], live: dict[str, CapRow
         )
         out["rate_limit"].update({"name": limit.name, "replaces": list(limit.replaces)})
     out["shadow_mode"], out["detailed_metric"] = rule.shadow_mode, rule.detailed_metric
+    for flag in ("quota_mode", "value_to_metric", "share_threshold"):
+        if getattr(rule, flag):
+            out[flag] = True
+    if rule.metadata:
+        out["metadata"] = dict(rule.metadata)
     if rule.fair_share is not None:
         out["fair_share"] = {
             "active_clients": rule.fair_share.active_clients,
@@ -198,3 +231,41 @@ def _fairness(row: CapRow | None) -> dict[str, Any] | None:
         "top_client_share": f.top_client_share,
         "starved_clients": f.starved_clients,
     }
+
+
+def config_text(loaded: Loaded) -> str:
+    """Every limited rule as ``PATH: unit=U requests_per_unit=N, shadow_mode: B, quota_mode: B``."""
+    lines = []
+    for domain in sorted(loaded.config.domains.values(), key=lambda d: d.name):
+        for rule, _ in walk(domain.rules):
+            limit = rule.rate_limit
+            if limit is None:
+                continue
+            what = (
+                "unlimited"
+                if limit.unlimited
+                else (f"unit={limit.unit.name} requests_per_unit={limit.requests_per_unit}")
+            )
+            lines.append(f"{rule.path}: {what}, shadow_mode: {str(rule.shadow_mode).lower()}, "
+                         f"quota_mode: {str(rule.quota_mode).lower()}\n")  # fmt: skip
+    return "".join(lines)
+
+
+class SideListener:
+    """A listener of its own for a few GET routes: upstream's debug port, PROMETHEUS_ADDR."""
+
+    def __init__(
+        self, host: str, port: int, routes: dict[str, Callable[[web.Request], Any]]
+    ) -> None:
+        self.host, self.port = host, port
+        app = web.Application()
+        app.add_routes([web.get(path, handler) for path, handler in routes.items()])
+        self._runner = web.AppRunner(app, access_log=None)
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()

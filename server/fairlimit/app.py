@@ -2,23 +2,28 @@
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from fairlimit.admin import AdminServer, JsonCodec
-from fairlimit.config.loader import load
+from fairlimit.admin import AdminServer, JsonCodec, SideListener
+from fairlimit.config.loader import assemble, load
 from fairlimit.config.watch import ConfigWatcher
 from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError
+from fairlimit.grpc_api.extras import ResponseOptions
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer, TlsFiles
+from fairlimit.grpc_api.xds import XdsConfigSource, XdsSettings, XdsTls
 from fairlimit.limiter import Limiter
 from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
 from fairlimit.telemetry import Telemetry
+from fairlimit.telemetry.upstream import UpstreamStats
 
 log = logging.getLogger("fairlimit")
 
@@ -32,6 +37,60 @@ def _tls(settings: Settings) -> TlsFiles | None:
         return None
     ca = settings.tls_client_ca.read_bytes() if settings.tls_client_ca else None
     return TlsFiles(settings.tls_cert.read_bytes(), settings.tls_key.read_bytes(), ca)
+
+
+def _response_options(settings: Settings) -> ResponseOptions:
+    """upstream's optional response parts, as the settings ask for them."""
+    return ResponseOptions(
+        headers=settings.response_headers,
+        limit_header=settings.header_limit,
+        remaining_header=settings.header_remaining,
+        reset_header=settings.header_reset,
+        metadata=settings.response_metadata,
+        quota_all=settings.quota_mode,
+    )
+
+
+def _pairs(text: str, sep: str) -> list[tuple[str, str]]:
+    """``"a=1,b=2"`` (with ``sep`` between name and value) -> pairs; malformed items dropped."""
+    pairs = (item.partition(sep) for item in text.split(","))
+    return [(name.strip(), value.strip()) for name, found, value in pairs if found and name]
+
+
+def _xds_tls(settings: Settings) -> XdsTls | None:
+    """The TLS files for the management server, read once at start."""
+    if not settings.xds_tls:
+        return None
+
+    def read(path: Path | None) -> bytes | None:
+        return None if path is None else path.read_bytes()
+
+    return XdsTls(
+        read(settings.xds_server_ca),
+        read(settings.xds_client_cert),
+        read(settings.xds_client_key),
+        settings.xds_server_san or None,
+    )
+
+
+def _xds_source(
+    settings: Settings, apply: Callable[[Loaded], None], reject: Callable[[ConfigError], None]
+) -> XdsConfigSource | None:
+    """The xDS config source when CONFIG_TYPE=GRPC_XDS_SOTW asks for it."""
+    if settings.config_source != "xds":
+        return None
+    xds = XdsSettings(
+        settings.xds_server,
+        settings.xds_node_id,
+        dict(_pairs(settings.xds_node_metadata, "=")),
+        tuple((name.lower(), value) for name, value in _pairs(settings.xds_headers, ":")),
+        settings.xds_retry,
+        _xds_tls(settings),
+    )
+    return XdsConfigSource(
+        xds, strict=settings.strict, merge_domains=settings.merge_domains, apply=apply,
+        reject=reject,
+    )  # fmt: skip
 
 
 class App:
@@ -49,9 +108,19 @@ class App:
         self.worker = worker  # with --workers N, this process's index; admin HTTP in 0 only
         # the global providers cli.py installed
         self.telemetry = telemetry or Telemetry(top_clients=settings.top_clients)
-        loaded = load(settings.config, strict=settings.strict)
+        self.telemetry.near_limit_ratio = settings.near_limit_ratio
+        if settings.metrics_compat:
+            self.telemetry.upstream = UpstreamStats(settings.near_limit_ratio)
+        self.xds = _xds_source(settings, self._apply, self._reject)
+        loaded = (
+            assemble([], ())  # nothing until the management server sends the first set
+            if self.xds is not None
+            else load(settings.config, strict=settings.strict, merge_domains=settings.merge_domains)
+        )
         for line in loaded.warnings:
             log.warning("%s", line)
+        for line in loaded.notes:
+            log.info("%s", line)
         self.store = open_store(settings.backend)
         self.limiter = Limiter(
             loaded,
@@ -59,27 +128,69 @@ class App:
             shadow=settings.shadow,
             failure_mode=settings.failure_mode,
             telemetry=self.telemetry,
+            quota_mode=settings.quota_mode,
         )
         reuse_port = settings.workers > 1  # the workers share the port (workers.py)
         self.grpc = GrpcServer(
-            self.limiter, self.telemetry, settings.grpc_addr, _tls(settings), reuse_port
+            self.limiter,
+            self.telemetry,
+            settings.grpc_addr,
+            _tls(settings),
+            reuse_port,
+            _response_options(settings),
+            (settings.max_connection_age, settings.max_connection_age_grace),
         )
         self.admin = None if worker else self._admin(metrics_registry)
+        self.side = [] if self.admin is None else self._side_listeners(self.admin)
         self.watcher = ConfigWatcher(
-            settings.config, strict=settings.strict, apply=self._apply, reject=self._reject
+            settings.config,
+            strict=settings.strict,
+            merge_domains=settings.merge_domains,
+            apply=self._apply,
+            reject=self._reject,
         )
         self._tasks: set[asyncio.Task[object]] = set()
         self._stopping = asyncio.Event()
 
     def _admin(self, registry: CollectorRegistry | None) -> AdminServer:
         host, port = parse_address("--admin-addr", self.settings.admin_addr)
-        codec = JsonCodec(request_from_json, response_to_json)
-        return AdminServer(self.limiter, host, port, codec, registry)
+        codec = JsonCodec(
+            request_from_json, functools.partial(response_to_json, options=self.grpc.options)
+        )
+        upstream = self.telemetry.upstream
+        return AdminServer(
+            self.limiter,
+            host,
+            port,
+            codec,
+            registry,
+            healthy_with_config=self.settings.healthy_with_config,
+            upstream_metrics=None if upstream is None else upstream.render,
+        )
+
+    def _side_listeners(self, admin: AdminServer) -> list[SideListener]:
+        """upstream's debug port (text /rlconfig) and PROMETHEUS_ADDR, where asked for."""
+        listeners = []
+        if self.settings.debug_addr is not None:
+            host, port = parse_address("--debug-addr", self.settings.debug_addr)
+            listeners.append(SideListener(host, port, {"/rlconfig": admin.rlconfig_text}))
+        if self.settings.metrics_addr is not None:
+            host, port = parse_address("--metrics-addr", self.settings.metrics_addr)
+            listeners.append(SideListener(host, port, {self.settings.metrics_path: admin.metrics}))
+        return listeners
 
     async def start(self) -> None:
+        if self.xds is not None:
+            # As upstream: serve only once the management server has sent a config.
+            log.info("waiting for the first config from xDS server %s", self.settings.xds_server)
+            self._spawn(self.xds.run())
+            await self.xds.applied.wait()
         await self.grpc.start()
         if self.admin is not None:
             await self.admin.start()
+        for listener in self.side:
+            await listener.start()
+            log.info("serving %s:%d", listener.host, listener.port)
         self.telemetry.config_load(True)
         _log_loaded("config loaded", self.limiter.loaded)
         log.info("serving gRPC on %s (port %d)", self.settings.grpc_addr, self.grpc.port)
@@ -89,7 +200,8 @@ class App:
             )
         else:
             log.info("worker %d: admin HTTP is served by worker 0 only", self.worker)
-        self._spawn(self.watcher.run())
+        if self.xds is None:
+            self._spawn(self.watcher.run())
         self._spawn(self._refresh_fairness())
 
     def _spawn(self, work: Coroutine[object, object, object]) -> None:
@@ -100,6 +212,8 @@ class App:
     def _apply(self, loaded: Loaded) -> None:
         for line in loaded.warnings:
             log.warning("%s", line)
+        for line in loaded.notes:
+            log.info("%s", line)
         self.limiter.swap(loaded)
         self.telemetry.config_load(True)
         _log_loaded("config reloaded", loaded)
@@ -111,8 +225,10 @@ class App:
         log.error("config rejected: keeping the running config (%d problems)", len(error.problems))
 
     def reload(self) -> None:
-        """Reload the config now (SIGHUP), as a change on disk would."""
-        self._spawn(self.watcher.reload())
+        """Reload the config now (SIGHUP), as a change on disk would (files only: the xDS
+        management server pushes every change itself)."""
+        if self.xds is None:
+            self._spawn(self.watcher.reload())
 
     async def _refresh_fairness(self) -> None:
         # Ends on the stop event, not only on cancellation: a cancel that lands inside a
@@ -154,12 +270,16 @@ class App:
         if self.admin is not None:
             self.admin.draining = True
         self.watcher.stop()
+        if self.xds is not None:
+            self.xds.stop()
         await self.grpc.drain(DRAIN_SECONDS)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.admin is not None:
             await self.admin.stop()
+        for listener in self.side:
+            await listener.stop()
         await self.store.close()
         log.info("stopped")
 

@@ -32,17 +32,23 @@ class _JsonFormatter(logging.Formatter):
         )
 
 
-def _configure_logging(fmt: str) -> None:
+# Upstream's levels (logrus) that Python's logging does not name.
+_LEVELS = {"trace": "DEBUG", "warn": "WARNING", "fatal": "CRITICAL", "panic": "CRITICAL"}
+
+
+def _configure_logging(fmt: str, level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    name = _LEVELS.get(level, level.upper())
+    logging.basicConfig(level=name, handlers=[handler], force=True)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fairlimit", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"fairlimit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve Envoy's RateLimitService")
     serve.add_argument("--config", action="append", metavar="PATH", help="file or directory")
@@ -54,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--shadow", action="store_const", const=True)
     serve.add_argument("--workers", metavar="N")
     serve.add_argument("--log-format", choices=["text", "json"])
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this chain")
     serve.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     serve.add_argument("--tls-client-ca", metavar="PEM", help="require client certs (mTLS)")
@@ -85,7 +92,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     given = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     settings = Settings.from_env(os.environ).override(given)
-    _configure_logging(settings.log_format)
+    _configure_logging(settings.log_format, settings.log_level)
+    warning = settings.upstream_warning()
+    if warning is not None:
+        logging.getLogger("fairlimit").warning("%s", warning)
     if settings.workers > 1:
         from fairlimit.workers import run_workers
 
@@ -95,7 +105,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_worker(settings: "Settings", index: int) -> None:
     """One of ``--workers N`` (a spawned process): serve, the admin HTTP only in worker 0."""
-    _configure_logging(settings.log_format)
+    _configure_logging(settings.log_format, settings.log_level)
     try:
         code = _serve_settings(settings, worker=index)
     except (SettingsError, UnsupportedBackend) as exc:  # the store checks --backend in each worker
@@ -133,6 +143,7 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
             "path": c.path,
             "mode": c.mode.value,
             "warning": c.is_warning,
+            "note": c.is_note,
             "message": c.message,
             "cap_per_second": c.cap_per_second,
             "required_per_second": c.required_per_second,
@@ -149,6 +160,7 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
         "classifications": caps,
         "errors": warnings if strict else [],
         "warnings": [] if strict else warnings,
+        "notes": loaded.notes,
     }
 
 
@@ -167,13 +179,34 @@ def _check(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
-        for c in loaded.classifications:
-            level = "error" if args.strict and c.is_warning else "warning" if c.is_warning else "ok"
-            print(f"{level}: {c.line}")
-        modes = [c.mode.value for c in loaded.classifications]
-        summary = ", ".join(f"{modes.count(m)} {m}" for m in sorted(set(modes))) or "no limits"
-        print(f"{len(loaded.files)} files, {len(loaded.config.domains)} domains: {summary}")
+        _check_text(loaded, args.strict)
     return EXIT_OK if report["ok"] else EXIT_VIOLATION
+
+
+_EXPLAINED = {
+    "note": "notes: a global bucket works as in envoyproxy/ratelimit (first come, first "
+    "served); it is advice, never an error, --strict included",
+    "warning": "warnings: a contended cap is shared by weighted max-min fairness; raise the "
+    "cap or lower the per-client limits or active_clients to make it per-client buckets; "
+    "--strict refuses it",
+    "error": "errors: --strict refuses a contended cap; raise the cap or lower the "
+    "per-client limits or active_clients, or drop --strict to share it fairly",
+}
+
+
+def _check_text(loaded: Loaded, strict: bool) -> None:
+    levels = []
+    for c in loaded.classifications:
+        level = "error" if strict and c.is_warning else "warning" if c.is_warning else (
+            "note" if c.is_note else "ok")  # fmt: skip
+        levels.append(level)
+        print(f"{level}: {c.line}")
+    modes = [c.mode.value for c in loaded.classifications]
+    summary = ", ".join(f"{modes.count(m)} {m}" for m in sorted(set(modes))) or "no limits"
+    print(f"{len(loaded.files)} files, {len(loaded.config.domains)} domains: {summary}")
+    for level, text in _EXPLAINED.items():
+        if level in levels:
+            print(text)
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ from typing import Protocol
 from fairlimit.core import admission
 from fairlimit.core.admission import Code, Outcome, Status
 from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.request import Request, validate
 from fairlimit.core.rules import Loaded
@@ -62,11 +63,13 @@ class Limiter:
         shadow: bool = False,
         failure_mode: FailureMode = FailureMode.OPEN,
         telemetry: Telemetry | None = None,
+        quota_mode: bool = False,
     ) -> None:
         self._active = _Active(loaded, Matcher(loaded.config))
         self.store = store
         self.clock = clock or SystemClock()
         self.shadow = shadow
+        self.quota_mode = quota_mode  # upstream's QUOTA_MODE: every rule a quota
         self.failure_mode = failure_mode
         self.backend_healthy = True
         self.telemetry = telemetry or Telemetry.off()
@@ -86,28 +89,55 @@ class Limiter:
         validate(request)
         plan = make_plan(request, self._active.matcher)
         now = self.clock.now()
-        backend = 0.0
+        started = time.perf_counter()  # a latency, so real time: windows use self.clock
+        outcome = await self._admit(plan, now)
+        if outcome is None:
+            open_statuses = tuple(Status(Code.OK, None, 0, 0.0) for _ in plan.descriptors)
+            return Decision(Code.OK, open_statuses, True, time.perf_counter() - started)
+        statuses = admission.statuses(plan, outcome, now if outcome.now is None else outcome.now)
+        code = admission.overall(statuses, self.quota_mode)
+        if code is Code.OK and any(s.code is Code.OVER_LIMIT for s in statuses):
+            code, statuses = await self._without_quotas_over(request, statuses, now)
+        self.telemetry.decided(request, statuses, now, plan)
+        code = Code.OK if self.shadow else code
+        return Decision(code, statuses, backend_seconds=time.perf_counter() - started)
+
+    async def _admit(self, plan: Plan, now: float) -> Outcome | None:
+        """The store's outcome; None when it is down and the failure mode is open."""
         if not plan.counters:
-            outcome = Outcome(True, (), (), ())
-        else:
-            started = time.perf_counter()  # a latency, so real time: windows use self.clock
-            try:
-                outcome = await self.store.admit(plan, now)
-            except StoreUnavailable as exc:
-                self._backend_state(exc)
-                if self.failure_mode is FailureMode.CLOSED:
-                    raise
-                open_statuses = tuple(Status(Code.OK, None, 0, 0.0) for _ in plan.descriptors)
-                backend = time.perf_counter() - started
-                return Decision(Code.OK, open_statuses, True, backend)
-            backend = time.perf_counter() - started
-            if not self.backend_healthy:
-                self._backend_state(None)
+            return Outcome(True, (), (), ())
+        try:
+            outcome = await self.store.admit(plan, now)
+        except StoreUnavailable as exc:
+            self._backend_state(exc)
+            if self.failure_mode is FailureMode.CLOSED:
+                raise
+            return None
+        if not self.backend_healthy:
+            self._backend_state(None)
+        return outcome
+
+    async def _without_quotas_over(
+        self, request: Request, statuses: tuple[Status, ...], now: float
+    ) -> tuple[Code, tuple[Status, ...]]:
+        """Charge a request whose only overs are some (not all) of its quota descriptors.
+
+        The store admits all or nothing, so the request is charged again without the quota
+        descriptors that were over; they keep their OVER_LIMIT status. Should something
+        else go over in between, the request is refused (and nothing is charged).
+        """
+        keep = [i for i, s in enumerate(statuses) if s.code is not Code.OVER_LIMIT]
+        rest = Request(request.domain, tuple(request.descriptors[i] for i in keep), request.hits)
+        plan = make_plan(rest, self._active.matcher)
+        outcome = await self._admit(plan, now)
+        if outcome is None:
+            return Code.OK, statuses  # failure-open, as for any request
         clock = now if outcome.now is None else outcome.now
-        statuses = admission.statuses(plan, outcome, clock)
-        code = Code.OK if self.shadow else admission.overall(statuses)
-        self.telemetry.decided(request, statuses, now)
-        return Decision(code, statuses, backend_seconds=backend)
+        merged = list(statuses)
+        for index, status in zip(keep, admission.statuses(plan, outcome, clock), strict=True):
+            merged[index] = status
+        code = admission.overall(merged, self.quota_mode) if outcome.admitted else Code.OVER_LIMIT
+        return code, tuple(merged)
 
     async def ping(self) -> bool:
         """Whether the backend answers now (readiness)."""

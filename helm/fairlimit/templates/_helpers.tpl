@@ -41,8 +41,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* repository:tag, or repository:tag@digest when image.digest is set. */}}
 {{- define "fairlimit.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- $ref := printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- if .Values.image.digest }}{{ printf "%s@%s" $ref .Values.image.digest }}{{ else }}{{ $ref }}{{ end }}
 {{- end }}
 
 {{/* ConfigMap holding the descriptor files: the user's own, or the chart's. */}}
@@ -68,4 +70,60 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* Where the descriptor files are mounted; the image's FAIRLIMIT_CONFIG points here too. */}}
 {{- define "fairlimit.configDir" -}}
 /etc/fairlimit/descriptors
+{{- end }}
+
+{{/* The gateway's namespace: istio.gatewayNamespace, else the one of istio.gatewayInstall. */}}
+{{- define "fairlimit.gatewayNamespace" -}}
+{{- if .Values.istio.gatewayNamespace }}{{ .Values.istio.gatewayNamespace }}
+{{- else if eq .Values.istio.gatewayInstall "helm" }}istio-ingress
+{{- else }}istio-system
+{{- end }}
+{{- end }}
+
+{{/* The gateway pods' labels, as YAML: istio.gatewaySelector, else those of gatewayInstall. */}}
+{{- define "fairlimit.gatewaySelector" -}}
+{{- if .Values.istio.gatewaySelector -}}
+{{- toYaml .Values.istio.gatewaySelector -}}
+{{- else if eq .Values.istio.gatewayInstall "helm" -}}
+istio: ingress
+{{- else -}}
+istio: ingressgateway
+{{- end -}}
+{{- end }}
+
+{{/* True (non-empty) when liveness asks gRPC health: not under TLS (the kubelet's gRPC probe
+speaks plaintext only). */}}
+{{- define "fairlimit.grpcLiveness" -}}
+{{- if and (eq .Values.probes.liveness.type "grpc") (not .Values.tls.enabled) }}true{{ end }}
+{{- end }}
+
+{{/* True (non-empty) when the Service carries the admin port. */}}
+{{- define "fairlimit.exposeAdmin" -}}
+{{- if or .Values.service.exposeAdmin .Values.serviceMonitor.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+Rules across several values, refused at render time with the reason (the schema checks each
+value alone; its messages cannot say why).
+*/}}
+{{- define "fairlimit.validate" -}}
+{{- $memory := and (not .Values.backend.existingSecret) (hasPrefix "memory://" .Values.backend.url) }}
+{{- if $memory }}
+{{- $why := "the memory:// backend keeps its counters inside one process, so each extra process would enforce its own separate limits (N processes admit N times the limit). Use a redis:// backend (backend.url or backend.existingSecret) for more" }}
+{{- if gt (int .Values.replicaCount) 1 }}
+{{- fail (printf "replicaCount is %d with backend.url memory://: %s replicas." (int .Values.replicaCount) $why) }}
+{{- end }}
+{{- if .Values.autoscaling.enabled }}
+{{- fail (printf "autoscaling.enabled with backend.url memory://: %s replicas." $why) }}
+{{- end }}
+{{- if gt (int .Values.server.workers) 1 }}
+{{- fail (printf "server.workers is %d with backend.url memory://: %s workers." (int .Values.server.workers) $why) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.tls.enabled (not .Values.tls.secretName) }}
+{{- fail "tls.enabled needs tls.secretName: the kubernetes.io/tls Secret holding tls.crt and tls.key." }}
+{{- end }}
+{{- if and .Values.networkPolicy.enabled (not .Values.networkPolicy.grpcFrom) (not .Values.istio.enabled) }}
+{{- fail "networkPolicy.enabled with an empty networkPolicy.grpcFrom and istio.enabled false: no client could reach the gRPC port, and Envoy (failing open) would let every request through unlimited. List the pods that call fairlimit in networkPolicy.grpcFrom." }}
+{{- end }}
 {{- end }}

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from fairlimit.config.yaml_text import Plain, as_bool, as_int, as_number, read_text_yaml, typed
 from fairlimit.core.rules import Config, Domain, FairShare, Loaded, RateLimit, Rule
 from fairlimit.core.units import Unit
 from fairlimit.core.validation import classify
@@ -18,11 +19,13 @@ from fairlimit.errors import ConfigError, ConfigUnreadable, ConfigWarningError
 
 ROOT_KEYS = frozenset({"domain", "descriptors"})
 DESCRIPTOR_KEYS = frozenset(
-    {"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "fair_share"}
-)
+    {"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "fair_share",
+     "quota_mode", "value_to_metric", "share_threshold", "metadata"}
+)  # fmt: skip
 RATE_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
 FAIR_SHARE_KEYS = frozenset({"active_clients", "weights"})
 YAML_SUFFIXES = (".yaml", ".yml")
+_OCTAL_HINT = " (upstream reads a leading zero as octal: write it without)"
 
 
 class _Problems:
@@ -39,10 +42,18 @@ def _unknown_keys(node: Mapping[Any, Any], allowed: frozenset[str]) -> list[str]
 
 
 def _int_in(value: object, low: int, high: int) -> int | None:
-    """``value`` when it is an integer (not a bool) within [low, high], else None."""
-    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
-        return value
-    return None
+    """``value`` (plain decimal text) as an integer within [low, high], else None."""
+    number = as_int(value)
+    return number if number is not None and low <= number <= high else None
+
+
+def _octal(value: object) -> bool:
+    return isinstance(value, Plain) and len(value) > 1 and value.startswith("0")
+
+
+def _shown(value: object) -> str:
+    """A scalar for a message: plain text as written, anything else (quoted text) as repr."""
+    return str(value) if isinstance(value, Plain) else repr(value)
 
 
 def _check_keys(
@@ -53,9 +64,10 @@ def _check_keys(
 
 
 def _bool(problems: _Problems, path: str, node: Mapping[str, Any], key: str) -> bool:
-    value = node.get(key, False)
-    if not isinstance(value, bool):
-        problems.add(path, f"'{key}' must be true or false, not {value!r}")
+    raw = node.get(key)
+    value = False if raw is None else as_bool(raw)
+    if value is None:
+        problems.add(path, f"'{key}' must be true or false, not {raw!r}")
         return False
     return value
 
@@ -87,6 +99,7 @@ def _rate_limit(problems: _Problems, path: str, raw: object) -> RateLimit | None
     _check_keys(problems, path, raw, RATE_LIMIT_KEYS)
     unlimited = _bool(problems, path, raw, "unlimited")
     name = raw.get("name")
+    name = str(name) if isinstance(name, str) else name
     if name is not None and not isinstance(name, str):
         problems.add(path, f"rate_limit.name must be a string, not {name!r}")
         name = None
@@ -96,6 +109,7 @@ def _rate_limit(problems: _Problems, path: str, raw: object) -> RateLimit | None
         if unit_text is not None:
             problems.add(path, "should not specify rate limit unit when unlimited")
         return RateLimit(0, Unit.SECOND, unlimited=True, name=name, replaces=replaces)
+    unit_text = str(unit_text) if isinstance(unit_text, str) else unit_text
     try:
         unit = Unit.parse(str(unit_text)) if unit_text is not None else None
     except KeyError:
@@ -106,7 +120,9 @@ def _rate_limit(problems: _Problems, path: str, raw: object) -> RateLimit | None
     rpu = _int_in(raw_rpu, 0, 0xFFFFFFFF)
     if rpu is None:
         problems.add(
-            path, f"requests_per_unit must be an integer from 0 to 4294967295, not {raw_rpu!r}"
+            path,
+            f"requests_per_unit must be an integer from 0 to 4294967295, not {_shown(raw_rpu)}"
+            + _OCTAL_HINT * _octal(raw_rpu),
         )
         return None
     if unit is None:
@@ -122,9 +138,7 @@ def _weights(problems: _Problems, path: str, raw: object) -> Mapping[str, float]
         return MappingProxyType({})
     weights: dict[str, float] = {}
     for client, weight in raw.items():
-        number = (
-            weight if isinstance(weight, int | float) and not isinstance(weight, bool) else None
-        )
+        number = as_number(weight)
         if number is None or not math.isfinite(number) or number <= 0:
             problems.add(path, f"fair_share.weights['{client}'] must be a number above 0")
             continue
@@ -144,7 +158,9 @@ def _fair_share(
     weights = _weights(problems, path, raw.get("weights"))
     ok = active is not None
     if active is None:
-        problems.add(path, f"fair_share.active_clients must be an integer >= 1, not {raw_active!r}")
+        problems.add(
+            path, f"fair_share.active_clients must be an integer >= 1, not {_shown(raw_active)}"
+        )
     if limit is None or limit.unlimited:
         problems.add(path, "fair_share needs a limited rate_limit on the same node: the cap")
         ok = False
@@ -158,6 +174,24 @@ def _label(key: str, value: str | None) -> str:
     return key if value is None else f"{key}={value}"
 
 
+def _metadata(problems: _Problems, path: str, raw: object) -> Mapping[str, object] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        problems.add(path, "metadata must be a mapping")
+        return None
+    return MappingProxyType(typed(raw))
+
+
+def _share_threshold(problems: _Problems, path: str, raw: Mapping[str, Any], value: str | None,
+                     ) -> bool:  # fmt: skip
+    shared = _bool(problems, path, raw, "share_threshold")
+    if shared and (value is None or "*" not in value):
+        problems.add(path, "share_threshold can only be used with a wildcard value (with '*')")
+        return False
+    return shared
+
+
 def _descriptor(problems: _Problems, parent: str, index: int, raw: object) -> Rule | None:
     here = f"{parent}/descriptors[{index}]"
     if not isinstance(raw, dict):
@@ -167,11 +201,11 @@ def _descriptor(problems: _Problems, parent: str, index: int, raw: object) -> Ru
     if not isinstance(key, str) or not key:
         problems.add(here, "descriptor has empty key")
         return None
-    value = raw.get("value")
-    if (value is not None and not isinstance(value, str | int | float)) or isinstance(value, bool):
+    key, value = str(key), raw.get("value")
+    if value is not None and not isinstance(value, str):
         problems.add(here, f"descriptor value must be a string, not {value!r}")
         value = None
-    text = None if value is None or value == "" else str(value)
+    text = None if value is None or value == "" else str(value)  # the text written, as upstream
     path = f"{parent}/{_label(key, text)}"
     _check_keys(problems, path, raw, DESCRIPTOR_KEYS)
     limit = _rate_limit(problems, path, raw["rate_limit"]) if "rate_limit" in raw else None
@@ -189,6 +223,10 @@ def _descriptor(problems: _Problems, parent: str, index: int, raw: object) -> Ru
         detailed_metric=_bool(problems, path, raw, "detailed_metric"),
         fair_share=fair,
         children=children,
+        quota_mode=_bool(problems, path, raw, "quota_mode"),
+        value_to_metric=_bool(problems, path, raw, "value_to_metric"),
+        share_threshold=_share_threshold(problems, path, raw, text),
+        metadata=_metadata(problems, path, raw.get("metadata")),
     )
 
 
@@ -227,13 +265,24 @@ def yaml_mapping(text: str, source: str, what: str) -> dict[Any, Any]:
 
 
 def parse_domain(text: str, source: str) -> Domain:
-    """One descriptor file's text -> its Domain; ConfigError lists every problem."""
-    raw = yaml_mapping(text, source, "a descriptor file")
+    """One descriptor file's text -> its Domain; ConfigError lists every problem.
+
+    Scalars are read as the text written and a repeated key is an error (``yaml_text``).
+    """
+    raw = read_text_yaml(text, source)
+    if not isinstance(raw, dict):
+        raise ConfigUnreadable([f"{source}: (file): a descriptor file must be a YAML mapping"])
+    return parse_root(raw, source)
+
+
+def parse_root(raw: Mapping[Any, Any], source: str) -> Domain:
+    """One config root (``domain`` and ``descriptors``) -> its Domain; ConfigError if wrong."""
     domain = raw.get("domain")
     problems = _Problems(source)
     if not isinstance(domain, str) or not domain:
         problems.add("(file)", "config file cannot have empty domain")
         domain = "(no domain)"
+    domain = str(domain)
     _check_keys(problems, domain, raw, ROOT_KEYS)
     rules = _descriptors(problems, domain, raw.get("descriptors"))
     if problems.lines:
@@ -267,7 +316,52 @@ def _read(path: Path) -> str:
         raise ConfigUnreadable([f"{path}: (file): cannot read: {exc}"]) from exc
 
 
-def load(paths: Sequence[str | Path], *, strict: bool = False) -> Loaded:
+def _merge(first: Domain, later: Domain) -> tuple[Domain, list[str]]:
+    """``later``'s top-level descriptors added to ``first``'s (MERGE_DOMAIN_CONFIG)."""
+    seen = {(r.key, r.value) for r in first.rules}
+    clashes = [
+        f"{later.source}: {r.path}: duplicate descriptor composite key (also in {first.source})"
+        for r in later.rules
+        if (r.key, r.value) in seen
+    ]
+    return Domain(first.name, first.source, first.rules + later.rules), clashes
+
+
+def assemble(
+    domains: Iterable[Domain], files: Sequence[Path], *, strict: bool = False,
+    merge_domains: bool = False,
+) -> Loaded:  # fmt: skip
+    """Parsed domains -> the Loaded config, all or nothing (ConfigError, ConfigWarningError).
+
+    Two sources of one domain are an error, unless ``merge_domains`` (upstream's
+    MERGE_DOMAIN_CONFIG) adds the later one's descriptors to the first.
+    """
+    by_name: dict[str, Domain] = {}
+    lines: list[str] = []
+    for domain in domains:
+        known = by_name.get(domain.name)
+        if known is None:
+            by_name[domain.name] = domain
+        elif merge_domains:
+            by_name[domain.name], clashes = _merge(known, domain)
+            lines.extend(clashes)
+        else:
+            lines.append(
+                f"{domain.source}: {domain.name}: duplicate domain '{domain.name}' "
+                f"(first in {known.source})"
+            )
+    if lines:
+        raise ConfigError(lines)
+    config = Config.of(list(by_name.values()))
+    loaded = Loaded(config, tuple(classify(config)), tuple(files))
+    if strict and loaded.warnings:
+        raise ConfigWarningError(loaded.warnings)
+    return loaded
+
+
+def load(
+    paths: Sequence[str | Path], *, strict: bool = False, merge_domains: bool = False
+) -> Loaded:
     """Load every descriptor file under ``paths``, all or nothing.
 
     Raises ConfigUnreadable for paths that cannot be read at all, ConfigError for rule
@@ -277,26 +371,12 @@ def load(paths: Sequence[str | Path], *, strict: bool = False) -> Loaded:
     domains: list[Domain] = []
     lines: list[str] = []
     unreadable = False
-    seen: dict[str, str] = {}
     for path in files:
         try:
-            domain = parse_domain(_read(path), str(path))
+            domains.append(parse_domain(_read(path), str(path)))
         except ConfigError as exc:
             unreadable = unreadable or isinstance(exc, ConfigUnreadable)
             lines.extend(exc.problems)
-            continue
-        if domain.name in seen:
-            lines.append(
-                f"{path}: {domain.name}: duplicate domain '{domain.name}' "
-                f"(first in {seen[domain.name]})"
-            )
-            continue
-        seen[domain.name] = str(path)
-        domains.append(domain)
     if lines:
         raise (ConfigUnreadable if unreadable else ConfigError)(lines)
-    config = Config.of(domains)
-    loaded = Loaded(config, tuple(classify(config)), tuple(files))
-    if strict and loaded.warnings:
-        raise ConfigWarningError(loaded.warnings)
-    return loaded
+    return assemble(domains, files, strict=strict, merge_domains=merge_domains)

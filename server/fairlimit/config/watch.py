@@ -32,6 +32,7 @@ class ConfigWatcher:
         paths: Sequence[Path],
         *,
         strict: bool,
+        merge_domains: bool = False,
         apply: Callable[[Loaded], None],
         reject: Callable[[ConfigError], None],
         debounce_ms: int = 300,
@@ -39,6 +40,7 @@ class ConfigWatcher:
         self.paths = tuple(paths)  # loaded as given, so messages name files as at start
         self._watched = tuple(Path(p).absolute() for p in paths)  # events carry absolute paths
         self.strict = strict
+        self.merge_domains = merge_domains
         self._apply, self._reject = apply, reject
         self.debounce_ms = debounce_ms
         self._stop = asyncio.Event()
@@ -60,7 +62,9 @@ class ConfigWatcher:
         async with self._lock:
             self.reloads += 1
             try:  # in a thread: reading and parsing must not stall the requests on the loop
-                loaded = await asyncio.to_thread(load, self.paths, strict=self.strict)
+                loaded = await asyncio.to_thread(
+                    load, self.paths, strict=self.strict, merge_domains=self.merge_domains
+                )
             except ConfigError as exc:
                 self._reject(exc)
                 return False

@@ -142,6 +142,27 @@ def statuses(plan: Plan, outcome: Outcome, now: float) -> tuple[Status, ...]:
     return tuple(out)
 
 
-def overall(statuses_: Sequence[Status]) -> Code:
-    """OVER_LIMIT when any descriptor is over, else OK."""
-    return Code.OVER_LIMIT if any(s.code is Code.OVER_LIMIT for s in statuses_) else Code.OK
+def is_quota(status: Status, quota_all: bool = False) -> bool:
+    """Whether ``status`` counts as a quota descriptor (quota_mode, or every rule's when
+    ``quota_all``, upstream's QUOTA_MODE); an unlimited one never does."""
+    rule = status.rule
+    if rule is not None and rule.rate_limit is not None and rule.rate_limit.unlimited:
+        return False
+    return quota_all or (rule is not None and rule.quota_mode and status.current_limit is not None)
+
+
+def overall(statuses_: Sequence[Status], quota_all: bool = False) -> Code:
+    """OVER_LIMIT when an ordinary descriptor is over, or every quota descriptor is, else OK.
+
+    A quota descriptor (``quota_mode``) over its limit fails the request only together with
+    all the others of the request, as envoyproxy/ratelimit decides.
+    """
+    quotas = quotas_over = 0
+    for status in statuses_:
+        over = status.code is Code.OVER_LIMIT
+        if is_quota(status, quota_all):
+            quotas += 1
+            quotas_over += over
+        elif over:
+            return Code.OVER_LIMIT
+    return Code.OVER_LIMIT if quotas and quotas == quotas_over else Code.OK

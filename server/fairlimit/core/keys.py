@@ -18,12 +18,32 @@ def escape(part: str) -> str:
     return part  # the common case: nothing to escape, no new string
 
 
-def key_paths(domain: str, entries: Sequence[Entry]) -> list[str]:
-    """The key paths of ``entries[:1]``, ``entries[:2]``, ... (a counter key less ``#window``)."""
+def key_paths(
+    domain: str, entries: Sequence[Entry], shared: Sequence[tuple[int, str]] = ()
+) -> list[str]:
+    """The key paths of ``entries[:1]``, ``entries[:2]``, ... (a counter key less ``#window``).
+
+    ``shared`` names entries (by index) whose value is replaced by their share_threshold
+    pattern, marked ``\\*``: escaping never writes a backslash before ``*``, so no request
+    value can produce the shared key.
+    """
+    if shared:
+        return _shared_paths(domain, entries, dict(shared))
     path = escape(domain)
     out: list[str] = []
     for k, v in entries:
         path = f"{path}/{escape(k)}={escape(v)}"
+        out.append(path)
+    return out
+
+
+def _shared_paths(domain: str, entries: Sequence[Entry], patterns: dict[int, str]) -> list[str]:
+    path = escape(domain)
+    out: list[str] = []
+    for index, (k, v) in enumerate(entries):
+        pattern = patterns.get(index)
+        value = escape(v) if pattern is None else "\\*" + escape(pattern)
+        path = f"{path}/{escape(k)}={value}"
         out.append(path)
     return out
 

@@ -21,6 +21,9 @@ class Match:
 
     rule: Rule
     trail: tuple[Rule, ...]  # every matched node, outermost first, ending with ``rule``
+    # (entry index, wildcard pattern) of every share_threshold level on the trail: all the
+    # values that pattern matches share one counter there.
+    shared: tuple[tuple[int, str], ...] = ()
 
 
 def _wildcard_regex(pattern: str) -> re.Pattern[str]:
@@ -41,7 +44,10 @@ class _Level:
         self.valueless: dict[str, tuple[Match, _Level]] = {}
         for rule in rules:
             trail = (*above, rule)
-            node = Match(rule, trail)
+            shared = tuple(
+                (i, r.value) for i, r in enumerate(trail) if r.share_threshold and r.value
+            )
+            node = Match(rule, trail, shared)
             below = _Level(rule.children, trail)
             if rule.value is None:
                 self.valueless[rule.key] = (node, below)

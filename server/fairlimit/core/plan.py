@@ -64,6 +64,7 @@ class DescriptorPlan:
     rule: Rule | None
     charges: tuple[Charge, ...]  # its own limit first, then the caps above, outermost first
     unlimited: bool = False
+    match: Match | None = None  # how the rule was reached (upstream-named metrics read it)
 
 
 @dataclass(slots=True)  # not frozen: built per request (see Counter)
@@ -156,12 +157,13 @@ def _descriptor_plan(
     rule = match.rule if match else None
     limit = descriptor.limit or (rule.rate_limit if rule else None)
     if limit is not None and limit.unlimited:
-        return DescriptorPlan(rule, (), unlimited=True)
+        return DescriptorPlan(rule, (), unlimited=True, match=match)
     charges: list[Charge] = []
     charged = limit is not None and limit.name not in replaced
     if not charged and (match is None or len(match.trail) < 2):
-        return DescriptorPlan(rule, ())  # nothing to charge: no key to build
-    paths = key_paths(request.domain, descriptor.entries)
+        return DescriptorPlan(rule, (), match=match)  # nothing to charge: no key to build
+    shared = match.shared if match is not None and descriptor.limit is None else ()
+    paths = key_paths(request.domain, descriptor.entries, shared)
     hits = request.hits_for(descriptor)
     if charged:
         assert limit is not None
@@ -170,7 +172,7 @@ def _descriptor_plan(
         charges.append(Charge(counter, None, limit, rule))
     if match is not None:
         charges.extend(_cap_charges(builder, paths, descriptor, hits, match.trail, replaced))
-    return DescriptorPlan(rule, tuple(charges))
+    return DescriptorPlan(rule, tuple(charges), match=match)
 
 
 def plan(request: Request, matcher: Matcher) -> Plan:

@@ -61,6 +61,13 @@ class Rule:
     detailed_metric: bool = False
     fair_share: FairShare | None = None
     children: tuple["Rule", ...] = ()
+    # envoyproxy/ratelimit's keys, with its meanings: fail only when every quota descriptor
+    # of a request is over; the request's value in the upstream metric key; every value of
+    # this wildcard shares one counter; returned as response dynamic metadata (never mutated).
+    quota_mode: bool = False
+    value_to_metric: bool = False
+    share_threshold: bool = False
+    metadata: Mapping[str, object] | None = None
 
     @property
     def is_wildcard(self) -> bool:
@@ -103,6 +110,11 @@ class Loaded:
     @property
     def warnings(self) -> list[str]:
         return [c.line for c in self.classifications if c.is_warning]
+
+    @property
+    def notes(self) -> list[str]:
+        """Advice that is never an error (global buckets, as upstream has them)."""
+        return [c.line for c in self.classifications if c.is_note]
 
 
 def walk(rules: tuple[Rule, ...]) -> list[tuple[Rule, tuple[Rule, ...]]]:

@@ -30,6 +30,11 @@ def window_start(window: int, now: float) -> int:
     return math.floor(now / window) * window
 
 
-def seconds_until_reset(window: int, now: float) -> float:
-    """Seconds from ``now`` until the current window of length ``window`` ends."""
-    return window_start(window, now) + window - now
+def seconds_until_reset(window: int, now: float) -> int:
+    """Whole seconds from ``now`` until its window of length ``window`` ends, rounded up.
+
+    As envoyproxy/ratelimit reports it (``window - now % window`` in whole seconds): 1 to
+    ``window``, never 0, so that a per-second limit never tells a client to retry at once,
+    into the window that just refused it.
+    """
+    return window - math.floor(now) % window

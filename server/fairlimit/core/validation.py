@@ -35,7 +35,14 @@ class Classification:
 
     @property
     def is_warning(self) -> bool:
-        return self.mode is not Mode.PER_CLIENT_BUCKETS
+        """A contended cap: allowed, shared fairly; ``--strict`` refuses it."""
+        return self.mode is Mode.WEIGHTED_FAIR_QUEUE
+
+    @property
+    def is_note(self) -> bool:
+        """A global bucket: advice, never an error. It behaves as in envoyproxy/ratelimit,
+        so a plain upstream config passes ``check --strict``."""
+        return self.mode is Mode.GLOBAL_BUCKET_ONLY
 
     @property
     def line(self) -> str:

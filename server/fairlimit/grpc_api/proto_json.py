@@ -6,6 +6,7 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.core.request import Request
 from fairlimit.errors import RequestError
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
+from fairlimit.grpc_api.extras import ResponseOptions, add_extras
 from fairlimit.limiter import Decision
 
 
@@ -18,6 +19,12 @@ def request_from_json(body: bytes | str) -> Request:
     return request_from_proto(message)
 
 
-def response_to_json(decision: Decision) -> str:
-    """The RateLimitResponse Envoy would get, in proto3 JSON."""
-    return json_format.MessageToJson(response_to_proto(decision), indent=None)
+def response_to_json(
+    decision: Decision, body: bytes | str = b"", options: ResponseOptions | None = None
+) -> str:
+    """The RateLimitResponse Envoy would get for the request ``body``, in proto3 JSON."""
+    response = response_to_proto(decision)
+    if options is not None and options.any:
+        request = json_format.Parse(body, rls_pb2.RateLimitRequest())  # parsed once already
+        add_extras(response, request, decision.statuses, options)
+    return json_format.MessageToJson(response, indent=None)

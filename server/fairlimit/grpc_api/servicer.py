@@ -13,12 +13,16 @@ from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
+from fairlimit.grpc_api.extras import ResponseOptions, add_extras
 from fairlimit.limiter import Limiter
 from fairlimit.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
 RLS_SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
+# gRPC health names: the server, the RLS service, and "ratelimit", envoyproxy/ratelimit's
+# name, which its users' probes ask for.
+HEALTH_NAMES = ("", RLS_SERVICE, "ratelimit")
 
 # Our errors -> gRPC codes, in one place. A backend failure is UNAVAILABLE, never UNKNOWN:
 # Envoy's ratelimit filter lets a call through on UNKNOWN whatever failure_mode_deny says,
@@ -52,9 +56,12 @@ class RateLimitServicer:
     INVALID_ARGUMENT.
     """
 
-    def __init__(self, limiter: Limiter, telemetry: Telemetry) -> None:
+    def __init__(
+        self, limiter: Limiter, telemetry: Telemetry, options: ResponseOptions | None = None
+    ) -> None:
         self.limiter = limiter
         self.telemetry = telemetry  # spans and the latency metric; the limiter counts hits
+        self.options = options or ResponseOptions()
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.unary_unary_rpc_method_handler(
@@ -114,7 +121,10 @@ class RateLimitServicer:
                 code = grpc.StatusCode.INTERNAL
             return code, str(exc) or type(exc).__name__
         span.set_attribute("ratelimit.backend_seconds", decision.backend_seconds)
-        return response_to_proto(decision)
+        response = response_to_proto(decision)
+        if self.options.any:
+            add_extras(response, request, decision.statuses, self.options)
+        return response
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,11 +153,21 @@ class GrpcServer:
         address: str,
         tls: TlsFiles | None = None,
         reuse_port: bool = False,
+        options: ResponseOptions | None = None,
+        max_age: tuple[float | None, float | None] = (None, None),
     ) -> None:
         # SO_REUSEPORT only where workers share the port on purpose: otherwise a second server
         # on a busy port must fail to bind rather than quietly take half of its connections.
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
-        self.server.add_generic_rpc_handlers((RateLimitServicer(limiter, telemetry).handler(),))
+        server_options: list[tuple[str, int]] = [("grpc.so_reuseport", int(reuse_port))]
+        # upstream's GRPC_MAX_CONNECTION_AGE(_GRACE): clients reconnect (and re-resolve)
+        for name, seconds in zip(("max_connection_age", "max_connection_age_grace"), max_age,
+                                 strict=True):  # fmt: skip
+            if seconds is not None:
+                server_options.append((f"grpc.{name}_ms", int(seconds * 1000)))
+        self.server = grpc.aio.server(options=server_options)
+        self.options = options or ResponseOptions()  # /json adds the same parts
+        servicer = RateLimitServicer(limiter, telemetry, self.options)
+        self.server.add_generic_rpc_handlers((servicer.handler(),))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (
@@ -165,12 +185,12 @@ class GrpcServer:
 
     async def start(self) -> None:
         await self.server.start()
-        for name in ("", RLS_SERVICE):
+        for name in HEALTH_NAMES:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def drain(self, grace: float) -> None:
         """Say NOT_SERVING, let in-flight calls finish within ``grace`` seconds, stop."""
-        for name in ("", RLS_SERVICE):
+        for name in HEALTH_NAMES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.stop(grace)
 

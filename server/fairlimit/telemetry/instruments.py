@@ -2,10 +2,12 @@
 
 Per rule (attributes ``domain`` and ``rule``, the rule path; ``value``, the request's
 ``key=value`` path, only where the rule sets ``detailed_metric``), with envoyproxy/ratelimit's
-meanings, in hits: ``ratelimit.total_hits``, ``.over_limit`` (shadow-mode overs included),
-``.near_limit`` (admitted hits that took the rule past 80% of its current limit),
-``.within_limit``, ``.shadow_mode``. Per cap rule, observable gauges read from the last
-``refresh`` (attributes ``domain`` and ``rule``; never a client value): see ``fairness``.
+meanings, in hits: ``ratelimit.hits`` (upstream's total_hits; Prometheus adds ``_total``),
+``.over_limit`` (shadow-mode overs included), ``.near_limit`` (admitted hits that took the
+rule past the near-limit ratio, 80% unless set, of its current limit), ``.within_limit``,
+``.shadow_mode``. Per cap rule, observable gauges read from the last ``refresh``
+(attributes ``domain`` and ``rule``; never a client value): see ``fairness``; the ratios end
+in ``_ratio``, as Prometheus names unit-less ratios.
 Service: ``fairlimit.rpc.duration``, ``fairlimit.backend.errors``, ``fairlimit.config.loads``.
 
 Telemetry never fails a request: recording errors are caught, counted and logged once.
@@ -29,19 +31,22 @@ from opentelemetry.trace import (
 from fairlimit import __version__
 from fairlimit.core.admission import Code, Status
 from fairlimit.core.fairshare import CapReport, FairnessFigures
+from fairlimit.core.plan import Plan
 from fairlimit.core.request import Request
 from fairlimit.core.rules import Loaded
+from fairlimit.core.upstream import override_key, stat_key
 from fairlimit.telemetry.fairness import BucketWatch, CapRow, CapTable
 from fairlimit.telemetry.top import DEFAULT_CAPACITY, TopClients, TopRow
+from fairlimit.telemetry.upstream import UpstreamStats
 
 log = logging.getLogger(__name__)
 
 NEAR_LIMIT_RATIO = 0.8  # envoyproxy/ratelimit's default NEAR_LIMIT_RATIO
-NO_LEVEL = -1.0  # fair_share_level when λ is infinite (uncontended) or unknown
+NO_LEVEL = -1.0  # fair_share_level when λ is infinite (uncontended)
 _RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 _RULE_COUNTERS = (
-    ("total_hits", "Hits checked against the rule"),
+    ("hits", "Hits checked against the rule (upstream's total_hits)"),
     ("over_limit", "Hits over the rule's limit (shadow-mode overs included)"),
     ("near_limit", "Admitted hits that took the rule past 80% of its current limit"),
     ("within_limit", "Hits within the rule's limit"),
@@ -58,6 +63,8 @@ def _level(row: CapRow) -> float | None:
     if row.figures is None:
         return None
     level = row.figures.level
+    # -1 while uncontended (λ infinite): the OpenTelemetry SDK drops non-finite values, and
+    # a series that vanished under light load would look like a broken exporter.
     return NO_LEVEL if math.isinf(level) else level
 
 
@@ -70,15 +77,15 @@ def _declared(row: CapRow) -> float | None:
 
 
 _CAP_GAUGES: tuple[tuple[str, str, str, _Reading], ...] = (
-    ("utilization", "1", "Admitted hits over the cap's capacity, last period",
+    ("utilization_ratio", "1", "Admitted hits over the cap's capacity, last period",
      _figure(lambda f: f.utilization)),
     ("active_clients", "{client}", "Clients with demand at the cap, last period",
      _figure(lambda f: f.active_clients)),
     ("declared_clients", "{client}", "The cap's fair_share.active_clients", _declared),
     ("fair_share_level", "{hit}/s", "λ per unit weight; -1 when uncontended", _level),
-    ("jain_index", "1", "Jain's index over admitted / max-min fair share",
+    ("jain_index_ratio", "1", "Jain's index over admitted / max-min fair share",
      _figure(lambda f: f.jain_index)),
-    ("top_client_share", "1", "The largest client's part of the admitted hits",
+    ("top_client_share_ratio", "1", "The largest client's part of the admitted hits",
      _figure(lambda f: f.top_client_share)),
     ("starved_clients", "{client}", "Clients that got under 90% of their fair share",
      _figure(lambda f: f.starved_clients)),
@@ -156,6 +163,8 @@ class Telemetry:
             "fairlimit.cap.mode", [self._modes], "1", "1 for the cap's classification (mode)"
         )
         self._rows: tuple[CapRow, ...] = ()
+        self.near_limit_ratio = NEAR_LIMIT_RATIO
+        self.upstream: UpstreamStats | None = None  # envoyproxy/ratelimit's names, when on
         self._buckets = BucketWatch()
         self._table = CapTable()
         self._top = TopClients(top_clients)  # client values stay here: never an attribute
@@ -170,7 +179,9 @@ class Telemetry:
         self._buckets.use(loaded)
         self._top.use(loaded)
 
-    def decided(self, request: Request, statuses: Sequence[Status], now: float) -> None:
+    def decided(
+        self, request: Request, statuses: Sequence[Status], now: float, plan: Plan | None = None
+    ) -> None:
         """Count one answered request per rule, and what global buckets gave whom."""
         if not self.enabled:
             return
@@ -179,8 +190,24 @@ class Telemetry:
             self._buckets.observe(request, statuses, now)
             if self._top.watching:
                 self._top.observe(request, statuses, now)
+            if self.upstream is not None and plan is not None:
+                self._count_upstream(self.upstream, request, statuses, plan)
         except Exception:
             self._failed()
+
+    def _count_upstream(
+        self, upstream: UpstreamStats, request: Request, statuses: Sequence[Status], plan: Plan
+    ) -> None:
+        for descriptor, status, dplan in zip(
+            request.descriptors, statuses, plan.descriptors, strict=True
+        ):
+            if status.current_limit is None or dplan.unlimited:
+                continue
+            if descriptor.limit is not None or dplan.match is None:
+                key = override_key(request.domain, descriptor.entries)
+            else:
+                key = stat_key(request.domain, descriptor.entries, dplan.match.trail)
+            upstream.rule(key, status, request.hits_for(descriptor))
 
     def _count_rules(self, request: Request, statuses: Sequence[Status]) -> None:
         for descriptor, status in zip(request.descriptors, statuses, strict=True):
@@ -191,7 +218,7 @@ class Telemetry:
             attributes = {"domain": request.domain, "rule": rule.path}
             if rule.detailed_metric:
                 attributes["value"] = "/".join(f"{k}={v}" for k, v in descriptor.entries)
-            self._rule["total_hits"].add(hits, attributes)
+            self._rule["hits"].add(hits, attributes)
             if status.code is Code.OVER_LIMIT or status.shadowed:
                 self._rule["over_limit"].add(hits, attributes)
                 if status.shadowed:
@@ -199,15 +226,19 @@ class Telemetry:
                 continue
             self._rule["within_limit"].add(hits, attributes)
             used = limit.requests_per_unit - status.limit_remaining
-            near = used - math.floor(limit.requests_per_unit * NEAR_LIMIT_RATIO)
+            near = used - math.floor(limit.requests_per_unit * self.near_limit_ratio)
             if near > 0:
                 self._rule["near_limit"].add(min(hits, near), attributes)
 
     def backend_error(self) -> None:
         self._safely(self._backend_errors.add, 1)
+        if self.upstream is not None:
+            self._safely(self.upstream.error, "redis_error")
 
     def config_load(self, ok: bool) -> None:
         self._safely(self._loads.add, 1, {"result": "success" if ok else "failure"})
+        if self.upstream is not None:
+            self._safely(self.upstream.config_load, ok)
 
     def rpc_span(
         self, name: str, carrier: Mapping[str, str], attributes: Mapping[str, str]
@@ -221,6 +252,10 @@ class Telemetry:
     def rpc_finished(self, seconds: float, result: str) -> None:
         """One ShouldRateLimit call took ``seconds``; ``result`` is its code's name."""
         self._safely(self._rpc.record, seconds, {"result": result})
+        if self.upstream is not None:
+            self._safely(self.upstream.call, seconds)
+            if result == "INVALID_ARGUMENT":
+                self._safely(self.upstream.error, "service_error")
 
     def _safely(self, record: Callable[..., None], *args: object) -> None:
         if not self.enabled:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fairlimit.errors import SettingsError
+from fairlimit.settings.upstream import translate, unsupported_warning
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -26,7 +27,7 @@ class FailureMode(enum.Enum):
 
 def bundled_descriptors() -> Path:
     """The descriptors shipped with fairlimit: the checkout's, else the installed copy."""
-    checkout = Path(__file__).resolve().parents[2] / "descriptors"
+    checkout = Path(__file__).resolve().parents[3] / "descriptors"
     if checkout.is_dir():
         return checkout
     return Path(sys.prefix) / "share" / "fairlimit" / "descriptors"
@@ -69,26 +70,67 @@ class Settings:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     top_clients: int = 16  # counters per cap for ``GET /top`` (memory: 2x this); 0 = off
+    log_level: str = "info"
+    debug_addr: str | None = None  # upstream's DEBUG_PORT listener (text /rlconfig)
+    max_connection_age: float | None = None  # seconds; None: connections are kept
+    max_connection_age_grace: float | None = None
+    quota_mode: bool = False
+    merge_domains: bool = False
+    near_limit_ratio: float = 0.8
+    response_headers: bool = False
+    header_limit: str = "RateLimit-Limit"
+    header_remaining: str = "RateLimit-Remaining"
+    header_reset: str = "RateLimit-Reset"
+    response_metadata: bool = False
+    healthy_with_config: bool = False
+    metrics_compat: bool = False  # upstream's Prometheus names next to ours
+    metrics_addr: str | None = None  # a listener of its own for /metrics (PROMETHEUS_ADDR)
+    metrics_path: str = "/metrics"
+    config_source: str = "file"  # or "xds": CONFIG_TYPE=GRPC_XDS_SOTW
+    xds_server: str = "localhost:18000"
+    xds_node_id: str = "default"
+    xds_node_metadata: str = ""  # "key=value,key2=value2"
+    xds_headers: str = ""  # "name:value,name2:value2", sent with the stream
+    xds_retry: float = 3.0  # seconds between reconnections
+    xds_tls: bool = False
+    xds_server_ca: Path | None = None
+    xds_client_cert: Path | None = None
+    xds_client_key: Path | None = None
+    xds_server_san: str = ""  # the name to verify instead of the server URL's host
+    unsupported_upstream: tuple[str, ...] = ()  # set upstream variables with no effect
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "Settings":
-        """Defaults overridden by FAIRLIMIT_* variables of ``environ``."""
+        """Defaults, then envoyproxy/ratelimit's variables, then FAIRLIMIT_* (which win)."""
+        upstream = translate(environ)
+        base = cls(unsupported_upstream=tuple(sorted(upstream.unsupported)))
         raw: dict[str, str] = {}
         for name in cls.__dataclass_fields__:
             value = environ.get(f"FAIRLIMIT_{name.upper()}")
             if value is not None:
                 raw[name] = value
-        return cls().override(raw, source="FAIRLIMIT_")
+        return base.override(upstream.values, upstream.sources).override(raw, "FAIRLIMIT_")
 
-    def override(self, raw: Mapping[str, object], source: str = "--") -> "Settings":
-        """A copy with ``raw`` (strings or lists of strings, by field name) applied."""
+    def upstream_warning(self) -> str | None:
+        """The one startup warning naming set upstream variables that have no effect."""
+        return unsupported_warning(self.unsupported_upstream)
+
+    def override(
+        self, raw: Mapping[str, object], source: str | Mapping[str, str] = "--"
+    ) -> "Settings":
+        """A copy with ``raw`` (strings or lists of strings, by field name) applied.
+
+        ``source`` names where the values came from, for messages: ``"--"`` (flags),
+        ``"FAIRLIMIT_"``, or the upstream variables behind each field.
+        """
         values: dict[str, object] = {n: getattr(self, n) for n in self.__dataclass_fields__}
         for name, value in raw.items():
-            label = (
-                f"FAIRLIMIT_{name.upper()}"
-                if source == "FAIRLIMIT_"
-                else f"--{name.replace('_', '-')}"
-            )
+            if not isinstance(source, str):
+                label = source.get(name, name)
+            elif source == "FAIRLIMIT_":
+                label = f"FAIRLIMIT_{name.upper()}"
+            else:
+                label = f"--{name.replace('_', '-')}"
             values[name] = _convert(label, name, value)
         settings = Settings(**values)  # type: ignore[arg-type]  # each value converted above
         settings.validate()
@@ -98,10 +140,26 @@ class Settings:
         scheme, sep, _ = self.backend.partition("://")
         if not sep or not scheme:
             raise SettingsError(f"--backend: expected a URL (SCHEME://...), got {self.backend!r}")
-        parse_address("--grpc-addr", self.grpc_addr)
-        parse_address("--admin-addr", self.admin_addr)
+        if not self.grpc_addr.startswith("unix:"):
+            parse_address("--grpc-addr", self.grpc_addr)
+        for flag, address in (("--admin-addr", self.admin_addr), ("--debug-addr", self.debug_addr),
+                              ("--metrics-addr", self.metrics_addr)):  # fmt: skip
+            if address is not None:
+                parse_address(flag, address)
+        if self.config_source not in ("file", "xds"):
+            raise SettingsError(
+                f"--config-source: expected file or xds, got {self.config_source!r}"
+            )
+        if not 0 <= self.near_limit_ratio <= 1:
+            raise SettingsError(f"--near-limit-ratio: expected 0 to 1, got {self.near_limit_ratio}")
+        if self.log_level not in _LOG_LEVELS:
+            raise SettingsError(
+                f"--log-level: expected one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}"
+            )
         if self.workers < 1:
             raise SettingsError(f"--workers: must be 1 or more, got {self.workers}")
+        if self.workers > 1 and self.grpc_addr.startswith("unix:"):
+            raise SettingsError("--workers: several workers share a TCP port, not a unix socket")
         if self.workers > 1 and scheme == "memory":
             raise SettingsError(
                 "--workers: several workers need shared state; memory:// keeps counters per "
@@ -129,6 +187,23 @@ class Settings:
                 raise SettingsError(f"{flag}: no such file: {path}")
 
 
+_FLAGS = frozenset({"strict", "shadow", "quota_mode", "merge_domains", "response_headers",
+                    "response_metadata", "healthy_with_config", "metrics_compat",
+                    "xds_tls"})  # fmt: skip
+_XDS_FILES = frozenset({"xds_server_ca", "xds_client_cert", "xds_client_key"})
+_NUMBERS = frozenset(
+    {"near_limit_ratio", "max_connection_age", "max_connection_age_grace", "xds_retry"}
+)
+_LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "critical", "trace", "fatal", "panic")
+
+
+def _number(label: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise SettingsError(f"{label}: expected a number, got {text!r}") from None
+
+
 def _convert(label: str, name: str, value: object) -> object:
     if name == "config":
         items = value.split(os.pathsep) if isinstance(value, str) else list(value)  # type: ignore[call-overload]  # list of str from argparse
@@ -138,10 +213,16 @@ def _convert(label: str, name: str, value: object) -> object:
     if isinstance(value, bool):
         return value
     text = str(value)
-    if name.startswith("tls_"):
+    if name.startswith("tls_") or name in _XDS_FILES:
         return Path(text) if text else None
-    if name in ("strict", "shadow"):
+    if name in _FLAGS:
         return _flag(label, text)
+    if name in _NUMBERS:
+        return _number(label, text)
+    if name in ("debug_addr", "metrics_addr"):
+        return text or None
+    if name == "unsupported_upstream":
+        return tuple(v for v in text.split(",") if v)
     if name in ("workers", "top_clients"):
         if not text.isdigit():
             raise SettingsError(f"{label}: expected a whole number, got {text!r}")

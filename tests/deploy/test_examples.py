@@ -8,24 +8,22 @@ from __future__ import annotations
 
 import copy
 import subprocess
-from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 import yaml
 
-from envoy_proxy import envoy_binary, envoy_in_front, http_get
-from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from envoy_proxy import envoy_in_front, http_get
+
+from .processes import StubRateLimitService
 
 pytestmark = pytest.mark.process
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENVOY_EXAMPLES = sorted((ROOT / "examples" / "envoy").glob("*.yaml"))
 ENVOY_EXAMPLE = ROOT / "examples" / "envoy" / "envoy.yaml"
-ISTIO_EXAMPLES = sorted((ROOT / "examples" / "istio").glob("*.yaml"))
+ISTIO_EXAMPLES = sorted((ROOT / "examples" / "istio").glob("ratelimit-*.yaml"))
 CHART_VALUES = ROOT / "helm" / "fairlimit" / "values.yaml"
 BUNDLED_DESCRIPTORS = ROOT / "descriptors" / "edge.yaml"
 
@@ -43,21 +41,45 @@ HTTP2_OPTIONS = {
         "explicit_http_config": {"http2_protocol_options": {}},
     }
 }
-# The descriptor every example sends: (route=public),(client_id=<x-client-id>).
+# The descriptor every example sends: (route=public),(client_id=<x-client-id>), or
+# (route=public),(client_id=anonymous) when the header is missing.
+ROUTE = {"generic_key": {"descriptor_key": "route", "descriptor_value": "public"}}
 EXPECTED_ACTIONS = [
-    {"generic_key": {"descriptor_key": "route", "descriptor_value": "public"}},
+    ROUTE,
     {"request_headers": {"header_name": "x-client-id", "descriptor_key": "client_id"}},
 ]
+ANONYMOUS_ACTIONS = [
+    ROUTE,
+    {
+        "header_value_match": {
+            "descriptor_key": "client_id",
+            "descriptor_value": "anonymous",
+            "expect_match": False,
+            "headers": [{"name": "x-client-id", "present_match": True}],
+        }
+    },
+]
+EXPECTED_RATE_LIMITS = [{"actions": EXPECTED_ACTIONS}, {"actions": ANONYMOUS_ACTIONS}]
+# Placeholder certificate directory of examples/envoy/identity-mtls.yaml.
+EXAMPLE_CERTS = "/etc/fairlimit-example/"
 # The literal ports of examples/envoy/envoy.yaml that end-to-end tests replace textually.
 LISTENER_PORT, RLS_PORT, ADMIN_PORT = 10000, 8081, 9901
 
 RulePath = tuple[tuple[str, str | None], ...]
 
 
-@pytest.fixture(scope="module")
-def envoy() -> str:
-    """The envoy binary; a skip where it is missing, a failure in CI."""
-    return envoy_binary()
+def with_test_certs(config: Path, tls_files: dict[str, Path], tmp_path: Path) -> Path:
+    """The config with the placeholder certificate paths pointing at test certificates."""
+    text = config.read_text()
+    if EXAMPLE_CERTS not in text:
+        return config
+    certs = tmp_path / "certs"
+    certs.mkdir(exist_ok=True)
+    for name in ("server.crt", "server.key", "ca.crt"):
+        (certs / name).write_bytes(tls_files[name].read_bytes())
+    patched = tmp_path / config.name
+    patched.write_text(text.replace(EXAMPLE_CERTS, f"{certs}/"))
+    return patched
 
 
 def validate(envoy: str, config: Path | dict[str, Any], tmp_path: Path) -> None:
@@ -106,24 +128,44 @@ def descriptor_paths(nodes: list[dict[str, Any]], prefix: RulePath = ()) -> set[
 
 
 def action_path(actions: list[dict[str, Any]]) -> RulePath:
-    """The rule path a rate_limits entry reaches: generic keys fixed, headers value-less."""
+    """The rule path a rate_limits entry reaches: fixed values kept, per-request ones None."""
     path: list[tuple[str, str | None]] = []
     for action in actions:
         if "generic_key" in action:
             generic = action["generic_key"]
             path.append((generic["descriptor_key"], generic["descriptor_value"]))
+        elif "header_value_match" in action:
+            match = action["header_value_match"]
+            path.append((match.get("descriptor_key", "header_match"), match["descriptor_value"]))
+        elif "remote_address" in action:
+            path.append(("remote_address", None))
         else:
-            path.append((action["request_headers"]["descriptor_key"], None))
+            (kind,) = action
+            path.append((action[kind]["descriptor_key"], None))
     return tuple(path)
+
+
+def reaches(path: RulePath, rules: set[RulePath]) -> bool:
+    """Whether a request path hits a rule: a fixed value also matches a value-less rule."""
+    return any(
+        len(rule) == len(path)
+        and all(
+            key == rule_key and rule_value in (None, value)
+            for (key, value), (rule_key, rule_value) in zip(path, rule, strict=True)
+        )
+        for rule in rules
+    )
 
 
 class TestEnvoyExample:
     """examples/envoy/: the edge bootstrap that the end-to-end tests put in front of fairlimit."""
 
     @pytest.mark.parametrize("config", ENVOY_EXAMPLES, ids=lambda p: p.name)
-    def test_envoy_accepts_every_example(self, envoy: str, config: Path, tmp_path: Path) -> None:
-        """Each examples/envoy/*.yaml loads in a real Envoy."""
-        validate(envoy, config, tmp_path)
+    def test_envoy_accepts_every_example(
+        self, envoy: str, config: Path, tmp_path: Path, tls_files: dict[str, Path]
+    ) -> None:
+        """Each examples/envoy/*.yaml loads in a real Envoy (test certificates for mTLS)."""
+        validate(envoy, with_test_certs(config, tls_files, tmp_path), tmp_path)
 
     def test_ratelimit_filter_runs_before_the_router(self) -> None:
         """The ratelimit filter calls domain edge, fails open, adds X-RateLimit headers."""
@@ -156,10 +198,11 @@ class TestEnvoyExample:
         """(route=public),(client_id) is a rule path of descriptors/edge.yaml, domain edge."""
         listener = yaml.safe_load(ENVOY_EXAMPLE.read_text())["static_resources"]["listeners"][0]
         (host,) = virtual_hosts(listener)
-        assert [entry["actions"] for entry in host["rate_limits"]] == [EXPECTED_ACTIONS]
+        assert host["rate_limits"] == EXPECTED_RATE_LIMITS
         bundled = yaml.safe_load(BUNDLED_DESCRIPTORS.read_text())
         assert bundled["domain"] == "edge"
-        assert action_path(EXPECTED_ACTIONS) in descriptor_paths(bundled["descriptors"])
+        for actions in (EXPECTED_ACTIONS, ANONYMOUS_ACTIONS):
+            assert reaches(action_path(actions), descriptor_paths(bundled["descriptors"]))
 
     def test_ports_are_plain_literals(self, envoy: str, tmp_path: Path) -> None:
         """Replacing 10000, 8081 and 9901 textually moves the listener, cluster and admin."""
@@ -182,45 +225,13 @@ def substituted_example(listener: int, rls: int, admin: int) -> dict[str, Any]:
     return config
 
 
-class StubRateLimitService(rls_pb2_grpc.RateLimitServiceServicer):
-    """Records each request's descriptors; client_id "over" is over its limit."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, list[list[tuple[str, str]]]]] = []
-
-    def ShouldRateLimit(
-        self, request: rls_pb2.RateLimitRequest, context: grpc.ServicerContext
-    ) -> rls_pb2.RateLimitResponse:
-        entries = [[(e.key, e.value) for e in d.entries] for d in request.descriptors]
-        self.calls.append((request.domain, entries))
-        over = any(value == "over" for descriptor in entries for _, value in descriptor)
-        code = rls_pb2.RateLimitResponse.OVER_LIMIT if over else rls_pb2.RateLimitResponse.OK
-        response = rls_pb2.RateLimitResponse(overall_code=code)
-        status = response.statuses.add(code=code, limit_remaining=0 if over else 99)
-        status.current_limit.requests_per_unit = 100
-        status.current_limit.unit = rls_pb2.RateLimitResponse.RateLimit.SECOND
-        status.duration_until_reset.seconds = 1
-        return response
-
-
-@pytest.fixture
-def stub_rls() -> Iterator[tuple[StubRateLimitService, int]]:
-    service = StubRateLimitService()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    rls_pb2_grpc.add_RateLimitServiceServicer_to_server(service, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield service, port
-    server.stop(grace=None)
-
-
 class TestEnvoyExampleOnTheWire:
     """The example, running, in front of a stub rate-limit service."""
 
     def test_requests_become_edge_descriptors_and_429s(
         self, envoy: str, stub_rls: tuple[StubRateLimitService, int], tmp_path: Path
     ) -> None:
-        """x-client-id becomes (route=public),(client_id); OVER_LIMIT reaches the client as 429."""
+        """x-client-id becomes (route=public),(client_id); none is client "anonymous"; 429s."""
         service, rls_port = stub_rls
         with envoy_in_front(rls_port, tmp_path) as proxy:
             ok = http_get(proxy.url, {"x-client-id": "alice"})
@@ -234,6 +245,7 @@ class TestEnvoyExampleOnTheWire:
         assert service.calls == [
             ("edge", [[("route", "public"), ("client_id", "alice")]]),
             ("edge", [[("route", "public"), ("client_id", "over")]]),
+            ("edge", [[("route", "public"), ("client_id", "anonymous")]]),
         ]
 
 
@@ -290,7 +302,7 @@ def apply_envoy_filter(bootstrap: dict[str, Any], envoy_filter: dict[str, Any]) 
     """Apply an EnvoyFilter's patches as istiod would; fail on a patch this cannot model."""
     listener = bootstrap["static_resources"]["listeners"][0]
     for patch in envoy_filter["spec"]["configPatches"]:
-        assert patch["match"]["context"] == "GATEWAY"
+        assert patch["match"]["context"] in ("GATEWAY", "SIDECAR_INBOUND")
         kind, operation = patch["applyTo"], patch["patch"]["operation"]
         value = copy.deepcopy(patch["patch"]["value"])
         if (kind, operation) == ("HTTP_FILTER", "INSERT_BEFORE"):
@@ -357,7 +369,7 @@ class TestIstioExamples:
         bootstrap = patched_gateway(istio_examples())
         listener = bootstrap["static_resources"]["listeners"][0]
         assert [f["name"] for f in http_filters(listener)] == [RATELIMIT_FILTER, ROUTER_FILTER]
-        assert virtual_hosts(listener)[0]["rate_limits"] == [{"actions": EXPECTED_ACTIONS}]
+        assert virtual_hosts(listener)[0]["rate_limits"] == EXPECTED_RATE_LIMITS
         validate(envoy, bootstrap, tmp_path)
 
     def test_a_broken_patch_is_caught(self, envoy: str, tmp_path: Path) -> None:
@@ -392,7 +404,7 @@ class TestIstioExamples:
 class TestChartIstioValues:
     """The chart's istio values: the rate_limits it renders are valid Envoy route config.
 
-    tests/test_deploy.py renders the chart and checks its EnvoyFilters equal examples/istio.
+    test_chart_render.py renders the chart and checks its EnvoyFilters equal examples/istio.
     """
 
     def test_chart_rate_limits_are_valid_envoy_config(self, envoy: str, tmp_path: Path) -> None:
@@ -415,4 +427,4 @@ class TestChartIstioValues:
             for p in descriptor_paths(f["descriptors"])
         }
         for entry in values["istio"]["rateLimits"]:
-            assert action_path(entry["actions"]) in paths
+            assert reaches(action_path(entry["actions"]), paths)

@@ -1,0 +1,1 @@
+"""Deployment specs: the chart, its schema, the image recipe, the examples and the docs."""

@@ -1,0 +1,199 @@
+"""The chart's escape hatches and cross-value rules, as `helm template` renders them."""
+
+import pytest
+
+from .helpers import Helm, HelmError, Manifest, Values, container, find, one, pod_spec
+
+pytestmark = pytest.mark.unit
+
+MEMORY_WHY = "the memory:// backend keeps its counters inside one process"
+
+
+def volume_names(docs: list[Manifest]) -> set[str]:
+    return {v["name"] for v in pod_spec(docs)["volumes"]}
+
+
+def mounts(docs: list[Manifest]) -> dict[str, str]:
+    return {m["mountPath"]: m["name"] for m in container(docs)["volumeMounts"]}
+
+
+class TestRenderTimeRules:
+    """Rules across values fail the render with a sentence that says why."""
+
+    @pytest.mark.parametrize(
+        ("values", "start"),
+        [
+            ({"replicaCount": 3}, "replicaCount is 3 with backend.url memory://: "),
+            ({"autoscaling": {"enabled": True}}, "autoscaling.enabled with backend.url memory://"),
+            ({"server": {"workers": 2}}, "server.workers is 2 with backend.url memory://: "),
+        ],
+        ids=["replicas", "autoscaling", "workers"],
+    )
+    def test_memory_backend_beyond_one_process_says_why(
+        self, helm: Helm, values: Values, start: str
+    ) -> None:
+        """memory:// with more than one process: refused, naming the value and the reason."""
+        with pytest.raises(HelmError) as refused:
+            helm.template(values)
+        assert start in str(refused.value) and MEMORY_WHY in str(refused.value)
+        assert "use a redis:// backend" in str(refused.value).lower()
+
+    @pytest.mark.parametrize(
+        "backend",
+        [
+            {"url": "redis://r:6379/0"},
+            {"url": "rediss://:pw@r:6380"},
+            {"url": "redis+sentinel://s:26379/mymaster"},
+            {"url": "redis+cluster://c:6379"},
+            {"existingSecret": "redis-url"},
+        ],
+        ids=["redis", "rediss", "sentinel", "cluster", "existing-secret"],
+    )
+    def test_redis_backends_allow_many_processes(self, helm: Helm, backend: Values) -> None:
+        """Every Redis scheme (or a URL in a Secret) renders with replicas, workers, an HPA."""
+        values = {"backend": backend, "replicaCount": 3, "server": {"workers": 2}}
+        assert one(helm.template(values), "Deployment")["spec"]["replicas"] == 3
+        hpa = helm.template({**values, "autoscaling": {"enabled": True}})
+        assert find(hpa, "HorizontalPodAutoscaler")
+
+    def test_tls_without_a_secret_says_what_is_missing(self, helm: Helm) -> None:
+        """tls.enabled with no tls.secretName is refused, naming the Secret's keys."""
+        with pytest.raises(HelmError, match=r"tls.enabled needs tls.secretName"):
+            helm.template({"tls": {"enabled": True}})
+
+    def test_network_policy_that_would_cut_everyone_off_is_refused(self, helm: Helm) -> None:
+        """networkPolicy on, no grpcFrom and no Istio: refused, saying Envoy would fail open."""
+        with pytest.raises(HelmError, match="fail"):
+            helm.template({"networkPolicy": {"enabled": True}})
+
+
+class TestEscapeHatches:
+    def test_extra_env_volumes_and_mounts(self, helm: Helm) -> None:
+        """extraEnv, extraVolumes and extraVolumeMounts land next to the chart's own."""
+        values = {
+            "extraEnv": [{"name": "OTEL_SERVICE_NAME", "value": "rl"}],
+            "extraVolumes": [{"name": "certs", "configMap": {"name": "corp-ca"}}],
+            "extraVolumeMounts": [{"name": "certs", "mountPath": "/etc/corp-ca"}],
+        }
+        docs = helm.template(values)
+        env = {e["name"]: e for e in container(docs)["env"]}
+        assert env["OTEL_SERVICE_NAME"]["value"] == "rl" and "FAIRLIMIT_BACKEND" in env
+        assert {"descriptors", "tmp", "certs"} <= volume_names(docs)
+        assert mounts(docs)["/etc/corp-ca"] == "certs"
+
+    def test_pod_security_context_merges_over_the_chart(self, helm: Helm) -> None:
+        """podSecurityContext adds fields; runAsNonRoot and seccomp stay."""
+        values = {"podSecurityContext": {"fsGroupChangePolicy": "OnRootMismatch"}}
+        context = pod_spec(helm.template(values))["securityContext"]
+        assert context["fsGroupChangePolicy"] == "OnRootMismatch"
+        assert context["runAsNonRoot"] is True
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert (context["runAsUser"], context["fsGroup"]) == (10001, 10001)
+
+    def test_pre_stop_sleep_fits_in_the_grace_period(self, helm: Helm) -> None:
+        """A preStop sleep by default, shorter than terminationGracePeriodSeconds."""
+        docs = helm.template({})
+        command = container(docs)["lifecycle"]["preStop"]["exec"]["command"]
+        assert command[0] == "sleep"
+        assert int(command[1]) < pod_spec(docs)["terminationGracePeriodSeconds"]
+        custom = {"lifecycle": {"preStop": {"exec": {"command": ["sleep", "15"]}}}}
+        assert container(helm.template(custom))["lifecycle"] == custom["lifecycle"]
+
+    def test_image_digest(self, helm: Helm) -> None:
+        """image.digest pins the image: repository:tag@digest."""
+        digest = "sha256:" + "ab" * 32
+        values = {"image": {"repository": "r.example/fairlimit", "tag": "0.1.0", "digest": digest}}
+        assert container(helm.template(values))["image"] == f"r.example/fairlimit:0.1.0@{digest}"
+
+    def test_topology_spread_constraints_verbatim(self, helm: Helm) -> None:
+        """topologySpreadConstraints replaces the ones topologySpread builds."""
+        constraint = {
+            "maxSkew": 2,
+            "topologyKey": "topology.kubernetes.io/region",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "x"}},
+        }
+        docs = helm.template({"topologySpreadConstraints": [constraint]})
+        assert pod_spec(docs)["topologySpreadConstraints"] == [constraint]
+
+
+@pytest.fixture(scope="module")
+def tls_docs(helm: Helm) -> list[Manifest]:
+    tls = {"enabled": True, "secretName": "rl-tls", "clientCaSecretName": "mesh-ca"}
+    return helm.template({"tls": tls})
+
+
+class TestTls:
+    def test_secrets_are_mounted_and_flags_point_at_them(self, tls_docs: list[Manifest]) -> None:
+        """tls.crt/tls.key and ca.crt are mounted read-only; serve gets the three TLS flags."""
+        volumes = {v["name"]: v for v in pod_spec(tls_docs)["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == "rl-tls"
+        assert volumes["client-ca"]["secret"]["secretName"] == "mesh-ca"
+        assert mounts(tls_docs)["/etc/fairlimit/tls"] == "tls"
+        args = container(tls_docs)["args"]
+        for flag, path in [
+            ("--tls-cert", "/etc/fairlimit/tls/tls.crt"),
+            ("--tls-key", "/etc/fairlimit/tls/tls.key"),
+            ("--tls-client-ca", "/etc/fairlimit/client-ca/ca.crt"),
+        ]:
+            assert args[args.index(flag) + 1] == path
+
+    def test_liveness_uses_admin_http_under_tls(self, tls_docs: list[Manifest]) -> None:
+        """The kubelet's gRPC probe speaks plaintext: under TLS liveness is GET /healthz."""
+        probe = container(tls_docs)["livenessProbe"]
+        assert "grpc" not in probe
+        assert probe["httpGet"] == {"path": "/healthz", "port": "http-admin"}
+
+
+class TestIstioInstallStyles:
+    """istio.gatewayInstall picks the gateway's namespace and labels; explicit values win."""
+
+    @pytest.mark.parametrize(
+        ("istio", "namespace", "labels"),
+        [
+            ({}, "istio-system", {"istio": "ingressgateway"}),
+            ({"gatewayInstall": "helm"}, "istio-ingress", {"istio": "ingress"}),
+            (
+                {"gatewayNamespace": "edge-gw", "gatewaySelector": {"app": "gw"}},
+                "edge-gw",
+                {"app": "gw"},
+            ),
+        ],
+        ids=["istioctl", "helm", "explicit"],
+    )
+    def test_filters_and_network_policy_follow_the_gateway(
+        self, helm: Helm, istio: Values, namespace: str, labels: dict[str, str]
+    ) -> None:
+        """EnvoyFilters go to the gateway's namespace; the NetworkPolicy admits its pods."""
+        values = {"istio": {"enabled": True, **istio}, "networkPolicy": {"enabled": True}}
+        docs = helm.template(values)
+        for envoy_filter in find(docs, "EnvoyFilter"):
+            assert envoy_filter["metadata"]["namespace"] == namespace
+            assert envoy_filter["spec"]["workloadSelector"]["labels"] == labels
+        (rule,) = one(docs, "NetworkPolicy")["spec"]["ingress"]
+        assert rule["from"] == [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "podSelector": {"matchLabels": labels},
+            }
+        ]
+
+
+class TestAdminPort:
+    def test_off_the_service_by_default_on_the_pod_always(self, helm: Helm) -> None:
+        """Probes reach the pod's http-admin; the Service does not carry it by default."""
+        docs = helm.template({})
+        assert [p["name"] for p in one(docs, "Service")["spec"]["ports"]] == ["grpc-rls"]
+        assert "http-admin" in {p["name"] for p in container(docs)["ports"]}
+
+    @pytest.mark.parametrize(
+        "values",
+        [{"service": {"exposeAdmin": True}}, {"serviceMonitor": {"enabled": True}}],
+        ids=["exposeAdmin", "serviceMonitor"],
+    )
+    def test_on_the_service_when_asked_or_scraped(self, helm: Helm, values: Values) -> None:
+        """service.exposeAdmin, or a ServiceMonitor that scrapes it, adds http-admin 8080."""
+        ports = {
+            p["name"]: p["port"] for p in one(helm.template(values), "Service")["spec"]["ports"]
+        }
+        assert ports == {"grpc-rls": 8081, "http-admin": 8080}

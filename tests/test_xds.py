@@ -1,0 +1,183 @@
+"""The xDS config source (CONFIG_TYPE=GRPC_XDS_SOTW) against a management server of our own."""
+
+import asyncio
+import queue
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import any_pb2
+
+from fairlimit._proto.envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from fairlimit._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
+from fairlimit.core.rules import Loaded
+from fairlimit.errors import ConfigError
+from fairlimit.grpc_api.xds import TYPE_URL, XdsConfigSource, XdsSettings, load_resources
+from servers import fairlimit_server
+
+pytestmark = pytest.mark.behaviour
+
+RLC = rls_conf_pb2
+
+
+def _config(name: str, domain: str, per_minute: int, *, shared: bool = False) -> Any:
+    """One RateLimitConfig: ``key=client`` limited per minute (``value`` when ``shared``)."""
+    descriptor = RLC.RateLimitDescriptor(
+        key="client",
+        value="team-*" if shared else "",
+        rate_limit=RLC.RateLimitPolicy(unit=RLC.MINUTE, requests_per_unit=per_minute),
+        quota_mode=shared,
+    )
+    descriptor.metadata.update({"tier": "gold"})
+    return RLC.RateLimitConfig(name=name, domain=domain, descriptors=[descriptor])
+
+
+def _response(version: str, *configs: Any) -> Any:
+    resources = []
+    for config in configs:
+        packed = any_pb2.Any()
+        packed.Pack(config)
+        resources.append(packed)
+    return discovery_pb2.DiscoveryResponse(
+        version_info=version, resources=resources, type_url=TYPE_URL, nonce=f"n{version}"
+    )
+
+
+class ManagementServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
+    """An ADS server that sends what a test queues, and records every request it gets."""
+
+    def __init__(self, tls: dict[str, Path] | None = None) -> None:
+        """``tls``: serve over mTLS with these files (the tls_files fixture)."""
+        self.to_send: queue.Queue[Any] = queue.Queue()
+        self.received: queue.Queue[Any] = queue.Queue()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self, self.server)
+        if tls is None:
+            self.port = self.server.add_insecure_port("127.0.0.1:0")
+        else:
+            pair = (tls["server.key"].read_bytes(), tls["server.crt"].read_bytes())
+            credentials = grpc.ssl_server_credentials(
+                [pair], tls["ca.crt"].read_bytes(), require_client_auth=True
+            )
+            self.port = self.server.add_secure_port("127.0.0.1:0", credentials)
+        self.server.start()
+        self.metadata: dict[str, str] = {}
+
+    def StreamAggregatedResources(self, requests: Iterator[Any], context: Any) -> Iterator[Any]:
+        self.metadata = dict(context.invocation_metadata())
+        reader = threading.Thread(target=self._read, args=(requests,), daemon=True)
+        reader.start()
+        while context.is_active():
+            try:
+                yield self.to_send.get(timeout=0.1)  # a poll, so that a closed stream ends
+            except queue.Empty:
+                continue
+
+    def _read(self, requests: Iterator[Any]) -> None:
+        try:
+            for request in requests:
+                self.received.put(request)
+        except grpc.RpcError:
+            pass  # the client closed the stream
+
+    def request(self) -> Any:
+        return self.received.get(timeout=20)
+
+    def stop(self) -> None:
+        self.server.stop(0)
+
+
+@pytest.fixture
+def management() -> Iterator[ManagementServer]:
+    server = ManagementServer()
+    yield server
+    server.stop()
+
+
+class TestResources:
+    def test_a_config_loads_as_its_yaml_would(self) -> None:
+        loaded = load_resources([_response("1", _config("a", "edge", 5)).resources[0]])
+        rule = loaded.config.domains["edge"].rules[0]
+        assert (rule.key, rule.value, rule.rate_limit.requests_per_unit) == ("client", None, 5)  # type: ignore[union-attr]
+        assert rule.metadata == {"tier": "gold"} and not rule.quota_mode
+
+    def test_problems_name_the_resource(self) -> None:
+        with pytest.raises(ConfigError) as caught:
+            load_resources(list(_response("1", _config("a", "", 1), _config("b", "e", 1))
+                                .resources))  # fmt: skip
+        assert caught.value.problems == ["a: (file): config file cannot have empty domain"]
+
+
+class TestStream:
+    async def test_apply_and_ack_then_nack_a_bad_set(self, management: ManagementServer) -> None:
+        """v1 is applied and ACKed; a v2 with a duplicate domain is NACKed, v1 stays."""
+        applied: list[Loaded] = []
+        rejected: list[ConfigError] = []
+        settings = XdsSettings(f"127.0.0.1:{management.port}", "node-7", {"zone": "eu"},
+                               (("x-token", "t"),), retry_seconds=0.1)  # fmt: skip
+        source = XdsConfigSource(settings, strict=False, merge_domains=False,
+                                 apply=applied.append, reject=rejected.append)  # fmt: skip
+        running = asyncio.ensure_future(source.run())
+        try:
+            first = await asyncio.to_thread(management.request)
+            assert (first.node.id, first.type_url, first.version_info) == ("node-7", TYPE_URL, "")
+            assert first.node.metadata["zone"] == "eu"
+            management.to_send.put(_response("1", _config("a", "edge", 5)))
+            ack = await asyncio.to_thread(management.request)
+            assert (ack.version_info, ack.response_nonce) == ("1", "n1")
+            assert not ack.HasField("error_detail") and management.metadata["x-token"] == "t"
+            assert [sorted(x.config.domains) for x in applied] == [["edge"]]
+            management.to_send.put(_response("2", _config("a", "edge", 5), _config("b", "edge", 1)))
+            nack = await asyncio.to_thread(management.request)
+            assert (nack.version_info, nack.response_nonce) == ("1", "n2")
+            assert "duplicate domain 'edge'" in nack.error_detail.message
+            assert len(applied) == 1 and len(rejected) == 1
+        finally:
+            source.stop()
+            await running
+
+
+class TestServing:
+    def test_fairlimit_serves_what_the_management_server_pushes(
+        self, management: ManagementServer
+    ) -> None:
+        """Only upstream variables; it starts serving once the first config has arrived."""
+        management.to_send.put(_response("1", _config("edge-config", "edge", 2)))
+        env = {"CONFIG_TYPE": "GRPC_XDS_SOTW",
+               "CONFIG_GRPC_XDS_SERVER_URL": f"127.0.0.1:{management.port}",
+               "CONFIG_GRPC_XDS_NODE_ID": "fairlimit-test"}  # fmt: skip
+        with fairlimit_server(env=env) as server, grpc.insecure_channel(server.target) as channel:
+            stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+            request = rls_pb2.RateLimitRequest(
+                domain="edge", descriptors=[{"entries": [{"key": "client", "value": "c"}]}]
+            )
+            codes = [stub.ShouldRateLimit(request, timeout=5).overall_code for _ in range(3)]
+            assert codes == [rls_pb2.RateLimitResponse.OK] * 2 + [
+                rls_pb2.RateLimitResponse.OVER_LIMIT]  # fmt: skip
+        requests = [management.request(), management.request()]
+        assert requests[0].node.id == "fairlimit-test"
+        assert requests[1].version_info == "1"  # the ACK
+
+    def test_over_mtls_with_upstreams_tls_variables(self, tls_files: dict[str, Path]) -> None:
+        """CONFIG_GRPC_XDS_SERVER_USE_TLS with a client certificate: Envoy Gateway's setup."""
+        management = ManagementServer(tls_files)
+        try:
+            management.to_send.put(_response("7", _config("edge-config", "edge", 1)))
+            env = {"CONFIG_TYPE": "GRPC_XDS_SOTW",
+                   "CONFIG_GRPC_XDS_SERVER_URL": f"localhost:{management.port}",
+                   "CONFIG_GRPC_XDS_SERVER_USE_TLS": "true",
+                   "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": str(tls_files["ca.crt"]),
+                   "CONFIG_GRPC_XDS_CLIENT_TLS_CERT": str(tls_files["client.crt"]),
+                   "CONFIG_GRPC_XDS_CLIENT_TLS_KEY": str(tls_files["client.key"]),
+                   "CONFIG_GRPC_XDS_SERVER_TLS_SAN": "localhost"}  # fmt: skip
+            with fairlimit_server(env=env):
+                pass  # it serves only once the first config was applied
+            requests = [management.request(), management.request()]
+            assert requests[1].version_info == "7" and not requests[1].HasField("error_detail")
+        finally:
+            management.stop()

@@ -1,0 +1,46 @@
+"""Descriptor YAML read as text, as envoyproxy/ratelimit reads it, with duplicate keys refused."""
+
+import pytest
+
+from fairlimit.config.yaml_text import Plain, as_bool, as_int, read_text_yaml, typed
+from fairlimit.errors import ConfigUnreadable
+
+pytestmark = pytest.mark.unit
+
+
+class TestScalarsAsText:
+    def test_numbers_and_booleans_keep_the_text_written(self) -> None:
+        """010 is not octal 8, 1.50 is not 1.5, true is not True."""
+        raw = read_text_yaml("a: 010\nb: 1.50\nc: true\nd: '7'\n", "f.yaml")
+        assert raw == {"a": "010", "b": "1.50", "c": "true", "d": "7"}
+        assert isinstance(raw["a"], Plain) and not isinstance(raw["d"], Plain)
+
+    def test_plain_nulls_are_unset(self) -> None:
+        """~, null and an empty value leave the field unset, as upstream's decoder does."""
+        assert read_text_yaml("a: ~\nb: null\nc:\nd: 'null'\n", "f") == {
+            "a": None, "b": None, "c": None, "d": "null"}  # fmt: skip
+
+    def test_booleans_and_integers_are_read_from_plain_text_only(self) -> None:
+        raw = read_text_yaml("t: yes\nf: Off\nq: 'true'\nn: 12\nz: 012\nqn: '12'\n", "f")
+        assert (as_bool(raw["t"]), as_bool(raw["f"]), as_bool(raw["q"])) == (True, False, None)
+        assert (as_int(raw["n"]), as_int(raw["z"]), as_int(raw["qn"])) == (12, None, None)
+
+    def test_metadata_is_typed_as_yaml_types_it(self) -> None:
+        raw = read_text_yaml("m: {n: 3, r: 0.5, b: true, s: '3', l: [1, x]}\n", "f")
+        assert typed(raw["m"]) == {"n": 3, "r": 0.5, "b": True, "s": "3", "l": [1, "x"]}
+
+
+class TestDuplicateKeys:
+    def test_a_repeated_key_names_both_lines(self) -> None:
+        with pytest.raises(ConfigUnreadable) as caught:
+            read_text_yaml("domain: d\nx: 1\ndomain: e\n", "f.yaml")
+        assert caught.value.problems == [
+            "f.yaml: line 3 column 1: duplicate key: 'domain' (first on line 1)"
+        ]
+
+    def test_repeats_in_different_mappings_are_fine(self) -> None:
+        assert read_text_yaml("- {k: 1}\n- {k: 2}\n", "f") == [{"k": "1"}, {"k": "2"}]
+
+    def test_invalid_yaml_names_line_and_column(self) -> None:
+        with pytest.raises(ConfigUnreadable, match=r"f: line 2 column 1: invalid YAML"):
+            read_text_yaml("a: [\n", "f")
