@@ -37,6 +37,18 @@ class TestBuild:
         assert descriptor_key("a/b", [], 5) == "a\\/b#5"
 
 
+class TestSharedPaths:
+    def test_a_shared_value_is_its_pattern_marked_by_an_escaped_star(self) -> None:
+        """share_threshold: the entry's value becomes \\* and its escaped pattern, in its domain."""
+        paths = key_paths("api", [("path", "/static/a.css"), ("op", "get")], [(0, "/static/*")])
+        assert paths == ["api/path=\\*\\/static\\/*", "api/path=\\*\\/static\\/*/op=get"]
+
+    def test_entries_not_named_keep_their_value(self) -> None:
+        """Only the entries named by index share; the others key on their own value."""
+        paths = key_paths("a/b", [("k", "v"), ("path", "/x/1")], [(1, "/x/*")])
+        assert paths == ["a\\/b/k=v", "a\\/b/k=v/path=\\*\\/x\\/*"]
+
+
 class TestParse:
     @given(descriptor_keys())
     def test_keys_parse_back(self, parts: Parts) -> None:

@@ -71,6 +71,10 @@ class TestPrecedence:
         assert _limit(tmp_path, ("k", "a--b--c")) == 4
         assert _limit(tmp_path, ("k", "abc")) == 4
 
+    def test_wildcard_star_takes_line_breaks_too(self, tmp_path: Path) -> None:
+        """A '*' stands for any character, a newline included (values are opaque text)."""
+        assert _limit(tmp_path, ("k", "a\nb\r\nc")) == 4
+
     def test_value_less_key_is_the_fallback(self, tmp_path: Path) -> None:
         """A value no exact or wildcard rule takes falls to the value-less key."""
         assert _limit(tmp_path, ("k", "zzz")) == 5
