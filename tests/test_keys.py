@@ -1,6 +1,7 @@
 """Counter and cap keys (core/keys.py): built and parsed in one place."""
 
 from hypothesis import given
+from hypothesis import strategies as st
 
 from fairlimit.core.keys import (
     counter_key,
@@ -70,6 +71,16 @@ class TestParse:
         """No window, a window that is not a number, or an entry without '=' is no key."""
         for text in ("api/a=b", "api/a=b#x", "api/a#5", "api/a=b=c#5"):
             assert parse_counter_key(text) is None
+
+    @given(st.text())
+    def test_any_text_parses_without_raising(self, text: str) -> None:
+        """Keys read back from a store may be any text: the answer is a key or None."""
+        parsed = parse_counter_key(text + "#1")
+        assert parsed is None or isinstance(parsed[0], str)
+
+    def test_a_dangling_backslash_escapes_nothing(self) -> None:
+        """A backslash ending the path adds nothing to the last value."""
+        assert parse_counter_key("api/a=b\\#5") == ("api", (("a", "b"),))
 
     def test_key_path_of_text_without_a_window_is_the_text(self) -> None:
         """A key without '#' is its own path (the hash tag of any key is defined)."""
