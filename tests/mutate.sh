@@ -17,5 +17,9 @@ for name in tests descriptors pyproject.toml; do
   ln -sfn "$root/$name" ".mutmut/$name"
 done
 ln -sfn "$root/server" .mutmut/src
+# The tests and the servers they start import fairlimit from <root>/server, the root being
+# mutants/ in mutmut's copy: there server/ is the mutated src/.
+mkdir -p .mutmut/mutants
+ln -sfn src .mutmut/mutants/server
 cd .mutmut
 exec mutmut "$@"
