@@ -29,6 +29,11 @@ class TestScalarsAsText:
         raw = read_text_yaml("m: {n: 3, r: 0.5, b: true, s: '3', l: [1, x]}\n", "f")
         assert typed(raw["m"]) == {"n": 3, "r": 0.5, "b": True, "s": "3", "l": [1, "x"]}
 
+    def test_metadata_without_a_json_form_stays_the_text_written(self) -> None:
+        """A date is its text (a Struct has no dates); null is None."""
+        raw = read_text_yaml("m: {d: 2024-01-31, t: 2024-01-31 10:00:00, z: null}\n", "f")
+        assert typed(raw["m"]) == {"d": "2024-01-31", "t": "2024-01-31 10:00:00", "z": None}
+
 
 class TestDuplicateKeys:
     def test_a_repeated_key_names_both_lines(self) -> None:
