@@ -3,6 +3,7 @@
 import pytest
 
 from fairlimit.core.request import (
+    MAX_DESCRIPTORS,
     MAX_ENTRIES,
     MAX_HITS,
     MAX_TEXT,
@@ -31,6 +32,9 @@ class TestRefusals:
             "rate limit domain must not be empty"
         )
 
+    def test_no_descriptors(self) -> None:
+        assert _refusal(Request("d", ())) == "rate limit descriptor list must not be empty"
+
     def test_a_descriptor_without_entries(self) -> None:
         assert _refusal(_one(Descriptor(()))) == "descriptor 0 has no entries"
 
@@ -58,3 +62,18 @@ class TestEdges:
         validate(_one(Descriptor((("k", "v"),), hits=MAX_HITS)))
         over = _one(Descriptor((("k", "v"),), hits=MAX_HITS + 1))
         assert _refusal(over) == f"descriptor 0 hits_addend above {MAX_HITS}"
+
+    def test_descriptors_up_to_the_maximum(self) -> None:
+        """MAX_DESCRIPTORS descriptors pass; one more is refused, naming the bound."""
+        one = Descriptor((("k", "v"),))
+        validate(Request("d", (one,) * MAX_DESCRIPTORS))
+        too_many = Request("d", (one,) * (MAX_DESCRIPTORS + 1))
+        assert _refusal(too_many) == f"at most {MAX_DESCRIPTORS} descriptors per request"
+
+    def test_domain_and_request_hits_up_to_the_maximum(self) -> None:
+        """A MAX_TEXT domain and a MAX_HITS hits_addend pass; one more of either is refused."""
+        one = (Descriptor((("k", "v"),)),)
+        validate(Request("d" * MAX_TEXT, one, hits=MAX_HITS))
+        message = f"domain longer than {MAX_TEXT} or hits_addend above {MAX_HITS}"
+        assert _refusal(Request("d" * (MAX_TEXT + 1), one)) == message
+        assert _refusal(Request("d", one, hits=MAX_HITS + 1)) == message
