@@ -28,10 +28,11 @@ def config(rls_port: int, listener: int, admin: int, *, ratelimit: bool) -> str:
     return text
 
 
-def start(workdir: Path, rls_port: int, *, ratelimit: bool) -> tuple[Proc, int]:
+def start(workdir: Path, rls_port: int, *, ratelimit: bool, name: str = "envoy"
+          ) -> tuple[Proc, int]:  # fmt: skip
     """Envoy on one worker thread; returns it and its listener port once it is ready."""
     listener, admin = free_port(), free_port()
-    name = "envoy-fairlimit" if ratelimit else "envoy-alone"
+    name = name.replace("+", "-")
     path = workdir / f"{name}.yaml"
     path.write_text(config(rls_port, listener, admin, ratelimit=ratelimit))
     command = [binary() or "envoy", "-c", str(path), "--base-id", str(listener),

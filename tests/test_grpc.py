@@ -1,6 +1,5 @@
 """The gRPC surface through real channels: RLS answers, error statuses, health, reflection, fuzz."""
 
-import signal
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -232,7 +231,7 @@ class TestShutdown:
             with grpc.insecure_channel(process.target) as ch:
                 watches = [_watch(ch, name) for name in ("", RLS_SERVICE, "ratelimit")]
                 assert [next(w).status for w in watches] == [SERVING] * 3
-                process.process.send_signal(signal.SIGTERM)
+                process.terminate()
                 assert [next(w).status for w in watches] == [NOT_SERVING] * 3
                 for w in watches:
                     w.cancel()  # type: ignore[attr-defined]  # a grpc call is also a future
@@ -248,7 +247,7 @@ class TestShutdown:
             with grpc.insecure_channel(process.target) as ch:
                 watch = _watch(ch, "")
                 assert next(watch).status == SERVING
-                process.process.send_signal(signal.SIGTERM)
+                process.terminate()
                 # The server is draining once the watch stream says so (it says so before
                 # the drain waits for this very call, which keeps the admin server up).
                 next(watch)

@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 
 from conftest import load_text
+from fairlimit.core.concurrency import split, taken
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
-from fairlimit.store.redis import script
+from fairlimit.store.redis import script, slots
 from fairlimit.store.redis.keys import CAP_KINDS, SlotGroup, slot_groups
 from fairlimit.store.redis.script import ADMIT, LAYOUTS, RELEASE, GivenLevel, Layout
+from fairlimit.store.redis.slots import ACQUIRE, SLOT_LAYOUTS, SlotLayout
 from helpers import desc, req
 
 CONFIG = """
@@ -125,15 +127,17 @@ class TestArgumentBuilders:
     def test_admit_rows_carry_the_named_fields(self, plan: Plan, groups: list[SlotGroup]) -> None:
         """admit_args, cut by ADMIT, gives back each counter, cap and share by name."""
         g = next(g for g in groups if g.shares)
-        lv = GivenLevel("7", "2.5", ("0.5", "3", "2.5", "1.0", "0.4", "0"))
+        lv = GivenLevel("7", "2.5", "12", "3", ("0.5", "3", "2.5", "1.0", "0.4", "0"))
         args = script.admit_args(plan, g, "12.5", (True, 250), {g.caps[0]: lv})
         got = rows(args, ADMIT)
         assert got["head"] == [{"now": "12.5", "may_lock": 1, "lock_ms": 250}]
         c = plan.counters[g.counters[0]]
         assert got["counter"][0] == {"limit": c.limit, "window": c.window, "hits": c.hits,
-                                     "shadow": int(c.shadow)}  # fmt: skip
+                                     "shadow": int(c.shadow), "force": 0}  # fmt: skip
         (cap,) = got["cap"]
         assert (cap["cap"], cap["given_period"], cap["given_level"]) == (g.caps[0], "7", "2.5")
+        assert (cap["given_reserved"], cap["given_holders"]) == ("12", "3")
+        assert cap["total"] == 2  # the cap's own counter
         assert tuple(cap[f] for f in script.FIGURES) == lv.figures
         (share,) = got["share"]
         s = plan.shares[g.shares[0]]
@@ -142,7 +146,8 @@ class TestArgumentBuilders:
     def test_release_rows_carry_the_named_fields(self, plan: Plan, groups: list[SlotGroup]) -> None:
         """release_args, cut by RELEASE, gives back what admit.lua charged, by name."""
         for g in groups:
-            got = rows(script.release_args(plan, g, "12.5"), RELEASE)
+            within = [True] * len(g.shares)
+            got = rows(script.release_args(plan, g, "12.5", within), RELEASE)
             assert got["head"] == [{"now": "12.5"}]
             windows = [plan.counters[i].window for i in g.counters]
             assert [r["window"] for r in got["counter"]] == windows
@@ -151,3 +156,69 @@ class TestArgumentBuilders:
             ]
             assert [r["client"] for r in got["share"]] == [plan.shares[i].client for i in g.shares]
             assert all(r["cap_index"] == 1 for r in got["share"])
+            assert all(r["within"] == 1 for r in got["share"])
+
+
+_SLOT_HEADER = re.compile(r"^-- (KEYS|ARGV) +(head|per pool): (.+)$")
+_SLOT_STRIDES = re.compile(r"^local POOL_ARGS, POOL_KEYS = (\d+), (\d+)$")
+SLOT_CONFIG = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    concurrency: {max_in_flight: 20, max_duration: 60}
+    fair_share: {active_clients: 4, weights: {heavy: 3}}
+    descriptors:
+      - key: client_id
+        concurrency: {max_in_flight: 5}
+"""
+
+
+class TestSlotScripts:
+    """acquire.lua and release_slot.lua against slots.py's layouts (issue 16)."""
+
+    @pytest.mark.parametrize("layout", SLOT_LAYOUTS, ids=lambda lay: lay.script)
+    def test_each_slot_script_opens_with_the_python_layout(self, layout: SlotLayout) -> None:
+        """The KEYS and ARGV lines of the .lua header name the fields slots.py builds."""
+        found: dict[tuple[str, str], tuple[str, ...]] = {}
+        for line in slots.source(layout).splitlines():
+            if not line.startswith("--"):
+                break
+            if m := _SLOT_HEADER.match(line):
+                found[m[1], m[2]] = tuple(m[3].split())
+        assert found == {
+            ("KEYS", "per pool"): layout.pool_keys,
+            ("ARGV", "head"): layout.head,
+            ("ARGV", "per pool"): layout.pool,
+        }
+
+    @pytest.mark.parametrize("layout", SLOT_LAYOUTS, ids=lambda lay: lay.script)
+    def test_each_slot_script_walks_by_the_python_strides(self, layout: SlotLayout) -> None:
+        """The strides the Lua body steps by are the lengths of the Python rows."""
+        lines = [_SLOT_STRIDES.match(line) for line in slots.source(layout).splitlines()]
+        (only,) = [m for m in lines if m]
+        assert (int(only[1]), int(only[2])) == (len(layout.pool), len(layout.pool_keys))
+
+    def test_builders_give_back_each_pool_by_name(self, tmp_path: Path) -> None:
+        """KEYS are each pool's kinds in order, one hash tag per call on a Cluster; ARGV cut
+        by the layout gives back the request id, limits and client of every pool."""
+        matcher = Matcher(load_text(tmp_path, SLOT_CONFIG).config)
+        request = req("edge", desc("route=public", "client_id=heavy", "request_id=r1"))
+        pairs = taken(split(request, matcher).acquire)
+        cut = slots.keys(ACQUIRE, pairs, "fairlimit:", cluster=True)
+        assert len(cut) == 2 * len(ACQUIRE.pool_keys)
+        assert len({re.search(r"\{(.*?)\}", k)[1] for k in cut}) == 1  # type: ignore[index]
+        args = slots.acquire_args(pairs, "12.5", [3.0, 0.0])
+        assert args[:2] == ["12.5", 2]
+        rows = [dict(zip(ACQUIRE.pool, args[2 + i * 7 : 9 + i * 7], strict=True)) for i in range(2)]
+        assert [(r["request_id"], r["limit"], r["client"]) for r in rows] == [
+            ("r1", 20, "heavy"),
+            ("r1", 5, ""),
+        ]
+        assert (rows[0]["client_limit"], rows[0]["bound"], rows[0]["weight"]) == (
+            "5.0",
+            "3.0",
+            "3.0",
+        )
+        released = slots.release_args(pairs, "12.5")
+        assert released == ["12.5", 2, "r1", "heavy", "r1", ""]

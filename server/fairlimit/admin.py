@@ -160,6 +160,7 @@ def config_report(loaded: Loaded, rows: tuple[CapRow, ...]) -> dict[str, Any]:
     """``/rlconfig``: every domain's rule tree, with classifications and fairness attached."""
     classes = {c.path: c for c in loaded.classifications}
     live = {r.rule: r for r in rows}
+    slot_classes = {c.path: c for c in loaded.concurrency}
     return {
         "files": [str(f) for f in loaded.files],
         "warnings": loaded.warnings,
@@ -168,14 +169,19 @@ def config_report(loaded: Loaded, rows: tuple[CapRow, ...]) -> dict[str, Any]:
             {
                 "domain": d.name,
                 "file": d.source,
-                "descriptors": [_rule(r, classes, live) for r in d.rules],
+                "descriptors": [_rule(r, classes, live, slot_classes) for r in d.rules],
             }
             for d in sorted(loaded.config.domains.values(), key=lambda d: d.name)
         ],
     }
 
 
-def _rule(rule: Rule, classes: dict[str, Classification], live: dict[str, CapRow]) -> Any:
+def _rule(
+    rule: Rule,
+    classes: dict[str, Classification],
+    live: dict[str, CapRow],
+    slot_classes: dict[str, Classification],
+) -> Any:
     out: dict[str, Any] = {"path": rule.path, "key": rule.key, "value": rule.value}
     limit = rule.rate_limit
     if limit is not None:
@@ -201,8 +207,16 @@ def _rule(rule: Rule, classes: dict[str, Classification], live: dict[str, CapRow
         out["classification"] = {"mode": c.mode.value, "warning": c.is_warning,
                                  "message": c.message}  # fmt: skip
         out["fairness"] = _fairness(live.get(rule.path))
+    if rule.concurrency is not None:
+        slots = rule.concurrency
+        out["concurrency"] = {"max_in_flight": slots.max_in_flight,
+                              "max_duration": slots.max_duration}  # fmt: skip
+        if rule.path in slot_classes:
+            c = slot_classes[rule.path]
+            verdict = {"mode": c.mode.value, "warning": c.is_warning, "message": c.message}
+            out["concurrency"]["classification"] = verdict
     if rule.children:
-        out["descriptors"] = [_rule(c, classes, live) for c in rule.children]
+        out["descriptors"] = [_rule(c, classes, live, slot_classes) for c in rule.children]
     return out
 
 

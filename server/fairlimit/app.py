@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 import signal
 from collections.abc import Callable, Coroutine
@@ -22,7 +23,7 @@ from fairlimit.grpc_api.xds import XdsConfigSource, XdsSettings, XdsTls
 from fairlimit.limiter import Limiter
 from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
-from fairlimit.telemetry import Telemetry
+from fairlimit.telemetry import Telemetry, pooled
 from fairlimit.telemetry.upstream import UpstreamStats
 
 log = logging.getLogger("fairlimit")
@@ -103,9 +104,12 @@ class App:
         telemetry: Telemetry | None = None,
         metrics_registry: CollectorRegistry | None = None,
         worker: int = 0,
+        metrics_dir: Path | None = None,
     ) -> None:
         self.settings = settings
         self.worker = worker  # with --workers N, this process's index; admin HTTP in 0 only
+        self.metrics_registry = metrics_registry
+        self.metrics_dir = metrics_dir  # with --workers N: where workers share their metrics
         # the global providers cli.py installed
         self.telemetry = telemetry or Telemetry(top_clients=settings.top_clients)
         self.telemetry.near_limit_ratio = settings.near_limit_ratio
@@ -157,6 +161,8 @@ class App:
         codec = JsonCodec(
             request_from_json, functools.partial(response_to_json, options=self.grpc.options)
         )
+        if registry is not None and self.metrics_dir is not None:
+            registry = pooled.pooled_registry(registry, self.metrics_dir, self.worker)
         upstream = self.telemetry.upstream
         return AdminServer(
             self.limiter,
@@ -203,6 +209,12 @@ class App:
         if self.xds is None:
             self._spawn(self.watcher.run())
         self._spawn(self._refresh_fairness())
+        if self.worker and self.metrics_dir is not None and self.metrics_registry is not None:
+            self._spawn(self._share_metrics(self.metrics_registry, self.metrics_dir))
+        # Everything made so far (modules, config, SDK, grpc) lives as long as the process:
+        # out of the collector's sight, a full collection no longer walks it mid-request.
+        gc.collect()
+        gc.freeze()
 
     def _spawn(self, work: Coroutine[object, object, object]) -> None:
         task = asyncio.create_task(work)
@@ -242,6 +254,18 @@ class App:
                 log.exception("refreshing the fairness figures failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), REFRESH_SECONDS)
+
+    async def _share_metrics(self, registry: CollectorRegistry, directory: Path) -> None:
+        """Hand this worker's metrics to worker 0's /metrics until stopping, and once more."""
+        while True:
+            try:
+                pooled.dump(registry, directory, self.worker)
+            except OSError as exc:  # the parent's directory gone: it is stopping
+                log.debug("metrics not shared: %s", exc)
+            if self._stopping.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), pooled.DUMP_SECONDS)
 
     def stop(self) -> None:
         """Ask the serve loop to drain and exit."""

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fairlimit import __version__
@@ -59,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--failure-mode", choices=["open", "closed"])
     serve.add_argument("--shadow", action="store_const", const=True)
     serve.add_argument("--workers", metavar="N")
+    serve.add_argument("--max-connection-age", metavar="SECONDS",
+                       help="GOAWAY after this long (0: never), so clients rebalance")  # fmt: skip
+    serve.add_argument("--max-connection-age-grace", metavar="SECONDS",
+                       help="time calls in flight get after GOAWAY")  # fmt: skip
     serve.add_argument("--log-format", choices=["text", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this chain")
@@ -115,13 +120,17 @@ def _serve_worker(settings: "Settings", index: int) -> None:
 
 def _serve_settings(settings: "Settings", worker: int = 0) -> int:
     from fairlimit.app import App  # grpc is imported only when serving
+    from fairlimit.telemetry import pooled
     from fairlimit.telemetry import sdk as otel_sdk
 
     sdk = otel_sdk.install(os.environ)  # the OpenTelemetry SDK, here and nowhere else
+    shared = os.environ.get(pooled.DIRECTORY_ENV) if settings.workers > 1 else None
+    metrics_dir = Path(shared) if shared else None
 
     async def serve() -> int:
         try:  # inside the loop: grpc.aio binds to the running loop
-            app = App(settings, metrics_registry=sdk.registry, worker=worker)
+            app = App(settings, metrics_registry=sdk.registry, worker=worker,
+                      metrics_dir=metrics_dir)  # fmt: skip
         except ConfigError as exc:
             for line in exc.problems:
                 logging.getLogger("fairlimit").error("%s", line)
@@ -152,12 +161,25 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
         }
         for c in loaded.classifications
     ]
+    slots = [
+        {
+            "path": c.path,
+            "mode": c.mode.value,
+            "warning": c.is_warning,
+            "message": c.message,
+            "max_in_flight": int(c.cap_per_second),
+            "required_in_flight": c.required_per_second,
+            "active_clients": c.active_clients,
+        }
+        for c in loaded.concurrency
+    ]
     warnings = loaded.warnings
     return {
         "ok": not (strict and warnings),
         "files": [str(f) for f in loaded.files],
         "domains": sorted(loaded.config.domains),
         "classifications": caps,
+        "concurrency": slots,
         "errors": warnings if strict else [],
         "warnings": [] if strict else warnings,
         "notes": loaded.notes,
@@ -196,12 +218,12 @@ _EXPLAINED = {
 
 def _check_text(loaded: Loaded, strict: bool) -> None:
     levels = []
-    for c in loaded.classifications:
+    for c in (*loaded.classifications, *loaded.concurrency):
         level = "error" if strict and c.is_warning else "warning" if c.is_warning else (
             "note" if c.is_note else "ok")  # fmt: skip
         levels.append(level)
         print(f"{level}: {c.line}")
-    modes = [c.mode.value for c in loaded.classifications]
+    modes = [c.mode.value for c in (*loaded.classifications, *loaded.concurrency)]
     summary = ", ".join(f"{modes.count(m)} {m}" for m in sorted(set(modes))) or "no limits"
     print(f"{len(loaded.files)} files, {len(loaded.config.domains)} domains: {summary}")
     for level, text in _EXPLAINED.items():

@@ -9,6 +9,7 @@
     │   └── ScenarioError      a simulate scenario is unusable or fits none of its configs
     ├── RequestError           a ShouldRateLimit request is malformed (INVALID_ARGUMENT)
     ├── StoreUnavailable       the backend cannot answer now (failure mode decides)
+    │   └── DeadlineExceeded   the caller's deadline leaves the backend no time (shed)
     ├── UnsupportedBackend     a backend URL the store cannot use (scheme, host, options)
     └── SettingsError          a flag or environment variable is unusable
 """
@@ -48,6 +49,11 @@ class RequestError(FairlimitError):
 
 class StoreUnavailable(FairlimitError):
     """The backend did not answer; the failure mode decides what the caller sees."""
+
+
+class DeadlineExceeded(StoreUnavailable):
+    """The caller's deadline leaves too little time to ask the backend: the call is shed
+    (answered by the failure mode, counted apart from backend errors)."""
 
 
 class UnsupportedBackend(FairlimitError):

@@ -1,4 +1,14 @@
-"""The use case: a request -> the core's plan -> the store's atomic admission -> statuses."""
+"""The use case: a request -> the core's plan -> the store's atomic admission -> statuses.
+
+Concurrency (core/concurrency.py) is all or nothing together with the rate limits, in two
+atomic steps: the request's slots are acquired first (one atomic store call, all or none),
+then the rates are admitted, and when the rates reject the slots are released at once. So
+a request refused a slot never reaches the rate counters and consumes no rate capacity, and
+a request refused by a rate holds no slot once it is answered. The window between the two
+steps (one store call) can only make a concurrent request see a slot taken that is about to
+come back - a spurious refusal, never an admission past a limit. If that release fails
+(backend gone) the slot expires after its rule's max_duration.
+"""
 
 import logging
 import time
@@ -7,14 +17,16 @@ from typing import Protocol
 
 from fairlimit.core import admission
 from fairlimit.core.admission import Code, Outcome, Status
+from fairlimit.core.concurrency import Claim, SlotOutcome, Slots, declared, split, taken
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.request import Request, validate
 from fairlimit.core.rules import Loaded
-from fairlimit.errors import StoreUnavailable
+from fairlimit.errors import DeadlineExceeded, StoreUnavailable
 from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
+from fairlimit.store.deadline import DEADLINE
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.fairness import CapRow
 from fairlimit.telemetry.top import TopRow
@@ -43,12 +55,31 @@ class Decision:
     statuses: tuple[Status, ...]
     backend_failed: bool = False
     backend_seconds: float = 0.0  # time spent waiting for the store, for the trace
+    shed: bool = False  # the caller's deadline had passed or left the store no time
 
 
 @dataclass(frozen=True, slots=True)
 class _Active:
     loaded: Loaded
     matcher: Matcher
+    slots: bool  # the config declares concurrency somewhere (else no request takes a slot)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated request and its plan under one configuration: pure of time, so a caller
+    that sees the same request again may decide it again without rebuilding the plan
+    (``Limiter.current`` says whether the configuration is still the one in force)."""
+
+    request: Request
+    plan: Plan | None  # None when the request takes or gives back slots
+    slots: Slots | None
+    active: object  # the configuration it was planned under
+
+
+def _open_statuses(descriptors: int) -> tuple[Status, ...]:
+    """What ``--failure-mode open`` answers: OK for every descriptor, no limit."""
+    return tuple(Status(Code.OK, None, 0, 0.0) for _ in range(descriptors))
 
 
 class Limiter:
@@ -65,7 +96,7 @@ class Limiter:
         telemetry: Telemetry | None = None,
         quota_mode: bool = False,
     ) -> None:
-        self._active = _Active(loaded, Matcher(loaded.config))
+        self._active = _Active(loaded, Matcher(loaded.config), declared(loaded.config))
         self.store = store
         self.clock = clock or SystemClock()
         self.shadow = shadow
@@ -81,18 +112,109 @@ class Limiter:
 
     def swap(self, loaded: Loaded) -> None:
         """Serve ``loaded`` from the next request on (one reference swap, so atomic)."""
-        self._active = _Active(loaded, Matcher(loaded.config))
+        self._active = _Active(loaded, Matcher(loaded.config), declared(loaded.config))
         self.telemetry.use(loaded)
 
     async def should_rate_limit(self, request: Request) -> Decision:
         """Decide ``request``; RequestError for a malformed one, StoreUnavailable if closed."""
+        return await self.decide(self.prepare(request))
+
+    def prepare(self, request: Request) -> Prepared:
+        """Validate ``request`` (RequestError) and plan it under the configuration in force:
+        its slots, when it takes or gives back any, else the plan of its rates."""
         validate(request)
-        plan = make_plan(request, self._active.matcher)
+        active = self._active
+        if active.slots:
+            slots = split(request, active.matcher)
+            if slots.acquire or slots.release:
+                return Prepared(request, None, slots, active)
+        return Prepared(request, make_plan(request, active.matcher), None, active)
+
+    def current(self, prepared: Prepared) -> bool:
+        """Whether ``prepared`` was planned under the configuration in force now."""
+        return prepared.active is self._active
+
+    async def decide(self, prepared: Prepared, remaining: float | None = None) -> Decision:
+        """Decide a prepared request now; StoreUnavailable if the store fails and closed.
+
+        ``remaining``: seconds until the caller's deadline (None: no deadline). A call whose
+        deadline has passed, or leaves the store no time, is shed: answered at once by the
+        failure mode and counted, since nobody waits for its answer.
+        """
+        request = prepared.request
+        if remaining is not None and remaining <= 0:
+            return self._shed(request)
         now = self.clock.now()
+        token = None if remaining is None else DEADLINE.set(time.monotonic() + remaining)
+        try:
+            if prepared.slots is not None:
+                return await self._with_slots(request, prepared.slots, now)
+            return await self._rates(request, now, prepared.plan)
+        except DeadlineExceeded:
+            return self._shed(request)
+        finally:
+            if token is not None:
+                DEADLINE.reset(token)
+
+    def _shed(self, request: Request) -> Decision:
+        """The failure mode's answer for a call past (or too near) its deadline, counted."""
+        self.telemetry.shed()
+        if self.failure_mode is FailureMode.CLOSED:
+            raise DeadlineExceeded("the call's deadline passed before it could be decided")
+        return Decision(Code.OK, _open_statuses(len(request.descriptors)), shed=True)
+
+    async def _with_slots(self, request: Request, slots: Slots, now: float) -> Decision:
+        """Release, then acquire, then the rates (see the module docstring)."""
+        if slots.release:
+            await self._release(request.domain, slots.release, now)
+        held: SlotOutcome | None = None
+        if slots.acquire:
+            try:
+                held = await self.store.acquire(slots.acquire, now)
+            except DeadlineExceeded:
+                raise  # shed by decide(), not a backend failure
+            except StoreUnavailable as exc:
+                self._backend_state(exc)
+                if self.failure_mode is FailureMode.CLOSED:
+                    raise
+            if held is not None:
+                if not self.backend_healthy:
+                    self._backend_state(None)
+                pools = [p for _, p in taken(slots.acquire)]
+                self.telemetry.slots.acquired(request.domain, pools, held)
+                if not held.admitted:
+                    self.telemetry.slots.refused(request.domain, slots.acquire)
+                    return self._refused(request, slots)
+        rates = await self._rates(slots.rates, now) if slots.rates.descriptors else None
+        if held is not None and rates is not None and rates.code is Code.OVER_LIMIT:
+            await self._release(request.domain, slots.acquire, now)
+        return _placed(request, slots, rates)
+
+    async def _release(self, domain: str, claims: tuple[Claim, ...], now: float) -> None:
+        """Give slots back; a failure is logged and left to the slots' expiry."""
+        try:
+            given = await self.store.release(claims, now)
+        except StoreUnavailable as exc:
+            self._backend_state(exc)
+            log.warning("slots not released (they expire after max_duration): %s", exc)
+            return
+        self.telemetry.slots.released(domain, [p for _, p in taken(claims)], given)
+
+    def _refused(self, request: Request, slots: Slots) -> Decision:
+        statuses = [Status(Code.OK, None, 0, 0.0) for _ in request.descriptors]
+        for claim in slots.acquire:
+            statuses[claim.descriptor] = Status(Code.OVER_LIMIT, None, 0, 0.0, claim.pools[-1].rule)
+        return Decision(Code.OK if self.shadow else Code.OVER_LIMIT, tuple(statuses))
+
+    async def _rates(self, request: Request, now: float, plan: Plan | None = None) -> Decision:
+        """The rate-limit decision of ``request`` (no concurrency in it); ``plan``, its plan
+        under the configuration in force when already made."""
+        if plan is None:
+            plan = make_plan(request, self._active.matcher)
         started = time.perf_counter()  # a latency, so real time: windows use self.clock
         outcome = await self._admit(plan, now)
         if outcome is None:
-            open_statuses = tuple(Status(Code.OK, None, 0, 0.0) for _ in plan.descriptors)
+            open_statuses = _open_statuses(len(plan.descriptors))
             return Decision(Code.OK, open_statuses, True, time.perf_counter() - started)
         statuses = admission.statuses(plan, outcome, now if outcome.now is None else outcome.now)
         code = admission.overall(statuses, self.quota_mode)
@@ -108,6 +230,8 @@ class Limiter:
             return Outcome(True, (), (), ())
         try:
             outcome = await self.store.admit(plan, now)
+        except DeadlineExceeded:
+            raise  # shed by decide(), not a backend failure
         except StoreUnavailable as exc:
             self._backend_state(exc)
             if self.failure_mode is FailureMode.CLOSED:
@@ -178,3 +302,14 @@ class Limiter:
             log.info("backend healthy again")
         else:
             log.error("backend unavailable: %s", error or type(error).__name__)
+
+
+def _placed(request: Request, slots: Slots, rates: Decision | None) -> Decision:
+    """The rates' decision with a status at every descriptor of ``request`` as received:
+    release descriptors answer OK (Envoy ignores the stream-done answer anyway)."""
+    statuses = [Status(Code.OK, None, 0, 0.0) for _ in request.descriptors]
+    if rates is None:
+        return Decision(Code.OK, tuple(statuses))
+    for position, status in zip(slots.positions, rates.statuses, strict=True):
+        statuses[position] = status
+    return Decision(rates.code, tuple(statuses), rates.backend_failed, rates.backend_seconds)

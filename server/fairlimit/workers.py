@@ -3,7 +3,8 @@
 Python serves one request at a time per process, so a Redis deployment scales on one host
 by running several processes that share the port: the kernel spreads incoming connections
 over them. State is shared through Redis only (settings refuse ``memory://`` with N > 1).
-The admin HTTP server runs in worker 0 alone; its ``/metrics`` counts worker 0's traffic.
+The admin HTTP server runs in worker 0 alone; its ``/metrics`` shows every worker's series,
+labelled ``worker`` (the others hand theirs over through a directory: telemetry/pooled.py).
 
 The parent binds the port first (without listening, so it takes no connections) with
 SO_REUSEPORT: that turns a port of 0 into one real port every worker can bind, and keeps it
@@ -15,13 +16,16 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
+import tempfile
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from types import FrameType
 
 from fairlimit.settings import Settings, parse_address
+from fairlimit.telemetry.pooled import DIRECTORY_ENV
 
 log = logging.getLogger("fairlimit")
 
@@ -54,6 +58,8 @@ class Parent:
             for i in range(settings.workers)
         ]
         self.stopping = False
+        # Where workers 1..N-1 leave their metrics for worker 0's /metrics (telemetry/pooled).
+        self.metrics_dir = tempfile.mkdtemp(prefix="fairlimit-metrics-")
 
     def _forward(self, signum: int, frame: FrameType | None = None) -> None:
         self.stopping = True
@@ -64,12 +70,13 @@ class Parent:
     def run(self) -> int:
         """Serve until every worker has exited; 0 when they all stopped cleanly."""
         previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        os.environ[DIRECTORY_ENV] = self.metrics_dir  # a spawned worker inherits it
         try:
             for process in self.workers:
                 process.start()
             pids = ", ".join(str(p.pid) for p in self.workers)
             log.info(
-                "%d workers (pids %s) share gRPC %s (SO_REUSEPORT); admin HTTP in worker 0 only",
+                "%d workers (pids %s) share gRPC %s (SO_REUSEPORT); admin HTTP in worker 0",
                 len(self.workers), pids, self.settings.grpc_addr,
             )  # fmt: skip
             self._wait()
@@ -77,6 +84,8 @@ class Parent:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.held.close()
+            os.environ.pop(DIRECTORY_ENV, None)
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
         codes = [p.exitcode for p in self.workers]
         failed = [c for c in codes if c not in _GRACEFUL]
         log.info("workers exited: %s", ", ".join(str(c) for c in codes))

@@ -17,6 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from helpers import STARTUP_SECONDS
 from servers import free_port
 
 from .helpers import ROOT
@@ -57,7 +58,9 @@ def running_fairlimit(args: list[str], env: dict[str, str], admin_port: int) -> 
         text=True,
     )
     try:
-        status = ready_status(f"http://127.0.0.1:{admin_port}/readyz", time.monotonic() + 20)
+        status = ready_status(
+            f"http://127.0.0.1:{admin_port}/readyz", time.monotonic() + STARTUP_SECONDS
+        )
     except BaseException:
         stop(process)
         raise
@@ -138,7 +141,9 @@ class Envoy:
                    "--concurrency", "1"]  # fmt: skip
         with self.log.open("w") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        status = ready_status(f"http://127.0.0.1:{self.admin}/ready", time.monotonic() + 30)
+        status = ready_status(
+            f"http://127.0.0.1:{self.admin}/ready", time.monotonic() + STARTUP_SECONDS
+        )
         if status != 200:
             self.stop()
             raise AssertionError(f"envoy not ready ({status}):\n{self.log.read_text()}")

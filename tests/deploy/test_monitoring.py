@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from helpers import require
+from helpers import STARTUP_SECONDS, require
 from servers import ServerProcess, fairlimit_server, free_port
 
 from .helpers import CHART, ROOT, Helm, one
@@ -153,7 +153,9 @@ class TestDashboard:
 
 def exported(port: int) -> set[str]:
     """The sample names of the admin /metrics, once the admin server answers /healthz."""
-    assert ready_status(f"http://127.0.0.1:{port}/healthz", time.monotonic() + 20) == 200
+    assert (
+        ready_status(f"http://127.0.0.1:{port}/healthz", time.monotonic() + STARTUP_SECONDS) == 200
+    )
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     return {

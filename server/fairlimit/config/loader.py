@@ -12,17 +12,32 @@ from typing import Any
 import yaml
 
 from fairlimit.config.yaml_text import Plain, as_bool, as_int, as_number, read_text_yaml, typed
-from fairlimit.core.rules import Config, Domain, FairShare, Loaded, RateLimit, Rule
+from fairlimit.core import concurrency
+from fairlimit.core.rules import (
+    ACQUIRE_KEY,
+    RELEASE_KEY,
+    Concurrency,
+    Config,
+    Domain,
+    FairShare,
+    Loaded,
+    RateLimit,
+    Rule,
+)
 from fairlimit.core.units import Unit
 from fairlimit.core.validation import classify
 from fairlimit.errors import ConfigError, ConfigUnreadable, ConfigWarningError
 
-ROOT_KEYS = frozenset({"domain", "descriptors"})
+ROOT_KEYS = frozenset({"domain", "descriptors", "request_id_keys"})
 DESCRIPTOR_KEYS = frozenset(
     {"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "fair_share",
-     "quota_mode", "value_to_metric", "share_threshold", "metadata"}
+     "quota_mode", "value_to_metric", "share_threshold", "metadata", "concurrency"}
 )  # fmt: skip
-RATE_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
+CONCURRENCY_KEYS = frozenset({"max_in_flight", "max_duration"})
+REQUEST_ID_KEYS = frozenset({"acquire", "release"})
+RATE_LIMIT_KEYS = frozenset(
+    {"unit", "requests_per_unit", "unlimited", "name", "replaces", "charge_when_over_limit"}
+)
 FAIR_SHARE_KEYS = frozenset({"active_clients", "weights"})
 YAML_SUFFIXES = (".yaml", ".yml")
 _OCTAL_HINT = " (upstream reads a leading zero as octal: write it without)"
@@ -98,6 +113,7 @@ def _rate_limit(problems: _Problems, path: str, raw: object) -> RateLimit | None
         return None
     _check_keys(problems, path, raw, RATE_LIMIT_KEYS)
     unlimited = _bool(problems, path, raw, "unlimited")
+    charge = _bool(problems, path, raw, "charge_when_over_limit")
     name = raw.get("name")
     name = str(name) if isinstance(name, str) else name
     if name is not None and not isinstance(name, str):
@@ -127,7 +143,7 @@ def _rate_limit(problems: _Problems, path: str, raw: object) -> RateLimit | None
         return None
     if unit is None:
         return None
-    return RateLimit(rpu, unit, name=name, replaces=replaces)
+    return RateLimit(rpu, unit, name=name, replaces=replaces, charge_when_over_limit=charge)
 
 
 def _weights(problems: _Problems, path: str, raw: object) -> Mapping[str, float]:
@@ -146,8 +162,53 @@ def _weights(problems: _Problems, path: str, raw: object) -> Mapping[str, float]
     return MappingProxyType(weights)
 
 
+def _concurrency(problems: _Problems, path: str, raw: object) -> Concurrency | None:
+    if not isinstance(raw, dict):
+        problems.add(path, "concurrency must be a mapping")
+        return None
+    _check_keys(problems, path, raw, CONCURRENCY_KEYS)
+    raw_max = raw.get("max_in_flight")
+    most = _int_in(raw_max, 1, 10**9)
+    if most is None:
+        problems.add(
+            path,
+            "concurrency.max_in_flight must be an integer from 1 to 1000000000, "
+            f"not {_shown(raw_max)}",
+        )
+    raw_duration = raw.get("max_duration")
+    duration = 300.0 if raw_duration is None else as_number(raw_duration)
+    if duration is None or not 0 < duration <= 86400 * 7:
+        problems.add(
+            path,
+            f"concurrency.max_duration must be seconds in (0, 604800], not {_shown(raw_duration)}",
+        )
+        return None
+    return None if most is None else Concurrency(most, duration)
+
+
+def _request_id_keys(problems: _Problems, domain: str, raw: object) -> tuple[str, str]:
+    if raw is None:
+        return ACQUIRE_KEY, RELEASE_KEY
+    if not isinstance(raw, dict):
+        problems.add(domain, "request_id_keys must be a mapping of acquire and release")
+        return ACQUIRE_KEY, RELEASE_KEY
+    _check_keys(problems, domain, raw, REQUEST_ID_KEYS)
+    acquire, release = raw.get("acquire", ACQUIRE_KEY), raw.get("release", RELEASE_KEY)
+    if not (isinstance(acquire, str) and acquire and isinstance(release, str) and release):
+        problems.add(domain, "request_id_keys.acquire and .release must be non-empty strings")
+        return ACQUIRE_KEY, RELEASE_KEY
+    if acquire == release:
+        problems.add(domain, f"request_id_keys.acquire and .release must differ, both '{acquire}'")
+    return str(acquire), str(release)
+
+
 def _fair_share(
-    problems: _Problems, path: str, raw: object, limit: RateLimit | None, has_children: bool
+    problems: _Problems,
+    path: str,
+    raw: object,
+    limit: RateLimit | None,
+    has_children: bool,
+    slots: Concurrency | None = None,
 ) -> FairShare | None:
     if not isinstance(raw, dict):
         problems.add(path, "fair_share must be a mapping")
@@ -161,7 +222,7 @@ def _fair_share(
         problems.add(
             path, f"fair_share.active_clients must be an integer >= 1, not {_shown(raw_active)}"
         )
-    if limit is None or limit.unlimited:
+    if (limit is None or limit.unlimited) and slots is None:
         problems.add(path, "fair_share needs a limited rate_limit on the same node: the cap")
         ok = False
     if not has_children:
@@ -210,9 +271,10 @@ def _descriptor(problems: _Problems, parent: str, index: int, raw: object) -> Ru
     _check_keys(problems, path, raw, DESCRIPTOR_KEYS)
     limit = _rate_limit(problems, path, raw["rate_limit"]) if "rate_limit" in raw else None
     children = _descriptors(problems, path, raw.get("descriptors"))
+    slots = _concurrency(problems, path, raw["concurrency"]) if "concurrency" in raw else None
     fair = None
     if "fair_share" in raw:
-        fair = _fair_share(problems, path, raw["fair_share"], limit, bool(children))
+        fair = _fair_share(problems, path, raw["fair_share"], limit, bool(children), slots)
     return Rule(
         key=key,
         value=text,
@@ -227,6 +289,7 @@ def _descriptor(problems: _Problems, parent: str, index: int, raw: object) -> Ru
         value_to_metric=_bool(problems, path, raw, "value_to_metric"),
         share_threshold=_share_threshold(problems, path, raw, text),
         metadata=_metadata(problems, path, raw.get("metadata")),
+        concurrency=slots,
     )
 
 
@@ -285,9 +348,10 @@ def parse_root(raw: Mapping[Any, Any], source: str) -> Domain:
     domain = str(domain)
     _check_keys(problems, domain, raw, ROOT_KEYS)
     rules = _descriptors(problems, domain, raw.get("descriptors"))
+    acquire, release = _request_id_keys(problems, domain, raw.get("request_id_keys"))
     if problems.lines:
         raise ConfigError(problems.lines)
-    return Domain(domain, source, rules)
+    return Domain(domain, source, rules, acquire, release)
 
 
 def config_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -324,7 +388,8 @@ def _merge(first: Domain, later: Domain) -> tuple[Domain, list[str]]:
         for r in later.rules
         if (r.key, r.value) in seen
     ]
-    return Domain(first.name, first.source, first.rules + later.rules), clashes
+    rules = first.rules + later.rules
+    return Domain(first.name, first.source, rules, first.acquire_key, first.release_key), clashes
 
 
 def assemble(
@@ -353,7 +418,9 @@ def assemble(
     if lines:
         raise ConfigError(lines)
     config = Config.of(list(by_name.values()))
-    loaded = Loaded(config, tuple(classify(config)), tuple(files))
+    loaded = Loaded(
+        config, tuple(classify(config)), tuple(files), tuple(concurrency.classify(config))
+    )
     if strict and loaded.warnings:
         raise ConfigWarningError(loaded.warnings)
     return loaded

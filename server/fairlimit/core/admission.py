@@ -42,7 +42,7 @@ def share_bound(share: Share, level: float | None, seen_weight: float) -> float:
     return min(share.client_limit, fair)
 
 
-def share_over(share: Share, admitted: int, bound: float) -> bool:
+def share_over(share: Share, admitted: float, bound: float) -> bool:
     """Whether the client's claim at the cap exceeds its bound (shadow caps never do)."""
     return not share.shadow and admitted + max(share.hits, 1) > bound + _EPSILON
 
@@ -55,6 +55,36 @@ def admits(
         if counter_over(c, n):
             return False
     return not any(share_over(s, a, b) for s, a, b in zip(plan.shares, shared, bounds, strict=True))
+
+
+def below(plan: Plan) -> list[tuple[list[int], list[int]]]:
+    """Per share: the counters and shares below it in the first descriptor that charges it
+    (its own limit, then the deeper caps with their counters)."""
+    out: list[tuple[list[int], list[int]] | None] = [None] * len(plan.shares)
+    for dplan in plan.descriptors:
+        counters = [c.counter for c in dplan.charges if c.share is None]
+        shares: list[int] = []
+        for charge in reversed([c for c in dplan.charges if c.share is not None]):
+            at = charge.share
+            assert at is not None
+            if out[at] is None:
+                out[at] = (list(counters), list(shares))
+            counters.append(charge.counter)
+            shares.append(at)
+    return [found or ([], []) for found in out]
+
+
+def demand_seen(
+    plan: Plan, counts: Sequence[int], shared: Sequence[float], bounds: Sequence[float]
+) -> list[bool]:
+    """Per share: whether the cap sees this request as demand. A cap sees what the levels
+    below it admit, so a nested cap's demand for a child is what that child can use, and a
+    client over its own limit is no demand upstream."""
+    return [
+        not any(counter_over(plan.counters[c], counts[c]) for c in counters)
+        and not any(share_over(plan.shares[s], shared[s], bounds[s]) for s in shares)
+        for counters, shares in below(plan)
+    ]
 
 
 # The outcome and the statuses are built on every request, so they are slotted but not

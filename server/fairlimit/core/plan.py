@@ -27,6 +27,7 @@ class Counter:
     window: int
     hits: int
     shadow: bool
+    force: bool = False  # charged even when the request is refused (charge_when_over_limit)
 
 
 @dataclass(slots=True)  # not frozen: built per request (see Counter)
@@ -42,6 +43,13 @@ class Share:
     hits: int
     shadow: bool
     declared: int
+    total: int = -1  # index into Plan.counters of the cap's own counter
+    force: bool = False  # charged even when the request is refused (charge_when_over_limit)
+
+    @property
+    def sized(self) -> bool:
+        """The cap holds ``declared`` clients at this client's limit: never paced."""
+        return self.capacity >= self.declared * self.client_limit
 
     @property
     def period(self) -> float:
@@ -87,14 +95,20 @@ class _Builder:
         self._counter_at: dict[str, int] = {}
         self._share_at: dict[tuple[str, str], int] = {}
 
-    def counter(self, key: str, limit: RateLimit, hits: int, shadow: bool) -> int:
+    def counter(
+        self, key: str, limit: RateLimit, hits: int, shadow: bool, force: bool = False
+    ) -> int:
         at = self._counter_at.get(key)
         if at is None:
             at = self._counter_at[key] = len(self.counters)
-            self.counters.append(Counter(key, limit.requests_per_unit, limit.window, hits, shadow))
+            self.counters.append(
+                Counter(key, limit.requests_per_unit, limit.window, hits, shadow, force)
+            )
             return at
         known = self.counters[at]
-        self.counters[at] = Counter(key, known.limit, known.window, known.hits + hits, known.shadow)
+        self.counters[at] = Counter(
+            key, known.limit, known.window, known.hits + hits, known.shadow, known.force or force
+        )
         return at
 
     def share(self, share: Share) -> int:
@@ -105,7 +119,8 @@ class _Builder:
             self.shares.append(share)
             return at
         known = self.shares[at]
-        self.shares[at] = dataclasses.replace(known, hits=known.hits + share.hits)
+        force = known.force or share.force
+        self.shares[at] = dataclasses.replace(known, hits=known.hits + share.hits, force=force)
         return at
 
 
@@ -116,6 +131,7 @@ def _cap_charges(
     hits: int,
     trail: Sequence[Rule],
     replaced: set[str],
+    force: bool,
 ) -> list[Charge]:
     charges: list[Charge] = []
     for depth in range(len(trail) - 1):
@@ -141,8 +157,10 @@ def _cap_charges(
             hits,
             cap.shadow_mode,
             fair_share.active_clients,
+            builder.counter(key, limit, hits, cap.shadow_mode, force),
+            force,
         )
-        counter = builder.counter(key, limit, hits, cap.shadow_mode)
+        counter = share.total
         charges.append(Charge(counter, builder.share(share), limit, cap))
     return charges
 
@@ -165,13 +183,16 @@ def _descriptor_plan(
     shared = match.shared if match is not None and descriptor.limit is None else ()
     paths = key_paths(request.domain, descriptor.entries, shared)
     hits = request.hits_for(descriptor)
+    force = limit is not None and limit.charge_when_over_limit
     if charged:
         assert limit is not None
         shadow = rule is not None and rule.shadow_mode and descriptor.limit is None
-        counter = builder.counter(counter_key(paths[-1], limit.window), limit, hits, shadow)
+        key = counter_key(paths[-1], limit.window)
+        counter = builder.counter(key, limit, hits, shadow, force)
         charges.append(Charge(counter, None, limit, rule))
     if match is not None:
-        charges.extend(_cap_charges(builder, paths, descriptor, hits, match.trail, replaced))
+        trail = match.trail
+        charges.extend(_cap_charges(builder, paths, descriptor, hits, trail, replaced, force))
     return DescriptorPlan(rule, tuple(charges), match=match)
 
 

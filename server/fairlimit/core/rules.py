@@ -27,6 +27,9 @@ class RateLimit:
     unlimited: bool = False
     name: str | None = None
     replaces: tuple[str, ...] = ()
+    # Usage reported after the response (Envoy's apply_on_stream_done): a charge is recorded
+    # on every level it touches even when the answer is OVER_LIMIT (DESIGN section 4).
+    charge_when_over_limit: bool = False
     window: int = field(init=False, repr=False, compare=False)
     per_second: float = field(init=False, repr=False, compare=False)
 
@@ -49,6 +52,22 @@ class FairShare:
 
 
 @dataclass(frozen=True, slots=True)
+class Concurrency:
+    """At most ``max_in_flight`` requests in flight; a slot expires ``max_duration`` s after it
+    was taken (so that slots a crashed proxy never released come back)."""
+
+    max_in_flight: int
+    max_duration: float = 300.0
+
+
+# The descriptor entry keys that carry Envoy's request id: an entry with ACQUIRE_KEY ends a
+# request-path descriptor that takes slots, one with RELEASE_KEY ends the stream-done
+# descriptor that gives them back (docs/concurrency.md).
+ACQUIRE_KEY = "request_id"
+RELEASE_KEY = "request_done"
+
+
+@dataclass(frozen=True, slots=True)
 class Rule:
     """One descriptor node: ``key`` with an exact, wildcard or absent ``value``."""
 
@@ -61,6 +80,7 @@ class Rule:
     detailed_metric: bool = False
     fair_share: FairShare | None = None
     children: tuple["Rule", ...] = ()
+    concurrency: Concurrency | None = None
     # envoyproxy/ratelimit's keys, with its meanings: fail only when every quota descriptor
     # of a request is over; the request's value in the upstream metric key; every value of
     # this wildcard shares one counter; returned as response dynamic metadata (never mutated).
@@ -86,6 +106,8 @@ class Domain:
     name: str
     source: str
     rules: tuple[Rule, ...]
+    acquire_key: str = ACQUIRE_KEY
+    release_key: str = RELEASE_KEY
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,15 +128,18 @@ class Loaded:
     config: Config
     classifications: tuple["Classification", ...]
     files: tuple[PurePath, ...]
+    # the concurrency caps' classifications (core/concurrency.py), kept apart from the rate
+    # caps' because a node can be both and each has its own verdict
+    concurrency: tuple["Classification", ...] = ()
 
     @property
     def warnings(self) -> list[str]:
-        return [c.line for c in self.classifications if c.is_warning]
+        return [c.line for c in (*self.classifications, *self.concurrency) if c.is_warning]
 
     @property
     def notes(self) -> list[str]:
         """Advice that is never an error (global buckets, as upstream has them)."""
-        return [c.line for c in self.classifications if c.is_note]
+        return [c.line for c in (*self.classifications, *self.concurrency) if c.is_note]
 
 
 def walk(rules: tuple[Rule, ...]) -> list[tuple[Rule, tuple[Rule, ...]]]:

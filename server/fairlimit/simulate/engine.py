@@ -11,6 +11,10 @@ The model, so that every figure can be checked by hand:
 - A rejected attempt with retries left is sent again ``backoff`` seconds later, and never in
   the same tick (``backoff: 0`` means the next tick). Retries past the end are not sent.
 - Every config runs against the same traffic, with its own fresh ``MemoryStore``.
+- A client with ``request_duration`` models concurrency: each attempt carries a request id
+  (the domain's acquire key, as Envoy's request path sends it), and an admitted one is
+  released ``request_duration`` later, at the start of that tick (the stream-done call).
+  Such runs send every attempt alone: each has its own id, so none can be coalesced.
 
 One economy, exact by construction: once a client is rejected in a tick, the rest of its
 attempts in that tick (identical requests at the same instant) cannot be admitted, because
@@ -34,6 +38,7 @@ from pathlib import Path
 
 from fairlimit.config.loader import load
 from fairlimit.core.admission import Code
+from fairlimit.core.concurrency import split
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import plan
 from fairlimit.core.request import Descriptor, Request
@@ -149,7 +154,11 @@ class _Run:
         self.limiter = Limiter(loaded, MemoryStore(), self.clock)
         self.requests = requests_for(scenario)
         self.shared = shared_limit(loaded, self.requests)
-        self.coalesce = coalesce
+        self.coalesce = coalesce and not any(c.request_duration for c in scenario.clients)
+        self.releases: dict[int, list[Request]] = defaultdict(list)  # tick -> stream-done calls
+        self.ids = 0
+        domain = loaded.config.domains.get(scenario.domain)
+        self.id_keys = (domain.acquire_key, domain.release_key) if domain else ("", "")
         self.per_second = round(1 / scenario.tick)
         self.backoff = [  # in ticks; a retry never goes in the tick that was refused
             max(1, math.ceil(c.retries.backoff * self.per_second - 1e-9)) for c in scenario.clients
@@ -167,6 +176,8 @@ class _Run:
         for self.tick in range(ticks):
             self.clock.t = EPOCH + self.tick / self.per_second
             self.steady = low <= self.tick < high
+            for done in self.releases.pop(self.tick, ()):
+                await self.limiter.should_rate_limit(done)
             events: list[Event] = sorted(self.pending.pop(self.tick, {}).items())
             for _, client in arrivals.get(self.tick, ()):
                 self.tallies[client].offered += 1
@@ -214,7 +225,16 @@ class _Run:
         request = self.requests[client]
         if hits != 1:
             request = Request(request.domain, request.descriptors, hits)
+        held = self.scenario.clients[client].request_duration
+        if held:
+            self.ids += 1
+            request = with_id(request, self.id_keys[0], str(self.ids))
         decision = await self.limiter.should_rate_limit(request)
+        if held and decision.code is Code.OK:
+            ends = self.tick + max(1, math.ceil(held * self.per_second - 1e-9))
+            self.releases[ends].append(
+                with_id(self.requests[client], self.id_keys[1], str(self.ids))
+            )
         self.calls += 1
         tally = self.tallies[client]
         tally.attempted += hits
@@ -258,6 +278,18 @@ class _Run:
                 [t.steady_admitted / span for t in self.tallies],
             )
         return ConfigResult(label, path, clients, cap, figures, self.calls)
+
+
+def with_id(request: Request, key: str, request_id: str) -> Request:
+    """``request`` with ``(key, request_id)`` ending each descriptor, as Envoy adds it."""
+    return Request(
+        request.domain,
+        tuple(
+            Descriptor((*d.entries, (key, request_id)), d.limit, d.hits)
+            for d in request.descriptors
+        ),
+        request.hits,
+    )
 
 
 def _client_result(client: Client, tally: _Tally, seconds: int) -> ClientResult:
@@ -314,7 +346,11 @@ def _check_config(
         message = f"{path} has no domain '{scenario.domain}' (it has: {found})"
         raise ScenarioError([f"{scenario.source}: {where}: {message}"])
     matcher = Matcher(loaded.config)
-    if not any(plan(r, matcher).counters for r in requests):
+    domain = loaded.config.domains[scenario.domain]
+    if not any(
+        plan(r, matcher).counters or split(with_id(r, domain.acquire_key, "0"), matcher).acquire
+        for r in requests
+    ):
         message = f"no rule in {path} limits the scenario's descriptors"
         raise ScenarioError([f"{scenario.source}: {where}: {message}"])
 

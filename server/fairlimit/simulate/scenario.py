@@ -15,7 +15,7 @@ SCENARIO_KEYS = frozenset(
     {"name", "duration", "tick", "domain", "descriptor", "descriptors", "configs", "clients"}
     | {"steady"}
 )
-CLIENT_KEYS = frozenset({"name", "rate", "retries", "weight", "start", "stop"})
+CLIENT_KEYS = frozenset({"name", "rate", "retries", "weight", "start", "stop", "request_duration"})
 Template = tuple[tuple[str, str], ...]  # one descriptor's (key, value), {client} unfilled
 Rule = tuple[str, Callable[[float], bool]]  # what a number must be, and the test
 
@@ -36,6 +36,9 @@ class Client:
     weight: float  # informational: the config's fair_share.weights decide
     start: float
     stop: float
+    # seconds an admitted request stays in flight (0: not modelled); with it, every request
+    # carries a request id and its stream-done release follows, so concurrency caps apply
+    request_duration: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +195,8 @@ def _client(reader: _Reader, node: Mapping[str, Any], where: str, duration: floa
     weight = number("weight", ABOVE_ZERO, 1.0) or 1.0
     start = number("start", _within(0, duration), 0.0) or 0.0
     stop = number("stop", _after(start, duration, "start"), duration) or duration
-    return Client(name, rate, retries, weight, start, stop)
+    held = number("request_duration", _within(0, 86400), 0.0) or 0.0
+    return Client(name, rate, retries, weight, start, stop, held)
 
 
 def _clients(reader: _Reader, raw: object, duration: float) -> tuple[Client, ...]:

@@ -1,9 +1,10 @@
 """The Store protocol: the narrow contract every backend keeps."""
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from fairlimit.core.admission import Outcome
+from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport
 from fairlimit.core.plan import Plan
 
@@ -20,6 +21,18 @@ class Store(Protocol):
         Demand at each cap is recorded whether or not the request is admitted.
         Raises StoreUnavailable when the backend cannot answer.
         """
+        ...
+
+    async def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
+        """Take a slot for each claim's request id in each of its pools, atomically: all or
+        none. A pool's expired slots are given back first; an id already holding a slot
+        (a duplicate) is refused. Raises StoreUnavailable when the backend cannot answer.
+        """
+        ...
+
+    async def release(self, claims: Sequence[Claim], now: float) -> tuple[bool, ...]:
+        """Give back each (request id, pool) slot of ``core.concurrency.taken(claims)``;
+        True where one was held. An id holding nothing changes nothing."""
         ...
 
     async def caps(self) -> Mapping[str, CapReport]:

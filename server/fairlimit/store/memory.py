@@ -5,15 +5,35 @@ Expiry is driven by two heaps of deadlines, so memory stays bounded by the live 
 """
 
 import heapq
-import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from fairlimit.core.admission import Outcome, admits, share_bound
-from fairlimit.core.fairshare import CapReport, FairnessFigures, PeriodDemand, figures_of, level_of
+from fairlimit.core.admission import Outcome, admits, demand_seen
+from fairlimit.core.concurrency import Claim, SlotOutcome
+from fairlimit.core.fairshare import CapReport, FairnessFigures, figures_of
 from fairlimit.core.plan import Plan, Share
+from fairlimit.core.sharing import (
+    STALE,
+    CapPeriod,
+    Clock,
+    Row,
+    ShareClaim,
+    charge,
+    fold,
+    last_period,
+    period_level,
+    record,
+    touch,
+    verdict,
+)
 from fairlimit.core.units import window_start
+from fairlimit.store.slots import MemorySlots
 
 _SHRINK = 4  # compact the counter table once it holds under a quarter of its high mark
+
+
+def _idle(window: int) -> float:
+    """How long an untouched cap keeps its rows: two windows, and its history's periods."""
+    return max(2 * window + 1, STALE * min(window, 1))
 
 
 class _Counter:
@@ -26,91 +46,66 @@ class _Counter:
 
 
 class _Cap:
-    """One cap instance: λ for the current period, demand and admissions per client."""
+    """One cap instance: its client rows and the current period's figures (core/sharing.py)."""
 
     __slots__ = (
-        "admitted",
-        "capacity",
-        "declared",
-        "demand",
-        "figures",
-        "last_period",
-        "last_seen",
-        "level",
-        "limits",
-        "period",
-        "period_admitted",
-        "seen_weight",
-        "weights",
-        "window",
-        "window_start",
+        *("capacity", "declared", "figures", "last"),
+        *("last_seen", "period", "rows", "window"),
     )
 
     def __init__(self, share: Share) -> None:
         self.capacity = share.capacity
         self.window = share.window
         self.declared = share.declared
-        self.period = -1
-        self.level: float | None = None
+        self.rows: dict[str, Row] = {}
+        self.period: CapPeriod | None = None
         self.figures: FairnessFigures | None = None
-        self.last_period: PeriodDemand | None = None  # the inputs of figures, until asked for
-        self.demand: dict[str, int] = {}
-        self.period_admitted: dict[str, int] = {}
-        self.limits: dict[str, float] = {}
-        self.weights: dict[str, float] = {}
-        self.seen_weight = 0.0
-        self.window_start = -1
-        self.admitted: dict[str, int] = {}
+        self.last: tuple[list[Row], Clock] | None = None  # for the figures, until asked
         self.last_seen = 0.0
 
-    def roll(self, share: Share, now: float) -> None:
-        """Move to the period and window holding ``now``; recompute λ once per period."""
-        period = math.floor(now / share.period)
-        if period != self.period:
-            if period == self.period + 1 and self.demand:
-                self._recompute(share)
-            else:
-                self.level, self.figures, self.last_period = None, None, None
-            self.period = period
-            self.demand, self.period_admitted = {}, {}
-            self.limits, self.weights, self.seen_weight = {}, {}, 0.0
-        start = window_start(share.window, now)
-        if start != self.window_start:
-            self.window_start, self.admitted = start, {}
+    def roll(self, clock: Clock, now: float) -> CapPeriod:
+        """The figures of the period holding ``now``; λ and R once per period."""
+        period = self.period
+        if period is None or period.period != clock.period:
+            level = period_level(self.rows.values(), self.capacity, clock)
+            # The figures are for telemetry only: worked out when caps() asks, not in the
+            # request that rolls the period (at 100k clients they cost twice λ's time).
+            self.figures, self.last = None, (list(self.rows.values()), clock)
+            period = self.period = CapPeriod(clock.period, level)
+            stale = clock.period - STALE
+            if any(row.pk < stale for row in self.rows.values()):
+                self.rows = {c: r for c, r in self.rows.items() if r.pk >= stale}
         self.last_seen = now
+        return period
 
-    def _recompute(self, share: Share) -> None:
-        scale = share.window / share.period
-        last = PeriodDemand.of(
-            self.capacity, self.demand, self.period_admitted, self.limits, self.weights, scale
-        )
-        self.level = level_of(last)
-        # The figures are for telemetry only: worked out when caps() asks, not in the
-        # request that rolls the period (at 100k clients they cost twice λ's time).
-        self.figures = None
-        self.last_period = last
+    def row(self, share: Share, period: CapPeriod, claim: ShareClaim, clock: Clock) -> Row:
+        """The client's row, folded to this period (its first touch counts it as seen)."""
+        row = self.rows.get(share.client)
+        if row is None:
+            row = self.rows[share.client] = Row(share.client_limit, share.weight)
+        row.limit, row.weight = share.client_limit, share.weight
+        if fold(row, clock.period, clock.start):
+            touch(row, period, claim, clock)
+        return row
 
     def report_figures(self) -> FairnessFigures | None:
         """The last full period's fairness figures (computed on first ask)."""
-        if self.last_period is not None:
-            self.figures = figures_of(self.last_period)
-            self.last_period = None
+        if self.last is not None:
+            rows, clock = self.last
+            period = last_period(rows, self.capacity, clock)
+            self.figures = None if period is None else figures_of(period)
+            self.last = None
         return self.figures
 
-    def record(self, share: Share) -> None:
-        """Count the client's attempt in this period's demand."""
-        if share.client not in self.demand:
-            self.demand[share.client] = 0
-            self.limits[share.client] = share.client_limit
-            self.weights[share.client] = share.weight
-            self.seen_weight += share.weight
-        self.demand[share.client] += share.hits
+    @property
+    def level(self) -> float | None:
+        return None if self.period is None else self.period.level
 
-    def charge(self, share: Share) -> None:
-        """Count an admitted claim in this window and this period."""
-        client = share.client
-        self.admitted[client] = self.admitted.get(client, 0) + share.hits
-        self.period_admitted[client] = self.period_admitted.get(client, 0) + share.hits
+
+def _claim(share: Share) -> ShareClaim:
+    return ShareClaim(
+        share.hits, share.client_limit, share.weight, share.capacity, share.declared, share.sized
+    )
 
 
 class MemoryStore:
@@ -122,6 +117,8 @@ class MemoryStore:
         self._counter_deadlines: list[tuple[float, str]] = []
         self._cap_deadlines: list[tuple[float, str]] = []
         self._high = 0  # the most counters held since the table was last compacted
+        self._now = 0.0
+        self.slots = MemorySlots()  # concurrency pools (store/slots.py)
 
     def __len__(self) -> int:
         """How many counters and caps are held (for tests and memory accounting)."""
@@ -136,13 +133,13 @@ class MemoryStore:
             heapq.heappush(self._counter_deadlines, (start + window, key))
         return counter
 
-    def _cap(self, share: Share, now: float) -> _Cap:
+    def _cap(self, share: Share) -> _Cap:
         cap = self._caps.get(share.cap)
         if cap is None:
             cap = _Cap(share)
             self._caps[share.cap] = cap
-            heapq.heappush(self._cap_deadlines, (now + 2 * share.window + 1, share.cap))
-        cap.roll(share, now)
+            idle = self._now + _idle(share.window)
+            heapq.heappush(self._cap_deadlines, (idle, share.cap))
         return cap
 
     def _expire(self, now: float) -> None:
@@ -165,7 +162,7 @@ class MemoryStore:
             cap = self._caps.get(key)
             if cap is None:
                 continue
-            idle_until = cap.last_seen + 2 * cap.window + 1
+            idle_until = cap.last_seen + _idle(cap.window)
             if idle_until <= now:
                 del self._caps[key]
             else:
@@ -173,27 +170,52 @@ class MemoryStore:
 
     async def admit(self, plan: Plan, now: float) -> Outcome:
         self._expire(now)
+        self._now = now
         counters = [self._counter(c.key, c.window, now) for c in plan.counters]
         counts = tuple([c.count for c in counters])
         if not plan.shares:
             admitted = admits(plan, counts, (), ())
-            if admitted:
-                for counter, spec in zip(counters, plan.counters, strict=True):
+            for counter, spec in zip(counters, plan.counters, strict=True):
+                if admitted or spec.force:
                     counter.count += spec.hits
             return Outcome(admitted, counts, (), ())
-        caps = [self._cap(s, now) for s in plan.shares]
-        for cap, share in zip(caps, plan.shares, strict=True):
-            cap.record(share)  # every claim first: the bounds below see this request's weight
-        pairs = list(zip(caps, plan.shares, strict=True))
-        shared = tuple([cap.admitted.get(s.client, 0) for cap, s in pairs])
-        bounds = tuple([share_bound(s, cap.level, cap.seen_weight) for cap, s in pairs])
+        states = [self._claim(s, now) for s in plan.shares]
+        shared = tuple([int(row.a) for _, _, row, _ in states])
+        verdicts = [
+            verdict(row, period, claim, counts[s.total], clock)
+            for (period, claim, row, clock), s in zip(states, plan.shares, strict=True)
+        ]
+        bounds = tuple([bound for bound, _ in verdicts])
         admitted = admits(plan, counts, shared, bounds)
-        if admitted:
-            for counter, spec in zip(counters, plan.counters, strict=True):
+        # Admitted, every level admitted: every cap sees the request as demand.
+        seen = [True] * len(states) if admitted else demand_seen(plan, counts, shared, bounds)
+        for (_, _, row, _), share, demand in zip(states, plan.shares, seen, strict=True):
+            if demand:
+                record(row, share.hits)
+        # Refused, only the levels of charge_when_over_limit rules are charged (usage that
+        # already happened); admitted, every level is.
+        for counter, spec in zip(counters, plan.counters, strict=True):
+            if admitted or spec.force:
                 counter.count += spec.hits
-            for cap, share in pairs:
-                cap.charge(share)
+        for (period, _, row, _), share, (_, within) in zip(
+            states, plan.shares, verdicts, strict=True
+        ):
+            if admitted or share.force:
+                charge(row, period, share.hits, within)
         return Outcome(admitted, counts, shared, bounds)
+
+    def _claim(self, share: Share, now: float) -> tuple[CapPeriod, ShareClaim, Row, Clock]:
+        cap = self._cap(share)
+        clock = Clock(share.window, share.period, now)
+        period = cap.roll(clock, now)
+        claim = _claim(share)
+        return period, claim, cap.row(share, period, claim, clock), clock
+
+    async def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
+        return self.slots.acquire(claims, now)
+
+    async def release(self, claims: Sequence[Claim], now: float) -> tuple[bool, ...]:
+        return self.slots.release(claims, now)
 
     async def caps(self) -> Mapping[str, CapReport]:
         return {
@@ -209,3 +231,4 @@ class MemoryStore:
         self._caps.clear()
         self._counter_deadlines.clear()
         self._cap_deadlines.clear()
+        self.slots.clear()

@@ -3,6 +3,7 @@
 - ``instruments``: the ``Telemetry`` object the limiter records into, made through the
   OpenTelemetry API only (per-rule hit counters, RPC latency, backend errors, config loads,
   and the per-cap fairness gauges).
+- ``concurrency``: slots in flight, refused acquires and expired slots per pool rule.
 - ``fairness``: one row of fairness figures per classified rule, folded from the store's cap
   reports and, for global buckets, measured on the request path (``/rlconfig`` reads them too).
 - ``top``: each cap's top clients by demand and by rejections, in bounded memory, for the

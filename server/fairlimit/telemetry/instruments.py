@@ -8,7 +8,8 @@ rule past the near-limit ratio, 80% unless set, of its current limit), ``.within
 ``.shadow_mode``. Per cap rule, observable gauges read from the last ``refresh``
 (attributes ``domain`` and ``rule``; never a client value): see ``fairness``; the ratios end
 in ``_ratio``, as Prometheus names unit-less ratios.
-Service: ``fairlimit.rpc.duration``, ``fairlimit.backend.errors``, ``fairlimit.config.loads``.
+Service: ``fairlimit.rpc.duration``, ``fairlimit.rpc.shed``, ``fairlimit.backend.errors``,
+``fairlimit.config.loads``.
 
 Telemetry never fails a request: recording errors are caught, counted and logged once.
 """
@@ -35,6 +36,7 @@ from fairlimit.core.plan import Plan
 from fairlimit.core.request import Request
 from fairlimit.core.rules import Loaded
 from fairlimit.core.upstream import override_key, stat_key
+from fairlimit.telemetry.concurrency import SlotInstruments
 from fairlimit.telemetry.fairness import BucketWatch, CapRow, CapTable
 from fairlimit.telemetry.top import DEFAULT_CAPACITY, TopClients, TopRow
 from fairlimit.telemetry.upstream import UpstreamStats
@@ -152,6 +154,12 @@ class Telemetry:
         self._backend_errors = meter.create_counter(
             "fairlimit.backend.errors", "{error}", "Store calls that failed (StoreUnavailable)"
         )
+        self._shed = meter.create_counter(
+            "fairlimit.rpc.shed",
+            "{call}",
+            "Calls answered by the failure mode because their deadline passed (or left the "
+            "backend no time)",
+        )
         self._loads = meter.create_counter(
             "fairlimit.config.loads", "{load}", "Config loads, by result (success|failure)"
         )
@@ -162,6 +170,7 @@ class Telemetry:
         meter.create_observable_gauge(
             "fairlimit.cap.mode", [self._modes], "1", "1 for the cap's classification (mode)"
         )
+        self.slots = SlotInstruments(meter, self._failed)  # concurrency (telemetry/concurrency)
         self._rows: tuple[CapRow, ...] = ()
         self.near_limit_ratio = NEAR_LIMIT_RATIO
         self.upstream: UpstreamStats | None = None  # envoyproxy/ratelimit's names, when on
@@ -234,6 +243,9 @@ class Telemetry:
         self._safely(self._backend_errors.add, 1)
         if self.upstream is not None:
             self._safely(self.upstream.error, "redis_error")
+
+    def shed(self) -> None:
+        self._safely(self._shed.add, 1)
 
     def config_load(self, ok: bool) -> None:
         self._safely(self._loads.add, 1, {"result": "success" if ok else "failure"})

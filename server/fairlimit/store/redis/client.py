@@ -17,6 +17,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError
 
 from fairlimit.errors import StoreUnavailable, UnsupportedBackend
+from fairlimit.store import deadline
 from fairlimit.store.base import REDIS_SCHEMES
 
 # What a Redis client raises when it cannot answer; RedisClusterException (no node
@@ -39,7 +40,9 @@ class Options:
 
     ``timeout`` bounds every socket operation and every Redis call: Envoy's rate-limit
     filter gives up after 20 ms by default, so by default a request whose Redis call fails
-    is answered (by the failure mode) inside that budget, and Envoy sees our answer.
+    is answered (by the failure mode) inside that budget, and Envoy sees our answer. A call
+    that carries a deadline (grpc-timeout) is bounded by what it leaves instead
+    (store/deadline.py).
     """
 
     timeout: float = 0.015
@@ -49,6 +52,7 @@ class Options:
     clock: str = "redis"  # "redis": Redis TIME (replicas agree); "caller": the `now` passed
     local_cache: int = 100_000  # entries; 0 disables
     lock_ms: int = 250  # how long a replica may take to compute λ before another takes over
+    leases: str = "off"  # "on": admit plain counters from local blocks (store/redis/lease.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,7 @@ _OPTION_TYPES: dict[str, type] = {
     "clock": str,
     "local_cache": int,
     "lock_ms": int,
+    "leases": str,
 }
 _CLIENT_QUERY = frozenset(
     {"db", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
@@ -98,6 +103,8 @@ def _options(query: Mapping[str, str]) -> Options:
                 problem = f"{name}={query[name]!r} is not a {kind.__name__}"
                 raise UnsupportedBackend(problem) from None
     options = Options(**values)
+    if options.leases not in ("on", "off"):
+        raise UnsupportedBackend("leases must be on or off")
     if options.clock not in ("redis", "caller"):
         raise UnsupportedBackend("clock must be redis or caller")
     if min(options.timeout, options.max_connections, options.lock_ms) <= 0:
@@ -150,7 +157,9 @@ def _common(u: RedisUrl) -> dict[str, Any]:
     return {
         "username": u.username,
         "password": u.password,
-        "socket_timeout": o.timeout,
+        # A backstop only: each call is bounded by the caller's deadline (store/deadline.py),
+        # up to its CEILING, or by ``timeout`` without one (store.py).
+        "socket_timeout": max(o.timeout, deadline.CEILING),
         "socket_connect_timeout": o.connect_timeout or o.timeout,
         "decode_responses": True,
     }

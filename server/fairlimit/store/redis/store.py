@@ -15,6 +15,7 @@ import asyncio
 import logging
 import math
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,16 +25,19 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 from fairlimit.core.admission import Outcome
+from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.plan import Plan
 from fairlimit.core.units import window_start
 from fairlimit.errors import StoreUnavailable
-from fairlimit.store.redis import script
+from fairlimit.store import deadline
+from fairlimit.store.redis import lease, script
 from fairlimit.store.redis.batch import ScriptBatcher
 from fairlimit.store.redis.client import Options, unavailable
 from fairlimit.store.redis.keys import SlotGroup, slot_groups
 from fairlimit.store.redis.overlimit_cache import OverLimitCache
 from fairlimit.store.redis.script import ADMIT, NEED_LEVEL, RELEASE, GivenLevel, Seen
+from fairlimit.store.redis.slots import RedisSlots, clock_base
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +92,22 @@ class RedisStore:
         # One pipeline for the calls of many requests (batch.py); a Cluster's calls go one
         # by one, each to its own slot's node.
         self._batch = (
-            ScriptBatcher(client, options.timeout) if isinstance(client, aioredis.Redis) else None
+            ScriptBatcher(client, max(options.timeout, deadline.CEILING))
+            if isinstance(client, aioredis.Redis)
+            else None
         )
         self._known = OverLimitCache(options.local_cache)
+        # Leases on one Redis only: on a Cluster a plan's counters may sit in several slots.
+        self._leases = None if cluster or options.leases != "on" else lease.Leases(
+            uuid.uuid4().hex[:12], margin=0.0 if options.clock == "caller" else lease.MARGIN
+        )
+        self._refills: dict[tuple[str, ...], asyncio.Future[None]] = {}  # block calls out
+        self._lease_scripts = (client.register_script(script.source(lease.LEASE)),
+                               client.register_script(script.source(lease.RETURN)))  # fmt: skip
         self._registry = f"{options.key_prefix}caps"
         self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips = 0  # script calls made (tests, the README's numbers)
+        self._slots = RedisSlots(client, options.key_prefix, cluster, self._call)
 
     @property
     def _caller_clock(self) -> bool:
@@ -101,15 +115,46 @@ class RedisStore:
 
     async def admit(self, plan: Plan, now: float) -> Outcome:
         base = now if self._caller_clock else time.monotonic()
+        leased = self._leases is not None and lease.eligible(plan)
+        if leased:  # a block first: the over-limit cache may predate it
+            local = await self._from_blocks(plan, now, base)
+            if local is not None:
+                return local
+            base = now if self._caller_clock else time.monotonic()
         local = self._known.answer(plan, base)
         if local is not None:
             return local
         with unavailable():
-            combined = await self._admit(plan, repr(now) if self._caller_clock else "")
+            if leased:
+                combined = await self._leased(plan, repr(now) if self._caller_clock else "", base)
+            else:
+                combined = await self._admit(plan, repr(now) if self._caller_clock else "")
         self._known.learn(plan, combined.outcome, combined, base)
         if combined.rolled:
             self._register(combined.rolled)
         return combined.outcome
+
+    async def _from_blocks(self, plan: Plan, now: float, base: float) -> Outcome | None:
+        """``plan`` admitted from this replica's blocks; when a call that takes blocks for
+        the same counters is out, after it returns (one such call at a time: concurrent
+        requests each taking a block would reserve the counter many times over)."""
+        assert self._leases is not None
+        local = self._leases.take(plan, base)
+        if local is not None:
+            return local
+        pending = self._refills.get(tuple(c.key for c in plan.counters))
+        if pending is None:
+            return None
+        await asyncio.shield(pending)
+        return self._leases.take(plan, now if self._caller_clock else time.monotonic())
+    async def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
+        at = repr(now) if self._caller_clock else ""
+        with unavailable():
+            return await self._slots.acquire(claims, at, clock_base(self._caller_clock, now))
+
+    async def release(self, claims: Sequence[Claim], now: float) -> tuple[bool, ...]:
+        with unavailable():
+            return await self._slots.release(claims, repr(now) if self._caller_clock else "")
 
     async def _admit(self, plan: Plan, now: str) -> _Combined:
         groups = slot_groups(plan, self._options.key_prefix, self._cluster)
@@ -130,6 +175,45 @@ class RedisStore:
             raise failed[0]
         return _combine(plan, groups, seen, admitted)
 
+    async def _leased(self, plan: Plan, now: str, base: float) -> _Combined:
+        """The exact path of a plan on plain counters, which also takes blocks (lease.py)
+        unless another call for the same counters is out taking them."""
+        assert self._leases is not None
+        shape = tuple(c.key for c in plan.counters)
+        names = slot_groups(plan, self._options.key_prefix, False)[0].counter_keys
+        taking = shape not in self._refills
+        if taking:
+            self._refills[shape] = asyncio.get_running_loop().create_future()
+        try:
+            args = self._leases.args(plan, now, base, want=taking)
+            reply = await self._call(self._lease_scripts[0], names, args)
+            outcome = self._leases.learn(plan, names, reply, base)
+        finally:
+            if taking:
+                self._refills.pop(shape).set_result(None)
+        assert outcome.now is not None
+        left = [window_start(c.window, outcome.now) + c.window - outcome.now for c in plan.counters]
+        return _Combined(outcome, left, [], [], [])
+
+    async def _give_back(self) -> None:
+        """Return what is unused of this replica's blocks (on close; best effort)."""
+        assert self._leases is not None
+        unused = self._leases.unused(self._base())
+        if not unused:
+            return
+        args: list[str | int] = [self._leases.replica, len(unused)]
+        for _, window_start_text, hits in unused:
+            args += [window_start_text, hits]
+        try:
+            with unavailable():
+                async with asyncio.timeout(max(self._options.timeout, 1.0)):
+                    await self._lease_scripts[1](keys=[n for n, _, _ in unused], args=args)
+        except StoreUnavailable as exc:
+            log.warning("redis: unused lease blocks not given back: %s", exc)
+
+    def _base(self) -> float:
+        return time.monotonic()
+
     async def _run(self, plan: Plan, g: SlotGroup, now: str) -> Seen:
         given: dict[str, GivenLevel] = {}
         keys = script.keys(ADMIT, g)
@@ -148,7 +232,7 @@ class RedisStore:
             self._call(
                 self._scripts.release,
                 script.keys(RELEASE, g),
-                script.release_args(plan, g, repr(s.now)),
+                script.release_args(plan, g, repr(s.now), s.within),
             )
             for g, s in charged
         ]
@@ -157,13 +241,15 @@ class RedisStore:
                 log.warning("redis: a reservation could not be released: %s", result)
 
     async def _call(self, lua: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-        """One EVALSHA (EVAL after NOSCRIPT), given up after the timeout.
+        """One EVALSHA (EVAL after NOSCRIPT), given up after the timeout: what the caller's
+        deadline leaves (DeadlineExceeded when too little), else ``?timeout=``.
 
-        The deadline is per call, not per request: the λ hand-back (once per period per cap
+        The timeout is per call, not per request: the λ hand-back (once per period per cap
         for the whole deployment) may take two calls and the water-filling in between.
         """
+        limit = deadline.timeout(self._options.timeout)
         self.round_trips += 1
-        async with asyncio.timeout(self._options.timeout):
+        async with asyncio.timeout(limit):
             if self._batch is not None:
                 return await self._batch.call(lua, keys, args)
             return await lua(keys=keys, args=args)
@@ -205,6 +291,8 @@ class RedisStore:
                 await self._client.ping()
 
     async def close(self) -> None:
+        if self._leases is not None:
+            await self._give_back()
         for task in list(self._tasks):
             task.cancel()
         if self._batch is not None:

@@ -3,23 +3,33 @@
 --
 -- The layout (script.RELEASE states it too; tests/test_redis_script.py checks both agree):
 -- KEYS  per counter: counter
--- KEYS  per cap: cur adm
+-- KEYS  per cap: meta rows
 -- ARGV  head: now
 -- ARGV  per counter: window hits
 -- ARGV  per cap: period window
--- ARGV  per share: cap_index client hits
+-- ARGV  per share: cap_index client hits within
 -- KEYS are the counter keys, then each cap's keys; ARGV is the head, then for counters,
 -- caps and shares in turn: their number, then that many rows.
 --
 -- now is the clock admit.lua replied with, so the windows and the period are the ones it
 -- charged; a count is decremented only while that window (or period) is still the current
--- one, as a later window starts from zero anyway. cap_index is 1-based into the caps.
+-- one, as a later window starts from zero anyway. cap_index is 1-based into the caps;
+-- within "1" when admit.lua charged the share within its plan (else from the spare).
 -- Returns 1.
 
-local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 2, 2, 3, 2
+local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 2, 2, 4, 2
 
 local function whole(x)
   return string.format('%.0f', x)
+end
+
+local function fmt(x)
+  return string.format('%.17g', x)
+end
+
+local function add(key, field, by)
+  local held = redis.call('HGET', key, field)
+  if held then redis.call('HSET', key, field, fmt(tonumber(held) + by)) end
 end
 
 local now = tonumber(ARGV[1])
@@ -37,18 +47,28 @@ local caps = {}
 for j = 1, tonumber(ARGV[a]) do
   local b = n + (j - 1) * CAP_KEYS
   local period, w = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  caps[j] = {cur = KEYS[b + 1], adm = KEYS[b + 2], ps = whole(math.floor(now / period)),
-    ws = whole(math.floor(now / w) * w)}
+  caps[j] = {meta = KEYS[b + 1], rows = KEYS[b + 2], p = math.floor(now / period),
+    ws = math.floor(now / w) * w}
   a = a + CAP_ARGS
 end
 a = a + 1
 for _ = 1, tonumber(ARGV[a]) do
   local cap, client, hits = caps[tonumber(ARGV[a + 1])], ARGV[a + 2], tonumber(ARGV[a + 3])
-  if hits ~= 0 and redis.call('HGET', cap.adm, '_s') == cap.ws then
-    redis.call('HINCRBY', cap.adm, 'c:' .. client, -hits)
-  end
-  if hits ~= 0 and redis.call('HGET', cap.cur, '_p') == cap.ps then
-    redis.call('HINCRBY', cap.cur, 'a:' .. client, -hits)
+  local within = ARGV[a + 4] == '1'
+  local held = redis.call('HMGET', cap.rows, 'ws:' .. client, 'pk:' .. client)
+  local same_window = tonumber(held[1] or '') == cap.ws
+  local same_period = tonumber(held[2] or '') == cap.p
+  if hits ~= 0 and same_window then add(cap.rows, 'a:' .. client, -hits) end
+  if hits ~= 0 and same_period then
+    add(cap.rows, 'pa:' .. client, -hits)
+    if redis.call('HGET', cap.meta, 'p') == whole(cap.p) then
+      if within then
+        add(cap.meta, 'u', -hits)
+      else
+        add(cap.meta, 'o', -hits)
+        add(cap.rows, 'oo:' .. client, -hits)
+      end
+    end
   end
   a = a + SHARE_ARGS
 end

@@ -1,0 +1,119 @@
+-- acquire.lua: take a slot for a request id in every concurrency pool of one slot group,
+-- all or none (core/concurrency.py states the rule, store/slots.py is the reference;
+-- store/redis/slots.py calls this by EVALSHA and builds the arguments).
+--
+-- The layout (slots.ACQUIRE states it too; tests/test_redis_script.py checks both agree):
+-- KEYS  per pool: ids owner held want
+-- ARGV  head: now
+-- ARGV  per pool: request_id limit ttl client client_limit bound weight
+-- KEYS are each pool's keys in turn; ARGV is the head, then the number of pools, then that
+-- many rows.
+--
+-- ids    sorted set: request id -> expiry (seconds)
+-- owner  hash, at a cap: request id -> client
+-- held   hash, at a cap: n: + client = slots held, l: / w: + client = its limit and weight
+-- want   hash, at a cap, lives DEMAND_MS from its first write: r: + client = refused
+--        acquires, l: / w: as in held
+-- now "" = Redis TIME; client "" = not a cap pool (owner, held and want unused); bound is
+-- the client's fair bound at the cap ("inf" when the caller has no recent state), computed
+-- by core.concurrency.fair_bound from the state this script returned last time.
+-- Returns {1 | 0, now, in_pool, expired, states} (1 = every slot taken, 0 = nothing taken;
+--   in_pool = slots held in each pool before, expired ones gone; expired = slots each pool
+--   gave back by expiry; states = {pool index, held as a flat hash, want as a flat hash}
+--   for each cap pool, after this call).
+-- Every key written gets a TTL.
+
+local POOL_ARGS, POOL_KEYS = 7, 4
+
+local EPS = 1e-9
+local SLACK_MS = 1000
+local DEMAND_MS = 1000
+
+local function num(s)
+  if s == 'inf' then return math.huge end
+  return tonumber(s)
+end
+
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+else
+  now = tonumber(ARGV[1])
+end
+
+local rows = {}
+local a = 3
+for i = 1, tonumber(ARGV[2]) do
+  local k = (i - 1) * POOL_KEYS
+  rows[i] = {ids = KEYS[k + 1], owner = KEYS[k + 2], held = KEYS[k + 3], want = KEYS[k + 4],
+    id = ARGV[a], limit = tonumber(ARGV[a + 1]), ttl = tonumber(ARGV[a + 2]),
+    client = ARGV[a + 3], climit = ARGV[a + 4], bound = num(ARGV[a + 5]),
+    weight = ARGV[a + 6]}
+  a = a + POOL_ARGS
+end
+
+-- Give back what has expired (score <= now), keeping a cap's per-client counts right.
+local function expire(r)
+  local gone = redis.call('ZRANGEBYSCORE', r.ids, '-inf', now)
+  if #gone == 0 then return 0 end
+  for _, id in ipairs(gone) do
+    local c = r.client ~= '' and redis.call('HGET', r.owner, id)
+    if c then
+      redis.call('HDEL', r.owner, id)
+      if redis.call('HINCRBY', r.held, 'n:' .. c, -1) <= 0 then
+        redis.call('HDEL', r.held, 'n:' .. c, 'l:' .. c, 'w:' .. c)
+      end
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', r.ids, '-inf', now)
+  return #gone
+end
+
+local in_pool, expired = {}, {}
+for i, r in ipairs(rows) do
+  expired[i] = expire(r)
+  in_pool[i] = redis.call('ZCARD', r.ids)
+end
+
+local ok = true
+local extra = {}  -- slots this request takes before, in the same pool
+for i, r in ipairs(rows) do
+  local more = extra[r.ids] or 0
+  extra[r.ids] = more + 1
+  if redis.call('ZSCORE', r.ids, r.id) or in_pool[i] + more + 1 > r.limit then
+    ok = false
+  elseif r.client ~= '' then
+    local held = tonumber(redis.call('HGET', r.held, 'n:' .. r.client) or '0')
+    if held + more + 1 > math.min(num(r.climit), r.bound) + EPS then ok = false end
+  end
+  if not ok then break end
+end
+
+for _, r in ipairs(rows) do
+  local keep = math.ceil(r.ttl * 1000) + SLACK_MS
+  if ok then
+    redis.call('ZADD', r.ids, string.format('%.17g', now + r.ttl), r.id)
+    redis.call('PEXPIRE', r.ids, keep)
+    if r.client ~= '' then
+      redis.call('HSET', r.owner, r.id, r.client)
+      redis.call('HINCRBY', r.held, 'n:' .. r.client, 1)
+      redis.call('HSET', r.held, 'l:' .. r.client, r.climit, 'w:' .. r.client, r.weight)
+      redis.call('PEXPIRE', r.owner, keep)
+      redis.call('PEXPIRE', r.held, keep)
+    end
+  elseif r.client ~= '' then
+    local fresh = redis.call('EXISTS', r.want) == 0
+    redis.call('HINCRBY', r.want, 'r:' .. r.client, 1)
+    redis.call('HSET', r.want, 'l:' .. r.client, r.climit, 'w:' .. r.client, r.weight)
+    if fresh then redis.call('PEXPIRE', r.want, DEMAND_MS) end
+  end
+end
+
+local states = {}
+for i, r in ipairs(rows) do
+  if r.client ~= '' then
+    states[#states + 1] = {i, redis.call('HGETALL', r.held), redis.call('HGETALL', r.want)}
+  end
+end
+return {ok and 1 or 0, string.format('%.17g', now), in_pool, expired, states}

@@ -1,0 +1,46 @@
+-- release_slot.lua: give back a request id's slot in each concurrency pool of one slot
+-- group (the stream-done call, or the undo of an acquire whose rates were refused;
+-- store/redis/slots.py calls this, store/slots.py is the reference).
+--
+-- The layout (slots.RELEASE_SLOT states it too; tests/test_redis_script.py checks both agree):
+-- KEYS  per pool: ids owner held
+-- ARGV  head: now
+-- ARGV  per pool: request_id client
+-- KEYS are each pool's keys in turn; ARGV is the head, then the number of pools, then that
+-- many rows.
+--
+-- A slot is given back only while it is held and not yet expired (an expired one is left
+-- for the next acquire, which counts it as expired): a release without its acquire, or a
+-- second release, changes nothing. now "" = Redis TIME; client "" = not a cap pool.
+-- Returns {given per pool: 1 | 0}.
+
+local POOL_ARGS, POOL_KEYS = 2, 3
+
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+else
+  now = tonumber(ARGV[1])
+end
+
+local given = {}
+local a = 3
+for i = 1, tonumber(ARGV[2]) do
+  local k = (i - 1) * POOL_KEYS
+  local ids, owner, held = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+  local id, client = ARGV[a], ARGV[a + 1]
+  local expiry = redis.call('ZSCORE', ids, id)
+  given[i] = 0
+  if expiry and tonumber(expiry) > now then
+    redis.call('ZREM', ids, id)
+    if client ~= '' and redis.call('HDEL', owner, id) == 1 then
+      if redis.call('HINCRBY', held, 'n:' .. client, -1) <= 0 then
+        redis.call('HDEL', held, 'n:' .. client, 'l:' .. client, 'w:' .. client)
+      end
+    end
+    given[i] = 1
+  end
+  a = a + POOL_ARGS
+end
+return given

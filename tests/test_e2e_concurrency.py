@@ -1,0 +1,154 @@
+"""End to end (issue 16): HTTP -> a real Envoy (examples/envoy/concurrency.yaml) with a slow
+upstream (Envoy's fault filter, a fixed delay) -> a real fairlimit process serving
+examples/envoy/concurrency-descriptors.yaml: 5 in flight per client, slots released by the
+stream-done call, leaked slots back after max_duration.
+
+Waits are events (a barrier, thread joins) or bounded polls of fairlimit's /metrics; no
+duration is asserted except as the measured figure the report prints.
+"""
+
+import http.client
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from envoy_proxy import EnvoyProcess, envoy_in_front
+from servers import ROOT, ServerProcess, fairlimit_server
+
+pytestmark = pytest.mark.process
+
+EXAMPLES = ROOT / "examples" / "envoy"
+DELAY = "2s"  # the upstream's fixed delay: long enough for 15 requests to overlap
+MAX_DURATION = 6  # seconds; the test's short expiry (the example says 300)
+ROUTER = """                http_filters:
+                  - name: envoy.filters.http.router
+"""
+SLOW_UPSTREAM = {
+    ROUTER: f"""                http_filters:
+                  - name: envoy.filters.http.fault
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault
+                      delay:
+                        fixed_delay: {DELAY}
+                        percentage: {{numerator: 100, denominator: HUNDRED}}
+                  - name: envoy.filters.http.router
+"""
+}
+CLIENT_RULE = "edge/route=public/client_id"
+DEADLINE = 30.0  # every poll gives up after this (seconds)
+
+
+def _descriptors(tmp_path: Path) -> Path:
+    text = (EXAMPLES / "concurrency-descriptors.yaml").read_text()
+    path = tmp_path / "edge.yaml"
+    path.write_text(text.replace("max_duration: 300", f"max_duration: {MAX_DURATION}"))
+    return path
+
+
+def _in_flight(server: ServerProcess, rule: str) -> float:
+    """fairlimit's fairlimit.concurrency.in_flight for ``rule``, from its /metrics."""
+    url = f"http://127.0.0.1:{server.admin_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (
+                sample.name.startswith("fairlimit_concurrency_in_flight")
+                and sample.labels.get("rule") == rule
+            ):
+                return sample.value
+    return 0.0
+
+
+def _wait_in_flight(server: ServerProcess, rule: str, value: float) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while _in_flight(server, rule) != value:
+        assert time.monotonic() < deadline, (rule, _in_flight(server, rule), value)
+        time.sleep(0.05)  # a poll interval, not a wait for an outcome
+
+
+def _burst(port: int, clients: list[str]) -> list[tuple[str, int]]:
+    """One request per entry of ``clients``, all sent at once (a barrier); (client, status),
+    status 0 when the connection broke."""
+    barrier = threading.Barrier(len(clients))
+    out: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def send(client: str) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE)
+        status = 0
+        try:
+            barrier.wait(DEADLINE)
+            conn.request("GET", "/", headers={"x-client-id": client})
+            response = conn.getresponse()
+            response.read()
+            status = response.status
+        except (OSError, http.client.HTTPException):
+            status = 0
+        finally:
+            conn.close()
+        with lock:
+            out.append((client, status))
+
+    threads = [threading.Thread(target=send, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE)
+    return out
+
+
+def _statuses(answers: list[tuple[str, int]], client: str) -> list[int]:
+    return sorted(status for who, status in answers if who == client)
+
+
+class TestConcurrencyThroughEnvoy:
+    def test_five_in_flight_per_client_released_at_stream_end(self, tmp_path: Path) -> None:
+        """12 at once from one client: 5 pass, 7 get 429, while 3 from another all pass;
+        once the streams end, the first client gets 5 again."""
+        with (
+            fairlimit_server("--config", str(_descriptors(tmp_path))) as server,
+            envoy_in_front(server.grpc_port, tmp_path, SLOW_UPSTREAM,
+                           EXAMPLES / "concurrency.yaml") as envoy,
+        ):  # fmt: skip
+            answers = _burst(envoy.port, ["heavy"] * 12 + ["light"] * 3)
+            assert _statuses(answers, "heavy") == [200] * 5 + [429] * 7
+            assert _statuses(answers, "light") == [200] * 3
+            _wait_in_flight(server, CLIENT_RULE, 0)  # every stream-done release arrived
+            again = _burst(envoy.port, ["heavy"] * 12)
+            assert _statuses(again, "heavy") == [200] * 5 + [429] * 7
+
+    def test_slots_of_a_killed_envoy_come_back_after_max_duration(self, tmp_path: Path) -> None:
+        """Envoy killed with 5 requests in flight sends no stream-done call: the client is
+        refused through another Envoy until the slots expire, then served again."""
+        example = EXAMPLES / "concurrency.yaml"
+        with (
+            fairlimit_server("--config", str(_descriptors(tmp_path))) as server,
+            envoy_in_front(server.grpc_port, tmp_path, SLOW_UPSTREAM, example) as survivor,
+        ):
+            doomed = EnvoyProcess(server.grpc_port, tmp_path, SLOW_UPSTREAM, example)
+            try:
+                burst = threading.Thread(target=_burst, args=(doomed.port, ["heavy"] * 5))
+                burst.start()
+                _wait_in_flight(server, CLIENT_RULE, 5)
+                doomed.process.kill()
+                killed_at = time.monotonic()
+                burst.join(DEADLINE)
+            finally:
+                doomed.stop()
+            assert _burst(survivor.port, ["heavy"]) == [("heavy", 429)]
+            deadline = time.monotonic() + MAX_DURATION + DEADLINE
+            while True:
+                sent = time.monotonic()
+                if _burst(survivor.port, ["heavy"]) == [("heavy", 200)]:
+                    break
+                assert sent < deadline, "the leaked slots never came back"
+                time.sleep(0.1)  # a poll interval between attempts
+            # the figure for the report: when the first admitted request was sent
+            print(
+                f"slots back {sent - killed_at:.1f}s after the kill (max_duration {MAX_DURATION}s)"
+            )

@@ -1,0 +1,100 @@
+"""The servicer keeps parsed, validated and planned requests by payload: reuse never changes
+an answer (a config swap re-plans, a bad payload is rejected every time)."""
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
+from fairlimit.grpc_api import servicer as servicer_module
+from fairlimit.grpc_api.servicer import RateLimitServicer
+from fairlimit.limiter import Limiter
+from fairlimit.store.memory import MemoryStore
+from fairlimit.telemetry import Telemetry
+from helpers import FakeClock, load_text
+
+pytestmark = pytest.mark.behaviour
+
+RLS = rls_pb2.RateLimitResponse
+D = ratelimit_pb2.RateLimitDescriptor
+CONFIG = """
+    domain: edge
+    descriptors:
+      - key: client_id
+        rate_limit: {{unit: minute, requests_per_unit: {limit}}}
+"""
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _Context:
+    """What the servicer uses of grpc's context: the deadline and abort."""
+
+    def __init__(self, remaining: float | None = None) -> None:
+        self.remaining = remaining
+
+    def time_remaining(self) -> float | None:
+        return self.remaining
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise _Aborted(code, details)
+
+
+def _payload(client: str, domain: str = "edge") -> bytes:
+    entries = [D.Entry(key="client_id", value=client)]
+    request = rls_pb2.RateLimitRequest(domain=domain, descriptors=[D(entries=entries)])
+    return request.SerializeToString()
+
+
+def _servicer(tmp_path: Path, limit: int) -> tuple[RateLimitServicer, Limiter]:
+    loaded = load_text(tmp_path, CONFIG.format(limit=limit))
+    limiter = Limiter(loaded, MemoryStore(), FakeClock())
+    return RateLimitServicer(limiter, Telemetry.off()), limiter
+
+
+async def test_same_payload_counts_every_time(tmp_path: Path) -> None:
+    servicer, _ = _servicer(tmp_path, 2)
+    codes = [(await servicer.ShouldRateLimit(_payload("a"), _Context())).overall_code
+             for _ in range(3)]  # fmt: skip
+    assert codes == [RLS.OK, RLS.OK, RLS.OVER_LIMIT]
+
+
+async def test_config_swap_replans_a_kept_payload(tmp_path: Path) -> None:
+    servicer, limiter = _servicer(tmp_path, 1)
+    first = await servicer.ShouldRateLimit(_payload("a"), _Context())
+    assert first.statuses[0].current_limit.requests_per_unit == 1
+    limiter.swap(load_text(tmp_path, CONFIG.format(limit=5), name="next.yaml"))
+    again = await servicer.ShouldRateLimit(_payload("a"), _Context())
+    assert (again.overall_code, again.statuses[0].current_limit.requests_per_unit) == (RLS.OK, 5)
+
+
+async def test_invalid_payload_rejected_every_time(tmp_path: Path) -> None:
+    servicer, _ = _servicer(tmp_path, 1)
+    for _ in range(2):
+        with pytest.raises(_Aborted) as raised:
+            await servicer.ShouldRateLimit(_payload("a", domain=""), _Context())
+        assert raised.value.args[0] is grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_full_cache_starts_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(servicer_module, "PREPARED_CACHE_SIZE", 2)
+    servicer, _ = _servicer(tmp_path, 10)
+    for client in ("a", "b", "c", "a"):
+        answer = await servicer.ShouldRateLimit(_payload(client), _Context())
+        assert answer.overall_code == RLS.OK
+    assert len(servicer._prepared) <= 2
+
+
+async def test_a_call_past_its_deadline_is_shed(tmp_path: Path) -> None:
+    """The limit is 1: calls arriving after their deadline are answered OK (failure mode
+    open) and charge nothing, so the next call in time is still admitted."""
+    servicer, _ = _servicer(tmp_path, 1)
+    for _ in range(2):
+        late = await servicer.ShouldRateLimit(_payload("a"), _Context(remaining=0.0))
+        assert (late.overall_code, len(late.statuses[0].current_limit.ListFields())) == (RLS.OK, 0)
+    in_time = await servicer.ShouldRateLimit(_payload("a"), _Context(remaining=5.0))
+    assert (in_time.overall_code, in_time.statuses[0].limit_remaining) == (RLS.OK, 0)
