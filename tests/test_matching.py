@@ -80,6 +80,19 @@ class TestPrecedence:
         assert _limit(tmp_path, ("k", "zzz")) == 5
 
 
+class TestDomains:
+    def test_an_unknown_domain_matches_nothing(self, tmp_path: Path) -> None:
+        """Entries under a domain no file declares match no rule."""
+        matcher = Matcher(load_text(tmp_path, TREE).config)
+        assert matcher.match("other", [("k", "exact")]) is None
+        assert not matcher.has_domain("other") and matcher.has_domain("d")
+
+    def test_a_matcher_keeps_its_config(self, tmp_path: Path) -> None:
+        """The config it was built from, for callers that read its domains."""
+        config = load_text(tmp_path, TREE).config
+        assert Matcher(config).config is config
+
+
 class TestDepth:
     def test_limit_applies_only_at_exact_depth(self, tmp_path: Path) -> None:
         """A descriptor deeper than the tree matches nothing, not the parent's limit."""
