@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 mkdir -p .mutmut
-for name in tests descriptors pyproject.toml; do
+for name in tests descriptors examples pyproject.toml; do
   ln -sfn "$root/$name" ".mutmut/$name"
 done
 ln -sfn "$root/server" .mutmut/src
