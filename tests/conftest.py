@@ -16,6 +16,18 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("fairlimit", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("fairlimit")
 
+# tests/mutate.sh runs the suite once per mutant inside one process, so each property is
+# called from several runs (differing executors); derandomized, so that a mutant is killed
+# or not the same way every time; a quarter of the examples, as it runs thousands of times.
+settings.register_profile(
+    "mutation",
+    parent=settings.get_profile("fairlimit"),
+    max_examples=25,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
+    derandomize=True,
+    database=None,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "server"))
 

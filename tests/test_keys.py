@@ -1,6 +1,7 @@
 """Counter and cap keys (core/keys.py): built and parsed in one place."""
 
 from hypothesis import given
+from hypothesis import strategies as st
 
 from fairlimit.core.keys import (
     counter_key,
@@ -37,6 +38,18 @@ class TestBuild:
         assert descriptor_key("a/b", [], 5) == "a\\/b#5"
 
 
+class TestSharedPaths:
+    def test_a_shared_value_is_its_pattern_marked_by_an_escaped_star(self) -> None:
+        """share_threshold: the entry's value becomes \\* and its escaped pattern, in its domain."""
+        paths = key_paths("api", [("path", "/static/a.css"), ("op", "get")], [(0, "/static/*")])
+        assert paths == ["api/path=\\*\\/static\\/*", "api/path=\\*\\/static\\/*/op=get"]
+
+    def test_entries_not_named_keep_their_value(self) -> None:
+        """Only the entries named by index share; the others key on their own value."""
+        paths = key_paths("a/b", [("k", "v"), ("path", "/x/1")], [(1, "/x/*")])
+        assert paths == ["a\\/b/k=v", "a\\/b/k=v/path=\\*\\/x\\/*"]
+
+
 class TestParse:
     @given(descriptor_keys())
     def test_keys_parse_back(self, parts: Parts) -> None:
@@ -58,6 +71,16 @@ class TestParse:
         """No window, a window that is not a number, or an entry without '=' is no key."""
         for text in ("api/a=b", "api/a=b#x", "api/a#5", "api/a=b=c#5"):
             assert parse_counter_key(text) is None
+
+    @given(st.text())
+    def test_any_text_parses_without_raising(self, text: str) -> None:
+        """Keys read back from a store may be any text: the answer is a key or None."""
+        parsed = parse_counter_key(text + "#1")
+        assert parsed is None or isinstance(parsed[0], str)
+
+    def test_a_dangling_backslash_escapes_nothing(self) -> None:
+        """A backslash ending the path adds nothing to the last value."""
+        assert parse_counter_key("api/a=b\\#5") == ("api", (("a", "b"),))
 
     def test_key_path_of_text_without_a_window_is_the_text(self) -> None:
         """A key without '#' is its own path (the hash tag of any key is defined)."""

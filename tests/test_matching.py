@@ -71,9 +71,26 @@ class TestPrecedence:
         assert _limit(tmp_path, ("k", "a--b--c")) == 4
         assert _limit(tmp_path, ("k", "abc")) == 4
 
+    def test_wildcard_star_takes_line_breaks_too(self, tmp_path: Path) -> None:
+        """A '*' stands for any character, a newline included (values are opaque text)."""
+        assert _limit(tmp_path, ("k", "a\nb\r\nc")) == 4
+
     def test_value_less_key_is_the_fallback(self, tmp_path: Path) -> None:
         """A value no exact or wildcard rule takes falls to the value-less key."""
         assert _limit(tmp_path, ("k", "zzz")) == 5
+
+
+class TestDomains:
+    def test_an_unknown_domain_matches_nothing(self, tmp_path: Path) -> None:
+        """Entries under a domain no file declares match no rule."""
+        matcher = Matcher(load_text(tmp_path, TREE).config)
+        assert matcher.match("other", [("k", "exact")]) is None
+        assert not matcher.has_domain("other") and matcher.has_domain("d")
+
+    def test_a_matcher_keeps_its_config(self, tmp_path: Path) -> None:
+        """The config it was built from, for callers that read its domains."""
+        config = load_text(tmp_path, TREE).config
+        assert Matcher(config).config is config
 
 
 class TestDepth:

@@ -64,6 +64,7 @@ class TestUpstreamKeys:
             load([UPSTREAM / "merge"])
         merged = load([UPSTREAM / "merge"], merge_domains=True).config.domains["merged"]
         assert [r.key for r in merged.rules] == ["one", "two"]
+        assert merged.source == str(UPSTREAM / "merge" / "part_one.yaml")  # the first file
 
     def test_merging_keeps_composite_keys_unique(self, tmp_path: Path) -> None:
         for name in ("a", "b"):

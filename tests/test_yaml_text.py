@@ -2,7 +2,14 @@
 
 import pytest
 
-from fairlimit.config.yaml_text import Plain, as_bool, as_int, read_text_yaml, typed
+from fairlimit.config.yaml_text import (
+    Plain,
+    as_bool,
+    as_int,
+    as_number,
+    read_text_yaml,
+    typed,
+)
 from fairlimit.errors import ConfigUnreadable
 
 pytestmark = pytest.mark.unit
@@ -25,9 +32,19 @@ class TestScalarsAsText:
         assert (as_bool(raw["t"]), as_bool(raw["f"]), as_bool(raw["q"])) == (True, False, None)
         assert (as_int(raw["n"]), as_int(raw["z"]), as_int(raw["qn"])) == (12, None, None)
 
+    def test_numbers_are_read_from_plain_decimals_only(self) -> None:
+        """3 and .5 are numbers; '0.5' quoted, 1e3 and x are not."""
+        raw = read_text_yaml("a: 3\nb: .5\nq: '0.5'\ne: 1e3\nx: x\n", "f")
+        assert [as_number(raw[k]) for k in "abqex"] == [3.0, 0.5, None, None, None]
+
     def test_metadata_is_typed_as_yaml_types_it(self) -> None:
         raw = read_text_yaml("m: {n: 3, r: 0.5, b: true, s: '3', l: [1, x]}\n", "f")
         assert typed(raw["m"]) == {"n": 3, "r": 0.5, "b": True, "s": "3", "l": [1, "x"]}
+
+    def test_metadata_without_a_json_form_stays_the_text_written(self) -> None:
+        """A date is its text (a Struct has no dates); null is None."""
+        raw = read_text_yaml("m: {d: 2024-01-31, t: 2024-01-31 10:00:00, z: null}\n", "f")
+        assert typed(raw["m"]) == {"d": "2024-01-31", "t": "2024-01-31 10:00:00", "z": None}
 
 
 class TestDuplicateKeys:

@@ -1,0 +1,73 @@
+"""The mutation-testing setup (pyproject [tool.mutmut], tests/mutate.sh) names what exists.
+
+mutmut itself is not a test dependency (a run takes an hour); these checks keep its
+configuration from drifting silently away from the layout it mutates and the tests it runs.
+"""
+
+import fnmatch
+import tomllib
+from typing import Any
+
+import pytest
+from hypothesis import settings
+
+from helpers import ROOT
+
+pytestmark = pytest.mark.unit
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+MUTMUT: dict[str, Any] = PYPROJECT["tool"]["mutmut"]
+SCRIPT = (ROOT / "tests" / "mutate.sh").read_text()
+
+
+def _server_path(path: str) -> str:
+    """A path as mutmut sees it (tests/mutate.sh links src/ to server/) in the repository."""
+    assert path.startswith("src/"), path
+    return "server/" + path.removeprefix("src/")
+
+
+def _cli_value(flag: str) -> str:
+    args: list[str] = MUTMUT["pytest_add_cli_args"]
+    return args[args.index(flag) + 1]
+
+
+class TestWhatIsMutated:
+    def test_the_sources_are_the_fairlimit_package(self) -> None:
+        """source_paths is server/fairlimit seen through the src/ link the script makes."""
+        assert [_server_path(p) for p in MUTMUT["source_paths"]] == ["server/fairlimit"]
+        assert 'ln -sfn "$root/server" .mutmut/src' in SCRIPT
+
+    def test_core_config_and_store_each_have_modules_to_mutate(self) -> None:
+        """Every only_mutate pattern matches Python files in the repository."""
+        files = [str(p.relative_to(ROOT)) for p in (ROOT / "server").rglob("*.py")]
+        for pattern in MUTMUT["only_mutate"]:
+            assert fnmatch.filter(files, _server_path(pattern)), pattern
+        packages = {_server_path(p).split("/")[2] for p in MUTMUT["only_mutate"]}
+        assert packages == {"core", "config", "store"}
+
+
+class TestHowMutantsRun:
+    def test_copied_files_exist_and_are_linked(self) -> None:
+        """Each also_copy entry exists, and the script links it into .mutmut/."""
+        for name in MUTMUT["also_copy"]:
+            assert (ROOT / name).exists(), name
+            assert name in SCRIPT.split("for name in ", 1)[1].split(";", 1)[0], name
+
+    def test_markers_named_are_declared(self) -> None:
+        """The -m expression names only markers pyproject declares (--strict-markers)."""
+        declared = {m.split(":")[0] for m in PYPROJECT["tool"]["pytest"]["ini_options"]["markers"]}
+        words = set(_cli_value("-m").replace("(", " ").replace(")", " ").split())
+        assert words - {"not", "and", "or"} <= declared
+
+    def test_the_hypothesis_profile_is_registered(self) -> None:
+        """--hypothesis-profile names a profile conftest registers, derandomized."""
+        flag = next(a for a in MUTMUT["pytest_add_cli_args"] if a.startswith("--hypothesis"))
+        profile = settings.get_profile(flag.partition("=")[2])
+        assert profile.derandomize
+        assert profile.database is None
+
+    def test_no_process_or_redis_tests_in_a_mutant(self) -> None:
+        """Mutants run in one process (no xdist), on the memory backend, without child processes."""
+        assert _cli_value("-m") == "not process"
+        assert _cli_value("-k") == "not redis"
+        assert "-n" not in MUTMUT["pytest_add_cli_args"]
