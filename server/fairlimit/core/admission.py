@@ -29,19 +29,6 @@ def counter_over(counter: Counter, count: int) -> bool:
     return not counter.shadow and count + max(counter.hits, 1) > counter.limit
 
 
-def share_bound(share: Share, level: float | None, seen_weight: float) -> float:
-    """The most ``share.client`` may have admitted at the cap this window.
-
-    ``level`` is λ for the current period; None means the cap has no history yet, and the
-    capacity is split by weight among the clients seen so far (``seen_weight``).
-    """
-    if level is None:
-        fair = share.capacity * share.weight / max(seen_weight, share.weight)
-    else:
-        fair = level * share.weight
-    return min(share.client_limit, fair)
-
-
 def share_over(share: Share, admitted: float, bound: float) -> bool:
     """Whether the client's claim at the cap exceeds its bound (shadow caps never do)."""
     return not share.shadow and admitted + max(share.hits, 1) > bound + _EPSILON
