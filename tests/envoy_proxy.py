@@ -33,15 +33,21 @@ def http_get(
         return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
 
 
+def bootstrap(example: Path = EXAMPLE, edits: dict[str, str] | None = None) -> str:
+    """The text of an Envoy bootstrap file with ``edits`` (each must apply) made to it."""
+    text = example.read_text()
+    for old, new in (edits or {}).items():
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
 class EnvoyProcess:
-    def __init__(
-        self, rls_port: int, tmp_path: Path, edits: dict[str, str], example: Path = EXAMPLE
-    ) -> None:
+    """A real Envoy on bootstrap ``text``, whose literal ports 10000, 8081, 9901 (listener,
+    rate-limit service, admin) are replaced by free ones and ``rls_port``."""
+
+    def __init__(self, text: str, rls_port: int, tmp_path: Path) -> None:
         self.port, self.admin = free_port(), free_port()
-        text = example.read_text()
-        for old, new in edits.items():
-            assert old in text, old
-            text = text.replace(old, new)
         for old, new in ((LISTENER, self.port), (RLS, rls_port), (ADMIN, self.admin)):
             text = text.replace(str(old), str(new))
         config = tmp_path / f"envoy-{self.port}.yaml"
@@ -81,12 +87,19 @@ class EnvoyProcess:
 
 
 @contextmanager
-def envoy_in_front(
-    rls_port: int, tmp_path: Path, edits: dict[str, str] | None = None, example: Path = EXAMPLE
-) -> Iterator[EnvoyProcess]:
-    """Envoy from ``example``, pointed at fairlimit on ``rls_port``; ``edits`` patch its text."""
-    proxy = EnvoyProcess(rls_port, tmp_path, edits or {}, example)
+def envoy_on(text: str, rls_port: int, tmp_path: Path) -> Iterator[EnvoyProcess]:
+    """Envoy on bootstrap ``text``, pointed at a rate-limit service on ``rls_port``."""
+    proxy = EnvoyProcess(text, rls_port, tmp_path)
     try:
         yield proxy
     finally:
         proxy.stop()
+
+
+@contextmanager
+def envoy_in_front(
+    rls_port: int, tmp_path: Path, edits: dict[str, str] | None = None, example: Path = EXAMPLE
+) -> Iterator[EnvoyProcess]:
+    """Envoy from ``example``, pointed at fairlimit on ``rls_port``; ``edits`` patch its text."""
+    with envoy_on(bootstrap(example, edits), rls_port, tmp_path) as proxy:
+        yield proxy

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from envoy_proxy import EnvoyProcess, envoy_in_front
+from envoy_proxy import EnvoyProcess, bootstrap, envoy_in_front
 from servers import ROOT, ServerProcess, fairlimit_server
 
 pytestmark = pytest.mark.process
@@ -130,7 +130,7 @@ class TestConcurrencyThroughEnvoy:
             fairlimit_server("--config", str(_descriptors(tmp_path))) as server,
             envoy_in_front(server.grpc_port, tmp_path, SLOW_UPSTREAM, example) as survivor,
         ):
-            doomed = EnvoyProcess(server.grpc_port, tmp_path, SLOW_UPSTREAM, example)
+            doomed = EnvoyProcess(bootstrap(example, SLOW_UPSTREAM), server.grpc_port, tmp_path)
             try:
                 burst = threading.Thread(target=_burst, args=(doomed.port, ["heavy"] * 5))
                 burst.start()

@@ -18,7 +18,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from helpers import STARTUP_SECONDS
-from servers import free_port
 
 from .helpers import ROOT
 
@@ -125,50 +124,6 @@ def http_status(url: str, deadline: float) -> int | str:
             if time.monotonic() > deadline:
                 return f"{error}"
             time.sleep(0.05)
-
-
-class Envoy:
-    """A real Envoy on a bootstrap whose literal ports 10000, 8081, 9901 are replaced."""
-
-    def __init__(self, envoy: str, config: str, rls_port: int, tmp_path: Path) -> None:
-        self.port, self.admin = free_port(), free_port()
-        for old, new in ((10000, self.port), (8081, rls_port), (9901, self.admin)):
-            config = config.replace(str(old), str(new))
-        path = tmp_path / f"envoy-{self.port}.yaml"
-        path.write_text(config)
-        self.log = tmp_path / f"envoy-{self.port}.log"
-        command = [envoy, "-c", str(path), "--base-id", str(self.port), "--log-level", "warn",
-                   "--concurrency", "1"]  # fmt: skip
-        with self.log.open("w") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        status = ready_status(
-            f"http://127.0.0.1:{self.admin}/ready", time.monotonic() + STARTUP_SECONDS
-        )
-        if status != 200:
-            self.stop()
-            raise AssertionError(f"envoy not ready ({status}):\n{self.log.read_text()}")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-@contextlib.contextmanager
-def envoy_running(envoy: str, config: str, rls_port: int, tmp_path: Path) -> Iterator[Envoy]:
-    proxy = Envoy(envoy, config, rls_port, tmp_path)
-    try:
-        yield proxy
-    finally:
-        proxy.stop()
 
 
 class StubRateLimitService(rls_pb2_grpc.RateLimitServiceServicer):

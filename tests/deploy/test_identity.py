@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import yaml
 
-from envoy_proxy import http_get
+from envoy_proxy import envoy_on, http_get
 from servers import fairlimit_server
 
 from .helpers import ROOT, load_values
-from .processes import StubRateLimitService, envoy_running
+from .processes import StubRateLimitService
 from .test_examples import (
     action_path,
     apply_envoy_filter,
@@ -229,9 +229,7 @@ class TestJwtEndToEnd:
         for _ in range(2):  # an hour boundary mid-test spoils an attempt
             with (
                 fairlimit_server("--config", str(descriptors)) as server,
-                envoy_running(
-                    envoy, jwt_example_with_a_local_key(), server.grpc_port, tmp_path
-                ) as proxy,
+                envoy_on(jwt_example_with_a_local_key(), server.grpc_port, tmp_path) as proxy,
             ):
                 alice = [http_get(proxy.url, bearer("alice")) for _ in range(4)]
                 bob = http_get(proxy.url, bearer("bob"))
@@ -300,7 +298,7 @@ class TestMtlsEndToEnd:
         workload = workload_certificate(tls_files, tmp_path)
         plain = (tls_files["client.crt"], tls_files["client.key"])
         config = with_test_certs(EXAMPLES / "envoy" / "identity-mtls.yaml", tls_files, tmp_path)
-        with envoy_running(envoy, config.read_text(), rls_port, tmp_path) as proxy:
+        with envoy_on(config.read_text(), rls_port, tmp_path) as proxy:
             ca = tls_files["ca.crt"]
             codes = [
                 https_get(proxy.port, ca, workload, {}),
