@@ -166,6 +166,12 @@ class TestClassification:
             load([path], strict=True)
         assert caught.value.problems == [line.split(" ", 1)[1] for line in _expected(path)]
 
+    def test_a_caps_figures_are_its_max_the_sum_and_the_active_clients(self) -> None:
+        """contended.yaml: max 10; batch 4 + 5 for each of the 3 other active clients = 19."""
+        (cap,) = load([FIXTURES / "contended.yaml"]).concurrency
+        assert (cap.cap_per_second, cap.required_per_second, cap.active_clients) == (10, 19, 4)
+        assert cap.per_client_per_second is None
+
     def test_request_id_keys_can_be_renamed(self, tmp_path: Path) -> None:
         """request_id_keys: {acquire: rid, release: rid_done} changes which entries count."""
         text = CONFIG.replace(
