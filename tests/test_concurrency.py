@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from fairlimit.admin import config_report
 from fairlimit.config.loader import load
-from fairlimit.core.concurrency import CapDemand, Pool, fair_bound, may_take, split
+from fairlimit.core.concurrency import CapDemand, Pool, declared, fair_bound, may_take, split
 from fairlimit.core.matching import Matcher
 from fairlimit.core.request import Descriptor
 from fairlimit.core.rules import RateLimit, Rule
@@ -156,6 +156,22 @@ class TestSplit:
             "edge/generic_key=api/client_id=c#inflight",
             "edge/generic_key=api/client_id=c",
         )
+
+
+class TestDeclared:
+    def test_a_config_whose_every_rule_declares_concurrency_declares_it(self) -> None:
+        """sized.yaml: the cap and its clients all declare concurrency."""
+        assert declared(load([FIXTURES / "sized.yaml"]).config)
+
+    def test_a_config_of_rates_only_declares_none(self, tmp_path: Path) -> None:
+        """No rule declares concurrency: no request needs its slots split off."""
+        rates_only = """
+domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 10}
+"""
+        assert not declared(load_text(tmp_path, rates_only).config)
 
 
 class TestFairBound:
