@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 
 from fairlimit.admin import config_report
 from fairlimit.config.loader import load
-from fairlimit.core.concurrency import CapDemand, Pool, fair_bound, split
+from fairlimit.core.concurrency import CapDemand, Pool, declared, fair_bound, may_take, split
 from fairlimit.core.matching import Matcher
-from fairlimit.core.rules import Rule
+from fairlimit.core.request import Descriptor
+from fairlimit.core.rules import RateLimit, Rule
+from fairlimit.core.units import Unit
 from fairlimit.errors import ConfigWarningError
 from helpers import desc, load_text, req
 
@@ -35,6 +37,26 @@ descriptors:
         concurrency: {max_in_flight: 5}
   - key: user
     rate_limit: {unit: second, requests_per_unit: 10}
+"""
+# A cap one level down (under a plain tenant node), and a pool under no cap at all.
+NESTED = """
+domain: edge
+descriptors:
+  - key: tenant
+    value: acme
+    descriptors:
+      - key: route
+        value: public
+        concurrency: {max_in_flight: 20, max_duration: 60}
+        fair_share: {active_clients: 4, weights: {gold: 3}}
+        descriptors:
+          - key: client_id
+            concurrency: {max_in_flight: 5}
+  - key: generic_key
+    value: api
+    descriptors:
+      - key: client_id
+        concurrency: {max_in_flight: 2}
 """
 
 
@@ -96,6 +118,61 @@ class TestSplit:
         slots = split(req("edge", desc("route=public", "request_id=r1")), matcher)
         assert not slots.acquire and not slots.release
 
+    def test_an_acquire_keeps_its_limit_override_and_hits_for_the_rates(
+        self, matcher: Matcher
+    ) -> None:
+        """The id entry is all the rates lose: the descriptor's limit and hits_addend, and
+        the request's, reach the rate limits as sent."""
+        override = RateLimit(7, Unit.MINUTE)
+        sent = desc("route=public", "client_id=a", "request_id=r1", hits=3, limit=override)
+        slots = split(req("edge", sent, hits=2), matcher)
+        assert slots.acquire and slots.rates.hits == 2
+        assert slots.rates.descriptors == (
+            Descriptor((("route", "public"), ("client_id", "a")), override, 3),
+        )
+
+    def test_a_cap_below_a_plain_node_pools_its_client_under_the_cap(self, tmp_path: Path) -> None:
+        """(tenant, route cap, client_id): the tenant node declares nothing and is passed
+        over; the cap's pool names the entry below the cap (gold, weight 3, own max 5), and
+        both pools are anchored at the cap's path, the outermost cap (from NESTED)."""
+        matcher = Matcher(load_text(tmp_path, NESTED).config)
+        entries = ("tenant=acme", "route=public", "client_id=gold", "request_id=r1")
+        (claim,) = split(req("edge", desc(*entries)), matcher).acquire
+        cap = "edge/tenant=acme/route=public"
+        assert [(p.key, p.limit, p.client, p.client_limit, p.weight, p.anchor)
+                for p in claim.pools] == [
+            (cap + "#inflight", 20, "gold", 5, 3.0, cap),
+            (cap + "/client_id=gold#inflight", 5, None, math.inf, 1.0, cap),
+        ]  # fmt: skip
+
+    def test_a_pool_under_no_cap_is_anchored_at_its_own_path(self, tmp_path: Path) -> None:
+        """(generic_key=api, client_id): no fair_share above, so the anchor is the pool's
+        own path, not its parent's (Pool.anchor)."""
+        matcher = Matcher(load_text(tmp_path, NESTED).config)
+        entries = ("generic_key=api", "client_id=c", "request_id=r1")
+        (claim,) = split(req("edge", desc(*entries)), matcher).acquire
+        (pool,) = claim.pools
+        assert (pool.key, pool.anchor) == (
+            "edge/generic_key=api/client_id=c#inflight",
+            "edge/generic_key=api/client_id=c",
+        )
+
+
+class TestDeclared:
+    def test_a_config_whose_every_rule_declares_concurrency_declares_it(self) -> None:
+        """sized.yaml: the cap and its clients all declare concurrency."""
+        assert declared(load([FIXTURES / "sized.yaml"]).config)
+
+    def test_a_config_of_rates_only_declares_none(self, tmp_path: Path) -> None:
+        """No rule declares concurrency: no request needs its slots split off."""
+        rates_only = """
+domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 10}
+"""
+        assert not declared(load_text(tmp_path, rates_only).config)
+
 
 class TestFairBound:
     def _pool(self, weight: float = 1.0, client: str = "a") -> Pool:
@@ -112,6 +189,19 @@ class TestFairBound:
                    "c": CapDemand(0, 1, 4, 1.0)}  # fmt: skip
         assert fair_bound(self._pool(), clients) == 3
 
+    def test_a_newcomers_demand_is_its_one_asking_slot(self) -> None:
+        """a holds nothing and was refused nothing: it wants 1, b wants 3 + 2 = 5, cap 4.
+        By hand, λ solves min(1, λ) + min(5, λ) = 4: λ = 3, so a may hold 3."""
+        pool = Pool("cap#inflight", Rule("route", "x", "d/route=x", "f"), 4, 30.0, "cap",
+                    "a", 4, 1.0)  # fmt: skip
+        assert fair_bound(pool, {"b": CapDemand(3, 2, math.inf, 1.0)}) == 3
+
+    def test_the_clients_own_refusals_add_to_its_demand(self) -> None:
+        """a holds 1, was refused 2 and asks 1: it wants 4; b wants 4 + 3 = 7; cap 6.
+        By hand, min(4, λ) + min(7, λ) = 6 gives λ = 3, so a may hold 3 (not its max, 4)."""
+        clients = {"a": CapDemand(1, 2, 4, 1.0), "b": CapDemand(4, 3, math.inf, 1.0)}
+        assert fair_bound(self._pool(), clients) == 3
+
     def test_weights_raise_the_bound(self) -> None:
         """Three saturated clients at 6: weight 2 against two of weight 1 may hold 3, not 2."""
         others = {"b": CapDemand(3, 2, 4, 1.0), "c": CapDemand(3, 2, 4, 1.0)}
@@ -119,6 +209,25 @@ class TestFairBound:
         light = {**others, "a": CapDemand(3, 0, 4, 1.0)}
         assert math.isclose(fair_bound(self._pool(weight=2.0), heavy), 3.0)
         assert math.isclose(fair_bound(self._pool(weight=1.0), light), 2.0)
+
+
+class TestMayTake:
+    POOL = Pool("cap#inflight", Rule("route", "x", "d/route=x", "f"), 6, 30.0, "cap", "a", 4)
+
+    def test_a_client_may_reach_its_fair_bound_exactly(self) -> None:
+        """Holding 2 with a bound of 3, the third slot is fair; holding 3, a fourth is not."""
+        assert may_take(self.POOL, 3, 2, 3.0)
+        assert not may_take(self.POOL, 4, 3, 3.0)
+
+    def test_a_bound_a_rounding_error_under_a_whole_slot_still_reaches_it(self) -> None:
+        """The water level is float arithmetic: a bound up to 1e-9 (the tolerance, inclusive)
+        under 3 admits the third slot; one 1e-6 under does not."""
+        assert may_take(self.POOL, 3, 2, 3 - 1e-9)
+        assert not may_take(self.POOL, 3, 2, 3 - 1e-6)
+
+    def test_a_full_pool_refuses_whatever_the_bound(self) -> None:
+        """6 of 6 held: no slot, even for a client far below its bound."""
+        assert not may_take(self.POOL, 6, 0, 4.0)
 
 
 CLIENT_STATES = st.builds(
@@ -165,6 +274,46 @@ class TestClassification:
         with pytest.raises(ConfigWarningError) as caught:
             load([path], strict=True)
         assert caught.value.problems == [line.split(" ", 1)[1] for line in _expected(path)]
+
+    def test_a_caps_figures_are_its_max_the_sum_and_the_active_clients(self) -> None:
+        """contended.yaml: max 10; batch 4 + 5 for each of the 3 other active clients = 19."""
+        (cap,) = load([FIXTURES / "contended.yaml"]).concurrency
+        assert (cap.cap_per_second, cap.required_per_second, cap.active_clients) == (10, 19, 4)
+        assert cap.per_client_per_second is None
+
+    @pytest.mark.parametrize(
+        ("active", "required", "how"),
+        [
+            (2, 8, "largest 2 of 3 named clients"),  # 5 + 3: the two largest, not 1 + 3
+            (3, 9, "largest 3 of 3 named clients"),  # 5 + 3 + 1
+            (4, 9, "3 named clients"),  # no value-less child: no others to add
+        ],
+        ids=["two_of_three", "three_of_three", "more_active_than_named"],
+    )
+    def test_named_clients_only_sum_the_largest_active_ones(
+        self, tmp_path: Path, active: int, required: int, how: str
+    ) -> None:
+        """A cap over three named clients (max 1, 5, 3) and none value-less: the sum is of
+        the largest ``active`` of them, at most all three."""
+        children = "".join(
+            f"""
+      - key: client_id
+        value: c{most}
+        concurrency: {{max_in_flight: {most}}}"""
+            for most in (1, 5, 3)
+        )
+        text = f"""
+domain: edge
+descriptors:
+  - key: route
+    value: r
+    concurrency: {{max_in_flight: 20}}
+    fair_share: {{active_clients: {active}}}
+    descriptors:{children}
+"""
+        (cap,) = load_text(tmp_path, text).concurrency
+        assert cap.required_per_second == required
+        assert cap.message.endswith(f"max_in_flight {required} ({how})")
 
     def test_request_id_keys_can_be_renamed(self, tmp_path: Path) -> None:
         """request_id_keys: {acquire: rid, release: rid_done} changes which entries count."""

@@ -1,9 +1,11 @@
 """Deadline-aware answers: a call whose deadline has passed is shed (failure mode, counted),
 and a backend call is bounded by what the caller's deadline leaves, not a fixed timeout."""
 
+import math
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -92,6 +94,43 @@ class TestTimeout:
                 deadline.timeout(0.015)
         finally:
             deadline.DEADLINE.reset(token)
+
+
+@pytest.mark.unit
+class TestTimeoutAtTheEdges:
+    """The same with the module's clock stopped at 0 (monkeypatched): exact amounts left."""
+
+    @pytest.fixture(autouse=True)
+    def _stopped_clock(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(deadline, "time", SimpleNamespace(monotonic=lambda: 0.0))
+
+    @staticmethod
+    def _timeout_at(instant: float) -> float:
+        token = deadline.DEADLINE.set(instant)
+        try:
+            return deadline.timeout(0.015)
+        finally:
+            deadline.DEADLINE.reset(token)
+
+    def test_the_reserve_is_kept_back(self) -> None:
+        """100 ms left: a backend call gets 100 - 0.5 (RESERVE) = 99.5 ms."""
+        assert math.isclose(self._timeout_at(0.1), 0.0995)
+
+    def test_exactly_the_floor_left_is_still_a_call(self) -> None:
+        """1.5 ms left less 0.5 reserved is 1 ms, FLOOR itself: the call is made."""
+        assert self._timeout_at(0.0015) == deadline.FLOOR
+
+    def test_under_the_floor_the_error_says_what_is_left(self) -> None:
+        """1.44975 ms less 0.5 reserved: 0.94975 ms, shown as 0.9 ms (a scale a thousandth
+        off would round it to 1.0)."""
+        with pytest.raises(DeadlineExceeded) as caught:
+            self._timeout_at(0.00144975)
+        assert str(caught.value) == "the caller's deadline leaves 0.9 ms"
+
+    def test_a_passed_deadline_leaves_nothing(self) -> None:
+        with pytest.raises(DeadlineExceeded) as caught:
+            self._timeout_at(-1.0)
+        assert str(caught.value) == "the caller's deadline leaves 0.0 ms"
 
 
 def _metric(admin_port: int, name: str) -> float:

@@ -236,9 +236,10 @@ def classify_cap(domain: Domain, cap: Rule) -> Classification:
     else:
         mode = Mode.WEIGHTED_FAIR_QUEUE
         message = figures % "<" + ": contention shifts to the cap"
-    per_client = None if required == 0 else required / active
+    # No per-client figure: each client's slots are its own max_in_flight, named in the
+    # message, and no report of a concurrency cap shows one.
     return Classification(domain.source, cap.path, mode, message, float(capacity), required,
-                          per_client, active)  # fmt: skip
+                          active_clients=active)  # fmt: skip
 
 
 def _classify_domain(domain: Domain) -> Iterator[Classification]:
