@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fairlimit.core.bucket import bucket_key, entries_for
+from fairlimit.core.bucket import BucketKey, bucket_key, entries_for
 from fairlimit.core.fairshare import grants
 from fairlimit.core.quota import (
     HEADROOM,
@@ -135,6 +135,35 @@ class TestStrategies:
         assert settle(old, TokenBucket(1, 410, 10)) is old
         assert settle(old, TokenBucket(1, 420, 10)) == TokenBucket(1, 420, 10)
         assert settle(None, Blanket.DENY_ALL) is Blanket.DENY_ALL
+
+
+def key_of(client: str, path: str | None = None) -> BucketKey:
+    return bucket_key({"client_id": client} | ({} if path is None else {"path": path}))
+
+
+def strategies(holders: list[Holder]) -> dict[tuple[int, str], object]:
+    """allocate's strategies by (stream, client[/path]), for comparing whole assignments."""
+    out = allocate(holders).strategies
+    return {(s, "/".join(v for _, v in k)): v for (s, k), v in out.items()}
+
+
+class TestBucketStrategies:
+    def test_a_bound_below_the_floor_is_split_by_demand(self) -> None:
+        """Own limit 0.5/s, Envoys at 0.2/s and 0.6/s (their floors alone pass it): 0.125/s
+        and 0.375/s, in 0.1/s steps 0.1/s and 0.3/s."""
+        hs = [Holder(s, key_of("a"), Target(None, 0.5), d, 0.5) for s, d in ((1, 0.2), (2, 0.6))]
+        assert strategies(hs) == {(1, "a"): TokenBucket(2, 1, 10), (2, "a"): TokenBucket(2, 3, 10)}
+
+    def test_an_idle_bucket_below_one_request_a_second_is_split_evenly(self) -> None:
+        """A 90/minute (1.5/s) bucket both of whose Envoys report nothing: no demand to split
+        by, so 0.75/s each (0.7/s in 0.1/s steps), at the bound (no headroom counted, as for
+        any bucket whose floors pass its bound); once a division crashed here."""
+        out = allocate([Holder(s, key_of("a"), Target(None, 1.5), 0.0, 0.5) for s in (1, 2)])
+        assert out.strategies == {
+            (1, key_of("a")): TokenBucket(2, 7, 10),
+            (2, key_of("a")): TokenBucket(2, 7, 10),
+        }
+        assert out.extra == {}
 
 
 DESCRIPTORS = """
