@@ -351,6 +351,18 @@ class TestBucketMapping:
         )
         assert entries_for(domain, {"tenant": "t1"}) == (("tenant", "t1"),)
 
+    def test_a_wildcard_maps_only_values_it_matches(self, domain: Domain) -> None:
+        """The route "private" is not "intern*": its level has no rule for it, though the
+        team below the wildcard would fit."""
+        assert entries_for(domain, {"route": "private", "team": "ops"}) is None
+
+    def test_a_wildcard_matches_across_a_newline_as_for_rls(self, domain: Domain) -> None:
+        """RLS matching (core/matching.py) lets ``*`` span any character, newline included."""
+        assert entries_for(domain, {"route": "intern\nal", "team": "ops"}) == (
+            ("route", "intern\nal"),
+            ("team", "ops"),
+        )
+
     def test_unused_or_unmatched_keys_map_to_nothing(self, domain: Domain) -> None:
         """Every key must be used; a value no rule matches maps to nothing."""
         assert entries_for(domain, {"route": "public", "client_id": "a", "extra": "x"}) is None
