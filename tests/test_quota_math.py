@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fairlimit.core.bucket import bucket_key, entries_for
+from fairlimit.core.bucket import BucketKey, bucket_key, entries_for
 from fairlimit.core.fairshare import grants
 from fairlimit.core.quota import (
     HEADROOM,
@@ -16,11 +16,13 @@ from fairlimit.core.quota import (
     Target,
     TokenBucket,
     allocate,
+    provisional,
     settle,
     token_bucket,
 )
 from fairlimit.core.rules import Domain
 from helpers import load_text
+from maxmin import maxmin
 
 pytestmark = pytest.mark.unit
 
@@ -129,12 +131,183 @@ class TestStrategies:
         assert isinstance(modest, TokenBucket)
         assert modest.max_tokens == math.ceil(modest.rate * 0.5 / 2)
 
+    def test_token_bucket_is_never_empty(self) -> None:
+        """Envoy refuses ``max_tokens`` 0: a depth below one still holds one token, and a
+        depth of one is kept as given."""
+        assert token_bucket(5.0, 0) == TokenBucket(1, 50, 10)
+        assert token_bucket(5.0, 1) == TokenBucket(1, 50, 10)
+
     def test_settle_keeps_a_rate_within_three_percent(self) -> None:
         """A jittering rate is not re-sent (Envoy would refill the bucket each time)."""
         old = TokenBucket(1, 400, 10)
         assert settle(old, TokenBucket(1, 410, 10)) is old
         assert settle(old, TokenBucket(1, 420, 10)) == TokenBucket(1, 420, 10)
         assert settle(None, Blanket.DENY_ALL) is Blanket.DENY_ALL
+
+    def test_settle_keeps_a_rate_exactly_three_percent_off(self) -> None:
+        """50/s -> 51.5/s is 3% to the last bit (1.5 == 0.03 * 50 in floats), and "within"
+        includes it."""
+        old = TokenBucket(2, 500, 10)
+        assert settle(old, TokenBucket(2, 515, 10)) is old
+
+
+def key_of(client: str, path: str | None = None) -> BucketKey:
+    return bucket_key({"client_id": client} | ({} if path is None else {"path": path}))
+
+
+def strategies(holders: list[Holder]) -> dict[tuple[int, str], object]:
+    """allocate's strategies by (stream, client[/path]), for comparing whole assignments."""
+    out = allocate(holders).strategies
+    return {(s, "/".join(v for _, v in k)): v for (s, k), v in out.items()}
+
+
+class TestCapBounds:
+    def test_an_idle_bucket_claims_nothing_of_its_cap(self) -> None:
+        """Demand 0 wants 0: the other client's 100/s fits the 100/s cap, which stays
+        uncontended (λ = inf), so it keeps its whole bound (100/s, 0.25 s deep: 25 tokens)."""
+        out = allocate([holder(1, "idle", 0, limit=100, own=100),
+                        holder(1, "busy", 500, limit=100, own=100)])  # fmt: skip
+        assert out.levels[CAP] == math.inf
+        assert out.strategies[(1, key_of("busy"))] == TokenBucket(25, 1000, 10)
+
+    def test_weights_scale_a_clients_share(self) -> None:
+        """Two greedy clients of weights 3 and 1 under 100/s get 75/s and 25/s (the
+        independent max-min solver agrees), each 0.25 s deep."""
+        assert maxmin([500, 500], [math.inf, math.inf], [3, 1], 100) == [75, 25]
+        hs = [Holder(1, key_of(c), Target(None, math.inf, (claim(c, limit=math.inf, weight=w),)),
+                     500, 0.5)
+              for c, w in (("heavy", 3), ("light", 1))]  # fmt: skip
+        assert strategies(hs) == {
+            (1, "heavy"): TokenBucket(19, 750, 10),
+            (1, "light"): TokenBucket(7, 250, 10),
+        }
+
+    def test_a_clients_limit_is_split_among_its_buckets_by_demand(self) -> None:
+        """A client limited to 1/s demands 0.2/s and 0.6/s on two buckets: they get 1/4 and
+        3/4 of it, 0.25/s and 0.75/s, in 0.1/s steps 0.2/s and 0.7/s, two tokens deep."""
+        hs = [Holder(1, key_of("a", p), Target(None, 50, (claim("a", limit=1),)), d, 0.5)
+              for p, d in (("x", 0.2), ("y", 0.6))]  # fmt: skip
+        assert strategies(hs) == {
+            (1, "a/x"): TokenBucket(2, 2, 10),
+            (1, "a/y"): TokenBucket(2, 7, 10),
+        }
+
+    def test_a_clients_limit_is_split_evenly_among_its_unmeasured_buckets(self) -> None:
+        """Two unmeasured buckets without limits of their own want unbounded rates: the
+        client's 10/s is halved, 5/s each, a second (5 tokens) deep."""
+        hs = [Holder(1, key_of("a", p), Target(None, math.inf, (claim("a", limit=10),)), None, 0.5)
+              for p in ("x", "y")]  # fmt: skip
+        assert strategies(hs) == {
+            (1, "a/x"): TokenBucket(5, 50, 10),
+            (1, "a/y"): TokenBucket(5, 50, 10),
+        }
+
+
+class TestBucketStrategies:
+    def test_below_the_bound_demand_plus_headroom_half_an_interval_deep(self) -> None:
+        """Rate d*1.25 + 1: 12 -> 16/s, 1 -> 2.25/s, 0 -> 1/s; depth ceil(rate * 0.25 s) for
+        a 0.5 s interval, at least 2: 4, 2, 2. The extra over demand is 4, 1.25 and 1."""
+        out = allocate([holder(1, "a", 12), holder(1, "b", 1), holder(1, "c", 0)])
+        assert out.strategies == {
+            (1, key_of("a")): TokenBucket(4, 160, 10),
+            (1, key_of("b")): TokenBucket(2, 22, 10),
+            (1, key_of("c")): TokenBucket(2, 10, 10),
+        }
+        assert out.extra == {(1, key_of("a")): 4, (1, key_of("b")): 1.25, (1, key_of("c")): 1}
+        assert out.headroom[CAP] == pytest.approx(6.25)
+
+    def test_headroom_that_just_fits_the_bound_is_granted(self) -> None:
+        """Demand 12 under an own limit of 16: 12*1.25 + 1 == 16 fits, so the bucket is below
+        its bound, half its 1 s interval deep (8 tokens), with 4/s of headroom."""
+        hs = [Holder(1, key_of("a"), Target(None, 16, (claim("a"),)), 12, 1.0)]
+        out = allocate(hs)
+        assert out.strategies == {(1, key_of("a")): TokenBucket(8, 160, 10)}
+        assert out.headroom[CAP] == 4
+
+    def test_an_unmeasured_bucket_is_split_equally_a_second_deep(self) -> None:
+        """Two Envoys, no demand measured yet: each gets half the 50/s bound and holds one
+        second of it (25 tokens), whatever their reporting interval."""
+        assert strategies([holder(1, "a", None), holder(2, "a", None)]) == {
+            (1, "a"): TokenBucket(25, 250, 10),
+            (2, "a"): TokenBucket(25, 250, 10),
+        }
+
+    def test_at_the_bound_split_by_demand_an_idle_envoy_keeping_one_token_a_fill(self) -> None:
+        """Own limit 50, Envoys at 100/s and 0/s: 50 * 100/100 = 50/s (13 tokens, 0.25 s) and
+        0/s, which is one token a fill (0.1/s), two deep."""
+        assert strategies([holder(1, "a", 100), holder(2, "a", 0)]) == {
+            (1, "a"): TokenBucket(13, 500, 10),
+            (2, "a"): TokenBucket(2, 1, 10),
+        }
+
+    def test_a_bound_below_the_floor_is_split_by_demand(self) -> None:
+        """Own limit 0.5/s, Envoys at 0.2/s and 0.6/s (their floors alone pass it): 0.125/s
+        and 0.375/s, in 0.1/s steps 0.1/s and 0.3/s."""
+        hs = [Holder(s, key_of("a"), Target(None, 0.5), d, 0.5) for s, d in ((1, 0.2), (2, 0.6))]
+        assert strategies(hs) == {(1, "a"): TokenBucket(2, 1, 10), (2, "a"): TokenBucket(2, 3, 10)}
+
+    def test_an_idle_bucket_below_one_request_a_second_is_split_evenly(self) -> None:
+        """A 90/minute (1.5/s) bucket both of whose Envoys report nothing: no demand to split
+        by, so 0.75/s each (0.7/s in 0.1/s steps), at the bound (no headroom counted, as for
+        any bucket whose floors pass its bound); once a division crashed here."""
+        out = allocate([Holder(s, key_of("a"), Target(None, 1.5), 0.0, 0.5) for s in (1, 2)])
+        assert out.strategies == {
+            (1, key_of("a")): TokenBucket(2, 7, 10),
+            (2, key_of("a")): TokenBucket(2, 7, 10),
+        }
+        assert out.extra == {}
+
+
+class TestAllocateEveryBucket:
+    def test_blanket_bounds_leave_the_next_buckets_assigned(self) -> None:
+        """An unbounded bucket (no limit anywhere, its cap uncontended) is ALLOW_ALL, one under a
+        cap of 0 DENY_ALL, and the bucket after them still gets its 16/s."""
+        hs = [
+            Holder(1, key_of("free"), Target(None, math.inf, (claim("free", limit=math.inf),)),
+                   5, 0.5),
+            Holder(1, key_of("shut"), Target(None, 50, (CapClaim("closed#1", "shut", 0, 50, 1),)),
+                   5, 0.5),
+            holder(1, "a", 12),
+        ]  # fmt: skip
+        assert strategies(hs) == {
+            (1, "free"): Blanket.ALLOW_ALL,
+            (1, "shut"): Blanket.DENY_ALL,
+            (1, "a"): TokenBucket(4, 160, 10),
+        }
+
+
+def target(own: float = 50, capacity: float = 100, limit: float = 50, weight: float = 1) -> Target:
+    return Target(None, own, (CapClaim(CAP, "a", capacity, limit, weight),))
+
+
+class TestProvisional:
+    """A new bucket between divisions: the least of its own limit, its client's limit and its
+    share at the level in force, split among its holders, one second deep."""
+
+    def test_the_share_at_the_level_in_force(self) -> None:
+        """Level 20 at weight 2: 40/s (40 tokens)."""
+        assert provisional(target(weight=2), {CAP: 20}, 1) == TokenBucket(40, 400, 10)
+
+    def test_a_cap_not_divided_yet_offers_its_capacity(self) -> None:
+        """No level for the cap yet: its capacity of 30/s."""
+        assert provisional(target(capacity=30), {}, 1) == TokenBucket(30, 300, 10)
+
+    def test_its_own_limit(self) -> None:
+        """Own limit 5 under a share of 20 and a client limit of 50: 5/s."""
+        assert provisional(target(own=5), {CAP: 20}, 1) == TokenBucket(5, 50, 10)
+
+    def test_its_clients_limit(self) -> None:
+        """Client limit 8 under a share of 20 and an own limit of 50: 8/s."""
+        assert provisional(target(limit=8), {CAP: 20}, 1) == TokenBucket(8, 80, 10)
+
+    def test_split_among_its_holders(self) -> None:
+        """50/s over two streams: 25/s each."""
+        assert provisional(target(), {}, 2) == TokenBucket(25, 250, 10)
+
+    def test_a_bound_of_zero_denies_and_one_below_a_request_a_second_does_not(self) -> None:
+        """Own limit 0: DENY_ALL. Own limit 0.5/s: five tokens a 10 s fill, two deep."""
+        assert provisional(target(own=0), {}, 1) is Blanket.DENY_ALL
+        assert provisional(target(own=0.5), {}, 1) == TokenBucket(2, 5, 10)
 
 
 DESCRIPTORS = """
@@ -177,6 +350,18 @@ class TestBucketMapping:
             ("team", "ops"),
         )
         assert entries_for(domain, {"tenant": "t1"}) == (("tenant", "t1"),)
+
+    def test_a_wildcard_maps_only_values_it_matches(self, domain: Domain) -> None:
+        """The route "private" is not "intern*": its level has no rule for it, though the
+        team below the wildcard would fit."""
+        assert entries_for(domain, {"route": "private", "team": "ops"}) is None
+
+    def test_a_wildcard_matches_across_a_newline_as_for_rls(self, domain: Domain) -> None:
+        """RLS matching (core/matching.py) lets ``*`` span any character, newline included."""
+        assert entries_for(domain, {"route": "intern\nal", "team": "ops"}) == (
+            ("route", "intern\nal"),
+            ("team", "ops"),
+        )
 
     def test_unused_or_unmatched_keys_map_to_nothing(self, domain: Domain) -> None:
         """Every key must be used; a value no rule matches maps to nothing."""

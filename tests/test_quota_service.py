@@ -5,6 +5,7 @@ from collections.abc import Sequence
 import pytest
 
 from fairlimit.core.admission import Code
+from fairlimit.core.bucket import bucket_key
 from fairlimit.core.quota import HEADROOM, HEADROOM_FLOOR, Blanket, TokenBucket
 from fairlimit.limiter import Limiter
 from fairlimit.quota import Abandon, Action, Assign, QuotaService, QuotaStream, Usage
@@ -27,6 +28,16 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 0}
   - key: health
     rate_limit: {unlimited: true}
+"""
+
+PER_MINUTE = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: minute, requests_per_unit: 30}
 """
 
 
@@ -172,6 +183,19 @@ class TestAssignments:
         assert one.rate("a") == pytest.approx(50, abs=0.2)  # b asks 100/s, a 140/s: 50/50
         await steady(clock, [(two, [("b", 500, 0), ("c", 500, 0)])], rounds=2)
         assert one.rate("a") == pytest.approx(100 / 3, abs=0.2)
+
+    async def test_a_quiet_client_under_a_per_minute_limit_is_still_assigned(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """30/minute is 0.5/s, below the 1/s headroom floor: a measured demand of 0 is
+        assigned the whole 0.5/s (five tokens a 10 s fill), not a failed division."""
+        limiter = make_limiter(PER_MINUTE)
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        envoy = Envoy(service)
+        await envoy.report([("alice", 0, 0)])
+        await steady(clock, [(envoy, [("alice", 0, 0)])], rounds=1)
+        assert envoy.stream.buckets[bucket_key(bucket("alice"))].demand == 0
+        assert envoy.latest("alice").strategy == TokenBucket(2, 5, 10)  # type: ignore[union-attr]
 
     async def test_idle_buckets_are_abandoned(
         self, service: QuotaService, clock: FakeClock

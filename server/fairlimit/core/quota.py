@@ -10,8 +10,9 @@ requests count: a throttled client's demand stays visible). Per bucket, ``D = su
    buckets has them share its grant by demand. A bucket's bound is the least over its caps
    and its own limit.
 2. A bucket at its bound (``D >= bound``: *bottlenecked*) has the bound split among its
-   Envoys by demand, ``a_e = bound·d_e/D``, with a bucket of 0.25 s of its rate: it always
-   has requests waiting, so depth would mostly be burst above its share.
+   Envoys by demand, ``a_e = bound·d_e/D`` (equally when ``D = 0``: a bound below the
+   headroom floors of idle Envoys), with a bucket of 0.25 s of its rate: it always has
+   requests waiting, so depth would mostly be burst above its share.
 3. A bucket below its bound gets, per Envoy, its demand plus headroom,
    ``a_e = d_e·(1 + HEADROOM) + HEADROOM_FLOOR``, so that it can grow (and its arrivals
    jitter) without waiting for a report; if that would pass the bound it is treated as
@@ -169,6 +170,8 @@ def _bucket_strategies(holders: Sequence[Holder], bound: float) -> dict[int, tup
     if sum(loose.values()) <= bound:
         return {stream: (rate, False) for stream, rate in loose.items()}
     total = sum(h.demand or 0.0 for h in holders)
+    if total <= 0:  # a bound below the floors and no demand to split it by
+        return {h.stream: (bound / len(holders), True) for h in holders}
     return {h.stream: (bound * (h.demand or 0.0) / total, True) for h in holders}
 
 
