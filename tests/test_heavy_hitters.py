@@ -89,6 +89,15 @@ class TestExamples:
             ("c", 2, 0),
         ]
 
+    def test_a_full_summary_cuts_every_count_by_the_k_plus_1th_largest(self) -> None:
+        """k = 2 holds 4 counters: a 5, b 4, c 3, d 2. A fifth client cuts by the 3rd largest
+        count, c's 3 (the module's rule, worked by hand): a 2 and b 1 stay, c and d drop,
+        error 3; then e counts 1. Estimates are count + error: a 5, b 4, e 4, c and d 3."""
+        summary = HeavyHitters.of(2, [("a", 5), ("b", 4), ("c", 3), ("d", 2), ("e", 1)])
+        assert (summary.error, len(summary)) == (3, 3)
+        assert [(h.item, h.estimate) for h in summary.top(3)] == [("a", 5), ("b", 4), ("e", 4)]
+        assert summary.estimate("c") == summary.estimate("d") == 3
+
     def test_a_hog_survives_a_flood_of_one_off_clients(self) -> None:
         """A client with most of the traffic stays on top among 10 000 others of one hit each."""
         stream = [(f"once-{i}", 1) for i in range(10_000)] + [("hog", 20_000)]

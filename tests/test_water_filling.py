@@ -73,12 +73,22 @@ class TestWaterFilling:
         b = grants(demands, limits, [w * k for w in ws], capacity)
         assert a == pytest.approx(b, rel=1e-6, abs=1e-6)
 
+    def test_sequences_of_different_lengths_are_refused(self) -> None:
+        """A weight missing is a caller's error even when the cap is uncontended (λ needs no
+        weights then): refused, never a shorter answer."""
+        with pytest.raises(ValueError):
+            grants([1, 2], [5, 5], [1], 100)
+
 
 class TestFigures:
     def test_jain_index_bounds(self) -> None:
         """1 for equal shares, 1/n when one client has everything."""
         assert jain_index([1, 1, 1, 1]) == pytest.approx(1)
         assert jain_index([1, 0, 0, 0]) == pytest.approx(0.25)
+
+    def test_jain_index_of_shares_all_zero_is_one(self) -> None:
+        """Nothing each is still all equal: 1 (the formula's 0/0 read as its limit)."""
+        assert jain_index([0, 0, 0]) == 1
 
     def test_global_bucket_starvation_reads_as_unfair(self) -> None:
         """The section 1 split (batch takes nearly all) gives a low index and starved clients."""
@@ -95,3 +105,36 @@ class TestFigures:
         figures = fairness_figures(demands, admitted, [100.0] * 10, [1.0] * 10, 1000)
         assert figures.jain_index == pytest.approx(1) and figures.starved_clients == 0
         assert figures.utilization == pytest.approx(0.55)
+
+    def test_a_cap_of_one_hit_per_period(self) -> None:
+        """C = 1 (60 a minute in 1 s periods), two clients ask 1 each, one is admitted. By
+        hand: λ = C / (w1 + w2) = 0.5, so each fair share is 0.5 and x = (2, 0); Jain
+        (2 + 0)² / (2 · (4 + 0)) = 0.5, one starved, utilisation 1/1, top share 1/1."""
+        figures = fairness_figures([1.0, 1.0], [1.0, 0.0], [math.inf] * 2, [1.0] * 2, 1)
+        assert (figures.level, figures.jain_index, figures.starved_clients) == (0.5, 0.5, 1)
+        assert (figures.utilization, figures.top_client_share) == (1.0, 1.0)
+        assert figures.active_clients == 2
+
+    def test_a_cap_of_zero_reads_as_unused_not_a_division_by_zero(self) -> None:
+        """requests_per_unit 0 is a valid cap: it admits nothing, so utilisation and the top
+        client's share are 0, and λ = 0 / 1 = 0 (no fair share to measure against)."""
+        figures = fairness_figures([3.0], [0.0], [math.inf], [1.0], 0)
+        assert (figures.utilization, figures.top_client_share, figures.level) == (0.0, 0.0, 0.0)
+        assert figures.active_clients == 1 and figures.starved_clients == 0
+
+    def test_ninety_percent_of_the_fair_share_is_not_starved(self) -> None:
+        """Starved means x < 0.9 (FairnessFigures): 9 of a fair 10 is not, 8 of 10 is."""
+        demands = [10.0, 10.0, 10.0]
+        figures = fairness_figures(demands, [9.0, 8.0, 10.0], [math.inf] * 3, [1.0] * 3, 100)
+        assert figures.starved_clients == 1
+
+    def test_a_client_without_demand_is_not_active(self) -> None:
+        """Active clients are those with demand in the period: a listed client that asked
+        for nothing is not one, and has no fair share to be measured against."""
+        figures = fairness_figures([5.0, 0.0], [5.0, 0.0], [math.inf] * 2, [1.0] * 2, 10)
+        assert figures.active_clients == 1 and figures.jain_index == 1
+
+    def test_an_admission_for_every_demand_is_required(self) -> None:
+        """Admitted and demanded are per client: one short is a caller's error, refused."""
+        with pytest.raises(ValueError):
+            fairness_figures([1.0, 2.0], [1.0], [5.0, 5.0], [1.0, 1.0], 100)

@@ -51,7 +51,7 @@ class HeavyHitters(Generic[Item]):
         self.error = 0  # subtracted from every counter so far: the bound on any estimate
         self.total = 0  # W: all the weight ever added
 
-    def add(self, item: Item, weight: int = 1) -> None:
+    def add(self, item: Item, weight: int) -> None:
         """Count ``weight`` hits of ``item`` (a weight of 0 or less counts nothing)."""
         if weight <= 0:
             return

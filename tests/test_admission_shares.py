@@ -1,0 +1,116 @@
+"""Admission at fair-share caps (core/admission), on plans of nested caps: a claim's bound
+and what a status promises agree, and a refused request is demand only at the caps whose
+levels below it admitted it (what store/memory.py records, and admit.lua mirrors)."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from fairlimit.core.admission import Code, Outcome, admits, demand_seen, statuses
+from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import Plan, plan
+from helpers import desc, load_text, req
+
+pytestmark = pytest.mark.unit
+
+NESTED = """
+domain: fair
+descriptors:
+  - key: route
+    value: api
+    rate_limit: {unit: second, requests_per_unit: 1000}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: tenant
+        rate_limit: {unit: second, requests_per_unit: 600}
+        fair_share: {active_clients: 3}
+        descriptors:
+          - key: user
+            rate_limit: {unit: second, requests_per_unit: 200}
+"""
+
+USER, ROUTE_TOTAL, TENANT_TOTAL = 0, 1, 2  # Plan.counters: the user's own limit, the caps
+AT_ROUTE, AT_TENANT = 0, 1  # Plan.shares: tenant t at the route cap, user u at the tenant cap
+
+
+def _plan(tmp_path: Path, hits: int) -> Plan:
+    """``hits`` of user u of tenant t: its own limit, then the route and the tenant caps."""
+    matcher = Matcher(load_text(tmp_path, NESTED).config)
+    built = plan(req("fair", desc("route=api", "tenant=t", "user=u", hits=hits)), matcher)
+    assert [c.key for c in built.counters] == [
+        "fair/route=api/tenant=t/user=u#1",
+        "fair/route=api#1",
+        "fair/route=api/tenant=t#1",
+    ]
+    assert [(s.cap, s.client) for s in built.shares] == [
+        ("fair/route=api#1", "t"),
+        ("fair/route=api/tenant=t#1", "u"),
+    ]
+    return built
+
+
+@pytest.fixture
+def nested(tmp_path: Path) -> Plan:
+    return _plan(tmp_path, 1)
+
+
+def _seen(
+    built: Plan,
+    counts: dict[int, int] | None = None,
+    shared: dict[int, int] | None = None,
+    bounds: dict[int, float] | None = None,
+) -> list[bool]:
+    """demand_seen with every counter and claim at 0 and every bound infinite but those given."""
+    c, s, b = counts or {}, shared or {}, bounds or {}
+    return demand_seen(
+        built,
+        [c.get(i, 0) for i in range(len(built.counters))],
+        [s.get(i, 0) for i in range(len(built.shares))],
+        [b.get(i, math.inf) for i in range(len(built.shares))],
+    )
+
+
+class TestBoundTolerance:
+    @pytest.mark.parametrize(
+        ("bound", "room"), [(5.0, 1), (5 - 1e-9, 1), (5 - 1e-12, 1), (5.5, 1), (4.999, 0), (4.5, 0)]
+    )
+    def test_a_check_reports_the_room_the_next_hit_gets(
+        self, tmp_path: Path, nested: Plan, bound: float, room: int
+    ) -> None:
+        """u has 4 hits at the tenant cap. A bound of 5 less at most the tolerance (1e-9,
+        itself included) is 5: a check (0 hits) reports 1 remaining and OK, and the next
+        hit is admitted; under that it is 4: 0 remaining, OVER_LIMIT, the hit refused.
+        The room is floor(bound + 1e-9) - 4, by hand."""
+        counts, shared, bounds = (0, 0, 0), (0, 4), (math.inf, bound)
+        check = _plan(tmp_path, 0)
+        status = statuses(
+            check, Outcome(admits(check, counts, shared, bounds), counts, shared, bounds), 0.0
+        )[0]
+        assert (status.code, status.limit_remaining) == (Code.OK if room else Code.OVER_LIMIT, room)
+        assert admits(nested, counts, shared, bounds) is (room == 1)
+
+
+class TestDemandSeen:
+    def test_a_request_every_level_admits_is_demand_at_every_cap(self, nested: Plan) -> None:
+        assert _seen(nested) == [True, True]
+
+    def test_a_client_over_its_own_limit_is_no_demand_at_any_cap(self, nested: Plan) -> None:
+        """u has used its 200: the tenant cap, and so the route cap, never see the hit."""
+        assert _seen(nested, counts={USER: 200}) == [False, False]
+
+    def test_a_user_over_its_share_is_demand_at_its_cap_only(self, nested: Plan) -> None:
+        """u is at its bound at the tenant cap: the tenant cap sees u's demand, but the
+        route cap sees what the tenant level admits of it, which is nothing."""
+        seen = _seen(nested, shared={AT_TENANT: 50}, bounds={AT_TENANT: 50.0})
+        assert seen == [False, True]
+
+    def test_a_full_nested_cap_is_no_demand_above_it(self, nested: Plan) -> None:
+        """The tenant cap has used its 600: u's hit is demand there, not at the route."""
+        assert _seen(nested, counts={TENANT_TOTAL: 600}) == [False, True]
+
+    def test_a_request_refused_at_the_top_is_demand_at_every_cap(self, nested: Plan) -> None:
+        """Refused by the outermost cap (full): every level below admitted it, so both
+        caps see it as demand."""
+        assert not admits(nested, (0, 1000, 0), (0, 0), (math.inf, math.inf))
+        assert _seen(nested, counts={ROUTE_TOTAL: 1000}) == [True, True]
