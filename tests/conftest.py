@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 # Property tests check behaviour, not speed: on a loaded 2-core machine (CI, or several
 # suites at once) an example may take longer than Hypothesis' 200 ms deadline or its
@@ -18,11 +18,14 @@ settings.load_profile("fairlimit")
 
 # tests/mutate.sh runs the suite once per mutant inside one process, so each property is
 # called from several runs (differing executors); derandomized, so that a mutant is killed
-# or not the same way every time; a quarter of the examples, as it runs thousands of times.
+# or not the same way every time; a quarter of the examples, as it runs thousands of times;
+# no shrinking: a mutant is killed by the first failing example, and shrinking it to the
+# smallest took up to 50 s a mutant for a verdict that was already in.
 settings.register_profile(
     "mutation",
     parent=settings.get_profile("fairlimit"),
     max_examples=25,
+    phases=[Phase.explicit, Phase.generate],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors],
     derandomize=True,
     database=None,
