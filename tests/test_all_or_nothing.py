@@ -49,7 +49,11 @@ steps_lists = st.lists(
     max_size=40,
 )
 # A Redis example costs round trips: fewer of them there, and no deadline on a busy machine.
-EXAMPLES = {"memory": 60, "redis": 15, "redis-cluster": 10}
+# The profile's own budget caps them (the mutation profile's 25: it runs per mutant).
+EXAMPLES = {
+    backend: min(n, settings.default.max_examples)
+    for backend, n in {"memory": 60, "redis": 15, "redis-cluster": 10}.items()
+}
 _prefixes = itertools.count()
 
 
