@@ -4,6 +4,7 @@
 #   bash tests/mutate.sh run "fairlimit.core.keys*"     # one module's mutants
 #   bash tests/mutate.sh results                        # the survivors so far
 #   bash tests/mutate.sh show fairlimit.core.keys.x_escape__mutmut_3
+#   bash tests/mutate.sh tally [--survivors]            # the figures per module (a table)
 #
 # mutmut works in .mutmut/ (git-ignored), where src/ links to server/: it names a mutant's
 # module by the file's path and strips only a leading "src.", so the names then match the
@@ -12,6 +13,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
+if [ "${1:-}" = tally ]; then
+  shift
+  exec python tests/mutation_tally.py "$@"
+fi
 mkdir -p .mutmut
 for name in tests descriptors examples pyproject.toml; do
   ln -sfn "$root/$name" ".mutmut/$name"

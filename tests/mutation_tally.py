@@ -1,0 +1,68 @@
+"""The figures of the mutation run so far, per module, as the table in docs/mutation.md.
+
+    python tests/mutation_tally.py               # the table
+    python tests/mutation_tally.py --survivors   # and every surviving mutant's name
+
+Reads the verdicts mutmut keeps beside its mutated copy (.mutmut/mutants/src/**/*.meta) and
+names them as mutmut does; needs mutmut installed (docs/mutation.md).
+"""
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+from mutmut.stats import status_by_exit_code
+
+ROOT = Path(__file__).resolve().parents[1]
+COPY = ROOT / ".mutmut" / "mutants" / "src"
+COLUMNS = ("caught by type check", "killed", "timeout", "survived", "not checked")
+
+
+def verdicts(meta: Path) -> dict[str, str]:
+    """Each mutant of one module and mutmut's verdict on it."""
+    codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
+    return {name: status_by_exit_code[code] for name, code in codes.items()}
+
+
+def table(modules: dict[str, dict[str, str]]) -> list[str]:
+    """The markdown rows: one a module, then the total."""
+    head = ("module", "mutants", *COLUMNS, "other")
+    rows = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    total: Counter[str] = Counter()
+    for module, found in modules.items():
+        counts = Counter(found.values())
+        total.update(counts)
+        rows.append(_row(module, len(found), counts))
+    rows.append(_row("**total**", sum(total.values()), total))
+    return rows
+
+
+def _row(module: str, mutants: int, counts: Counter[str]) -> str:
+    other = mutants - sum(counts[c] for c in COLUMNS)
+    cells = (module, str(mutants), *(str(counts[c]) for c in COLUMNS), str(other))
+    return "| " + " | ".join(cells) + " |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--survivors", action="store_true", help="list the surviving mutants")
+    args = parser.parse_args()
+    modules = {
+        str(meta.relative_to(COPY / "fairlimit")).removesuffix(".meta"): verdicts(meta)
+        for meta in sorted(COPY.glob("fairlimit/**/*.py.meta"))
+    }
+    print("\n".join(table({m: v for m, v in modules.items() if v})))
+    checked = Counter(v for found in modules.values() for v in found.values())
+    run = checked["killed"] + checked["timeout"] + checked["survived"]
+    if run:
+        print(f"\nsurvived {checked['survived']} of {run} run ({checked['survived'] / run:.1%})")
+    if args.survivors:
+        for found in modules.values():
+            for name, verdict in found.items():
+                if verdict == "survived":
+                    print(name)
+
+
+if __name__ == "__main__":
+    main()
