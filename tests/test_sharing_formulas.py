@@ -5,6 +5,8 @@ own, with a period P other than 1 s where the formula divides or multiplies by i
 min(window, 1 s) = 1 s, where x·P and x/P agree; docs/fairness.md writes them for any P).
 """
 
+import math
+
 import pytest
 
 from fairlimit.core.sharing import (
@@ -12,12 +14,15 @@ from fairlimit.core.sharing import (
     Clock,
     PeriodLevel,
     Row,
+    allowance,
     charge,
     fold,
     last_period,
+    period_level,
     predicted,
     record,
 )
+from maxmin import level as maxmin_level
 
 pytestmark = pytest.mark.unit
 
@@ -38,13 +43,34 @@ class TestPredicted:
         assert predicted(10.0, 1.0, 4.0, clock) == 230.0
 
     def test_the_first_period_of_a_window_has_no_average(self) -> None:
-        """now 120.5: no period done, so no average (no division by 0): 6 + 1 x 60 = 66."""
-        assert predicted(6.0, 1.0, 0.0, Clock(60, 1.0, 120.5)) == 66.0
+        """now 120.5: no period done, so no average (no division by 0): 6 + 0.5 x 60 = 36."""
+        assert predicted(6.0, 0.5, 0.0, Clock(60, 1.0, 120.5)) == 36.0
 
     def test_periods_are_counted_in_units_of_p(self) -> None:
         """Window [0, 10), P = 0.5 s, now 2.3: period 4 began at 2.0, so 4 periods are done
         and 16 left; 10 hits so far are 2.5 a period: 10 + 2.5 x 16 = 50."""
         assert predicted(10.0, 0.0, 0.0, Clock(10, 0.5, 2.3)) == 50.0
+
+
+class TestAllowance:
+    """A plan: the predicted demand rounded up, within the limit and λ·w rounded down."""
+
+    def test_a_whole_demand_is_not_rounded_up(self) -> None:
+        """5 predicted, uncontended: 5, not 6 (ceil(x - ε) keeps a whole x)."""
+        assert allowance(5.0, 10.0, math.inf) == 5.0
+
+    def test_a_fraction_of_demand_rounds_up(self) -> None:
+        """4.2 predicted: a sparse client keeps its next request, 5."""
+        assert allowance(4.2, 10.0, math.inf) == 5.0
+
+    def test_the_limit_bounds_the_demand(self) -> None:
+        """12 predicted, a limit of 10: 10."""
+        assert allowance(12.0, 10.0, math.inf) == 10.0
+
+    def test_the_share_bounds_a_contended_plan(self) -> None:
+        """λ·w = 3.5 under 5 predicted: 3 (a share rounds down); λ·w a hair under 3: 3."""
+        assert allowance(5.0, 10.0, 3.5) == 3.0
+        assert allowance(5.0, 10.0, 3.0 - 1e-12) == 3.0
 
 
 def _row(period: int, start: int, asked: int, admitted: int) -> Row:
@@ -80,3 +106,38 @@ class TestLastPeriod:
         found = last_period([_row(3, 0, 1, 1)], 8.0, Clock(2, 0.5, 2.1))
         assert found is not None
         assert found.scale == 4.0
+
+
+def _asked_last_period(asked: int, limit: float, weight: float) -> Row:
+    """A client that asked ``asked`` hits in period 19 (window [10, 20)) and nothing since."""
+    row = Row(limit, weight)
+    fold(row, 19, 10)
+    record(row, asked)
+    return row
+
+
+class TestPeriodLevel:
+    """λ and the reservations R at the first period of window [20, 30) (now 20.5, P = 1):
+    a client that asked k hits in the period before predicts k x 10 hits for the window."""
+
+    CLOCK = Clock(10, 1.0, 20.5)
+
+    def test_uncontended_plans_are_demand_within_the_limit(self) -> None:
+        """30 predicted under a limit of 40 holds 30; 60 over a limit of 45 holds 45: R = 75
+        by 2 holders, λ infinite (75 fits in 1000)."""
+        rows = [_asked_last_period(3, 40.0, 1.0), _asked_last_period(6, 45.0, 1.0)]
+        assert maxmin_level([30, 45], [1, 1], 1000) == math.inf
+        assert period_level(rows, 1000.0, self.CLOCK) == PeriodLevel(math.inf, 75.0, 2)
+
+    def test_contended_plans_are_demand_within_the_weighted_share(self) -> None:
+        """Wants 10, 40, 60 at weights 1, 2, 1 over 80: λ = 30 (tests/maxmin.py); shares 30,
+        60, 30, so the plans are 10, 40 and 30: R = 80 by 3 holders."""
+        rows = [
+            _asked_last_period(1, 100.0, 1.0),
+            _asked_last_period(4, 100.0, 2.0),
+            _asked_last_period(6, 100.0, 1.0),
+        ]
+        assert maxmin_level([10, 40, 60], [1, 2, 1], 80) == 30
+        found = period_level(rows, 80.0, self.CLOCK)
+        assert found.level == pytest.approx(30.0)
+        assert (found.reserved, found.holders) == (80.0, 3)
