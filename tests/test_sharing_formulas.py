@@ -141,3 +141,11 @@ class TestPeriodLevel:
         found = period_level(rows, 80.0, self.CLOCK)
         assert found.level == pytest.approx(30.0)
         assert (found.reserved, found.holders) == (80.0, 3)
+
+    def test_reservations_are_what_plans_have_left(self) -> None:
+        """Window [20, 30), now 25.5: 5 periods done, 5 left. Asked and admitted 2 in period
+        24: 2 + 2 x 5 = 12 predicted, 10 still held; the same under a limit of 2 has taken its
+        whole plan and holds nothing: R = 10 by 1 holder."""
+        rows = [_row(24, 20, 2, 2), _row(24, 20, 2, 2)]
+        rows[1].limit = 2.0
+        assert period_level(rows, 1000.0, Clock(10, 1.0, 25.5)) == PeriodLevel(math.inf, 10.0, 1)
