@@ -149,3 +149,96 @@ class TestPeriodLevel:
         rows = [_row(24, 20, 2, 2), _row(24, 20, 2, 2)]
         rows[1].limit = 2.0
         assert period_level(rows, 1000.0, Clock(10, 1.0, 25.5)) == PeriodLevel(math.inf, 10.0, 1)
+
+
+def _state(pk: int, ws: int, pd: float, r: float, d: float, a: float, q: float = 0.0) -> Row:
+    """A row as a store leaves it: folded to period ``pk`` of the window at ``ws``."""
+    row = Row(1000.0, 1.0)
+    row.pk, row.ws, row.pd, row.r, row.q, row.d, row.a = pk, ws, pd, r, q, d, a
+    return row
+
+
+# (row, now, R): window 10 s, P = 1; 1000 capacity, so λ is infinite and R = plan - admitted.
+# At now 25.5: period 25 of window [20, 30), 5 periods done, 5 left.
+FOLDS = {
+    # q = pd = 3, r = 3/2 + 9/2 = 6 wins: 4 + 6 x 5 = 34, 1 admitted
+    "last-period-ewma-wins": (
+        _state(24, 20, pd=3, r=9, d=4, a=1),
+        25.5,
+        33.0,
+    ),
+    # q = pd = 3 wins over r = 3/2 + 1/2 = 2: 4 + 3 x 5 = 19, 1 admitted
+    "last-period-q-wins": (
+        _state(24, 20, pd=3, r=1, d=4, a=1),
+        25.5,
+        18.0,
+    ),
+    # folded already: r = 2 over q = 1 and the average 3/5: 3 + 2 x 5 = 13
+    "this-period": (
+        _state(25, 20, pd=0, r=2, d=3, a=0, q=1),
+        25.5,
+        13.0,
+    ),
+    # r = (8/2) / 4 = 1, under the average 10/5: 10 + 2 x 5 = 20, 10 admitted
+    "three-periods-back": (
+        _state(22, 20, pd=8, r=0, d=10, a=10),
+        25.5,
+        10.0,
+    ),
+    # its d and a belong to the last window; r = (64/2) / 32 = 1: 1 x 5
+    "last-window": (
+        _state(19, 10, pd=64, r=0, d=40, a=3),
+        25.5,
+        5.0,
+    ),
+    # 64 periods back still counts: r = 2^63 / 2^63 = 1: 1 x 5
+    "64-periods-back": (
+        _state(25 - 64, 0, pd=2.0**64, r=0, d=0, a=0),
+        25.5,
+        5.0,
+    ),
+    # the first period of [30, 40), the row of the last window: q = pd = 2, 2 x 10
+    "new-window": (
+        _state(29, 20, pd=2, r=0, d=7, a=7),
+        30.5,
+        20.0,
+    ),
+    # a window's first period, no rate: the demand so far, 3, 1 admitted
+    "no-rate-first-period": (
+        _state(20, 20, pd=3, r=0, d=3, a=1),
+        20.5,
+        2.0,
+    ),
+}
+
+
+class TestPeriodLevelFolds:
+    """period_level folds each row as ``history`` and ``predicted`` do (it inlines them)."""
+
+    @pytest.mark.parametrize(("row", "now", "reserved"), FOLDS.values(), ids=list(FOLDS))
+    def test_a_rows_plan(self, row: Row, now: float, reserved: float) -> None:
+        found = period_level([row], 1000.0, Clock(10, 1.0, now))
+        assert found == PeriodLevel(math.inf, reserved, 1)
+
+    def test_a_row_past_64_periods_takes_no_part(self) -> None:
+        """65 periods back its history is gone, and it asked nothing this window."""
+        row = _state(25 - 65, 0, pd=2.0**64, r=0, d=0, a=0)
+        assert period_level([row], 1000.0, Clock(10, 1.0, 25.5)) == PeriodLevel(None, 0.0)
+
+    def test_a_row_without_rate_or_demand_takes_no_part(self) -> None:
+        """A row seen this period that asked nothing: no λ from it, no reservation."""
+        idle = _state(25, 20, pd=0, r=0, d=0, a=0)
+        assert period_level([idle], 1000.0, Clock(10, 1.0, 25.5)) == PeriodLevel(None, 0.0)
+
+
+class TestCharge:
+    """Admitted hits count in the row and in the period, within plans or from the spare."""
+
+    def test_hits_add_up_by_where_they_came_from(self) -> None:
+        """3 then 2 within plans, 4 then 1 from the spare: 5 used, 5 over; the row holds all
+        10 this window and period, 5 of them from the spare."""
+        row, cap = Row(100.0, 1.0), CapPeriod(7, PeriodLevel(10.0, 0.0))
+        for hits, within in ((3, True), (4, False), (2, True), (1, False)):
+            charge(row, cap, hits, within)
+        assert (cap.used, cap.over) == (5.0, 5.0)
+        assert (row.a, row.pa, row.oo) == (10.0, 10.0, 5.0)
