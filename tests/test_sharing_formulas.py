@@ -17,6 +17,7 @@ from fairlimit.core.sharing import (
     allowance,
     charge,
     fold,
+    history,
     last_period,
     period_level,
     predicted,
@@ -242,3 +243,77 @@ class TestCharge:
             charge(row, cap, hits, within)
         assert (cap.used, cap.over) == (5.0, 5.0)
         assert (row.a, row.pa, row.oo) == (10.0, 10.0, 5.0)
+
+
+class TestClock:
+    """Where an instant sits: period, window start, φ and what is left of the window."""
+
+    def test_period_start_elapsed_and_left(self) -> None:
+        """Window [120, 180), P = 1, now 125.5: period 125; φ = (5.5 + 1) / 60; of the 55 s
+        left at the period's start, 54.5 are left."""
+        clock = Clock(60, 1.0, 125.5)
+        assert (clock.period, clock.start) == (125, 120)
+        assert clock.elapsed == 6.5 / 60
+        assert clock.left == 54.5 / 55
+
+    def test_elapsed_stops_at_the_whole_window(self) -> None:
+        """In the last second of the window φ is 1, not (59.5 + 1) / 60."""
+        assert Clock(60, 1.0, 179.5).elapsed == 1.0
+
+    def test_periods_of_half_a_second(self) -> None:
+        """P = 0.5 s, now 2.3 in a 10 s window: period 4, start 0, φ = 2.8 / 10."""
+        clock = Clock(10, 0.5, 2.3)
+        assert (clock.period, clock.start, clock.elapsed) == (4, 0, (2.3 + 0.5) / 10)
+
+
+class TestHistory:
+    """A row's (r, q, qa, d, a) seen from a later period: the EWMA decays, q lasts a period."""
+
+    def test_the_next_period_takes_the_last_periods_demand(self) -> None:
+        """pd 6 (4 admitted), r 2: r = 6/2 + 2/2 = 4, q = 6, qa = 4; same window, so d, a stay."""
+        row = _state(24, 20, pd=6, r=2, d=9, a=5)
+        row.pa = 4.0
+        assert history(row, 25, 20) == (4.0, 6.0, 4.0, 9.0, 5.0)
+
+    def test_quiet_periods_halve_the_rate_and_drop_q(self) -> None:
+        """Three periods on: r = (6/2 + 2/2) / 4 = 1, q = qa = 0."""
+        row = _state(24, 20, pd=6, r=2, d=9, a=5)
+        row.pa = 4.0
+        assert history(row, 27, 20) == (1.0, 0.0, 0.0, 9.0, 5.0)
+
+    def test_a_new_window_drops_d_and_a(self) -> None:
+        """From period 29 of [20, 30) to period 30 of [30, 40): d = a = 0, history kept."""
+        row = _state(29, 20, pd=6, r=2, d=9, a=5)
+        row.pa = 4.0
+        assert history(row, 30, 30) == (4.0, 6.0, 4.0, 0.0, 0.0)
+
+    def test_a_row_folded_already_is_as_it_is(self) -> None:
+        """Asked for its own period (or an earlier one): its fields as they are."""
+        row = _state(25, 20, pd=6, r=2, d=9, a=5, q=3)
+        row.qa = 1.0
+        assert history(row, 25, 20) == history(row, 24, 20) == (2.0, 3.0, 1.0, 9.0, 5.0)
+
+    def test_history_lasts_64_periods(self) -> None:
+        """64 periods on: r = (2^64 / 2) / 2^63 = 1; 65 on: gone."""
+        row = _state(0, 0, pd=2.0**64, r=0, d=0, a=0)
+        assert history(row, 64, 60)[0] == 1.0
+        assert history(row, 65, 60)[0] == 0.0
+
+
+class TestFold:
+    """A row moved to a new period keeps its history and starts the period's counts afresh."""
+
+    def test_the_first_touch_in_a_period_folds(self) -> None:
+        """From period 24 to 25 of [20, 30): r = 4, q = 6, qa = 4; dk = d = 9; pd, pa, oo, sp
+        start at 0."""
+        row = _state(24, 20, pd=6, r=2, d=9, a=5)
+        row.pa, row.oo, row.sp = 4.0, 2.0, 1
+        assert fold(row, 25, 20) is True
+        assert (row.r, row.q, row.qa, row.d, row.a, row.dk) == (4.0, 6.0, 4.0, 9.0, 5.0, 9.0)
+        assert (row.pd, row.pa, row.oo, row.sp, row.pk, row.ws) == (0.0, 0.0, 0.0, 0, 25, 20)
+
+    def test_a_second_touch_changes_nothing(self) -> None:
+        """Folded to 25 already: False, and the period's counts stay."""
+        row = _state(25, 20, pd=6, r=2, d=9, a=5)
+        assert fold(row, 25, 20) is False
+        assert (row.pd, row.r, row.pk) == (6.0, 2.0, 25)
