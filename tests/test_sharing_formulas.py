@@ -312,6 +312,15 @@ class TestFold:
         assert (row.r, row.q, row.qa, row.d, row.a, row.dk) == (4.0, 6.0, 4.0, 9.0, 5.0, 9.0)
         assert (row.pd, row.pa, row.oo, row.sp, row.pk, row.ws) == (0.0, 0.0, 0.0, 0, 25, 20)
 
+    @pytest.mark.parametrize("period", [0, 1])
+    def test_a_new_client_folds_empty_from_the_first_periods(self, period: int) -> None:
+        """A new row is behind every period (an injected clock may start at 0): it folds on
+        its first touch, with no history, demand or counts."""
+        row = Row(10.0, 1.0)
+        assert fold(row, period, 0) is True
+        assert (row.r, row.q, row.qa, row.d, row.a, row.dk) == (0.0,) * 6
+        assert (row.pd, row.pa, row.oo, row.sp, row.pk, row.ws) == (0.0, 0.0, 0.0, 0, period, 0)
+
     def test_a_second_touch_changes_nothing(self) -> None:
         """Folded to 25 already: False, and the period's counts stay."""
         row = _state(25, 20, pd=6, r=2, d=9, a=5)
