@@ -14,6 +14,7 @@ from fairlimit.core.sharing import (
     Clock,
     PeriodLevel,
     Row,
+    ShareClaim,
     allowance,
     charge,
     fold,
@@ -22,6 +23,7 @@ from fairlimit.core.sharing import (
     period_level,
     predicted,
     record,
+    verdict,
 )
 from maxmin import level as maxmin_level
 
@@ -159,56 +161,64 @@ def _state(pk: int, ws: int, pd: float, r: float, d: float, a: float, q: float =
     return row
 
 
-# (row, now, R): window 10 s, P = 1; 1000 capacity, so λ is infinite and R = plan - admitted.
+# (row, clock, R): window 10 s, P = 1 but where said; 1000 capacity, so λ is infinite and
+# R = plan - admitted.
 # At now 25.5: period 25 of window [20, 30), 5 periods done, 5 left.
 FOLDS = {
     # q = pd = 3, r = 3/2 + 9/2 = 6 wins: 4 + 6 x 5 = 34, 1 admitted
     "last-period-ewma-wins": (
         _state(24, 20, pd=3, r=9, d=4, a=1),
-        25.5,
+        Clock(10, 1.0, 25.5),
         33.0,
     ),
     # q = pd = 3 wins over r = 3/2 + 1/2 = 2: 4 + 3 x 5 = 19, 1 admitted
     "last-period-q-wins": (
         _state(24, 20, pd=3, r=1, d=4, a=1),
-        25.5,
+        Clock(10, 1.0, 25.5),
         18.0,
     ),
     # folded already: r = 2 over q = 1 and the average 3/5: 3 + 2 x 5 = 13
     "this-period": (
         _state(25, 20, pd=0, r=2, d=3, a=0, q=1),
-        25.5,
+        Clock(10, 1.0, 25.5),
         13.0,
     ),
     # r = (8/2) / 4 = 1, under the average 10/5: 10 + 2 x 5 = 20, 10 admitted
     "three-periods-back": (
         _state(22, 20, pd=8, r=0, d=10, a=10),
-        25.5,
+        Clock(10, 1.0, 25.5),
         10.0,
     ),
     # its d and a belong to the last window; r = (64/2) / 32 = 1: 1 x 5
     "last-window": (
         _state(19, 10, pd=64, r=0, d=40, a=3),
-        25.5,
+        Clock(10, 1.0, 25.5),
         5.0,
     ),
     # 64 periods back still counts: r = 2^63 / 2^63 = 1: 1 x 5
     "64-periods-back": (
         _state(25 - 64, 0, pd=2.0**64, r=0, d=0, a=0),
-        25.5,
+        Clock(10, 1.0, 25.5),
         5.0,
     ),
     # the first period of [30, 40), the row of the last window: q = pd = 2, 2 x 10
     "new-window": (
         _state(29, 20, pd=2, r=0, d=7, a=7),
-        30.5,
+        Clock(10, 1.0, 30.5),
         20.0,
     ),
     # a window's first period, no rate: the demand so far, 3, 1 admitted
     "no-rate-first-period": (
         _state(20, 20, pd=3, r=0, d=3, a=1),
-        20.5,
+        Clock(10, 1.0, 20.5),
         2.0,
+    ),
+    # P = 0.5 s, now 2.3 of [0, 10): period 4 began at 2.0, 4 periods done, 16 left; q = pd = 1
+    # under the average 10/4: 10 + 2.5 x 16 = 50
+    "half-second-periods": (
+        _state(3, 0, pd=1, r=0, d=10, a=0),
+        Clock(10, 0.5, 2.3),
+        50.0,
     ),
 }
 
@@ -216,9 +226,9 @@ FOLDS = {
 class TestPeriodLevelFolds:
     """period_level folds each row as ``history`` and ``predicted`` do (it inlines them)."""
 
-    @pytest.mark.parametrize(("row", "now", "reserved"), FOLDS.values(), ids=list(FOLDS))
-    def test_a_rows_plan(self, row: Row, now: float, reserved: float) -> None:
-        found = period_level([row], 1000.0, Clock(10, 1.0, now))
+    @pytest.mark.parametrize(("row", "clock", "reserved"), FOLDS.values(), ids=list(FOLDS))
+    def test_a_rows_plan(self, row: Row, clock: Clock, reserved: float) -> None:
+        found = period_level([row], 1000.0, clock)
         assert found == PeriodLevel(math.inf, reserved, 1)
 
     def test_a_row_past_64_periods_takes_no_part(self) -> None:
@@ -326,3 +336,120 @@ class TestFold:
         row = _state(25, 20, pd=6, r=2, d=9, a=5)
         assert fold(row, 25, 20) is False
         assert (row.pd, row.r, row.pk) == (6.0, 2.0, 25)
+
+
+# verdict: window [20, 30), now 25.5 (φ = 0.65, 0.9 of the period's rest left); capacity 100;
+# a client of weight 2 and limit 50 predicts 4 + 1 x 5 = 9 (dk 4, r 1): at λ = 10 its plan is 9
+# (λ·w = 20) and its paced fair amount min(50, 20 x 0.65) = 13.
+NOW = Clock(10, 1.0, 25.5)
+
+
+def _client(a: float, oo: float = 0.0, sp: int = 0) -> Row:
+    row = _state(25, 20, pd=0, r=1, d=4, a=a)
+    row.dk, row.oo, row.sp = 4.0, oo, sp
+    return row
+
+
+def _claim(hits: int = 1, sized: bool = False) -> ShareClaim:
+    return ShareClaim(hits, 50.0, 2.0, 100.0, 4, sized)
+
+
+class TestVerdictColdStart:
+    """No λ yet: capacity x w / max(weights seen, active_clients), paced, within the limit."""
+
+    def test_split_among_the_weights_seen(self) -> None:
+        """Weights 5 seen over 4 declared: 100 x 2 / 5 = 40, paced to 40 x 0.65 = 26."""
+        cap = CapPeriod(25, PeriodLevel(None, 0.0))
+        cap.seen_weight = 5.0
+        assert verdict(_client(0), cap, _claim(), 0, NOW) == (26.0, True)
+
+    def test_split_among_the_declared_clients(self) -> None:
+        """Weights 3 seen under 4 declared: 100 x 2 / 4 = 50, a sized cap is not paced, and
+        the limit of 50 holds."""
+        cap = CapPeriod(25, PeriodLevel(None, 0.0))
+        cap.seen_weight = 3.0
+        assert verdict(_client(0), cap, _claim(sized=True), 0, NOW) == (50.0, True)
+        cap.seen_weight = 1.0
+        claim = ShareClaim(1, 30.0, 2.0, 100.0, 4, True)
+        assert verdict(_client(0), cap, claim, 0, NOW) == (30.0, True)
+
+
+class TestVerdictWithinPlan:
+    """Below its plan and its paced fair amount, a request is within the plan."""
+
+    @pytest.mark.parametrize(
+        ("a", "hits"), [(3, 1), (8, 1), (8, 0), (3, 10)], ids=["below", "last", "check", "tokens"]
+    )
+    def test_within(self, a: float, hits: int) -> None:
+        """The plan's last hit (8 + 1 = 9), a check (counted as 1), or tokens ending exactly
+        at the fair amount (3 + 10 = 13): within, bound 13."""
+        cap = CapPeriod(25, PeriodLevel(10.0, 0.0))
+        assert verdict(_client(a), cap, _claim(hits), 0, NOW) == (13.0, True)
+        assert cap.spare_weight == 0.0
+
+    def test_uncontended_the_limit_is_the_bound(self) -> None:
+        """λ infinite: the fair amount is the limit, 50, not paced."""
+        cap = CapPeriod(25, PeriodLevel(math.inf, 0.0))
+        assert verdict(_client(3), cap, _claim(), 0, NOW) == (50.0, True)
+
+    @pytest.mark.parametrize(("a", "hits"), [(9, 1), (3, 11)], ids=["plan-used", "past-fair"])
+    def test_past_the_plan_or_the_fair_amount_asks_the_spare(self, a: float, hits: int) -> None:
+        """9 + 1 > 9, or 3 + 11 > 13: the spare is asked (none is free: 100 in the window)."""
+        cap = CapPeriod(25, PeriodLevel(10.0, 0.0))
+        cap.spare_weight = 1.0
+        bound, within = verdict(_client(a), cap, _claim(hits), 100, NOW)
+        assert (bound, within) == (min(13.0, max(9.0, a)), False)
+        assert cap.spare_weight == 3.0
+
+
+def _spare_cap(**figures: float) -> CapPeriod:
+    """R 40 by 5 holders; 2 of them seen with 10; 4 used, 6 from the spare; weight 2 asked."""
+    cap = CapPeriod(25, PeriodLevel(10.0, 40.0, 5))
+    cap.seen_holders, cap.seen_reserved, cap.used, cap.over, cap.spare_weight = 2, 10.0, 4, 6, 2
+    for name, value in figures.items():
+        setattr(cap, name, value)
+    return cap
+
+
+# (cap figures, total in the window, the client's hits from the spare, granted):
+# unseen R = 40 - 10 = 30, kept max(30 x 0.9, 5 - 2) = 27, held 10 - 4 + 27 = 33; the spare
+# may reach min(100 - 33, 100 x 0.65) = 65 in total; the pool 6 + 100 - 33 - total is split by
+# weight, 2 of 2 + 2 asking (this client joins): a client may take pool / 2 + 1.
+SPARE = {
+    "pool-share-edge": ({}, 49, 12, True),  # pool 24: 12 + 1 <= 13
+    "pool-share-past": ({}, 49, 13, False),
+    "pace-edge": ({}, 64, 0, True),  # 64 + 1 <= 65
+    "pace-past": ({}, 65, 0, False),
+    # R 70, seen 40: 40 - 4 used + 27 kept of 30 unseen: 63 held, the spare up to 37
+    "held-edge": ({"reserved": 70.0, "seen_reserved": 40.0}, 36, 0, True),
+    "held-past": ({"reserved": 70.0, "seen_reserved": 40.0}, 37, 0, False),
+    # seen R all used (10 - 15 counts 0): 27 held, pool 6 + 100 - 27 - 49 = 30: 15 + 1 <= 16
+    "used-up": ({"used": 15.0}, 49, 15, True),
+    # 30 holders unseen 28 over 30 x 0.9: kept 28, pool 23: 12 + 1 > 12.5
+    "unseen-holders": ({"holders": 30}, 49, 12, False),
+    # 40 holders: kept all 30 unseen, pool 21: 10 + 1 <= 11.5, 11 + 1 is not
+    "all-unseen-kept": ({"holders": 40}, 49, 10, True),
+    "all-unseen-kept-past": ({"holders": 40}, 49, 11, False),
+    # seen R over R: nothing unseen kept; 6 held, pool 6 + 100 - 6 - 49 = 51: 26 + 1 <= 26.5
+    "no-unseen": ({"reserved": 5.0}, 49, 25, True),
+    "no-unseen-past": ({"reserved": 5.0}, 49, 26, False),
+    # the spare's own use adds to the pool: over 10, pool 28: 14 + 1 <= 15
+    "over-returns": ({"over": 10.0}, 49, 14, True),
+}
+
+
+class TestVerdictSpare:
+    """Past its plan a client draws on the spare: what no reservation holds, paced, split by
+    weight among the clients asking (figures worked by hand above SPARE)."""
+
+    @pytest.mark.parametrize(("figures", "total", "oo", "granted"), SPARE.values(), ids=list(SPARE))
+    def test_spare(self, figures: dict[str, float], total: int, oo: float, granted: bool) -> None:
+        bound, within = verdict(_client(9, oo), _spare_cap(**figures), _claim(), total, NOW)
+        assert (bound, within) == (50.0 if granted else 9.0, False)
+
+    def test_a_client_asks_for_spare_once_a_period(self) -> None:
+        """Registered already (sp 1): its weight is not added again, so the pool splits over 2:
+        24 / 2 x 2 + 1 = 25 (once more it would be 13)."""
+        cap = _spare_cap()
+        assert verdict(_client(9, 24, sp=1), cap, _claim(), 49, NOW) == (50.0, False)
+        assert cap.spare_weight == 2.0
