@@ -21,8 +21,10 @@ from fairlimit.core.sharing import (
     history,
     last_period,
     period_level,
+    plan_of,
     predicted,
     record,
+    touch,
     verdict,
 )
 from maxmin import level as maxmin_level
@@ -453,3 +455,46 @@ class TestVerdictSpare:
         cap = _spare_cap()
         assert verdict(_client(9, 24, sp=1), cap, _claim(), 49, NOW) == (50.0, False)
         assert cap.spare_weight == 2.0
+
+
+class TestPeriodStart:
+    """A period starts with λ and R as computed, and nothing seen, used or asked."""
+
+    def test_a_new_period_counts_nothing_yet(self) -> None:
+        cap = CapPeriod(25, PeriodLevel(10.0, 40.0, 5))
+        assert (cap.period, cap.level, cap.reserved, cap.holders) == (25, 10.0, 40.0, 5)
+        seen = (cap.seen_holders, cap.seen_reserved, cap.seen_weight)
+        assert (*seen, cap.used, cap.over, cap.spare_weight) == (0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+class TestTouch:
+    """A client's first touch in a period: what its plan still holds, and its weight, seen."""
+
+    def test_plans_are_what_the_client_may_take_this_window(self) -> None:
+        """The client above: 9 at λ = 10; none before λ exists."""
+        claim = _claim()
+        assert plan_of(_client(3), CapPeriod(25, PeriodLevel(10.0, 0.0)), claim, NOW) == 9.0
+        assert plan_of(_client(3), CapPeriod(25, PeriodLevel(None, 0.0)), claim, NOW) == 0.0
+
+    def test_a_holder_and_a_client_at_its_plan(self) -> None:
+        """3 of a plan of 9 taken: 6 held, 1 holder; then one with all 9 taken: its weight
+        only. Weights seen 2 + 2."""
+        cap = CapPeriod(25, PeriodLevel(10.0, 0.0))
+        touch(_client(3), cap, _claim(), NOW)
+        touch(_client(9), cap, _claim(), NOW)
+        assert (cap.seen_reserved, cap.seen_holders, cap.seen_weight) == (6.0, 1, 4.0)
+
+    def test_before_lambda_only_weights_are_seen(self) -> None:
+        cap = CapPeriod(25, PeriodLevel(None, 0.0))
+        touch(_client(0), cap, _claim(), NOW)
+        touch(_client(0), cap, _claim(), NOW)
+        assert (cap.seen_reserved, cap.seen_holders, cap.seen_weight) == (0.0, 0, 4.0)
+
+
+class TestRecord:
+    def test_demand_adds_up_in_the_window_and_the_period(self) -> None:
+        """3 then 4 hits asked: 7 this window and this period (admitted or not)."""
+        row = Row(10.0, 1.0)
+        record(row, 3)
+        record(row, 4)
+        assert (row.d, row.pd, row.a) == (7.0, 7.0, 0.0)
