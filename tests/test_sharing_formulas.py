@@ -179,17 +179,25 @@ FOLDS = {
         Clock(10, 1.0, 25.5),
         18.0,
     ),
-    # folded already: r = 2 over q = 1 and the average 3/5: 3 + 2 x 5 = 13
+    # folded already (1 asked so far this period): r = 2 over q = 1 and the average 3/5:
+    # 3 + 2 x 5 = 13
     "this-period": (
-        _state(25, 20, pd=0, r=2, d=3, a=0, q=1),
+        _state(25, 20, pd=1, r=2, d=3, a=0, q=1),
         Clock(10, 1.0, 25.5),
         13.0,
     ),
-    # r = (8/2) / 4 = 1, under the average 10/5: 10 + 2 x 5 = 20, 10 admitted
+    # r = (6/2 + 2/2) / 4 = 1 over the average 2/5: 2 + 1 x 5 = 7, 1 admitted
     "three-periods-back": (
-        _state(22, 20, pd=8, r=0, d=10, a=10),
+        _state(22, 20, pd=6, r=2, d=2, a=1),
         Clock(10, 1.0, 25.5),
-        10.0,
+        6.0,
+    ),
+    # at a real Unix time (period 1_700_000_005 of [1_700_000_000, +10)), two periods back:
+    # r = (2/2) / 2 = 0.5, q = 0: 0.5 x 5 = 2.5, rounded up to 3
+    "unix-time-two-periods-back": (
+        _state(1_700_000_003, 1_700_000_000, pd=2, r=0, d=0, a=0),
+        Clock(10, 1.0, 1_700_000_005.5),
+        3.0,
     ),
     # its d and a belong to the last window; r = (64/2) / 32 = 1: 1 x 5
     "last-window": (
