@@ -83,7 +83,8 @@ def _required(cap: Rule, active: int) -> _Sum:
     others = active - len(explicit)
     if per_client is None:
         return _Sum(sum(explicit), None, f"{len(explicit)} named clients")
-    open_part = per_client * others if per_client > 0 else 0.0
+    # Limits are never negative (the loader takes 0..2**32-1), so a zero limit adds 0.0 as is.
+    open_part = per_client * others
     if not explicit:
         return _Sum(open_part, per_client, f"{rate(per_client)} x {active} active clients")
     named = f"{len(explicit)} named clients {rate(sum(explicit))}"
