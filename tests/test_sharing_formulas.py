@@ -251,6 +251,13 @@ class TestPeriodLevelFolds:
         idle = _state(25, 20, pd=0, r=0, d=0, a=0)
         assert period_level([idle], 1000.0, Clock(10, 1.0, 25.5)) == PeriodLevel(None, 0.0)
 
+    def test_rows_after_an_idle_one_still_count(self) -> None:
+        """An idle row, then the three-periods-back client above: R = 6 by 1 holder."""
+        idle = _state(25, 20, pd=0, r=0, d=0, a=0)
+        client = _state(22, 20, pd=6, r=2, d=2, a=1)
+        found = period_level([idle, client], 1000.0, Clock(10, 1.0, 25.5))
+        assert found == PeriodLevel(math.inf, 6.0, 1)
+
 
 class TestCharge:
     """Admitted hits count in the row and in the period, within plans or from the spare."""
