@@ -491,13 +491,13 @@ class TestTouch:
         assert plan_of(_client(3), CapPeriod(25, PeriodLevel(10.0, 0.0)), claim, NOW) == 9.0
         assert plan_of(_client(3), CapPeriod(25, PeriodLevel(None, 0.0)), claim, NOW) == 0.0
 
-    def test_a_holder_and_a_client_at_its_plan(self) -> None:
-        """3 of a plan of 9 taken: 6 held, 1 holder; then one with all 9 taken: its weight
-        only. Weights seen 2 + 2."""
+    def test_holders_and_a_client_at_its_plan(self) -> None:
+        """3 of a plan of 9 taken: 6 held; all 9 taken: its weight only; 8 taken: its last
+        hit held. 7 held by 2 holders, weights seen 2 + 2 + 2."""
         cap = CapPeriod(25, PeriodLevel(10.0, 0.0))
-        touch(_client(3), cap, _claim(), NOW)
-        touch(_client(9), cap, _claim(), NOW)
-        assert (cap.seen_reserved, cap.seen_holders, cap.seen_weight) == (6.0, 1, 4.0)
+        for taken in (3, 9, 8):
+            touch(_client(taken), cap, _claim(), NOW)
+        assert (cap.seen_reserved, cap.seen_holders, cap.seen_weight) == (7.0, 2, 6.0)
 
     def test_before_lambda_only_weights_are_seen(self) -> None:
         cap = CapPeriod(25, PeriodLevel(None, 0.0))
