@@ -58,3 +58,27 @@ class TestRepeats:
         assert [(c.hits, c.force) for c in built.counters if c.key == "d/route=api#1"] == [
             (5, True)
         ]
+
+
+LOWER_CAP = """
+domain: d
+descriptors:
+  - key: route
+    value: api
+    rate_limit: {unit: second, requests_per_unit: 1000}
+    descriptors:
+      - key: tenant
+        rate_limit: {unit: second, requests_per_unit: 100}
+        fair_share: {active_clients: 2}
+        descriptors:
+          - key: user
+            rate_limit: {unit: second, requests_per_unit: 10}
+"""
+
+
+class TestCapsBelowPlainLevels:
+    def test_a_cap_under_a_plain_limit_is_claimed(self, tmp_path: Path) -> None:
+        """route (a plain limit) > tenant (a cap) > user: user u claims at t's cap."""
+        matcher = Matcher(load_text(tmp_path, LOWER_CAP).config)
+        built = plan(req("d", desc(*USER)), matcher)
+        assert [(s.cap, s.client) for s in built.shares] == [("d/route=api/tenant=t#1", "u")]
