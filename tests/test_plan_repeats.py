@@ -1,6 +1,7 @@
 """A request that reaches one counter or one client's claim twice (core/plan): one entry,
 the hits summed, charged when over the limit if either reach says so."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,23 @@ class TestCapsBelowPlainLevels:
         matcher = Matcher(load_text(tmp_path, LOWER_CAP).config)
         built = plan(req("d", desc(*USER)), matcher)
         assert [(s.cap, s.client) for s in built.shares] == [("d/route=api/tenant=t#1", "u")]
+
+    def test_a_client_without_its_own_limit_is_claimed(self, tmp_path: Path) -> None:
+        """A cap over value-less clients with no limit of their own (two levels, nothing of
+        the client's to charge): client u still claims at the cap, at an unbounded limit."""
+        text = """
+domain: d
+descriptors:
+  - key: route
+    value: api
+    rate_limit: {unit: second, requests_per_unit: 100}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: user
+"""
+        built = plan(
+            req("d", desc("route=api", "user=u")), Matcher(load_text(tmp_path, text).config)
+        )
+        assert [(s.cap, s.client, s.client_limit) for s in built.shares] == [
+            ("d/route=api#1", "u", math.inf)
+        ]
