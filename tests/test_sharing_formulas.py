@@ -251,6 +251,13 @@ class TestPeriodLevelFolds:
         idle = _state(25, 20, pd=0, r=0, d=0, a=0)
         assert period_level([idle], 1000.0, Clock(10, 1.0, 25.5)) == PeriodLevel(None, 0.0)
 
+    def test_rows_after_an_idle_one_still_count(self) -> None:
+        """An idle row, then the three-periods-back client above: R = 6 by 1 holder."""
+        idle = _state(25, 20, pd=0, r=0, d=0, a=0)
+        client = _state(22, 20, pd=6, r=2, d=2, a=1)
+        found = period_level([idle, client], 1000.0, Clock(10, 1.0, 25.5))
+        assert found == PeriodLevel(math.inf, 6.0, 1)
+
 
 class TestCharge:
     """Admitted hits count in the row and in the period, within plans or from the spare."""
@@ -373,6 +380,14 @@ class TestVerdictColdStart:
         cap.seen_weight = 5.0
         assert verdict(_client(0), cap, _claim(), 0, NOW) == (26.0, True)
 
+    def test_a_sized_cap_is_not_paced(self) -> None:
+        """A sized cap (limit 20) that has seen weights 8 over 4 declared: 100 / 8 = 12.5 a
+        client, whole from the window's start."""
+        cap = CapPeriod(25, PeriodLevel(None, 0.0))
+        cap.seen_weight = 8.0
+        claim = ShareClaim(1, 20.0, 1.0, 100.0, 4, True)
+        assert verdict(_client(0), cap, claim, 0, NOW) == (12.5, True)
+
     def test_split_among_the_declared_clients(self) -> None:
         """Weights 3 seen under 4 declared: 100 x 2 / 4 = 50, a sized cap is not paced, and
         the limit of 50 holds."""
@@ -396,6 +411,15 @@ class TestVerdictWithinPlan:
         cap = CapPeriod(25, PeriodLevel(10.0, 0.0))
         assert verdict(_client(a), cap, _claim(hits), 0, NOW) == (13.0, True)
         assert cap.spare_weight == 0.0
+
+    def test_tokens_may_end_at_a_fair_amount_a_hair_under_whole(self) -> None:
+        """λ = 13 - 1e-9 on a sized cap (φ = 1, weight 1): 3 + 10 hits end within ε of it, as
+        water-filling's floats leave a fair amount (fair + ε is exactly 13.0 here)."""
+        level = 13 - 1e-9
+        assert level + 1e-9 == 13.0
+        cap = CapPeriod(25, PeriodLevel(level, 0.0))
+        claim = ShareClaim(10, 50.0, 1.0, 100.0, 4, True)
+        assert verdict(_client(3), cap, claim, 0, NOW) == (level, True)
 
     def test_uncontended_the_limit_is_the_bound(self) -> None:
         """λ infinite: the fair amount is the limit, 50, not paced."""
@@ -437,6 +461,7 @@ SPARE = {
     "used-up": ({"used": 15.0}, 49, 15, True),
     # 30 holders unseen 28 over 30 x 0.9: kept 28, pool 23: 12 + 1 > 12.5
     "unseen-holders": ({"holders": 30}, 49, 12, False),
+    "unseen-holders-edge": ({"holders": 30}, 49, 11, True),  # 11 + 1 <= 12.5
     # 40 holders: kept all 30 unseen, pool 21: 10 + 1 <= 11.5, 11 + 1 is not
     "all-unseen-kept": ({"holders": 40}, 49, 10, True),
     "all-unseen-kept-past": ({"holders": 40}, 49, 11, False),
@@ -456,6 +481,36 @@ class TestVerdictSpare:
     def test_spare(self, figures: dict[str, float], total: int, oo: float, granted: bool) -> None:
         bound, within = verdict(_client(9, oo), _spare_cap(**figures), _claim(), total, NOW)
         assert (bound, within) == (50.0 if granted else 9.0, False)
+
+    def test_nothing_unseen_keeps_nothing(self) -> None:
+        """Seen R 10 over R 5: no unseen reservation (not even a hit): 6 held, pool
+        6 + 100 - 6 - 49 = 51, over weights 2 of 2 (registered already): 51 + 1."""
+        cap = _spare_cap(reserved=5.0)
+        assert verdict(_client(9, 51, sp=1), cap, _claim(), 49, NOW) == (50.0, False)
+        assert verdict(_client(9, 52, sp=1), cap, _claim(), 49, NOW) == (9.0, False)
+
+    @staticmethod
+    def _held(seen_reserved: float) -> CapPeriod:
+        """Only a fraction held (kept reservations are fractions), registered weights 2."""
+        cap = CapPeriod(25, PeriodLevel(10.0, 0.0))
+        cap.seen_reserved, cap.spare_weight = seen_reserved, 2.0
+        return cap
+
+    def test_the_room_a_hair_under_whole_is_within_epsilon(self) -> None:
+        """A cap of 4 holding 2.000000001, 1 in the window: the room min(4 - held, 2.6) + ε
+        is exactly 2.0, so a 2nd hit in the window fits."""
+        held = 2.000000001
+        assert min(4.0 - held, 4.0 * NOW.elapsed) + 1e-9 == 2.0
+        claim = ShareClaim(1, 50.0, 2.0, 4.0, 4, False)
+        assert verdict(_client(9, 0, sp=1), self._held(held), claim, 1, NOW) == (50.0, False)
+
+    def test_a_pool_share_a_hair_under_whole_is_within_epsilon(self) -> None:
+        """A cap of 2 holding 1.0000000009999999, none in the window: the client's part of the
+        pool, (2 - held) x 2 / 2 + 1 + ε, is exactly 2.0, so its 2nd hit from the spare fits."""
+        held = 1.0000000009999999
+        assert (2.0 - held) * 2.0 / 2.0 + 1 + 1e-9 == 2.0
+        claim = ShareClaim(1, 50.0, 2.0, 2.0, 4, False)
+        assert verdict(_client(9, 1, sp=1), self._held(held), claim, 0, NOW) == (50.0, False)
 
     def test_a_client_asks_for_spare_once_a_period(self) -> None:
         """Registered already (sp 1): its weight is not added again, so the pool splits over 2:
@@ -484,13 +539,13 @@ class TestTouch:
         assert plan_of(_client(3), CapPeriod(25, PeriodLevel(10.0, 0.0)), claim, NOW) == 9.0
         assert plan_of(_client(3), CapPeriod(25, PeriodLevel(None, 0.0)), claim, NOW) == 0.0
 
-    def test_a_holder_and_a_client_at_its_plan(self) -> None:
-        """3 of a plan of 9 taken: 6 held, 1 holder; then one with all 9 taken: its weight
-        only. Weights seen 2 + 2."""
+    def test_holders_and_a_client_at_its_plan(self) -> None:
+        """3 of a plan of 9 taken: 6 held; all 9 taken: its weight only; 8 taken: its last
+        hit held. 7 held by 2 holders, weights seen 2 + 2 + 2."""
         cap = CapPeriod(25, PeriodLevel(10.0, 0.0))
-        touch(_client(3), cap, _claim(), NOW)
-        touch(_client(9), cap, _claim(), NOW)
-        assert (cap.seen_reserved, cap.seen_holders, cap.seen_weight) == (6.0, 1, 4.0)
+        for taken in (3, 9, 8):
+            touch(_client(taken), cap, _claim(), NOW)
+        assert (cap.seen_reserved, cap.seen_holders, cap.seen_weight) == (7.0, 2, 6.0)
 
     def test_before_lambda_only_weights_are_seen(self) -> None:
         cap = CapPeriod(25, PeriodLevel(None, 0.0))

@@ -95,9 +95,7 @@ class _Builder:
         self._counter_at: dict[str, int] = {}
         self._share_at: dict[tuple[str, str], int] = {}
 
-    def counter(
-        self, key: str, limit: RateLimit, hits: int, shadow: bool, force: bool = False
-    ) -> int:
+    def counter(self, key: str, limit: RateLimit, hits: int, shadow: bool, force: bool) -> int:
         at = self._counter_at.get(key)
         if at is None:
             at = self._counter_at[key] = len(self.counters)
