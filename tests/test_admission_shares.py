@@ -10,25 +10,10 @@ import pytest
 from fairlimit.core.admission import Code, Outcome, admits, demand_seen, statuses
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan, plan
+from fairness_cases import NESTED  # route 1000/s > tenant 600/s > user 200/s
 from helpers import desc, load_text, req
 
 pytestmark = pytest.mark.unit
-
-NESTED = """
-domain: fair
-descriptors:
-  - key: route
-    value: api
-    rate_limit: {unit: second, requests_per_unit: 1000}
-    fair_share: {active_clients: 2}
-    descriptors:
-      - key: tenant
-        rate_limit: {unit: second, requests_per_unit: 600}
-        fair_share: {active_clients: 3}
-        descriptors:
-          - key: user
-            rate_limit: {unit: second, requests_per_unit: 200}
-"""
 
 USER, ROUTE_TOTAL, TENANT_TOTAL = 0, 1, 2  # Plan.counters: the user's own limit, the caps
 AT_ROUTE, AT_TENANT = 0, 1  # Plan.shares: tenant t at the route cap, user u at the tenant cap
