@@ -159,7 +159,7 @@ def statuses(plan: Plan, outcome: Outcome, now: float) -> tuple[Status, ...]:
     return tuple(out)
 
 
-def is_quota(status: Status, quota_all: bool = False) -> bool:
+def is_quota(status: Status, quota_all: bool) -> bool:
     """Whether ``status`` counts as a quota descriptor (quota_mode, or every rule's when
     ``quota_all``, upstream's QUOTA_MODE); an unlimited one never does."""
     rule = status.rule
@@ -168,7 +168,7 @@ def is_quota(status: Status, quota_all: bool = False) -> bool:
     return quota_all or (rule is not None and rule.quota_mode and status.current_limit is not None)
 
 
-def overall(statuses_: Sequence[Status], quota_all: bool = False) -> Code:
+def overall(statuses_: Sequence[Status], quota_all: bool) -> Code:
     """OVER_LIMIT when an ordinary descriptor is over, or every quota descriptor is, else OK.
 
     A quota descriptor (``quota_mode``) over its limit fails the request only together with
