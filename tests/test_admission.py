@@ -136,16 +136,17 @@ class TestAllOrNothing:
 
 class TestRuleKinds:
     async def test_unlimited_is_never_counted(self, make_limiter: LimiterFactory) -> None:
-        """unlimited: OK, remaining 4294967295, no current_limit."""
+        """unlimited: OK, remaining 4294967295, no current_limit, no reset (as upstream)."""
         limiter = make_limiter(CONFIG)
         for _ in range(10):
             out = await limiter.should_rate_limit(req("edge", desc("health=x")))
         status = out.statuses[0]
-        assert (out.code, status.limit_remaining, status.current_limit) == (
-            Code.OK,
-            UNLIMITED_REMAINING,
-            None,
-        )
+        assert (
+            out.code,
+            status.limit_remaining,
+            status.current_limit,
+            status.duration_until_reset,
+        ) == (Code.OK, UNLIMITED_REMAINING, None, 0)
 
     async def test_shadow_rules_never_reject_and_are_counted(
         self, make_limiter: LimiterFactory
@@ -182,11 +183,18 @@ class TestRuleKinds:
     async def test_unknown_domain_and_unmatched_descriptor_are_ok(
         self, make_limiter: LimiterFactory
     ) -> None:
-        """No rule applies: OK with no limit."""
+        """No rule applies: OK with no limit, 0 remaining and no reset (as upstream)."""
         limiter = make_limiter(CONFIG)
         for request in (req("other", desc("client_id=a")), req("edge", desc("nope=1"))):
             out = await limiter.should_rate_limit(request)
-            assert out.code is Code.OK and out.statuses[0].current_limit is None
+            status = out.statuses[0]
+            assert out.code is Code.OK
+            assert (
+                status.code,
+                status.current_limit,
+                status.limit_remaining,
+                status.duration_until_reset,
+            ) == (Code.OK, None, 0, 0)
 
     async def test_global_shadow_forces_ok_and_keeps_the_truth(
         self, make_limiter: LimiterFactory
