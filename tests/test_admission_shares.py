@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fairlimit.core.admission import Code, Outcome, admits, demand_seen, statuses
+from fairlimit.core.admission import Code, Outcome, Status, admits, demand_seen, statuses
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan, plan
+from fairlimit.core.rules import RateLimit
+from fairlimit.core.units import Unit
 from fairness_cases import NESTED  # route 1000/s > tenant 600/s > user 200/s
 from helpers import desc, load_text, req
 
@@ -33,6 +35,20 @@ def _plan(tmp_path: Path, hits: int) -> Plan:
         ("fair/route=api/tenant=t#1", "u"),
     ]
     return built
+
+
+# A client's own limit per minute (600/min, 10/s) under a per-second cap.
+PER_MINUTE_CLIENTS = """
+domain: fair
+descriptors:
+  - key: route
+    value: api
+    rate_limit: {unit: second, requests_per_unit: 100}
+    fair_share: {active_clients: 10}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: minute, requests_per_unit: 600}
+"""
 
 
 @pytest.fixture
@@ -74,6 +90,44 @@ class TestBoundTolerance:
         )[0]
         assert (status.code, status.limit_remaining) == (Code.OK if room else Code.OVER_LIMIT, room)
         assert admits(nested, counts, shared, bounds) is (room == 1)
+
+
+def _status(
+    built: Plan, counts: tuple[int, ...], shared: tuple[int, ...], bounds: tuple[float, ...]
+) -> Status:
+    """The first descriptor's status, admitted or not as admits decides."""
+    outcome = Outcome(admits(built, counts, shared, bounds), counts, shared, bounds)
+    return statuses(built, outcome, 0.0)[0]
+
+
+class TestStatusAtCaps:
+    @pytest.mark.parametrize("hits", [0, 1, 3])
+    def test_an_admitted_hit_leaves_the_bound_less_what_it_used(
+        self, tmp_path: Path, hits: int
+    ) -> None:
+        """u has 4 hits of a bound of 10 at the tenant cap (every other level far from
+        full): a request of ``hits`` is admitted and leaves 10 - 4 - hits, by hand."""
+        status = _status(_plan(tmp_path, hits), (0, 0, 0), (0, 4), (math.inf, 10.0))
+        assert (status.code, status.limit_remaining) == (Code.OK, 10 - 4 - hits)
+
+    def test_an_own_limit_used_up_is_the_remaining_though_the_caps_have_room(
+        self, nested: Plan
+    ) -> None:
+        """u's hit takes its own 200th: 0 remaining, the minimum over the levels, though
+        the route cap has 999 and the tenant cap 599 left."""
+        status = _status(nested, (199, 0, 0), (0, 0), (math.inf, math.inf))
+        assert (status.code, status.limit_remaining) == (Code.OK, 0)
+
+    @pytest.mark.parametrize("share", [10.0, 10 - 1e-12])
+    def test_a_share_equal_to_the_own_limit_reports_the_own_limit(
+        self, tmp_path: Path, share: float
+    ) -> None:
+        """A fair share of 10/s, or a float's rounding of it, at a per-second cap is a
+        600/min client's own rate: the status reports 600 a minute, not 10 a second."""
+        matcher = Matcher(load_text(tmp_path, PER_MINUTE_CLIENTS).config)
+        built = plan(req("fair", desc("route=api", "client_id=c", hits=0)), matcher)
+        status = _status(built, (0, 0), (0,), (share,))
+        assert status.current_limit == RateLimit(600, Unit.MINUTE)
 
 
 class TestDemandSeen:
