@@ -79,6 +79,22 @@ class TestWaterFilling:
         with pytest.raises(ValueError):
             grants([1, 2], [5, 5], [1], 100)
 
+    @pytest.mark.parametrize(
+        ("demands", "limits", "ws", "capacity"),
+        [
+            ([1, 2, 3], [5, 5], [1, 1, 1], 100),  # a limit missing, uncontended
+            ([5, 5], [5, 5], [1, 1, 1], 2),  # a weight too many, contended
+            ([5, 5], [5, 5], [1], 2),  # a weight missing, contended
+        ],
+    )
+    def test_the_level_refuses_sequences_of_different_lengths(
+        self, demands: list[float], limits: list[float], ws: list[float], capacity: float
+    ) -> None:
+        """The level alone (sharing and quota call it without grants) refuses them too,
+        contended or not: never the level of fewer or more clients than asked."""
+        with pytest.raises(ValueError):
+            water_level(demands, limits, ws, capacity)
+
 
 class TestFigures:
     def test_jain_index_bounds(self) -> None:
