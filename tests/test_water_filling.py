@@ -7,6 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fairlimit.core.fairshare import fairness_figures, grants, jain_index, water_level
+from maxmin import INF, maxmin
+from maxmin import level as exact_level
 
 pytestmark = pytest.mark.unit
 
@@ -78,6 +80,40 @@ class TestWaterFilling:
         weights then): refused, never a shorter answer."""
         with pytest.raises(ValueError):
             grants([1, 2], [5, 5], [1], 100)
+
+    @pytest.mark.parametrize(
+        ("demands", "limits", "ws", "capacity"),
+        [
+            ([1, 2, 3], [5, 5], [1, 1, 1], 100),  # a limit missing, uncontended
+            ([5, 5], [5, 5], [1, 1, 1], 2),  # a weight too many, contended
+            ([5, 5], [5, 5], [1], 2),  # a weight missing, contended
+        ],
+    )
+    def test_the_level_refuses_sequences_of_different_lengths(
+        self, demands: list[float], limits: list[float], ws: list[float], capacity: float
+    ) -> None:
+        """The level alone (sharing and quota call it without grants) refuses them too,
+        contended or not: never the level of fewer or more clients than asked."""
+        with pytest.raises(ValueError):
+            water_level(demands, limits, ws, capacity)
+
+    @pytest.mark.parametrize(
+        ("demands", "limits", "ws", "capacity"),
+        [
+            ([50, 50], [INF, INF], [1, 1], 100),
+            ([61], [INF], [7], 61),  # 61 / 7 * 7 is not 61 in floats
+            ([61, 33], [INF, INF], [7, 6], 94),
+            ([100, 33], [61, INF], [7, 6], 94),  # a limit brings the wants to the cap
+        ],
+    )
+    def test_demand_exactly_at_the_cap_is_uncontended(
+        self, demands: list[float], limits: list[float], ws: list[float], capacity: float
+    ) -> None:
+        """Capped demands adding up to exactly C fit: λ is infinite, as the exact solver says,
+        and each client gets all it asked, whatever the weights."""
+        wants = [min(d, lim) for d, lim in zip(demands, limits, strict=True)]
+        assert water_level(demands, limits, ws, capacity) == exact_level(wants, ws, capacity) == INF
+        assert grants(demands, limits, ws, capacity) == maxmin(demands, limits, ws, capacity)
 
 
 class TestFigures:
