@@ -50,6 +50,19 @@ descriptors:
         rate_limit: {unit: minute, requests_per_unit: 600}
 """
 
+# The other way round: a client's own limit per second (10/s) under a per-minute cap.
+PER_SECOND_CLIENTS = """
+domain: fair
+descriptors:
+  - key: route
+    value: api
+    rate_limit: {unit: minute, requests_per_unit: 6000}
+    fair_share: {active_clients: 10}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 10}
+"""
+
 
 @pytest.fixture
 def nested(tmp_path: Path) -> Plan:
@@ -128,6 +141,33 @@ class TestStatusAtCaps:
         built = plan(req("fair", desc("route=api", "client_id=c", hits=0)), matcher)
         status = _status(built, (0, 0), (0,), (share,))
         assert status.current_limit == RateLimit(600, Unit.MINUTE)
+
+    @pytest.mark.parametrize(
+        ("config", "windows", "used", "shared", "remaining"),
+        [
+            (PER_MINUTE_CLIENTS, [60, 1], 590, 0, 10),
+            (PER_MINUTE_CLIENTS, [60, 1], 600, 10, 0),
+            (PER_SECOND_CLIENTS, [1, 60], 0, 0, 10),
+            (PER_SECOND_CLIENTS, [1, 60], 10, 10, 0),
+        ],
+    )
+    def test_levels_tied_on_the_remaining_report_the_later_reset(
+        self,
+        tmp_path: Path,
+        config: str,
+        windows: list[int],
+        used: int,
+        shared: int,
+        remaining: int,
+    ) -> None:
+        """c's own limit and its share of 10 at the cap leave the same room, one level per
+        second, the other per minute: the client waits for both, so the reset reported is
+        the minute's (60 s at t = 0), whichever level comes first."""
+        matcher = Matcher(load_text(tmp_path, config).config)
+        built = plan(req("fair", desc("route=api", "client_id=c", hits=0)), matcher)
+        assert [c.window for c in built.counters] == windows
+        status = _status(built, (used, 0), (shared,), (10.0,))
+        assert (status.limit_remaining, status.duration_until_reset) == (remaining, 60.0)
 
 
 class TestDemandSeen:
