@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit.admin import AdminServer, JsonCodec
+from fairlimit.core.admission import Code
 from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.keys import descriptor_key
 from fairlimit.core.request import Descriptor, Request
@@ -334,6 +335,43 @@ class TestSeedTraceGauges:
         hits = sum(v for (name, _), v in samples.items() if name == "ratelimit_hits_total")
         assert hits > 1000  # 2 s of section 1 traffic
         assert "batch" not in text and "web-1" not in text  # no client value as a label
+
+
+# GLOBAL_BUCKET, and a premium plan whose own limit replaces the bucket in its requests.
+REPLACED_BUCKET = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {name: public-bucket, unit: second, requests_per_unit: 100}
+    descriptors:
+      - key: client_id
+  - key: plan
+    value: premium
+    rate_limit: {unit: second, requests_per_unit: 1000, replaces: [{name: public-bucket}]}
+"""
+
+
+class TestBucketFigures:
+    async def test_a_replaced_bucket_does_not_count_the_clients_it_did_not_serve(
+        self,
+        make_limiter: LimiterFactory,
+        clock: FakeClock,
+        telemetry: Telemetry,
+        reader: InMemoryMetricReader,
+    ) -> None:
+        """Premium requests never reach the global bucket (their plan's limit replaces
+        it): the bucket's figures count the one plain client, not the premium one."""
+        limiter = make_limiter(REPLACED_BUCKET, telemetry=telemetry)
+        for _ in range(2):
+            for client, extra in (("plain", ()), ("premium", (desc("plan=premium"),))):
+                entries = (desc("route=public"), desc("route=public", f"client_id={client}"))
+                answer = await limiter.should_rate_limit(req("edge", *entries, *extra))
+                assert answer.code is Code.OK
+            clock.advance(1.0)
+        await limiter.refresh_fairness()
+        got = points(reader)
+        assert named(got, "fairlimit.cap.active_clients")[frozenset(PUBLIC)] == 1
 
 
 class TestCapTable:

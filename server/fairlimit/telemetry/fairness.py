@@ -115,7 +115,8 @@ class BucketWatch:
         admitted = all(s.code is Code.OK for s in statuses)
         for descriptor, status in zip(request.descriptors, statuses, strict=True):
             rule = status.rule
-            if rule is None or rule.path not in self._capacity:
+            # No current limit: the bucket charged nothing (another descriptor replaced it).
+            if rule is None or rule.path not in self._capacity or status.current_limit is None:
                 continue
             client = _client_below(request, descriptor.entries)
             if client is None:
