@@ -172,6 +172,43 @@ class TestSeveralPools:
         assert not await take(limiter, "a", "a4")
 
 
+class TestSeveralIdsInOnePool:
+    """Two descriptors of one request with different ids reaching one pool take a slot each."""
+
+    async def test_both_are_taken_when_both_fit_and_neither_when_one_does(
+        self, make_limiter: LimiterFactory
+    ) -> None:
+        """2 in flight per client: two ids fit an empty pool; with one slot held, two more are
+        refused and take nothing (no slot, no rate hit: a third request still fits both)."""
+        limiter = make_limiter(CAPPED)
+
+        async def two(first: str, second: str) -> bool:
+            request = req("edge", desc("client_id=x", f"request_id={first}"),
+                          desc("client_id=x", f"request_id={second}"))  # fmt: skip
+            return (await limiter.should_rate_limit(request)).code is Code.OK
+
+        assert await two("b1", "b2")
+        decision = await limiter.should_rate_limit(
+            req("edge", desc("client_id=x", "request_done=b2"))
+        )
+        assert decision.code is Code.OK
+        assert not await two("c1", "c2")
+        assert await take_alone(limiter, "x", "c3")  # the second slot and the third rate hit
+
+    async def test_two_ids_at_a_cap_need_two_of_its_slots(
+        self, make_limiter: LimiterFactory
+    ) -> None:
+        """a holds 3 and b 2 of 6: c's request with two ids is refused (7 > 6) and takes
+        nothing, in its own new pool either (memory raised a KeyError there); one id fits."""
+        limiter = make_limiter(CAPPED)
+        assert all([await take(limiter, "a", f"a{i}") for i in range(3)])
+        assert all([await take(limiter, "b", f"b{i}") for i in range(2)])
+        request = req("edge", desc("route=public", "client_id=c", "request_id=c1"),
+                      desc("route=public", "client_id=c", "request_id=c2"))  # fmt: skip
+        assert (await limiter.should_rate_limit(request)).code is Code.OVER_LIMIT
+        assert await take(limiter, "c", "c3")
+
+
 class TestAllOrNothingWithRates:
     async def test_a_concurrency_refusal_consumes_no_rate(
         self, make_limiter: LimiterFactory
