@@ -133,6 +133,18 @@ class TestRefusalsAndReleases:
         assert not await take(limiter, "a", "same")
         assert [await take(limiter, "a", f"s{i}") for i in range(4)] == [True] * 3 + [False]
 
+    async def test_a_release_gives_back_its_slots_after_one_naming_no_pool(
+        self, make_limiter: LimiterFactory
+    ) -> None:
+        """A stream-done call whose first descriptor names a pool nobody holds still gives
+        back the slot its second descriptor names."""
+        limiter = make_limiter(CAPPED)
+        assert [await take_alone(limiter, "x", r) for r in ("r1", "r2")] == [True, True]
+        release = req("edge", desc("client_id=ghost", "request_done=r1"),
+                      desc("client_id=x", "request_done=r1"))  # fmt: skip
+        assert (await limiter.should_rate_limit(release)).code is Code.OK
+        assert await take_alone(limiter, "x", "r3")  # x's pool of 2 had room again
+
     async def test_expiry_reclaims_leaked_slots(
         self, make_limiter: LimiterFactory, clock: FakeClock
     ) -> None:
@@ -170,6 +182,44 @@ class TestSeveralPools:
         assert not await both("r1")  # public has room for a, api has none for b
         assert await take(limiter, "a", "a3")  # a's fourth: r1 holds nothing at public
         assert not await take(limiter, "a", "a4")
+
+
+class TestSeveralIdsInOnePool:
+    """Two descriptors of one request with different ids reaching one pool take a slot each."""
+
+    async def test_both_are_taken_when_both_fit_and_neither_when_one_does(
+        self, make_limiter: LimiterFactory
+    ) -> None:
+        """2 in flight per client (3 a minute): with one slot held, two ids are refused and take
+        nothing (no slot, no rate hit); once it is released both fit (the third rate hit)."""
+        limiter = make_limiter(CAPPED)
+
+        async def two(first: str, second: str) -> bool:
+            request = req("edge", desc("client_id=x", f"request_id={first}"),
+                          desc("client_id=x", f"request_id={second}"))  # fmt: skip
+            return (await limiter.should_rate_limit(request)).code is Code.OK
+
+        assert await take_alone(limiter, "x", "r1")
+        assert not await two("c1", "c2")
+        decision = await limiter.should_rate_limit(
+            req("edge", desc("client_id=x", "request_done=r1"))
+        )
+        assert decision.code is Code.OK
+        assert await two("b1", "b2")
+        assert not await take_alone(limiter, "x", "b3")
+
+    async def test_two_ids_at_a_cap_need_two_of_its_slots(
+        self, make_limiter: LimiterFactory
+    ) -> None:
+        """a holds 3 and b 2 of 6: c's request with two ids is refused (7 > 6) and takes
+        nothing, in its own new pool either (memory raised a KeyError there); one id fits."""
+        limiter = make_limiter(CAPPED)
+        assert all([await take(limiter, "a", f"a{i}") for i in range(3)])
+        assert all([await take(limiter, "b", f"b{i}") for i in range(2)])
+        request = req("edge", desc("route=public", "client_id=c", "request_id=c1"),
+                      desc("route=public", "client_id=c", "request_id=c2"))  # fmt: skip
+        assert (await limiter.should_rate_limit(request)).code is Code.OVER_LIMIT
+        assert await take(limiter, "c", "c3")
 
 
 class TestAllOrNothingWithRates:
@@ -237,7 +287,7 @@ class TestMetrics:
         self, make_limiter: LimiterFactory, clock: FakeClock
     ) -> None:
         """in_flight follows acquires, releases and expiry per pool rule (no client values);
-        refusals and expired slots are counted."""
+        a release holding nothing moves nothing; refusals and expired slots are counted."""
         reader = InMemoryMetricReader()
         telemetry = Telemetry(MeterProvider(metric_readers=[reader]))
         limiter = make_limiter(CAPPED, telemetry=telemetry)
@@ -245,6 +295,7 @@ class TestMetrics:
         assert [await take(limiter, "a", f"r{i}") for i in range(5)] == [True] * 4 + [False]
         await done(limiter, "a", "r0")
         await done(limiter, "a", "never")
+        await done(limiter, "stranger", "never")  # a client with no pool of its own at all
         got = _points(reader)
         assert got["fairlimit.concurrency.in_flight", cap] == 3
         assert got["fairlimit.concurrency.in_flight", own] == 3

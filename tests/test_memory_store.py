@@ -1,10 +1,17 @@
-"""Memory-store specifics: bounded state. (Redis bounds its keys with TTLs, in test_redis.)"""
+"""Memory-store specifics: bounded state (Redis bounds its keys with TTLs, in test_redis),
+and the exact fair split of a concurrency cap at each call."""
+
+from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
+from fairlimit.core.admission import Code
 from fairlimit.limiter import Limiter
 from fairlimit.store.memory import MemoryStore
 from helpers import FakeClock, desc, load_text, req
+from maxmin import Number, level
+from test_concurrency_invariants import CAPPED, done, take, take_alone
 
 pytestmark = pytest.mark.behaviour
 
@@ -47,3 +54,152 @@ class TestExpiry:
         clock.advance(30)
         out = await limiter.should_rate_limit(req("edge", desc("route=public", "client_id=a")))
         assert out.statuses[0].limit_remaining == 0 and out.code.name == "OVER_LIMIT"
+
+
+# --- concurrency pools (store/slots.py) -----------------------------------------------------
+
+
+def _limiter(tmp_path: Path, clock: FakeClock) -> tuple[Limiter, MemoryStore]:
+    store = MemoryStore()
+    return Limiter(load_text(tmp_path, CAPPED), store, clock), store  # type: ignore[arg-type]
+
+
+def bound(wants: dict[str, int], client: str) -> Number:
+    """``client``'s fair bound at CAPPED's public cap (6 slots, 4 per client, heavy weighs 2)
+    by the independent solver: ``min(L, λ·w)`` with λ from each client's slots held plus
+    refused (the asking client's request included)."""
+    weights = {name: 2 if name == "heavy" else 1 for name in wants}
+    lam = level([min(d, 4) for d in wants.values()], list(weights.values()), 6)
+    return min(4, lam * weights[client])
+
+
+class TestSlotPools:
+    async def test_a_pool_nobody_touches_is_dropped_when_its_slots_expire(
+        self, tmp_path: Path, clock: FakeClock
+    ) -> None:
+        """Any later call reclaims a leaked pool from the instant its last slot expires."""
+        limiter, store = _limiter(tmp_path, clock)
+        assert await take_alone(limiter, "x", "r1")  # max_duration 10
+        clock.advance(10)
+        assert await take_alone(limiter, "y", "r2")
+        assert len(store.slots) == 1  # y's pool only
+
+    async def test_a_cap_holding_only_refusals_is_dropped_when_they_lapse(
+        self, tmp_path: Path, clock: FakeClock
+    ) -> None:
+        """A cap whose slots all ended is kept while a refusal counts as demand (one second),
+        and dropped by any call from then on."""
+        limiter, store = _limiter(tmp_path, clock)
+        ids = [(c, f"{c}{i}") for c, n in (("a", 4), ("b", 2)) for i in range(n)]
+        assert all([await take(limiter, c, rid) for c, rid in ids])
+        assert not await take(limiter, "c", "c0")  # the cap is full
+        for c, rid in ids:
+            await done(limiter, c, rid)
+        assert len(store.slots) == 1  # the cap, for c's refusal
+        clock.advance(1)
+        await done(limiter, "z", "never")
+        assert len(store.slots) == 0
+
+
+class TestFairSplitOfACap:
+    """The exact split at each call, by tests/maxmin.py. Memory only: Redis splits by the cap's
+    state its previous acquire returned, and its refusals lapse by Redis's own clock."""
+
+    async def test_slots_held_count_once(self, tmp_path: Path, clock: FakeClock) -> None:
+        """a holds 2, b 3: b's fourth fits (2 + 4 = 6, λ = inf)."""
+        limiter, _ = _limiter(tmp_path, clock)
+        assert all([await take(limiter, c, f"{c}{i}") for c, n in (("a", 2), ("b", 3))
+                    for i in range(n)])  # fmt: skip
+        assert bound({"a": 2, "b": 4}, "b") == 4
+        assert await take(limiter, "b", "b3")
+
+    async def test_an_ended_slot_no_longer_counts(self, tmp_path: Path, clock: FakeClock) -> None:
+        """a took 3 and ended one, b took 3: b's fourth fits (2 + 4 = 6, λ = inf)."""
+        limiter, _ = _limiter(tmp_path, clock)
+        assert all([await take(limiter, c, f"{c}{i}") for c in "ab" for i in range(3)])
+        await done(limiter, "a", "a2")
+        assert bound({"a": 2, "b": 4}, "b") == 4
+        assert await take(limiter, "b", "b3")
+
+    async def test_each_refusal_adds_one_to_demand(self, tmp_path: Path, clock: FakeClock) -> None:
+        """a, holding nothing, refused twice wants 2: b may take its fourth (2 + 4 = 6)."""
+        limiter, _ = _limiter(tmp_path, clock)
+        ids = [(c, f"{c}{i}") for c, n in (("b", 4), ("c", 2)) for i in range(n)]
+        assert all([await take(limiter, c, rid) for c, rid in ids])
+        assert [await take(limiter, "a", rid) for rid in ("a0", "a1")] == [False, False]
+        for c, rid in (("c", "c0"), ("c", "c1"), ("b", "b0")):
+            await done(limiter, c, rid)
+        assert bound({"a": 2, "b": 4}, "b") == 4
+        assert await take(limiter, "b", "b4")
+
+    async def test_a_holder_refused_wants_its_slots_and_its_refusals(
+        self, tmp_path: Path, clock: FakeClock
+    ) -> None:
+        """a holding 1 and refused twice wants 3: b's fourth waits (λ = 3), a's second fits."""
+        limiter, _ = _limiter(tmp_path, clock)
+        ids = [(c, f"{c}{i}") for c, n in (("b", 4), ("a", 2)) for i in range(n)]
+        assert all([await take(limiter, c, rid) for c, rid in ids])
+        assert [await take(limiter, "a", rid) for rid in ("a2", "a3")] == [False, False]
+        await done(limiter, "a", "a0")
+        await done(limiter, "b", "b0")
+        assert bound({"a": 3, "b": 4}, "b") == 3
+        assert not await take(limiter, "b", "b4")
+        assert bound({"a": 4, "b": 4}, "a") == 3  # b's refusal counts too
+        assert await take(limiter, "a", "a4")
+
+    async def test_a_newcomer_may_take_up_to_its_share_and_no_more(
+        self, tmp_path: Path, clock: FakeClock
+    ) -> None:
+        """heavy (weight 2) holds 2 and was refused twice, x holds 2: c's bound is 5/3, so
+        two ids of c are refused and one fits (its refusal lowers λ to 3/2)."""
+        limiter, _ = _limiter(tmp_path, clock)
+        ids = [(c, f"{c}{i}") for c, n in (("heavy", 4), ("x", 2)) for i in range(n)]
+        assert all([await take(limiter, c, rid) for c, rid in ids])
+        assert [await take(limiter, "heavy", r) for r in ("h4", "h5")] == [False, False]
+        await done(limiter, "heavy", "heavy0")
+        await done(limiter, "heavy", "heavy1")
+        assert bound({"c": 1, "heavy": 4, "x": 2}, "c") == Fraction(5, 3)
+        request = req("edge", desc("route=public", "client_id=c", "request_id=c1"),
+                      desc("route=public", "client_id=c", "request_id=c2"))  # fmt: skip
+        assert (await limiter.should_rate_limit(request)).code is Code.OVER_LIMIT
+        assert bound({"c": 2, "heavy": 4, "x": 2}, "c") == Fraction(3, 2)
+        assert await take(limiter, "c", "c3")
+
+
+class TestDemandPeriod:
+    """Refusals count as demand for one second from the first one (memory only, as above)."""
+
+    async def _full(self, tmp_path: Path, clock: FakeClock) -> Limiter:
+        """x and y hold 3 each of the cap's 6."""
+        limiter, _ = _limiter(tmp_path, clock)
+        assert all([await take(limiter, c, f"{c}{i}") for c in "xy" for i in range(3)])
+        return limiter
+
+    async def test_refusals_lapse_exactly_one_second_after_the_first(
+        self, tmp_path: Path, clock: FakeClock
+    ) -> None:
+        """a refused, y ends one: x's fourth waits for a (1 + 2 + 4 > 6); a second later
+        nobody is refused any more and it fits (2 + 4 = 6)."""
+        limiter = await self._full(tmp_path, clock)
+        assert not await take(limiter, "a", "a0")
+        await done(limiter, "y", "y0")
+        assert bound({"a": 1, "y": 2, "x": 4}, "x") == 3
+        assert not await take(limiter, "x", "x3")
+        clock.advance(1)
+        assert bound({"y": 2, "x": 4}, "x") == 4
+        assert await take(limiter, "x", "x4")
+
+    async def test_a_refusal_as_the_second_ends_counts_in_the_next(
+        self, tmp_path: Path, clock: FakeClock
+    ) -> None:
+        """a refused again exactly a second after its first refusal still waits: x's fourth
+        is refused after y ends one, and a takes that slot."""
+        limiter = await self._full(tmp_path, clock)
+        assert not await take(limiter, "a", "a0")
+        clock.advance(1)
+        assert not await take(limiter, "a", "a1")
+        await done(limiter, "y", "y0")
+        assert bound({"a": 1, "y": 2, "x": 4}, "x") == 3
+        assert not await take(limiter, "x", "x3")
+        assert bound({"a": 2, "y": 2, "x": 4}, "a") == 2
+        assert await take(limiter, "a", "a2")

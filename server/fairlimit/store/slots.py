@@ -144,7 +144,8 @@ class MemorySlots:
 
     def _forget(self, key: str, pool: _Pool, now: float) -> None:
         if pool.idle(now):
-            del self._pools[key]
+            # pop: a refused acquire with two ids in one pool forgets that pool twice
+            self._pools.pop(key, None)
 
     def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
         """Take a slot in every pool of ``claims``, or none; refusals count as demand."""
