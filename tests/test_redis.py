@@ -466,7 +466,6 @@ class TestUrls:
             ("redis://h/?timeout=soon", "timeout='soon' is not a float"),
             ("redis://h/?clock=wall", "clock must be redis or caller"),
             ("redis://h:port", "bad Redis host 'h:port'"),
-            ("mongodb://x", "unknown backend URL 'mongodb://x'; use one of memory://, redis://"),
         ],
     )
     def test_bad_urls_say_what_is_wrong(self, url: str, message: str) -> None:

@@ -185,9 +185,7 @@ class MemoryStore:
         caps = self._cap_deadlines
         while caps and caps[0][0] <= now:
             _, key = heapq.heappop(caps)
-            cap = self._caps.get(key)
-            if cap is None:
-                continue
+            cap = self._caps[key]  # each held cap has one deadline here, and only it
             idle_until = cap.last_seen + _idle(cap.window)
             if idle_until <= now:
                 del self._caps[key]
