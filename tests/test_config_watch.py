@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,36 @@ def _write(path: Path, domain: str = "edge", value: str = "public") -> Path:
     return path
 
 
+Changes = set[tuple[watchfiles.Change, str]]
+Filter = Callable[[watchfiles.Change, str], bool]
+AWATCH_DEFAULT_FILTER = watchfiles.DefaultFilter()  # what awatch filters by when not told
+
+
+class ScriptedChanges:
+    """Stands in for ``watchfiles.awatch`` (the OS's notifications), keeping its contract: each
+    scripted batch of raw changes is filtered by ``watch_filter`` (watchfiles' DefaultFilter
+    when none is given, everything when it is None) and yielded only when a change is left;
+    then it waits for ``stop_event``. ``drained`` is set once the last batch was handled."""
+
+    def __init__(self, *batches: Changes) -> None:
+        self.batches = batches
+        self.drained = asyncio.Event()
+
+    async def __call__(
+        self,
+        *paths: Path,
+        watch_filter: Filter | None = AWATCH_DEFAULT_FILTER,
+        stop_event: asyncio.Event,
+        **options: object,
+    ) -> AsyncIterator[Changes]:
+        for batch in self.batches:
+            kept = {(c, p) for c, p in batch if watch_filter is None or watch_filter(c, p)}
+            if kept:
+                yield kept
+        self.drained.set()
+        await stop_event.wait()
+
+
 class TestReloadLoadsAsConfigured:
     async def test_strict_refuses_a_warning(self) -> None:
         """strict=True turns a contended cap's warning into a rejected reload."""
@@ -69,6 +100,15 @@ class TestReloadLoadsAsConfigured:
         await watcher.reload()
         assert watcher.reloads == 2
 
+    async def test_an_empty_config_is_refused_unless_allowed(self, tmp_path: Path) -> None:
+        """A directory with no descriptor file is refused by default, applied with allow_empty."""
+        (tmp_path / "conf").mkdir()
+        outcomes = Outcomes()
+        assert not await outcomes.watcher([tmp_path / "conf"], strict=False).reload()
+        assert await outcomes.watcher([tmp_path / "conf"], strict=False, allow_empty=True).reload()
+        assert len(outcomes.rejected) == 1 and len(outcomes.applied) == 1
+        assert outcomes.applied[0].config.domains == {}
+
 
 class TestWhatIsWatched:
     def test_a_file_is_watched_through_its_directory(self, tmp_path: Path) -> None:
@@ -90,6 +130,24 @@ class TestWhatIsWatched:
         """A swap file inside a watched directory is not a change to the config."""
         watcher = Outcomes().watcher([tmp_path], strict=False)
         assert not watcher._relevant(watchfiles.Change.added, str(tmp_path / ".a.yaml.swp"))
+
+    async def test_a_change_beside_a_watched_file_does_not_reload(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """While running, a batch that only touches a sibling file is no reload; the next is."""
+        path = _write(tmp_path / "a.yaml")
+        changes = ScriptedChanges(
+            {(watchfiles.Change.modified, str(tmp_path / "other.yaml"))},
+            {(watchfiles.Change.modified, str(path))},
+        )
+        monkeypatch.setattr(watchfiles, "awatch", changes)
+        outcomes = Outcomes()
+        watcher = outcomes.watcher([path], strict=False)
+        task = asyncio.create_task(watcher.run())
+        await asyncio.wait_for(changes.drained.wait(), HANG_GUARD)
+        watcher.stop()
+        await asyncio.wait_for(task, HANG_GUARD)
+        assert watcher.reloads == 1 and len(outcomes.applied) == 1
 
 
 class TestRunUntilStopped:
