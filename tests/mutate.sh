@@ -5,26 +5,40 @@
 #   bash tests/mutate.sh results                        # the survivors so far
 #   bash tests/mutate.sh show fairlimit.core.keys.x_escape__mutmut_3
 #   bash tests/mutate.sh tally [--survivors]            # the figures per module (a table)
+#   bash tests/mutate.sh --redis run "fairlimit.store.redis.keys*"   # store/redis/, with Redis
 #
 # mutmut works in .mutmut/ (git-ignored), where src/ links to server/: it names a mutant's
 # module by the file's path and strips only a leading "src.", so the names then match the
 # fairlimit.* modules the tests import. Its copy of the sources, tests and results lives in
 # .mutmut/mutants/; delete that folder after changing a source file (mutmut keeps its copy).
+#
+# --redis works in .mutmut-redis/ instead, on the Python side of the Redis store, each mutant
+# running the tests with "redis" in their id (real redis-server processes, which must be
+# installed): the configuration is pyproject's with only those two settings changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
+work=.mutmut
+if [ "${1:-}" = --redis ]; then
+  shift
+  work=.mutmut-redis
+fi
 if [ "${1:-}" = tally ]; then
   shift
-  exec python tests/mutation_tally.py "$@"
+  exec python tests/mutation_tally.py --work "$work" "$@"
 fi
-mkdir -p .mutmut
+mkdir -p "$work"
 for name in tests descriptors examples pyproject.toml; do
-  ln -sfn "$root/$name" ".mutmut/$name"
+  ln -sfn "$root/$name" "$work/$name"
 done
-ln -sfn "$root/server" .mutmut/src
+if [ "$work" = .mutmut-redis ]; then
+  rm -f "$work/pyproject.toml"
+  python tests/mutation_tally.py --redis-config > "$work/pyproject.toml"
+fi
+ln -sfn "$root/server" "$work/src"
 # The tests and the servers they start import fairlimit from <root>/server, the root being
 # mutants/ in mutmut's copy: there server/ is the mutated src/.
-mkdir -p .mutmut/mutants
-ln -sfn src .mutmut/mutants/server
-cd .mutmut
+mkdir -p "$work/mutants"
+ln -sfn src "$work/mutants/server"
+cd "$work"
 exec mutmut "$@"

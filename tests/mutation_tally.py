@@ -2,6 +2,7 @@
 
     python tests/mutation_tally.py               # the table
     python tests/mutation_tally.py --survivors   # and every surviving mutant's name
+    python tests/mutation_tally.py --redis-config  # pyproject for the Redis store's run
 
 Reads the verdicts mutmut keeps beside its mutated copy (.mutmut/mutants/src/**/*.meta) and
 names them as mutmut does; needs mutmut installed (docs/mutation.md).
@@ -12,15 +13,14 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from mutmut.stats import status_by_exit_code
-
 ROOT = Path(__file__).resolve().parents[1]
-COPY = ROOT / ".mutmut" / "mutants" / "src"
 COLUMNS = ("caught by type check", "killed", "timeout", "survived", "not checked")
 
 
 def verdicts(meta: Path) -> dict[str, str]:
     """Each mutant of one module and mutmut's verdict on it."""
+    from mutmut.stats import status_by_exit_code  # here: the suite imports this file without it
+
     codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
     return {name: status_by_exit_code[code] for name, code in codes.items()}
 
@@ -44,13 +44,36 @@ def _row(module: str, mutants: int, counts: Counter[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+# The two settings of pyproject's [tool.mutmut] that the Redis store's run changes: the
+# Python side of store/redis/ only, each mutant running the tests with "redis" in their id.
+MEMORY_ONLY = ('"-k", "not redis"', 'only_mutate = ["src/fairlimit/core/*"')
+WITH_REDIS = ('"-k", "redis"', 'only_mutate = ["src/fairlimit/store/redis/*"]')
+
+
+def redis_config(text: str) -> str:
+    """pyproject.toml as the Redis store's run reads it (tests/mutate.sh --redis)."""
+    kept, rest = MEMORY_ONLY[1], text.split(MEMORY_ONLY[1], 1)[1]
+    old_only = kept + rest.split("\n", 1)[0]
+    for old, new in ((MEMORY_ONLY[0], WITH_REDIS[0]), (old_only, WITH_REDIS[1])):
+        if text.count(old) != 1:
+            raise SystemExit(f"pyproject.toml: expected {old!r} once in [tool.mutmut]")
+        text = text.replace(old, new)
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--survivors", action="store_true", help="list the surviving mutants")
+    parser.add_argument("--work", default=".mutmut", help="mutmut's folder (.mutmut-redis)")
+    parser.add_argument("--redis-config", action="store_true", help=redis_config.__doc__)
     args = parser.parse_args()
+    if args.redis_config:
+        print(redis_config((ROOT / "pyproject.toml").read_text()), end="")
+        return
+    copy = ROOT / args.work / "mutants" / "src"
     modules = {
-        str(meta.relative_to(COPY / "fairlimit")).removesuffix(".meta"): verdicts(meta)
-        for meta in sorted(COPY.glob("fairlimit/**/*.py.meta"))
+        str(meta.relative_to(copy / "fairlimit")).removesuffix(".meta"): verdicts(meta)
+        for meta in sorted(copy.glob("fairlimit/**/*.py.meta"))
     }
     print("\n".join(table({m: v for m, v in modules.items() if v})))
     checked = Counter(v for found in modules.values() for v in found.values())

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+import mutation_tally
 from helpers import ROOT
 
 pytestmark = pytest.mark.unit
@@ -35,7 +36,7 @@ class TestWhatIsMutated:
     def test_the_sources_are_the_fairlimit_package(self) -> None:
         """source_paths is server/fairlimit seen through the src/ link the script makes."""
         assert [_server_path(p) for p in MUTMUT["source_paths"]] == ["server/fairlimit"]
-        assert 'ln -sfn "$root/server" .mutmut/src' in SCRIPT
+        assert 'ln -sfn "$root/server" "$work/src"' in SCRIPT
 
     def test_core_config_and_store_each_have_modules_to_mutate(self) -> None:
         """Every only_mutate pattern matches Python files in the repository."""
@@ -71,3 +72,19 @@ class TestHowMutantsRun:
         assert _cli_value("-m") == "not process"
         assert _cli_value("-k") == "not redis"
         assert "-n" not in MUTMUT["pytest_add_cli_args"]
+
+
+class TestTheRedisStoresRun:
+    def test_it_changes_only_what_is_mutated_and_which_tests_run(self) -> None:
+        """mutate.sh --redis reads pyproject with two settings changed: store/redis/ is
+        mutated, and each mutant runs the tests with "redis" in their id."""
+        text = (ROOT / "pyproject.toml").read_text()
+        changed = tomllib.loads(mutation_tally.redis_config(text))
+        redis: dict[str, Any] = changed["tool"]["mutmut"]
+        assert redis["only_mutate"] == ["src/fairlimit/store/redis/*"]
+        args: list[str] = redis["pytest_add_cli_args"]
+        assert args[args.index("-k") + 1] == "redis"
+        args[args.index("-k") + 1] = "not redis"
+        changed["tool"]["mutmut"] = {**redis, "only_mutate": MUTMUT["only_mutate"]}
+        assert changed == PYPROJECT
+        assert "--redis" in SCRIPT and "--redis-config" in SCRIPT
