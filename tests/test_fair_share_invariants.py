@@ -4,6 +4,7 @@ import pytest
 
 from fairlimit.core.admission import Code
 from fairlimit.core.fairshare import grants, jain_index
+from fairness_cases import NESTED  # route 1000/s > tenant 600/s > user 200/s
 from helpers import FakeClock, LimiterFactory, desc, req
 from traffic import drive
 
@@ -73,6 +74,40 @@ class TestSizedCap:
             out = await limiter.should_rate_limit(req("edge", desc("route=public", "client_id=a")))
             assert out.code is Code.OVER_LIMIT
         assert (await limiter.should_rate_limit(probe)).statuses[0].limit_remaining == before == 90
+
+
+class TestNestedCaps:
+    """A cap sees as demand only what the levels below it admit (I3 through the tree)."""
+
+    async def test_hits_over_a_users_own_limit_are_no_demand_at_the_caps_above(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """User u of tenant t hammers past its 200/s: the route cap saw t ask for 200, so
+        next second tenant s's three users, 600 wanted, fit beside it in 1000 and all get in
+        (counted as t's, u's refused hits would make the route contended: λ = 500)."""
+        limiter = make_limiter(NESTED)
+        users = [("t", "u"), ("s", "s1"), ("s", "s2"), ("s", "s3")]
+        for _ in range(200):
+            for tenant, user in users:
+                await limiter.should_rate_limit(
+                    req("fair", desc("route=api", f"tenant={tenant}", f"user={user}"))
+                )
+        for _ in range(400):
+            out = await limiter.should_rate_limit(
+                req("fair", desc("route=api", "tenant=t", "user=u"))
+            )
+            assert out.code is Code.OVER_LIMIT
+        clock.advance(1)
+        codes = [
+            (
+                await limiter.should_rate_limit(
+                    req("fair", desc("route=api", "tenant=s", f"user={user}"))
+                )
+            ).code
+            for _ in range(200)
+            for user in ("s1", "s2", "s3")
+        ]
+        assert codes.count(Code.OK) == 600
 
 
 class TestContendedCap:

@@ -1,6 +1,8 @@
 """Memory-store specifics: bounded state (Redis bounds its keys with TTLs, in test_redis),
-and the exact fair split of a concurrency cap at each call."""
+the exact fair split of a concurrency cap at each call, and glibc's malloc kept giving
+memory back (its mmap threshold)."""
 
+import ctypes
 import gc
 import math
 from collections.abc import Callable, Iterator
@@ -11,7 +13,7 @@ import pytest
 
 from fairlimit.core.admission import Code
 from fairlimit.limiter import Limiter
-from fairlimit.store.memory import MemoryStore
+from fairlimit.store.memory import MemoryStore, _glibc
 from helpers import FakeClock, desc, load_text, req
 from maxmin import Number, level
 from test_concurrency_invariants import CAPPED, done, take, take_alone
@@ -357,3 +359,64 @@ class TestGivingMemoryBack:
         for _ in range(3):
             await limiter.should_rate_limit(req("edge", desc("tick=a")))
         assert (len(store), full_collections()) == (4, 1)
+
+
+class _Mallinfo2(ctypes.Structure):
+    """glibc's struct mallinfo2 (2.33+): the allocator's own statistics."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            *("arena", "ordblks", "smblks", "hblks", "hblkhd"),
+            *("usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"),
+        )
+    ]
+
+
+@pytest.fixture
+def glibc() -> ctypes.CDLL:
+    """The C library, skipping where it is not glibc (the store leaves others alone)."""
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallinfo2"):
+        pytest.skip("not glibc 2.33 or later")
+    libc.mallinfo2.restype = _Mallinfo2
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    return libc
+
+
+def _spilled(libc: ctypes.CDLL, size: int) -> int:
+    """How many blocks of ``size`` glibc maps, of more than the heap's free bytes hold, all
+    held at once: the heap serves what it can, and past that its mmap threshold decides (a
+    mapped block goes back to the system on free, a heap one seldom does)."""
+    count = libc.mallinfo2().fordblks // size + 2  # the free bytes, the heap's top included
+    before = libc.mallinfo2().hblks
+    blocks = [libc.malloc(size) for _ in range(count)]
+    mapped = libc.mallinfo2().hblks - before
+    for block in blocks:
+        libc.free(block)
+    return int(mapped)
+
+
+class TestMallocThreshold:
+    """A spike of clients frees big mapped tables, which raises glibc's mmap threshold: the
+    store keeps it at glibc's initial 128 KiB, so the next spike's tables are mapped too."""
+
+    def test_big_blocks_stay_mapped_after_a_big_one_is_freed(self, glibc: ctypes.CDLL) -> None:
+        """After a block bigger than the heap's free bytes (so mapped) is freed and a store
+        made, blocks of 512 KiB the heap cannot serve are mapped: at least the two past it."""
+        big = glibc.mallinfo2().fordblks + (1 << 20)
+        glibc.free(glibc.malloc(big))  # glibc alone would raise its threshold to ``big``
+        MemoryStore()
+        assert _spilled(glibc, 512 << 10) >= 2
+
+    def test_smaller_blocks_come_from_the_heap(self, glibc: ctypes.CDLL) -> None:
+        """Blocks of 120 KiB, more than the heap has free, all come from the heap."""
+        MemoryStore()
+        assert _spilled(glibc, 120 << 10) == 0
+
+    def test_a_function_the_c_library_lacks_is_none(self) -> None:
+        """On another C library the glibc functions are missing: None, and no tuning."""
+        assert _glibc("fairlimit_no_such_function") is None
+        assert _glibc("malloc") is not None
