@@ -153,6 +153,22 @@ TOKENS = Scenario(
     180,
 )
 
+# Not in SCENARIOS (their figures are per whole window): the first 230 s of an hour. ``a``
+# asks for twice its share (1/2 hit a second) for two minutes, is silent for 80 s (past the
+# 64 periods after which its demand history is gone) and comes back; its admissions earlier
+# in the hour still count against its share of the elapsed hour.
+SILENT_IN_HOUR = Scenario(
+    "a client silent for 80 s within an hour (3600/h)",
+    flat_config(3600, "hour", 3600, active=2),
+    "fair",
+    Cap(3600, 3600, 3600),
+    (
+        client("a", Phase(0, 120, 2), Phase(200, 230, 10)),
+        client("b", Phase(0, 230, 2)),
+    ),
+    230,
+)
+
 SCENARIOS = (
     BURST_AT_ZERO,
     LATE_GREEDY,

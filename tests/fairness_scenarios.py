@@ -312,7 +312,7 @@ def figures(scenario: Scenario, record: Record) -> Figures:
                   for c in scenario.clients if fair["/".join(("root", *c.path))] > 0]  # fmt: skip
         out.jain = min(out.jain, jain(ratios))
     if scenario.cap.window > 1 and not scenario.cap.nested:
-        out.bound = _bound_excess(scenario, record)
+        out.bound = bound_excess(scenario, record)
     return out
 
 
@@ -336,7 +336,7 @@ def _starved(
     return worst if since is None else max(worst, last - since)
 
 
-def _bound_excess(scenario: Scenario, record: Record) -> float:
+def bound_excess(scenario: Scenario, record: Record) -> float:
     """The most any client was admitted beyond its unfolding share, in hits."""
     cap, names = scenario.cap, [c.name for c in scenario.clients]
     by_window: dict[int, list[tuple[float, dict[str, float], dict[str, float]]]] = defaultdict(list)

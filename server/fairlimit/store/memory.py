@@ -102,9 +102,14 @@ class _Cap:
             # request that rolls the period (at 100k clients they cost twice λ's time).
             self.figures, self.last = None, (list(self.rows.values()), clock)
             period = self.period = CapPeriod(clock.period, level)
-            stale = clock.period - STALE
-            if any(row.pk < stale for row in self.rows.values()):
-                self.rows = {c: r for c, r in self.rows.items() if r.pk >= stale}
+            # A row is dropped once folding it would give a fresh one: its history gone
+            # (STALE periods untouched) and its window ended, for ``history`` keeps d and a
+            # while ws is the window's start, however long the client was silent (an hour
+            # cap's client back after 64 s must not start its share afresh; admit.lua keeps
+            # rows as long as the cap).
+            stale, start = clock.period - STALE, clock.start
+            if any(row.pk < stale and row.ws != start for row in self.rows.values()):
+                self.rows = {c: r for c, r in self.rows.items() if r.pk >= stale or r.ws == start}
         self.last_seen = now
         return period
 
