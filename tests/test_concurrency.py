@@ -17,7 +17,7 @@ from fairlimit.core.matching import Matcher
 from fairlimit.core.request import Descriptor
 from fairlimit.core.rules import RateLimit, Rule
 from fairlimit.core.units import Unit
-from fairlimit.errors import ConfigWarningError
+from fairlimit.errors import ConfigError, ConfigWarningError
 from helpers import desc, load_text, req
 
 pytestmark = pytest.mark.unit
@@ -172,6 +172,50 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 10}
 """
         assert not declared(load_text(tmp_path, rates_only).config)
+
+
+def _one_pool(block: str) -> str:
+    return f"domain: edge\ndescriptors:\n  - key: client_id\n    concurrency: {block}\n"
+
+
+class TestBounds:
+    @pytest.mark.parametrize(
+        ("block", "most", "duration"),
+        [
+            ("{max_in_flight: 1000000000}", 1_000_000_000, 300.0),
+            ("{max_in_flight: 1, max_duration: 0.5}", 1, 0.5),
+            ("{max_in_flight: 1, max_duration: 604800}", 1, 604800.0),
+        ],
+        ids=["most_slots", "half_a_second", "a_week"],
+    )
+    def test_the_ends_of_each_range_load(
+        self, tmp_path: Path, block: str, most: int, duration: float
+    ) -> None:
+        """max_in_flight up to 10^9 and max_duration up to a week (604800 s), and any
+        duration above 0, under a second too."""
+        (rule,) = load_text(tmp_path, _one_pool(block)).config.domains["edge"].rules
+        assert rule.concurrency is not None
+        assert (rule.concurrency.max_in_flight, rule.concurrency.max_duration) == (most, duration)
+
+    @pytest.mark.parametrize(
+        ("block", "message"),
+        [
+            ("{max_in_flight: 1000000001}",
+             "concurrency.max_in_flight must be an integer from 1 to 1000000000, not 1000000001"),
+            ("{max_in_flight: 1, max_duration: 0}",
+             "concurrency.max_duration must be seconds in (0, 604800], not 0"),
+            ("{max_in_flight: 1, max_duration: 604801}",
+             "concurrency.max_duration must be seconds in (0, 604800], not 604801"),
+        ],
+        ids=["one_slot_too_many", "no_time", "a_week_and_a_second"],
+    )  # fmt: skip
+    def test_just_past_either_end_is_refused(
+        self, tmp_path: Path, block: str, message: str
+    ) -> None:
+        """One past 10^9 slots, a zero duration, a second past a week: FILE: PATH: message."""
+        with pytest.raises(ConfigError) as caught:
+            load_text(tmp_path, _one_pool(block))
+        assert caught.value.problems == [f"{tmp_path / 'test.yaml'}: edge/client_id: {message}"]
 
 
 class TestFairBound:

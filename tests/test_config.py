@@ -1,11 +1,13 @@
 """Loading descriptor YAML: every error as FILE: PATH: message, all or nothing."""
 
+import locale
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fairlimit.config.loader import load
+from fairlimit.config.loader import assemble, load, parse_domain
 from fairlimit.core.units import Unit
 from fairlimit.core.validation import Mode
 from fairlimit.errors import ConfigError, ConfigUnreadable, ConfigWarningError
@@ -14,11 +16,24 @@ from helpers import load_text
 pytestmark = pytest.mark.unit
 
 FIXTURES = Path(__file__).parent / "fixtures"
+ALLOW = "a config without limits turns the limiter off; --allow-empty-config accepts it"
 
 
 def _expected(path: Path) -> list[str]:
     lines = re.findall(r"^# expect: (.*)$", path.read_text(), re.MULTILINE)
     return [line.replace("{file}", str(path)) for line in lines]
+
+
+@pytest.fixture
+def ascii_locale() -> Iterator[None]:
+    """The locale's encoding ASCII, as under a non-UTF-8 locale. Python in UTF-8 mode (PYTHONUTF8=1,
+    or started under the C locale) ignores it, and a test using it cannot tell there."""
+    before = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        yield
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)
 
 
 class TestErrorFixtures:
@@ -126,6 +141,19 @@ class TestLoading:
         with pytest.raises(ConfigError):
             load([tmp_path])
 
+    def test_descriptor_files_are_utf8_whatever_the_locale(
+        self, tmp_path: Path, ascii_locale: None
+    ) -> None:
+        """A value written in UTF-8 loads as written under an ASCII locale too."""
+        path = tmp_path / "cafe.yaml"
+        path.write_text(
+            "domain: menu\ndescriptors:\n  - key: dish\n    value: café\n"
+            "    rate_limit: {unit: second, requests_per_unit: 1}\n",
+            encoding="utf-8",
+        )
+        (rule,) = load([path]).config.domains["menu"].rules
+        assert rule.value == "café"
+
     def test_missing_path_is_unusable_input(self, tmp_path: Path) -> None:
         """A path that does not exist is reported as unreadable, not as a rule problem."""
         with pytest.raises(ConfigUnreadable) as caught:
@@ -163,3 +191,51 @@ class TestLoading:
         """The descriptors fairlimit ships pass --strict."""
         loaded = load([Path(__file__).parents[1] / "descriptors"], strict=True)
         assert "edge" in loaded.config.domains
+
+
+class TestEmptyConfig:
+    def test_a_directory_without_descriptor_files_is_refused_naming_it(
+        self, tmp_path: Path
+    ) -> None:
+        """An emptied --config directory: one line naming it, and no second line for the
+        limits it cannot have."""
+        (tmp_path / "notes.txt").write_text("domain: x\n")
+        with pytest.raises(ConfigError) as caught:
+            load([tmp_path])
+        assert caught.value.problems == [
+            f"{tmp_path}: (directory): no descriptor files (*.yaml, *.yml): {ALLOW}"
+        ]
+
+    def test_files_without_a_limit_are_refused_naming_every_path(self, tmp_path: Path) -> None:
+        """Domains with no rules or only unlimited ones limit nothing: one line naming all the
+        paths given, comma-separated."""
+        first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+        first.write_text("domain: a\ndescriptors: [{key: health, rate_limit: {unlimited: true}}]\n")
+        second.write_text("domain: b\ndescriptors: []\n")
+        with pytest.raises(ConfigError) as caught:
+            load([first, second])
+        assert caught.value.problems == [
+            f"{first}, {second}: (config): no rate limit in any domain: {ALLOW}"
+        ]
+
+
+class TestAssemble:
+    """assemble: the step xDS resources share with files, all or nothing."""
+
+    def test_by_default_warnings_do_not_refuse(self) -> None:
+        """Not strict unless asked: a contended cap loads with its warning."""
+        path = FIXTURES / "validation" / "contended.yaml"
+        loaded = assemble([parse_domain(path.read_text(), str(path))], [path])
+        got = [f"{c.mode.value} {c.line}" for c in loaded.classifications if c.is_warning]
+        assert got == _expected(path)
+
+    def test_by_default_one_domain_twice_is_refused(self) -> None:
+        """Not merged unless asked: a domain from two sources is an error naming both."""
+        merge = FIXTURES / "upstream" / "merge"
+        first, later = merge / "part_one.yaml", merge / "part_two.yaml"
+        domains = [parse_domain(p.read_text(), str(p)) for p in (first, later)]
+        with pytest.raises(ConfigError) as caught:
+            assemble(domains, [first, later])
+        assert caught.value.problems == [
+            f"{later}: merged: duplicate domain 'merged' (first in {first})"
+        ]

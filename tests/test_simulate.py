@@ -369,9 +369,25 @@ class TestScenarioErrors:
         """Broken YAML exits 2 naming the line and column."""
         path = tmp_path / "scenario.yaml"
         path.write_text("name: [unclosed\n")
-        code, _, err = _cli("simulate", str(path))
-        assert code == 2
-        assert err.startswith(f"{path}: line 2 column 1: invalid YAML: ")
+        code, out, err = _cli("simulate", str(path))
+        expected = (
+            f"{path}: line 2 column 1: invalid YAML: expected ',' or ']', but got '<stream end>'"
+        )
+        assert (code, out, err.splitlines()) == (2, "", [expected])
+
+    def test_a_scenario_with_a_control_character_is_refused_naming_its_position(
+        self, tmp_path: Path
+    ) -> None:
+        """YAML refuses a control character before parsing: the file and PyYAML's reason, which
+        gives the character's position (there is no line and column)."""
+        path = tmp_path / "scenario.yaml"
+        path.write_text("name: bell\x07\n")
+        with pytest.raises(ScenarioError) as caught:
+            load_scenario(path)
+        assert caught.value.problems == [
+            f"{path}: (file): invalid YAML: unacceptable character #x0007: special characters "
+            'are not allowed\n  in "<unicode string>", position 10'
+        ]
 
     def test_scenario_problems_are_scenario_errors(self, tmp_path: Path) -> None:
         """Unreadable, not YAML, or wrong: the scenario's problems raise ScenarioError."""

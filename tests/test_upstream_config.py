@@ -79,6 +79,19 @@ class TestUpstreamKeys:
             f"(also in {tmp_path / 'a.yaml'})"
         ]
 
+    def test_merging_keeps_the_first_files_request_id_keys(self, tmp_path: Path) -> None:
+        """The merged domain pairs its slots by the request_id_keys of its first file."""
+        (tmp_path / "a.yaml").write_text(
+            "domain: d\nrequest_id_keys: {acquire: rid, release: rid_done}\n"
+            "descriptors:\n  - key: k\n    concurrency: {max_in_flight: 1}\n"
+        )
+        (tmp_path / "b.yaml").write_text(
+            "domain: d\ndescriptors:\n  - key: j\n    concurrency: {max_in_flight: 1}\n"
+        )
+        merged = load([tmp_path], merge_domains=True).config.domains["d"]
+        assert [r.key for r in merged.rules] == ["k", "j"]
+        assert (merged.acquire_key, merged.release_key) == ("rid", "rid_done")
+
 
 class TestReset:
     @pytest.mark.parametrize(
