@@ -11,7 +11,15 @@ from typing import Any
 
 import yaml
 
-from fairlimit.config.yaml_text import Plain, as_bool, as_int, as_number, read_text_yaml, typed
+from fairlimit.config.yaml_text import (
+    Plain,
+    as_bool,
+    as_int,
+    as_number,
+    read_text_yaml,
+    typed,
+    unreadable,
+)
 from fairlimit.core import concurrency
 from fairlimit.core.rules import (
     ACQUIRE_KEY,
@@ -322,10 +330,7 @@ def yaml_mapping(text: str, source: str, what: str) -> dict[Any, Any]:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "(file)"
-        reason = getattr(exc, "problem", None) or str(exc)
-        raise ConfigUnreadable([f"{source}: {where}: invalid YAML: {reason}"]) from exc
+        raise unreadable(exc, source) from exc
     if not isinstance(raw, dict):
         raise ConfigUnreadable([f"{source}: (file): {what} must be a YAML mapping"])
     return raw

@@ -62,13 +62,18 @@ def read_text_yaml(text: str, source: str) -> Any:
     try:
         return yaml.load(text, Loader=_TextLoader)  # BaseLoader: builds no objects
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "(file)"
-        reason = getattr(exc, "problem", None) or str(exc)
-        what = "duplicate key" if isinstance(exc, _DuplicateKey) else "invalid YAML"
-        if isinstance(exc, _DuplicateKey):
-            reason = reason.removeprefix("duplicate key ")
-        raise ConfigUnreadable([f"{source}: {where}: {what}: {reason}"]) from exc
+        raise unreadable(exc, source) from exc
+
+
+def unreadable(exc: yaml.YAMLError, source: str) -> ConfigUnreadable:
+    """PyYAML's error as ours: ``source``, line and column where PyYAML marks one, reason."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "(file)"
+    reason = getattr(exc, "problem", None) or str(exc)
+    what = "duplicate key" if isinstance(exc, _DuplicateKey) else "invalid YAML"
+    if isinstance(exc, _DuplicateKey):
+        reason = reason.removeprefix("duplicate key ")
+    return ConfigUnreadable([f"{source}: {where}: {what}: {reason}"])
 
 
 def as_bool(value: object) -> bool | None:
