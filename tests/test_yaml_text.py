@@ -32,6 +32,16 @@ class TestScalarsAsText:
         assert (as_bool(raw["t"]), as_bool(raw["f"]), as_bool(raw["q"])) == (True, False, None)
         assert (as_int(raw["n"]), as_int(raw["z"]), as_int(raw["qn"])) == (12, None, None)
 
+    def test_an_integer_may_carry_a_plus_sign(self) -> None:
+        """+12 is 12, as Go's yaml.v2 reads it; a sign after the digits is not a number."""
+        raw = read_text_yaml("p: +12\ns: 12+\n", "f")
+        assert (as_int(raw["p"]), as_int(raw["s"])) == (12, None)
+
+    def test_text_that_is_not_ascii_decimal_digits_is_not_an_integer(self) -> None:
+        """x, 1.5, 1e3 and Arabic-Indic digits (which str.isdigit accepts) are not integers."""
+        raw = read_text_yaml("a: x\nb: 1.5\nc: 1e3\nd: \u0661\u0662\n", "f")
+        assert [as_int(raw[k]) for k in "abcd"] == [None, None, None, None]
+
     def test_numbers_are_read_from_plain_decimals_only(self) -> None:
         """3 and .5 are numbers; '0.5' quoted, 1e3 and x are not."""
         raw = read_text_yaml("a: 3\nb: .5\nq: '0.5'\ne: 1e3\nx: x\n", "f")
@@ -58,6 +68,22 @@ class TestDuplicateKeys:
     def test_repeats_in_different_mappings_are_fine(self) -> None:
         assert read_text_yaml("- {k: 1}\n- {k: 2}\n", "f") == [{"k": "1"}, {"k": "2"}]
 
+
+class TestUnreadableYaml:
     def test_invalid_yaml_names_line_and_column(self) -> None:
-        with pytest.raises(ConfigUnreadable, match=r"f: line 2 column 1: invalid YAML"):
+        """PyYAML's problem, at the line and column where PyYAML marks it."""
+        with pytest.raises(ConfigUnreadable) as caught:
             read_text_yaml("a: [\n", "f")
+        assert caught.value.problems == [
+            "f: line 2 column 1: invalid YAML: expected the node content, but found '<stream end>'"
+        ]
+
+    def test_a_control_character_names_the_file_and_pyyamls_reason(self) -> None:
+        """YAML refuses a control character before parsing: no line and column, so (file) and
+        PyYAML's reason, which gives the character's position."""
+        with pytest.raises(ConfigUnreadable) as caught:
+            read_text_yaml("domain: bell\x07\n", "f.yaml")
+        assert caught.value.problems == [
+            "f.yaml: (file): invalid YAML: unacceptable character #x0007: special characters "
+            'are not allowed\n  in "<unicode string>", position 12'
+        ]
