@@ -45,7 +45,7 @@ class _TextLoader(yaml.BaseLoader):
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         first: dict[object, int] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
+            key = self.construct_object(key_node)
             line = key_node.start_mark.line + 1
             if isinstance(key, str) and key in first:
                 raise _DuplicateKey(
