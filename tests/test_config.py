@@ -239,3 +239,50 @@ class TestAssemble:
         assert caught.value.problems == [
             f"{later}: merged: duplicate domain 'merged' (first in {first})"
         ]
+
+
+class TestUnreadableInput:
+    """Unreadable input and rule problems are told apart (``check`` exits 2 and 1)."""
+
+    def test_one_file_that_is_not_yaml_makes_the_whole_set_unreadable(self) -> None:
+        """A file that is not YAML beside a rule problem: unreadable, every line kept in order."""
+        broken, wrong = (
+            FIXTURES / "config" / "invalid_yaml.yaml",
+            FIXTURES / "config" / "unknown_root_key.yaml",
+        )
+        with pytest.raises(ConfigUnreadable) as caught:
+            load([broken, wrong])
+        assert caught.value.problems == _expected(broken) + _expected(wrong)
+
+    def test_rule_problems_alone_are_not_unreadable(self) -> None:
+        """A file that parses but breaks rules is a ConfigError, not unreadable input."""
+        with pytest.raises(ConfigError) as caught:
+            load([FIXTURES / "config" / "unknown_root_key.yaml"])
+        assert not isinstance(caught.value, ConfigUnreadable)
+
+
+class TestNumberRanges:
+    """A number field's range includes both of its ends."""
+
+    def test_ends_of_the_ranges_load_as_written(self, tmp_path: Path) -> None:
+        """requests_per_unit 0 and 4294967295 (upstream's uint32), max_in_flight 1000000000."""
+        loaded = load_text(
+            tmp_path,
+            """
+            domain: edge
+            descriptors:
+              - key: closed
+                rate_limit: {unit: second, requests_per_unit: 0}
+              - key: open
+                rate_limit: {unit: second, requests_per_unit: 4294967295}
+              - key: slots
+                concurrency: {max_in_flight: 1000000000}
+            """,
+        )
+        closed, open_, slots = loaded.config.domains["edge"].rules
+        assert closed.rate_limit is not None and open_.rate_limit is not None
+        assert [closed.rate_limit.requests_per_unit, open_.rate_limit.requests_per_unit] == [
+            0,
+            4294967295,
+        ]
+        assert slots.concurrency is not None and slots.concurrency.max_in_flight == 10**9

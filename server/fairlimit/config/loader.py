@@ -107,9 +107,11 @@ def _replaces(problems: Problems, path: str, raw: object, name: str | None) -> t
         return ()
     names: list[str] = []
     for entry in raw:
-        target = entry.get("name") if isinstance(entry, dict) else None
-        if isinstance(entry, dict):
-            _check_keys(problems, path, entry, frozenset({"name"}))
+        if not isinstance(entry, dict):  # a bare name (``[users]``) is not an empty entry
+            problems.add(path, "rate_limit.replaces must be a list of {name: ...}")
+            continue
+        _check_keys(problems, path, entry, frozenset({"name"}))
+        target = entry.get("name")
         if not isinstance(target, str) or not target:
             problems.add(path, "should not have an empty replaces entry")
         elif target == name:
