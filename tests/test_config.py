@@ -192,6 +192,23 @@ class TestLoading:
         loaded = load([Path(__file__).parents[1] / "descriptors"], strict=True)
         assert "edge" in loaded.config.domains
 
+    def test_an_unlimited_limit_keeps_its_name_and_replaces(self, tmp_path: Path) -> None:
+        """unlimited takes name and replaces as upstream does (admin /config shows them)."""
+        loaded = load_text(
+            tmp_path,
+            """
+            domain: edge
+            descriptors:
+              - key: health
+                rate_limit: {unlimited: true, name: health, replaces: [{name: per_ip}]}
+              - key: remote_address
+                rate_limit: {unit: second, requests_per_unit: 10, name: per_ip}
+            """,
+        )
+        limit = loaded.config.domains["edge"].rules[0].rate_limit
+        assert limit is not None and limit.unlimited
+        assert (limit.name, limit.replaces) == ("health", ("per_ip",))
+
 
 class TestEmptyConfig:
     def test_a_directory_without_descriptor_files_is_refused_naming_it(
@@ -286,3 +303,21 @@ class TestNumberRanges:
             4294967295,
         ]
         assert slots.concurrency is not None and slots.concurrency.max_in_flight == 10**9
+
+    def test_a_cap_may_hold_a_single_active_client(self, tmp_path: Path) -> None:
+        """active_clients: 1, the smallest cap declaration, loads."""
+        loaded = load_text(
+            tmp_path,
+            """
+            domain: edge
+            descriptors:
+              - key: route
+                rate_limit: {unit: second, requests_per_unit: 100}
+                fair_share: {active_clients: 1}
+                descriptors:
+                  - key: client_id
+                    rate_limit: {unit: second, requests_per_unit: 100}
+            """,
+        )
+        fair = loaded.config.domains["edge"].rules[0].fair_share
+        assert fair is not None and fair.active_clients == 1
