@@ -139,7 +139,6 @@ def _rate_limit(problems: Problems, path: str, raw: object) -> RateLimit | None:
         if unit_text is not None:
             problems.add(path, "should not specify rate limit unit when unlimited")
         return RateLimit(0, Unit.SECOND, unlimited=True, name=name, replaces=replaces)
-    unit_text = str(unit_text) if isinstance(unit_text, str) else unit_text
     try:
         unit = Unit.parse(str(unit_text)) if unit_text is not None else None
     except KeyError:
