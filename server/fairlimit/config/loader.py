@@ -230,18 +230,16 @@ def _fair_share(
     raw_active = raw.get("active_clients")
     active = _int_in(raw_active, 1, 10**9)
     weights = _weights(problems, path, raw.get("weights"))
-    ok = active is not None
     if active is None:
         problems.add(
             path, f"fair_share.active_clients must be an integer >= 1, not {_shown(raw_active)}"
         )
     if (limit is None or limit.unlimited) and slots is None:
         problems.add(path, "fair_share needs a limited rate_limit on the same node: the cap")
-        ok = False
     if not has_children:
         problems.add(path, "fair_share needs child descriptors: the per-client buckets")
-        ok = False
-    return FairShare(active, weights) if ok and active is not None else None
+    # a problem rejects the whole file (parse_root), so what is returned with one goes unseen
+    return None if active is None else FairShare(active, weights)
 
 
 def _label(key: str, value: str | None) -> str:
