@@ -232,7 +232,9 @@ def _fair_share(
     weights = _weights(problems, path, raw.get("weights"))
     if active is None:
         problems.add(
-            path, f"fair_share.active_clients must be an integer >= 1, not {_shown(raw_active)}"
+            path,
+            "fair_share.active_clients must be an integer from 1 to 1000000000, "
+            f"not {_shown(raw_active)}",
         )
     if (limit is None or limit.unlimited) and slots is None:
         problems.add(path, "fair_share needs a limited rate_limit on the same node: the cap")
