@@ -238,6 +238,12 @@ def _fair_share(
         )
     if (limit is None or limit.unlimited) and slots is None:
         problems.add(path, "fair_share needs a limited rate_limit on the same node: the cap")
+    elif limit is not None and limit.unlimited:  # else read as a rate cap of 0: refusing all
+        problems.add(
+            path,
+            "fair_share cannot cap with an unlimited rate_limit: "
+            "remove it to cap by concurrency alone",
+        )
     if not has_children:
         problems.add(path, "fair_share needs child descriptors: the per-client buckets")
     # a problem rejects the whole file (parse_root), so what is returned with one goes unseen
