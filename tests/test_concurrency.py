@@ -373,6 +373,24 @@ descriptors:
             req("edge", desc("route=public", "client_id=a", "request_id=1")), matcher
         ).acquire
 
+    @pytest.mark.parametrize(
+        ("keys", "acquire", "release"),
+        [
+            ("{acquire: rid}", "rid", "request_done"),
+            ("{release: rid_done}", "request_id", "rid_done"),
+        ],
+        ids=["acquire_only", "release_only"],
+    )
+    def test_renaming_one_request_id_key_keeps_the_other_documented_default(
+        self, tmp_path: Path, keys: str, acquire: str, release: str
+    ) -> None:
+        """The key not renamed keeps its default (request_id, request_done) and still counts."""
+        text = CONFIG.replace("domain: edge\n", f"domain: edge\nrequest_id_keys: {keys}\n")
+        matcher = Matcher(load_text(tmp_path, text).config)
+        entries = ("route=public", "client_id=a")
+        assert split(req("edge", desc(*entries, f"{acquire}=1")), matcher).acquire
+        assert split(req("edge", desc(*entries, f"{release}=1")), matcher).release
+
 
 class TestReports:
     def test_rlconfig_shows_each_rules_concurrency_and_the_caps_verdict(self) -> None:
