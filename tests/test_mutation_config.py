@@ -83,7 +83,7 @@ class TestTheRedisStoresRun:
         redis: dict[str, Any] = changed["tool"]["mutmut"]
         assert redis["only_mutate"] == ["src/fairlimit/store/redis/*"]
         args: list[str] = redis["pytest_add_cli_args"]
-        assert args[args.index("-k") + 1] == "redis"
+        assert args[args.index("-k") + 1] == "redis and not mutation_config"
         args[args.index("-k") + 1] = "not redis"
         changed["tool"]["mutmut"] = {**redis, "only_mutate": MUTMUT["only_mutate"]}
         assert changed == PYPROJECT
