@@ -9,6 +9,7 @@ import dataclasses
 import gc
 import os
 import random
+import re
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -55,7 +56,7 @@ domain: edge
 descriptors:
   - key: route
     value: public
-    rate_limit: {unit: second, requests_per_unit: 20}
+    rate_limit: {unit: second, requests_per_unit: 20, name: public-cap}
     fair_share:
       active_clients: 4
       weights: {heavy: 3}
@@ -73,6 +74,14 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 5}
   - key: user
     rate_limit: {unit: day, requests_per_unit: 3}
+  - key: bypass
+    rate_limit: {unit: second, requests_per_unit: 100, replaces: [{name: public-cap}]}
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 20}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 10}
 """
 
 Factory = Callable[..., Awaitable[Any]]
@@ -289,6 +298,56 @@ class TestKeys:
         assert len([k for k in keys if "client_id=" in k]) == len(clients)
         assert len(slots) == 1
         assert all(k.startswith("fairlimit:{edge/route=public}") for k in keys if "route=" in k)
+
+    async def test_braces_and_percent_in_a_cap_value_are_percent_escaped_in_its_tag(
+        self, redis_cluster_store_factory: Factory, redis_cluster: RedisClusterProcesses,
+        matcher: Matcher,
+    ) -> None:  # fmt: skip
+        """A cap value's braces and % are percent-escaped (uppercase hex) in its tag: the tag
+        Redis hashes is the whole cap path, distinct per value, one slot per cap instance."""
+        # by hand from RFC 3986 percent-encoding of %, { and }; "a%7Bb%7D" must not meet "a{b}"
+        escaped = {"a{b}": "a%7Bb%7D", "a%7Bb%7D": "a%257Bb%257D", "}{": "%7D%7B", "%": "%25"}
+        store = await redis_cluster_store_factory()
+        try:
+            admitted = [
+                (await store.admit(plan_of(matcher, desc(f"tenant={t}", "client_id=c")), T0))
+                for t in escaped
+            ]
+        finally:
+            await store.close()
+        assert all(a.admitted for a in admitted)
+        keys: list[str] = []
+        for node in redis_cluster.nodes:
+            with node.client() as client:
+                keys += [k for k in client.scan_iter("*") if "tenant=" in k]
+        tags: dict[str, set[str]] = {}
+        slots: dict[str, set[int]] = {}
+        with redis_cluster.nodes[0].client() as client:
+            for key in keys:
+                start = key.index("{") + 1  # Redis hashes from the first { to the next }
+                tenant = re.search(r"\}[a-z]+:edge/tenant=(.*?)[/#]", key)
+                assert tenant is not None, key
+                tags.setdefault(tenant[1], set()).add(key[start : key.index("}", start)])
+                slots.setdefault(tenant[1], set()).add(
+                    client.execute_command("CLUSTER", "KEYSLOT", key)
+                )
+        assert tags == {t: {f"edge/tenant={e}"} for t, e in escaped.items()}
+        assert all(len(found) == 1 for found in slots.values())
+
+    async def test_on_one_redis_a_client_is_counted_under_one_key_whatever_replaces(
+        self, redis_store_factory: Factory, matcher: Matcher
+    ) -> None:
+        """On one Redis a key is tagged by its own path: a request whose replaces drops the
+        client's cap counts the client in the counter the capped requests use."""
+        store = await redis_store_factory()
+        uncapped = plan_of(matcher, desc("route=public", "client_id=a"), desc("bypass=x"))
+        try:
+            without_cap = [(await store.admit(uncapped, T0)).admitted for _ in range(10)]
+            capped = await store.admit(client_plan(matcher, "a"), T0)
+        finally:
+            await store.close()
+        assert all(without_cap)
+        assert not capped.admitted  # the client's 10 per second are spent
 
 
 class TestSlotGroups:
