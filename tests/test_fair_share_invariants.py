@@ -4,7 +4,12 @@ import pytest
 
 from fairlimit.core.admission import Code
 from fairlimit.core.fairshare import grants, jain_index
-from fairness_cases import NESTED  # route 1000/s > tenant 600/s > user 200/s
+from fairlimit.store.base import Store
+from fairness_cases import (  # NESTED: route 1000/s > tenant 600/s > user 200/s
+    NESTED,
+    SILENT_IN_HOUR,
+)
+from fairness_scenarios import bound_excess, run
 from helpers import FakeClock, LimiterFactory, desc, req
 from traffic import drive
 
@@ -187,3 +192,15 @@ class TestContendedCap:
         assert codes.count(Code.OK) == 30
         probe = await limiter.should_rate_limit(req("edge", desc("route=shadow", hits=0)))
         assert probe.statuses[0].limit_remaining == 0 and probe.statuses[0].shadowed
+
+
+class TestLongWindows:
+    # Here rather than in test_fairness_scenarios.py, whose ids the mutation run cannot pass
+    # to pytest (docs/mutation.md): this is the test of the memory store's row pruning.
+    async def test_a_silent_client_keeps_what_it_took_earlier_in_a_long_window(
+        self, store: Store
+    ) -> None:
+        """Back after 80 s of silence on an hour cap, a client is still held to its max-min
+        share of the elapsed hour, its admissions before the silence included (one request
+        of rounding), on every backend."""
+        assert bound_excess(SILENT_IN_HOUR, await run(SILENT_IN_HOUR, store)) <= 1
