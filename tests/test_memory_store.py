@@ -14,6 +14,7 @@ import pytest
 from fairlimit.core.admission import Code
 from fairlimit.limiter import Limiter
 from fairlimit.store.memory import MemoryStore, _glibc
+from fairness_cases import flat_config
 from helpers import FakeClock, desc, load_text, req, skip_or_fail
 from maxmin import Number, level
 from test_concurrency_invariants import CAPPED, done, take, take_alone
@@ -420,3 +421,68 @@ class TestMallocThreshold:
         """On another C library the glibc functions are missing: None, and no tuning."""
         assert _glibc("fairlimit_no_such_function") is None
         assert _glibc("malloc") is not None
+
+
+class TestRowsOfAnEndedWindow:
+    """Dropping rows whose history and window are both gone keeps every other row: a row of
+    the current window however long silent, a recent row of the window just ended."""
+
+    async def _asks(self, limiter: Limiter, client: str, times: int) -> int:
+        """How many of ``times`` one-hit requests of ``client`` are admitted."""
+        ok = 0
+        for _ in range(times):
+            out = await limiter.should_rate_limit(
+                req("fair", desc("route=api", f"client_id={client}"))
+            )
+            ok += out.code is Code.OK
+        return ok
+
+    async def test_a_client_silent_past_64_s_keeps_what_it_took_this_window(
+        self, tmp_path: Path, clock: FakeClock
+    ) -> None:
+        """y, seen once last hour, is dropped at 79 s; x, silent since 9 s, is kept: after
+        81 s of the hour (the current second included) x and z, both asking far more, share
+        81 hits, so x holds 40.5 ± one request in all."""
+        store = MemoryStore()
+        limiter = Limiter(
+            load_text(tmp_path, flat_config(3600, "hour", 3600, active=2)), store, clock
+        )  # type: ignore[arg-type]
+        hour = 3600.0 * 472_223
+        clock.t = hour - 10
+        await self._asks(limiter, "y", 1)
+        took = 0
+        for second in range(10):
+            clock.t = hour + second
+            took += await self._asks(limiter, "x", 50)
+            await self._asks(limiter, "z", 50)
+        for second in (50, 79):
+            clock.t = hour + second
+            await self._asks(limiter, "z", 50)
+        clock.t = hour + 80
+        took += await self._asks(limiter, "x", 100)
+        share = level([10_000, 10_000], [1, 1], 81)
+        assert share == Fraction(81, 2)
+        assert share - 1 <= took <= share + 1
+
+    async def test_a_client_busy_as_the_last_window_ended_keeps_its_rate(
+        self, tmp_path: Path, clock: FakeClock
+    ) -> None:
+        """y, seen 65 s ago, is dropped at the minute's start; v and w, each asking 30
+        in the last second of the minute before, still press on a cap of 60 a minute: their
+        rates (EWMA of 30 a second) predict far more than 30 each, so λ = 30."""
+        store = MemoryStore()
+        limiter = Limiter(
+            load_text(tmp_path, flat_config(60, "minute", 60, active=2)), store, clock
+        )  # type: ignore[arg-type]
+        minute = 60.0 * 28_333_334
+        clock.t = minute - 65  # stale from the minute's start on, not a second before
+        await self._asks(limiter, "y", 1)
+        clock.t = minute - 1
+        for client in "vw":
+            await self._asks(limiter, client, 30)
+        clock.t = minute
+        await self._asks(limiter, "v", 1)
+        clock.t = minute + 1
+        await self._asks(limiter, "v", 1)
+        assert level([10_000, 10_000], [1, 1], 60) == 30
+        assert (await store.caps())["fair/route=api#60"].level == pytest.approx(30.0)
