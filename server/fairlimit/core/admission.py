@@ -131,14 +131,15 @@ def _status(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, now: float) -> 
     """A charged descriptor's status: the tightest level's remaining and reset."""
     over = shadowed = False
     leaf = effective = dplan.charges[0].limit
-    best_remaining, reset = -1, 0.0
+    best_remaining, reset = -1, 0
     for charge in dplan.charges:
         lv_over, lv_shadow, remaining, fair = _charge_view(plan, outcome, charge)
         over, shadowed = over or lv_over, shadowed or lv_shadow
-        level_reset = seconds_until_reset(plan.counters[charge.counter].window, now)
-        # Levels tied on the room left run out together: the client waits for the later reset.
-        if best_remaining < 0 or (remaining, -level_reset) < (best_remaining, -reset):
-            best_remaining, reset = remaining, level_reset
+        window = plan.counters[charge.counter].window
+        if best_remaining < 0 or remaining < best_remaining:
+            best_remaining, reset = remaining, seconds_until_reset(window, now)
+        elif remaining == best_remaining:  # run out together: the client waits for both
+            reset = max(reset, seconds_until_reset(window, now))
         if fair != math.inf:
             candidate = _effective_limit(leaf, charge, fair)
             if candidate.per_second < effective.per_second:
