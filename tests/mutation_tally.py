@@ -10,6 +10,7 @@ names them as mutmut does; needs mutmut installed (docs/mutation.md).
 
 import argparse
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -47,21 +48,18 @@ def _row(module: str, mutants: int, counts: Counter[str]) -> str:
 # The two settings of pyproject's [tool.mutmut] that the Redis store's run changes: the
 # Python side of store/redis/ only, each mutant running the tests with "redis" in their id
 # (but test_mutation_config's: they check pyproject's own settings, not these).
-MEMORY_ONLY = ('"-k", "not redis"', 'only_mutate = ["src/fairlimit/core/*"')
 WITH_REDIS = (
-    '"-k", "redis and not mutation_config"',
-    'only_mutate = ["src/fairlimit/store/redis/*"]',
+    (r"^only_mutate = .*$", 'only_mutate = ["src/fairlimit/store/redis/*"]'),
+    (r'"-k", "not redis"', '"-k", "redis and not mutation_config"'),
 )
 
 
 def redis_config(text: str) -> str:
     """pyproject.toml as the Redis store's run reads it (tests/mutate.sh --redis)."""
-    kept, rest = MEMORY_ONLY[1], text.split(MEMORY_ONLY[1], 1)[1]
-    old_only = kept + rest.split("\n", 1)[0]
-    for old, new in ((MEMORY_ONLY[0], WITH_REDIS[0]), (old_only, WITH_REDIS[1])):
-        if text.count(old) != 1:
-            raise SystemExit(f"pyproject.toml: expected {old!r} once in [tool.mutmut]")
-        text = text.replace(old, new)
+    for pattern, new in WITH_REDIS:
+        text, found = re.subn(pattern, new, text, flags=re.MULTILINE)
+        if found != 1:
+            raise SystemExit(f"pyproject.toml: expected {pattern!r} once in [tool.mutmut]")
     return text
 
 
