@@ -7,7 +7,11 @@ issue's: a cap of 6000/min shared by ten steady clients and a burst, and so on.
 from fairness_scenarios import INF, Cap, Client, Phase, Scenario
 
 
-def flat_config(capacity: int, unit: str, client_limit: int, active: int = 10) -> str:
+def flat_config(
+    capacity: int, unit: str, client_limit: int, active: int = 10, client_unit: str = ""
+) -> str:
+    """One fair-share cap over its clients' own limits (per ``client_unit``, else ``unit``)."""
+    client_unit = client_unit or unit
     return f"""
 domain: fair
 descriptors:
@@ -17,7 +21,7 @@ descriptors:
     fair_share: {{active_clients: {active}}}
     descriptors:
       - key: client_id
-        rate_limit: {{unit: {unit}, requests_per_unit: {client_limit}}}
+        rate_limit: {{unit: {client_unit}, requests_per_unit: {client_limit}}}
 """
 
 

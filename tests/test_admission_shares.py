@@ -12,7 +12,7 @@ from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan, plan
 from fairlimit.core.rules import RateLimit
 from fairlimit.core.units import Unit
-from fairness_cases import NESTED  # route 1000/s > tenant 600/s > user 200/s
+from fairness_cases import NESTED, flat_config  # NESTED: route 1000/s > tenant 600/s > user 200/s
 from helpers import desc, load_text, req
 
 pytestmark = pytest.mark.unit
@@ -38,30 +38,9 @@ def _plan(tmp_path: Path, hits: int) -> Plan:
 
 
 # A client's own limit per minute (600/min, 10/s) under a per-second cap.
-PER_MINUTE_CLIENTS = """
-domain: fair
-descriptors:
-  - key: route
-    value: api
-    rate_limit: {unit: second, requests_per_unit: 100}
-    fair_share: {active_clients: 10}
-    descriptors:
-      - key: client_id
-        rate_limit: {unit: minute, requests_per_unit: 600}
-"""
-
+PER_MINUTE_CLIENTS = flat_config(100, "second", 600, client_unit="minute")
 # The other way round: a client's own limit per second (10/s) under a per-minute cap.
-PER_SECOND_CLIENTS = """
-domain: fair
-descriptors:
-  - key: route
-    value: api
-    rate_limit: {unit: minute, requests_per_unit: 6000}
-    fair_share: {active_clients: 10}
-    descriptors:
-      - key: client_id
-        rate_limit: {unit: second, requests_per_unit: 10}
-"""
+PER_SECOND_CLIENTS = flat_config(6000, "minute", 10, client_unit="second")
 
 
 @pytest.fixture
