@@ -25,6 +25,7 @@ from fairlimit.quota import Abandon, Action, QuotaService, Usage
 from fairlimit.simulate.engine import _Run
 from fairlimit.simulate.report import ConfigResult
 from fairlimit.simulate.scenario import RlqsModel, Scenario
+from fairlimit.store.base import Store
 
 
 class _Local:
@@ -112,8 +113,10 @@ class SimEnvoy:
 class RlqsRun(_Run):
     """One config's run with every client behind ``model.envoys`` RLQS Envoys."""
 
-    def __init__(self, scenario: Scenario, loaded: Loaded, model: RlqsModel) -> None:
-        super().__init__(scenario, loaded, coalesce=False)  # attempts alternate Envoys
+    def __init__(
+        self, scenario: Scenario, loaded: Loaded, model: RlqsModel, store: Store | None = None
+    ) -> None:
+        super().__init__(scenario, loaded, False, store)  # no coalescing: attempts alternate Envoys
         self.quota = QuotaService(lambda: loaded, self.limiter.store, self.clock.now)
         self.envoys = [
             SimEnvoy(self.quota, scenario.domain, model.interval, self.clock.now)
