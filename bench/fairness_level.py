@@ -1,5 +1,6 @@
-"""CPU time of λ for N clients: core.sharing.period_level (fairness v2: λ and R of a period)
-next to core.fairshare.level_of (v1) on the same machine. python bench/fairness_level.py [N]
+"""CPU time of a cap's division for N clients: core.sharing.divide (fairness v3: λ and the
+sums every request then updates in O(1)) next to core.fairshare.level_of (v1's bare λ) on
+the same machine. python bench/fairness_level.py [N]
 
 CPU time (process_time), not wall time: on a shared machine wall time measures the others.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
 from fairlimit.core.fairshare import PeriodDemand, level_of
-from fairlimit.core.sharing import Clock, Row, period_level
+from fairlimit.core.sharing import Clock, Row, divide
 
 
 def main() -> None:
@@ -22,19 +23,24 @@ def main() -> None:
     rnd = random.Random(1)
     clock = Clock(60, 1.0, 1_699_920_030.0)
     rows = []
-    for _ in range(n):
+    for i in range(n):
         row = Row(rnd.choice([100.0, 600.0, float("inf")]), rnd.choice([1.0, 1.0, 3.0]))
-        row.ws, row.pk = clock.start, clock.period - 1
-        row.pd = row.d = float(rnd.randint(0, 20))
-        row.r = rnd.random() * 10
-        rows.append(row)
+        row.window, row.period = clock.start, clock.period - 1
+        row.period_asked = row.asked = float(rnd.randint(0, 20))
+        row.previous, row.previous_last = float(rnd.randint(0, 40)), clock.start - 1.0
+        row.history, row.mass = rnd.random() * 10, 1.0
+        rows.append((f"client-{i}", row))
     capacity = 6000.0 * n / 100
-    v2 = _median(lambda: period_level(rows, capacity, clock))
-    demand = [row.pd for row in rows]
-    period = PeriodDemand(capacity, 60.0, demand, demand, [r.limit for r in rows],
-                          [r.weight for r in rows])  # fmt: skip
+    v3 = _median(lambda: divide(rows, capacity, clock))
+    carried = _median(lambda: divide(rows, capacity, clock, closing=1.0))
+    demand = [row.period_asked for _, row in rows]
+    period = PeriodDemand(capacity, 60.0, demand, demand, [r.limit for _, r in rows],
+                          [r.weight for _, r in rows])  # fmt: skip
     v1 = _median(lambda: level_of(period))
-    print(f"{n} clients, CPU ms (median of 7): v2 period_level {v2:.0f}, v1 level_of {v1:.0f}")
+    print(
+        f"{n} clients, CPU ms (median of 7): v3 divide {v3:.0f} (the first of a window), "
+        f"{carried:.0f} (the others), v1 level_of {v1:.0f}"
+    )
 
 
 def _median(run: Callable[[], object]) -> float:

@@ -1,6 +1,6 @@
-"""The targets of issue 11, measured by tests/fairness_scenarios.py against the exact max-min
-solver: every scenario of tests/fairness_cases.py on memory, the short per-second ones on
-Redis too (where they must also give exactly memory's admissions)."""
+"""The targets of issues 11 and 23 (fairness v3), measured by tests/fairness_scenarios.py
+against the exact max-min solver: every scenario of tests/fairness_cases.py on memory, the
+short per-second ones on Redis too (where they must also give exactly memory's admissions)."""
 
 import dataclasses
 
@@ -13,20 +13,21 @@ from fairness_scenarios import Figures, Record, Scenario, figures, run
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
-# Long caps (a minute) are paced with one period of slack: a client may run ahead of its
-# share of the elapsed window by what the bound column prints (hits), never more.
+# Long caps (a minute): a steady client is paced by its history, so it runs ahead of its
+# share of the elapsed window by at most what the bound column prints (hits). A client that
+# bursts or has no history takes its share of the window at once (fairness v3), so where one
+# does the bound is its window share, which the error figure already holds it to.
 LONG = {
-    cases.BURST_AT_ZERO.name: 20,
-    cases.LATE_GREEDY.name: 100,
-    cases.BURST_AFTER_IDLE.name: 20,
+    cases.LATE_GREEDY.name: 20,
     cases.STEADY_MINUTE.name: 20,
-    cases.TOKENS.name: 4000,  # tokens: about six requests of 500-600
 }
 LATE = {cases.LATE_GREEDY.name}  # utilisation >= 0.95 in a late-arrival minute
 # Refused while below its share of the elapsed window for longer than P = 1 s: a token
 # budget whose requests of 300-600 tokens wait for the paced share to grow past a whole
-# request (docs/fairness.md).
-SLOW = {cases.TOKENS.name: 2.0}
+# request; sparse clients (one request every 5 s) whose request due in a window's last tick
+# was not foreseen (a fraction of a request is no request), refused once, their next request
+# 5 s later (docs/fairness.md, known limits).
+SLOW = {cases.TOKENS.name: 2.0, cases.BURST_AFTER_IDLE.name: 5.0}
 SHORT = {  # the Redis runs: per-second caps, a few seconds each
     "steady": dataclasses.replace(cases.STEADY_SECOND, duration=3),
     "on/off": dataclasses.replace(cases.ON_OFF, duration=4),
@@ -40,7 +41,8 @@ def check(scenario: Scenario, got: Figures) -> None:
     assert got.error <= 0.02, got
     if scenario.cap.window > 1:
         assert got.error_change <= 0.15, got  # inside the first window of a long cap
-        assert got.bound is not None and got.bound <= LONG[scenario.name], got
+        if scenario.name in LONG:
+            assert got.bound is not None and got.bound <= LONG[scenario.name], got
     assert got.jain >= 0.99, got
     assert got.utilisation >= (0.95 if scenario.name in LATE else 0.99), got
     assert got.starved <= SLOW.get(scenario.name, 1.0) + 1e-9, got

@@ -440,49 +440,55 @@ class TestRowsOfAnEndedWindow:
     async def test_a_client_silent_past_64_s_keeps_what_it_took_this_window(
         self, tmp_path: Path, clock: FakeClock
     ) -> None:
-        """y, seen once last hour, is dropped at 79 s; x, silent since 9 s, is kept: after
-        81 s of the hour (the current second included) x and z, both asking far more, share
-        81 hits, so x holds 40.5 ± one request in all."""
+        """y, seen once two hours ago, is dropped at 79 s; x, silent since 9 s, is kept: x
+        and z each ask 400 a second, far more than their 1800 of the hour, so after the
+        cap's first second (no history: x takes what it asks within its split) x is paced
+        at its share of the elapsed hour; back at 80 s with its history gone it takes the
+        rest of its 1800 at once, what it took at 0 s counted (a dropped row would start
+        its share afresh)."""
         store = MemoryStore()
         limiter = Limiter(
             load_text(tmp_path, flat_config(3600, "hour", 3600, active=2)), store, clock
         )  # type: ignore[arg-type]
         hour = 3600.0 * 472_223
-        clock.t = hour - 10
+        clock.t = hour - 3610
         await self._asks(limiter, "y", 1)
-        took = 0
+        firsts = []
         for second in range(10):
             clock.t = hour + second
-            took += await self._asks(limiter, "x", 50)
-            await self._asks(limiter, "z", 50)
+            firsts.append(await self._asks(limiter, "x", 400))
+            await self._asks(limiter, "z", 400)
+        assert level([4_000, 4_000], [1, 1], 3600) == 1800
+        assert firsts[0] == 400 and sum(firsts[1:]) == 0  # 1800 x 10 / 3600 = 5 < 400
         for second in (50, 79):
             clock.t = hour + second
             await self._asks(limiter, "z", 50)
+        rows = store._caps["fair/route=api#3600"].rows
+        assert "y" not in rows and "x" in rows
         clock.t = hour + 80
-        took += await self._asks(limiter, "x", 100)
-        share = level([10_000, 10_000], [1, 1], 81)
-        assert share == Fraction(81, 2)
-        assert share - 1 <= took <= share + 1
+        assert 1399 <= await self._asks(limiter, "x", 1500) <= 1401  # 1800 - 400
 
     async def test_a_client_busy_as_the_last_window_ended_keeps_its_rate(
         self, tmp_path: Path, clock: FakeClock
     ) -> None:
-        """y, seen 65 s ago, is dropped at the minute's start; v and w, each asking 30
-        in the last second of the minute before, still press on a cap of 60 a minute: their
-        rates (EWMA of 30 a second) predict far more than 30 each, so λ = 30."""
+        """y, seen 125 s ago in the minute before last, is dropped at the minute's start; v
+        and w, each asking 40 in the last second of the minute before, are kept and still
+        press on a cap of 60 a minute: what they asked then predicts nearly 40 each (spread
+        over that minute up to their last request), so the cap is contended at λ near 30."""
         store = MemoryStore()
         limiter = Limiter(
             load_text(tmp_path, flat_config(60, "minute", 60, active=2)), store, clock
         )  # type: ignore[arg-type]
         minute = 60.0 * 28_333_334
-        clock.t = minute - 65  # stale from the minute's start on, not a second before
+        clock.t = minute - 125  # in the minute before last: gone once its history is
         await self._asks(limiter, "y", 1)
         clock.t = minute - 1
         for client in "vw":
-            await self._asks(limiter, client, 30)
+            await self._asks(limiter, client, 40)
         clock.t = minute
         await self._asks(limiter, "v", 1)
         clock.t = minute + 1
         await self._asks(limiter, "v", 1)
         assert level([10_000, 10_000], [1, 1], 60) == 30
-        assert (await store.caps())["fair/route=api#60"].level == pytest.approx(30.0)
+        assert "y" not in store._caps["fair/route=api#60"].rows
+        assert 29.0 <= (await store.caps())["fair/route=api#60"].level <= 31.0

@@ -234,15 +234,16 @@ class TestLocalCache:
     async def test_over_its_fair_share_stays_local_until_the_next_period(
         self, redis_store_factory: Factory, matcher: Matcher
     ) -> None:
-        """At a contended cap a client held by its own limit reaches Redis once per window (a
-        refusal by the fair share alone is never cached: the spare may open in the period)."""
+        """At a weighted-fair-queue cap a client held by its own limit, with room left beside
+        it, reaches Redis once per window (a refusal by the fair share is never cached: its
+        bound moves with each request at the cap)."""
         store = await redis_store_factory()
         heavy, light = client_plan(matcher, "heavy"), client_plan(matcher, "light")
         per_period: list[int] = []
         try:
             for period in range(3):
                 now = T0 + period
-                for _ in range(5):
+                for _ in range(2):
                     await store.admit(light, now)
                 trips = store.round_trips
                 results = [(await store.admit(heavy, now)).admitted for _ in range(500)]

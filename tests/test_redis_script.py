@@ -1,23 +1,31 @@
-"""The KEYS/ARGV contract between store/redis/script.py and the Lua scripts, read from both
-sides: each .lua file's opening comment and stride constants against the Python layouts,
-and the argument builders against the layouts' field names. No Redis needed."""
+"""The contract between store/redis/script.py and the Lua scripts, read from both sides: each
+.lua file's opening comment and stride constants against the Python layouts, the argument
+builders against the layouts' field names, the prelude generated from core/sharing.py
+(constants, Row and Division fields), and the texts that cross the boundary (a given
+division, a rows hash, admit.lua's reply) parsed as the other side parses them. No Redis
+needed."""
 
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from conftest import load_text
+from fairlimit.core import sharing
 from fairlimit.core.concurrency import split, taken
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
+from fairlimit.core.sharing import DIVISION_FIELDS, ROW_FIELDS, WHOLE_FIELDS, Division, Row
 from fairlimit.store.redis import script, slots
 from fairlimit.store.redis.keys import CAP_KINDS, SlotGroup, slot_groups
-from fairlimit.store.redis.script import ADMIT, LAYOUTS, RELEASE, GivenLevel, Layout
+from fairlimit.store.redis.script import ADMIT, LAYOUTS, RELEASE, GivenDivision, Layout, Seen
 from fairlimit.store.redis.slots import ACQUIRE, SLOT_LAYOUTS, SlotLayout
-from helpers import desc, req
+from fairness_cases import NESTED
+from helpers import desc, load_text, req
 
 CONFIG = """
 domain: edge
@@ -125,38 +133,314 @@ class TestArgumentBuilders:
                 assert script.keys(layout, g) == g.counter_keys + caps
 
     def test_admit_rows_carry_the_named_fields(self, plan: Plan, groups: list[SlotGroup]) -> None:
-        """admit_args, cut by ADMIT, gives back each counter, cap and share by name."""
+        """admit_args, cut by ADMIT, gives back each counter, cap and share by name, the
+        division given for the cap as its epoch and its DIVISION_FIELDS text."""
         g = next(g for g in groups if g.shares)
-        lv = GivenLevel("7", "2.5", "12", "3", ("0.5", "3", "2.5", "1.0", "0.4", "0"))
-        args = script.admit_args(plan, g, "12.5", (True, 250), {g.caps[0]: lv})
+        made = Division(sharing.FORCES * 50 + 1, 12.5, 2.5, 3)
+        figures = ("0.5", "3", "2.5", "1.0", "0.4", "0")
+        given = GivenDivision(str(made.epoch), script.division_text(made), figures)
+        args = script.admit_args(plan, g, "12.5", (True, 250), {g.caps[0]: given})
         got = rows(args, ADMIT)
         assert got["head"] == [{"now": "12.5", "may_lock": 1, "lock_ms": 250}]
         c = plan.counters[g.counters[0]]
         assert got["counter"][0] == {"limit": c.limit, "window": c.window, "hits": c.hits,
                                      "shadow": int(c.shadow), "force": 0}  # fmt: skip
         (cap,) = got["cap"]
-        assert (cap["cap"], cap["given_period"], cap["given_level"]) == (g.caps[0], "7", "2.5")
-        assert (cap["given_reserved"], cap["given_holders"]) == ("12", "3")
+        assert (cap["cap"], cap["given_epoch"], cap["given_division"]) == (
+            g.caps[0],
+            given.epoch,
+            given.values,
+        )
+        assert (cap["period"], cap["window"], cap["capacity"], cap["declared"]) == ("1.0", 1, 20, 4)
         assert cap["total"] == 2  # the cap's own counter
-        assert tuple(cap[f] for f in script.FIGURES) == lv.figures
+        assert tuple(cap[f] for f in script.FIGURES) == given.figures
         (share,) = got["share"]
         s = plan.shares[g.shares[0]]
         assert (share["cap_index"], share["client"], share["hits"]) == (1, s.client, s.hits)
+        assert (share["limit"], share["weight"], share["sized"]) == ("10.0", "3.0", 0)
+        # below it: its own limit, the group's first counter; no cap above or below it
+        assert (share["below_counters"], share["below_shares"]) == ("1", "")
+        assert (share["parent"], share["nested"]) == (0, 0)
+
+    def test_a_cap_given_no_division_passes_empty_fields(
+        self, plan: Plan, groups: list[SlotGroup]
+    ) -> None:
+        """No division given: given_epoch and given_division "", each figure ""."""
+        g = next(g for g in groups if g.shares)
+        (cap,) = rows(script.admit_args(plan, g, "", (False, 250), {}), ADMIT)["cap"]
+        assert (cap["given_epoch"], cap["given_division"]) == ("", "")
+        assert all(cap[f] == "" for f in script.FIGURES)
+
+    def test_nested_caps_name_their_parent_and_the_levels_below(self, tmp_path: Path) -> None:
+        """route 1000/s > tenant 600/s > user 200/s in one group: tenant A at the route cap
+        is a cap itself (nested), with the user's and its own counters (1, 3) and the
+        tenant cap's share (2) below it; user u1 at the tenant cap has share 1 as parent,
+        only its own counter below, and is sized (600 = 3 active clients x 200)."""
+        matcher = Matcher(load_text(tmp_path, NESTED).config)
+        nested = make_plan(req("fair", desc("route=api", "tenant=A", "user=u1")), matcher)
+        (g,) = slot_groups(nested, "fairlimit:", cluster=False)
+        shares = rows(script.admit_args(nested, g, "12.5", (True, 250), {}), ADMIT)["share"]
+        picked = ("client", "cap_index", "below_counters", "below_shares", "parent", "nested")
+        assert [tuple(r[f] for f in picked) for r in shares] == [
+            ("A", 1, "1,3", "2", 0, 1),
+            ("u1", 2, "1", "", 1, 0),
+        ]
+        assert [r["sized"] for r in shares] == [0, 1]
 
     def test_release_rows_carry_the_named_fields(self, plan: Plan, groups: list[SlotGroup]) -> None:
         """release_args, cut by RELEASE, gives back what admit.lua charged, by name."""
         for g in groups:
-            within = [True] * len(g.shares)
-            got = rows(script.release_args(plan, g, "12.5", within), RELEASE)
+            got = rows(script.release_args(plan, g, "12.5"), RELEASE)
             assert got["head"] == [{"now": "12.5"}]
             windows = [plan.counters[i].window for i in g.counters]
             assert [r["window"] for r in got["counter"]] == windows
             assert [r["hits"] for r in got["counter"]] == [
                 plan.counters[i].hits for i in g.counters
             ]
+            cap_windows = [plan.shares[i].window for i in g.cap_share]
+            assert [(r["period"], r["window"]) for r in got["cap"]] == [
+                ("1.0", w) for w in cap_windows
+            ]
             assert [r["client"] for r in got["share"]] == [plan.shares[i].client for i in g.shares]
+            assert [r["hits"] for r in got["share"]] == [plan.shares[i].hits for i in g.shares]
             assert all(r["cap_index"] == 1 for r in got["share"])
-            assert all(r["within"] == 1 for r in got["share"])
+
+
+# The contract prelude: "local NAME = value", "local ROW = {'a', ...}", "local ROW_FIELD =
+# {a = 'x', ...}" (and DIVISION, DIVISION_FIELD).
+_CONSTANT = re.compile(r"^local ([A-Z_]+) = ([-+.e\d]+)$")
+_NAMES = re.compile(r"^local ([A-Z_]+) = \{((?:'[a-z_]+'(?:, )?)*)\}$")
+_FIELDS = re.compile(r"^local ([A-Z_]+) = \{((?:[a-z_]+ = '[a-z]+'(?:, )?)*)\}$")
+CONSTANTS = ("ALPHA", "STALE", "SPLIT", "FORCES", "AMORTISE", "LEAD", "BURST", "EPSILON")
+
+
+def prelude() -> tuple[dict[str, float], dict[str, list[str]], dict[str, dict[str, str]]]:
+    """The generated contract, parsed: constants, name lists and field tables (every line
+    must be one of the three)."""
+    constants: dict[str, float] = {}
+    names: dict[str, list[str]] = {}
+    fields: dict[str, dict[str, str]] = {}
+    for line in script.contract().splitlines():
+        if m := _CONSTANT.match(line):
+            constants[m[1]] = float(m[2])
+        elif m := _NAMES.match(line):
+            names[m[1]] = re.findall(r"'([a-z_]+)'", m[2])
+        elif m := _FIELDS.match(line):
+            fields[m[1]] = dict(re.findall(r"([a-z_]+) = '([a-z]+)'", m[2]))
+        else:
+            raise AssertionError(f"not a contract line: {line!r}")
+    return constants, names, fields
+
+
+class TestContract:
+    """The Lua prelude script.contract() generates from core/sharing.py."""
+
+    def test_it_states_every_constant_with_its_python_value(self) -> None:
+        """ALPHA, STALE, SPLIT, FORCES, AMORTISE, LEAD, BURST and EPSILON, each as in
+        core/sharing.py, and no other."""
+        constants, _, _ = prelude()
+        assert constants == {name: float(getattr(sharing, name)) for name in CONSTANTS}
+
+    def test_it_names_every_row_and_division_field_in_order(self) -> None:
+        """ROW and DIVISION list the attributes in ROW_FIELDS / DIVISION_FIELDS order (the
+        order admit.lua reads and writes them in), ROW_FIELD and DIVISION_FIELD map each
+        to its hash field."""
+        _, names, fields = prelude()
+        assert names == {"ROW": list(ROW_FIELDS), "DIVISION": list(DIVISION_FIELDS)}
+        assert fields == {"ROW_FIELD": ROW_FIELDS, "DIVISION_FIELD": DIVISION_FIELDS}
+
+    def test_the_row_fields_are_the_rows_attributes(self) -> None:
+        """Every attribute of core/sharing.Row has a hash field, each its own; the whole
+        ones are among them."""
+        assert set(ROW_FIELDS) == set(Row.__slots__)
+        assert len(set(ROW_FIELDS.values())) == len(ROW_FIELDS)
+        assert set(ROW_FIELDS) >= WHOLE_FIELDS
+        assert len(set(DIVISION_FIELDS.values())) == len(DIVISION_FIELDS)
+
+    def test_the_division_fields_are_the_divisions_attributes(self) -> None:
+        """Every attribute of core/sharing.Division has a meta field; excluded, a client
+        value, comes last (the Lua reads it as the rest of the given text)."""
+        assert set(DIVISION_FIELDS) == set(Division.__slots__)
+        assert list(DIVISION_FIELDS)[-1] == "excluded"
+
+    @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.script)
+    def test_scripts_name_only_fields_the_contract_has(self, layout: Layout) -> None:
+        """Every ROW_FIELD.x and DIVISION_FIELD.x a script names is in the tables (and each
+        script names some: release.lua the row's window, period and admitted counts)."""
+        text = script.text(layout.script)
+        used = {
+            table: set(re.findall(rf"\b{table}\.([a-z_]+)", text))
+            for table in ("ROW_FIELD", "DIVISION_FIELD")
+        }
+        assert used["ROW_FIELD"] <= set(ROW_FIELDS)
+        assert used["DIVISION_FIELD"] <= set(DIVISION_FIELDS)
+        assert used["ROW_FIELD"] | used["DIVISION_FIELD"]
+
+    def test_the_registered_source_is_the_clock_the_contract_and_the_script(self) -> None:
+        for layout in LAYOUTS:
+            assert script.source(layout.script) == (
+                script.text("clock") + script.contract() + script.text(layout.script)
+            )
+
+
+def lua_given_division(text: str) -> dict[str, float | str]:
+    """admit.lua's given_division: "," separated values in DIVISION order, each a number
+    ("inf" the infinite one) but the last, excluded, which is the rest of the text."""
+    out: dict[str, float | str] = {}
+    at = 0
+    names = list(DIVISION_FIELDS)
+    for i, name in enumerate(names):
+        if i == len(names) - 1:
+            out[name] = text[at:]
+        else:
+            comma = text.index(",", at)
+            value = text[at:comma]
+            out[name] = math.inf if value == "inf" else float(value)
+            at = comma + 1
+    return out
+
+
+def lua_fmt(x: float) -> str:
+    """admit.lua's fmt: %.17g, "inf" for the infinite."""
+    return "inf" if x == math.inf else f"{x:.17g}"
+
+
+FINITE = st.floats(-1e12, 1e12, allow_nan=False) | st.integers(-(10**12), 10**12).map(float)
+
+
+class TestDivisionText:
+    @staticmethod
+    def division(excluded: str) -> Division:
+        """A division with a value of its own in every field (closing infinite)."""
+        division = Division(64 * 542 + 3, 135.25, 14.666666666666666, 7)
+        for k, name in enumerate(DIVISION_FIELDS):
+            if name not in ("epoch", "at", "level", "rows"):
+                setattr(division, name, 0.1 * k)
+        division.closing, division.excluded = math.inf, excluded
+        return division
+
+    @pytest.mark.parametrize("excluded", ["", "web-1", "a,b", "x:y,z,", ",", "ü,\\"])
+    def test_it_round_trips_through_the_lua_parse(self, excluded: str) -> None:
+        """Each value comes back as the same double (the infinite closing as "inf"), and
+        excluded as written, commas and all."""
+        division = self.division(excluded)
+        parsed = lua_given_division(script.division_text(division))
+        assert parsed == {name: getattr(division, name) for name in DIVISION_FIELDS}
+
+    def test_values_are_comma_separated_in_field_order(self) -> None:
+        """Each value as repr of its double ("inf" for the infinite), in DIVISION_FIELDS
+        order, joined by ","; excluded last, as it is."""
+        division = self.division("a,b")
+        expected = [
+            "inf" if value == math.inf else repr(float(value))
+            for value in (getattr(division, name) for name in list(DIVISION_FIELDS)[:-1])
+        ]
+        assert script.division_text(division) == ",".join([*expected, "a,b"])
+        assert script.division_text(division).startswith("34691.0,135.25,14.666666666666666,7.0,")
+
+    @given(st.lists(FINITE, min_size=len(DIVISION_FIELDS) - 1, max_size=len(DIVISION_FIELDS) - 1),
+           st.text())  # fmt: skip
+    def test_any_values_round_trip(self, values: list[float], excluded: str) -> None:
+        """Any doubles and any client text: the Lua reads back what Python wrote."""
+        division = Division(0, 0.0, 0.0, 0)
+        for name, value in zip(list(DIVISION_FIELDS)[:-1], values, strict=True):
+            setattr(division, name, value)
+        division.excluded = excluded
+        parsed = lua_given_division(script.division_text(division))
+        assert parsed == {name: getattr(division, name) for name in DIVISION_FIELDS}
+
+
+class TestRowsOf:
+    @staticmethod
+    def hgetall(rows: dict[str, Row]) -> list[str]:
+        """A rows hash as HGETALL returns it, flat, as admit.lua's save_row writes it
+        (<field>:<client> = fmt(value)), the clients' fields interleaved."""
+        pairs = [
+            [f"{field}:{client}", lua_fmt(float(getattr(row, name)))]
+            for name, field in ROW_FIELDS.items()
+            for client, row in rows.items()
+        ]
+        return [x for pair in pairs for x in pair]
+
+    def test_two_clients_come_back_field_by_field(self) -> None:
+        """A plain client and one whose value holds ':' and ',' come back as the rows
+        written, every attribute equal (the whole ones as ints, an infinite limit)."""
+        plain = Row(30.0, 2.0)
+        plain.window, plain.period, plain.epoch, plain.kind = 1_700_000_040, 1_700_000_071, -1, 2
+        plain.asked, plain.admitted, plain.credit, plain.history = 12.0, 9.0, 1 / 3, 0.1
+        odd = Row(math.inf, 0.5)
+        odd.window, odd.period, odd.epoch, odd.kind = 1_700_000_040, 1_700_000_070, 64 * 7, 1
+        odd.previous, odd.previous_last, odd.seen, odd.mass = -1.0, 1_700_000_039.9, 7.25, 0.75
+        odd.fixed, odd.rate, odd.last_asked = 4.0, 2.5, 3.0
+        written = {"web-1": plain, "ten:ant,b:c": odd}
+        got = script.rows_of(self.hgetall(written))
+        assert set(got) == set(written)
+        for client, row in written.items():
+            assert state(got[client]) == state(row)
+            assert all(type(getattr(got[client], f)) is int for f in WHOLE_FIELDS)
+
+    @given(st.lists(FINITE | st.just(math.inf), min_size=len(ROW_FIELDS), max_size=len(ROW_FIELDS)))
+    def test_any_values_come_back_as_the_same_doubles(self, values: list[float]) -> None:
+        """Any doubles written as admit.lua writes them read back as the same (the whole
+        fields as the ints they stand for)."""
+        row = Row(1.0, 1.0)
+        for name, value in zip(ROW_FIELDS, values, strict=True):
+            finite = value if value != math.inf else 7.0
+            setattr(row, name, int(finite) if name in WHOLE_FIELDS else value)
+        assert state(script.rows_of(self.hgetall({"c": row}))["c"]) == state(row)
+
+    def test_a_client_without_a_window_or_a_field_unknown_is_left_out(self) -> None:
+        """Fields of other names are not a row's; a client without its window field has no
+        row."""
+        flat = self.hgetall({"a": Row(5.0, 1.0)})
+        flat += ["zz:a", "1", ROW_FIELDS["limit"] + ":b", "3", ROW_FIELDS["weight"] + ":b", "1"]
+        got = script.rows_of(flat)
+        assert set(got) == {"a"} and state(got["a"]) == state(Row(5.0, 1.0))
+
+
+def state(row: Row) -> dict[str, object]:
+    return {name: getattr(row, name) for name in Row.__slots__}
+
+
+class TestReplies:
+    def test_a_hand_back_is_answered_with_the_division_it_asked_for(
+        self, plan: Plan, groups: list[SlotGroup]
+    ) -> None:
+        """admit.lua hands back the public cap (index 1) at 12.5 for the first remake forced
+        in sub-period 50 (id FORCES x 50 + 1) by heavy asking 1, no rows yet: the division
+        given has that epoch, and its text reads back (the Lua's parse) as made at 12.5 with
+        heavy counted (1 row) and excluded, forced once, cold, nothing contended."""
+        g = next(g for g in groups if g.shares)
+        epoch = sharing.FORCES * 50 + 1
+        reply = [script.NEED_LEVEL, "12.5", [[1, str(epoch), [], "heavy", "1", ""]]]
+        given = script.divisions_wanted(plan, g, reply)
+        assert list(given) == [g.caps[0]]
+        made = given[g.caps[0]]
+        assert made.epoch == str(epoch) and made.figures == ("",) * len(script.FIGURES)
+        parsed = lua_given_division(made.values)
+        picked = ("epoch", "at", "level", "rows", "forced", "excluded", "cold", "closing")
+        assert {name: parsed[name] for name in picked} == {
+            "epoch": epoch,
+            "at": 12.5,
+            "level": math.inf,
+            "rows": 1,
+            "forced": 1,
+            "excluded": "heavy",
+            "cold": 1,
+            "closing": math.inf,
+        }
+
+    def test_seen_reads_the_six_parts_of_an_admission(self) -> None:
+        """{charged, now, counts, admitted per share, bounds as text, rolled caps 1-based}:
+        rolled indexes become 0-based."""
+        got = script.seen([1, "12.5", [3, 0], [2, 5], ["4.5", "inf"], [2]])
+        assert got == Seen(True, 12.5, [3, 0], [2, 5], [4.5, math.inf], [1])
+        refused = script.seen([0, "7", [], [], [], []])
+        assert (refused.admitted, refused.now, refused.rolled) == (False, 7.0, [])
+
+    def test_a_hand_back_is_not_an_admission(self) -> None:
+        """NEED_LEVEL is the first element of a hand-back only: not 0 or 1."""
+        assert script.NEED_LEVEL not in (0, 1)
 
 
 _SLOT_HEADER = re.compile(r"^-- (KEYS|ARGV) +(head|per pool): (.+)$")

@@ -61,6 +61,23 @@ def below(plan: Plan) -> list[tuple[list[int], list[int]]]:
     return [found or ([], []) for found in out]
 
 
+def above(plan: Plan) -> list[int]:
+    """Per share: the index of the share one cap above it in the first descriptor that
+    charges it (-1 for an outermost cap). A nested cap divides at most what its parent
+    gives it, so its verdict waits for the parent's."""
+    out: list[int | None] = [None] * len(plan.shares)
+    for dplan in plan.descriptors:
+        parent = -1
+        for charge in dplan.charges:  # the caps outermost first
+            at = charge.share
+            if at is None:
+                continue
+            if out[at] is None:
+                out[at] = parent
+            parent = at
+    return [-1 if found is None else found for found in out]
+
+
 def demand_seen(
     plan: Plan, counts: Sequence[int], shared: Sequence[float], bounds: Sequence[float]
 ) -> list[bool]:

@@ -1,208 +1,580 @@
-"""Fairness v2 at a cap: client rows, the period computation, and the per-request rule.
+"""Fairness v3 at a cap: client rows, the division of the cap, and the per-request rule.
 
 The memory store keeps these values in objects, the Redis script in hash fields; both run the
-same closed forms (admit.lua mirrors this module line by line), so both give the same doubles.
+same closed forms (``store/redis/lua/admit.lua`` mirrors this module function by function,
+and ``ROW_FIELDS`` / ``DIVISION_FIELDS`` name the hash fields), so both give the same doubles.
 
-Per client a ``Row``: what it was admitted and asked this window (``a``, ``d``), its demand
-history (``r`` an EWMA per period, ``q`` the last period's demand), and what it did this
-period. Rows are folded lazily, on a client's first touch in a period (``fold``).
+The rule (docs/fairness.md states it with its reasons). Per cap of C hits per window W, with
+period P = min(W, 1 s), each client i *wants* ``min(L_i, d_i + r_i·(end - t)/P)``: what it
+asked this window so far (refused hits included) plus its predicted rate r_i (hits per
+period: what it asked over the last window's length, ``predicted``) times the periods left.
+Weighted max-min over the wants gives the level λ; a client whose want is above λ·w_i is
+*held* at λ·w_i, the others are *open* (they get what they want). The division keeps
+only sums: the weight W_H of the held clients and the open wants as ``fixed + rate·left``,
+which shrink as the window runs out. The asking client takes its own part out and is put
+back in with this request counted, so its share is the exact water-filling insertion of its
+demand into the others' division (``verdict``): O(1) per request. A newcomer or a burst is
+therefore counted at once, and held clients yield to it from that request on.
 
-Once per period P a cap computes, from every row, the level λ of the *window*: each client's
-predicted window demand is its demand so far plus its rate times what is left of the window;
-``period_level`` water-fills the capacity over those and sums the reservations R (what each
-client may still take within its plan). Per request (``verdict``) a client is admitted within
-its plan, paced by the elapsed part of the window when the cap is contended, or else from the
-spare: capacity no reservation holds, released linearly over the rest of the window when its
-owners do not show up, split by weight among the clients asking for it. See docs/fairness.md.
+A held client is paced by its own history: of its share it may not yet take what it is
+predicted (by its history alone, not by the burst under way) to ask for later in the window,
+up to the part of the window still to come. A steady client is so paced linearly; a client
+with no history (a newcomer, a one-shot burst) takes its share at once. Fractions of λ·w_i
+are carried from window to window in a credit below one hit, so remainders rotate.
+
+The division is recomputed from every row (O(n log n)) at each new period, up to ``SPLIT``
+times a period while the cap has had hits enough since (amortised), and at once when a
+request finds the cap newly contended (``contended``; again only after hits enough).
 """
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from fairlimit.core.fairshare import PeriodDemand, water_level
 
 ALPHA = 0.5  # EWMA weight of the last period's demand
 STALE = 64  # periods after which a row's history counts as gone (0.5^64 ~ 5e-20)
+SPLIT = 4  # sub-periods per period at which the division may be recomputed
+FORCES = 64  # division ids a sub-period: its first, then up to 63 forced remakes
+AMORTISE = 8  # recompute at a sub-period only after rows / AMORTISE requests since the last
+LEAD = 1 / 32  # of a period: how far ahead of the elapsed window a paced client may be
+BURST = 2  # asking this many times faster than its history, a client is bursting
 EPSILON = 1e-9
+
+# A row's part in the division.
+NONE, OPEN, HELD = 0, 1, 2
 
 
 class Row:
     """One client at one cap (amounts in hits; ``limit`` and ``weight`` as last seen)."""
 
     __slots__ = (
-        *("a", "d", "dk", "limit", "oo", "pa", "pd", "pk"),
-        *("q", "qa", "r", "sp", "weight", "ws"),
+        *("admitted", "asked", "credit", "epoch", "fixed", "history", "kind"),
+        *("last_admitted", "last_asked", "limit", "mass", "period", "period_admitted"),
+        *("period_asked", "previous", "previous_last", "rate", "seen", "weight", "window"),
     )
 
     def __init__(self, limit: float, weight: float) -> None:
-        self.ws = -1  # the window start a and d belong to
-        self.a = self.d = 0.0
-        self.pk = -1  # the period pd, pa, sp, oo belong to
-        self.pd = self.pa = self.oo = 0.0
-        self.sp = 0  # 1 once the client asked for spare this period
-        self.r = self.q = self.qa = self.dk = 0.0
+        self.window = -1  # the window start admitted, asked and credit belong to
+        self.admitted = self.asked = 0.0
+        self.previous = -1.0  # what it asked in the window before (-1: it was not there)
+        self.previous_last = 0.0  # when it last asked in the window before
+        self.seen = 0.0  # when it last asked
+        self.credit = 0.0  # the fraction of a hit carried from the window before
+        self.period = -1  # the period period_asked and period_admitted belong to
+        self.period_asked = self.period_admitted = 0.0
+        self.history = 0.0  # EWMA of its demand per period, up to the period before
+        self.mass = 0.0  # the EWMA's weight over the periods since the row was made
+        self.last_asked = self.last_admitted = 0.0  # the period before's (fairness figures)
+        self.epoch = -1  # the division its live part (kind, fixed, rate) belongs to
+        self.kind = NONE
+        self.fixed = self.rate = 0.0
         self.limit, self.weight = limit, weight
 
 
-def history(row: Row, period: int, start: int) -> tuple[float, float, float, float, float]:
-    """The row's (r, q, qa, d, a) once folded to ``period`` of the window at ``start``."""
-    if row.pk >= period:
-        return row.r, row.q, row.qa, row.d, row.a
-    gap = period - row.pk
-    if gap > STALE:
-        r = q = qa = 0.0
-    else:
-        q, qa = (row.pd, row.pa) if gap == 1 else (0.0, 0.0)
-        r = (ALPHA * row.pd + (1 - ALPHA) * row.r) * (1 - ALPHA) ** (gap - 1)
-    if row.ws != start:
-        return r, q, qa, 0.0, 0.0
-    return r, q, qa, row.d, row.a
-
-
-def fold(row: Row, period: int, start: int) -> bool:
-    """Move ``row`` to ``period`` (window ``start``); True on its first touch in the period."""
-    if row.pk >= period:
-        return False
-    row.r, row.q, row.qa, row.d, row.a = history(row, period, start)
-    row.pd = row.pa = row.oo = 0.0
-    row.sp, row.pk, row.ws = 0, period, start
-    row.dk = row.d
-    return True
+# Row attribute -> field of the row in the Redis rows hash (``<field>:<client>``); the
+# script's ROW table is generated from this one (store/redis/script.py).
+ROW_FIELDS = {
+    "window": "ws",
+    "admitted": "a",
+    "asked": "d",
+    "previous": "pw",
+    "previous_last": "pt",
+    "seen": "t",
+    "credit": "c",
+    "period": "pk",
+    "period_asked": "pd",
+    "period_admitted": "pa",
+    "history": "r",
+    "mass": "m",
+    "last_asked": "q",
+    "last_admitted": "qa",
+    "epoch": "e",
+    "kind": "k",
+    "fixed": "f",
+    "rate": "fr",
+    "limit": "l",
+    "weight": "w",
+}
+WHOLE_FIELDS = frozenset({"window", "period", "epoch", "kind"})
 
 
 class Clock:
-    """Where ``now`` sits for a cap of ``window`` s: period index, window start, φ.
+    """Where ``now`` sits for a cap of ``window`` s: period, sub-period, window start.
 
     A plain slotted class, worked out once: one is made per claim of every request.
     """
 
-    __slots__ = ("now", "period", "period_len", "start", "window")
+    __slots__ = ("end", "epoch", "now", "period", "period_len", "start", "window")
 
     def __init__(self, window: int, period_len: float, now: float) -> None:
         self.window, self.period_len, self.now = window, period_len, now
         self.period = math.floor(now / period_len)
+        self.epoch = math.floor(now * SPLIT / period_len)
         self.start = math.floor(now / window) * window
-
-    @property
-    def elapsed(self) -> float:
-        """φ: the part of the window open by the end of the current period (one P of slack)."""
-        return min(1.0, (self.now - self.start + self.period_len) / self.window)
+        self.end = self.start + window
 
     @property
     def left(self) -> float:
-        """The part of what was left of the window at the period's start that is still left."""
-        end = self.start + self.window
-        return (end - self.now) / (end - self.period * self.period_len)
+        """Periods left in the window."""
+        return (self.end - self.now) / self.period_len
+
+    @property
+    def into(self) -> float:
+        """The part of the current period gone, and LEAD more."""
+        return (self.now - self.period * self.period_len) / self.period_len + LEAD
+
+    @property
+    def elapsed(self) -> float:
+        """φ: the part of the window gone, and ``LEAD`` of a period more."""
+        return min(1.0, (self.now - self.start + LEAD * self.period_len) / self.window)
 
 
-def predicted(dk: float, r: float, q: float, clock: Clock) -> float:
-    """Window demand: ``dk`` so far plus the rate (the largest of the EWMA ``r``, the last
-    period's ``q`` and the window's own average) times the periods left."""
-    begun = clock.period * clock.period_len
-    done = math.floor((begun - clock.start) / clock.period_len + 0.5)
-    rate = max(r, q, dk / done if done else 0.0)
-    return dk + rate * (clock.start + clock.window - begun) / clock.period_len
-
-
-def allowance(demand: float, limit: float, share: float) -> float:
-    """What a plan lets a client take this window: its predicted demand rounded up (a
-    sparse client keeps its next request), its limit, and its share λ·w rounded down."""
-    want = float(math.ceil(min(demand, limit) - EPSILON))
-    return want if share == math.inf else min(want, float(math.floor(share + EPSILON)))
-
-
-@dataclass(frozen=True, slots=True)
-class PeriodLevel:
-    """λ for a period (None: cold start, inf: uncontended), the reservations R and how many
-    clients hold one (each keeps a hit of it until the window ends, seen or not)."""
-
-    level: float | None
-    reserved: float
-    holders: int = 0
-
-
-def period_level(rows: Iterable[Row], capacity: float, clock: Clock) -> PeriodLevel:
-    """Water-fill ``capacity`` over the rows' predicted window demand (rows are not changed).
-
-    Rows with no history and no demand this window take no part. O(n log n); the loop
-    inlines ``history`` and ``predicted`` (same operations in the same order, so the same
-    doubles): at 100k clients a function call per row is a third of the time.
-    """
-    period, start, length = clock.period, clock.start, clock.period_len
-    begun = period * length
-    done = math.floor((begun - start) / length + 0.5)
-    span = start + clock.window - begun
+def _history(row: Row, gap: int) -> tuple[float, float]:
+    """(history, mass) of ``row`` ``gap`` periods on: the EWMA of its demand per period over
+    the periods it has been seen, bias-corrected, so that its first whole period counts in
+    full (not at ALPHA of it); gone after STALE periods."""
+    if gap > STALE:
+        return 0.0, 0.0
+    if row.period < 0:
+        return row.history, row.mass
     keep = 1 - ALPHA
-    demands: list[float] = []
+    decay = keep ** (gap - 1)
+    total = (ALPHA * row.period_asked + keep * row.history * row.mass) * decay
+    mass = 1 - (1 - (ALPHA + keep * row.mass)) * decay
+    return total / mass, mass
+
+
+def fold(row: Row, clock: Clock, closing: float) -> None:
+    """Move ``row`` to ``clock``'s period (its history) and window (its counts, its credit);
+    ``closing`` is λ of the window before, as its whole demand shares it."""
+    if row.period < clock.period:
+        gap = clock.period - row.period
+        if gap == 1:
+            row.last_asked, row.last_admitted = row.period_asked, row.period_admitted
+        else:
+            row.last_asked = row.last_admitted = 0.0
+        row.history, row.mass = _history(row, gap)
+        row.period_asked = row.period_admitted = 0.0
+        row.period = clock.period
+    if row.window != clock.start:
+        carried = 0.0
+        follows = row.window == clock.start - clock.window
+        row.previous = row.asked if follows else -1.0
+        row.previous_last = row.seen
+        if row.asked > row.admitted and follows:
+            # the deficit against its exact max-min share of that window, when a fraction
+            # of a hit: what rounding λ·w down took (a share left unused is not owed)
+            share = min(row.asked, row.limit, closing * row.weight)
+            left_over = share + row.credit - row.admitted
+            carried = left_over if 0.0 < left_over < 1.0 else 0.0
+        row.credit = carried
+        row.admitted = row.asked = 0.0
+        row.window = clock.start
+
+
+def _seen(row: Row, clock: Clock) -> tuple[float, float, float, float]:
+    """(asked, previous, previous_last, history) of the row as ``fold`` would leave them at
+    ``clock``, the row unchanged (a division reads every row; only a request moves its own)."""
+    history = row.history
+    if row.period < clock.period:
+        history = _history(row, clock.period - row.period)[0]
+    if row.window != clock.start:
+        follows = row.window == clock.start - clock.window
+        return 0.0, row.asked if follows else -1.0, row.seen, history
+    return row.asked, row.previous, row.previous_last, history
+
+
+def predicted(row: Row, clock: Clock) -> float:
+    """The row's rate in hits per period: what it asked over the last window's length (this
+    window so far, and of the window before the part still inside that length, taken as
+    spread evenly up to its last request there), so a sparse client keeps its rate between
+    requests and a client gone quiet loses it; a row not seen last window, what it asked
+    over the part of this window gone."""
+    asked, previous, previous_last, _ = _seen(row, clock)
+    if previous < 0:
+        gone = (clock.now - clock.start) / clock.period_len
+        return asked / max(1.0, gone)
+    since = clock.now - clock.window  # where the last window's length begins
+    inside = 0.0
+    if previous_last > since:
+        spread = previous_last - (clock.start - clock.window)
+        inside = min(1.0, (previous_last - since) / spread) if spread > 0 else 1.0
+    return (asked + previous * inside) * clock.period_len / clock.window
+
+
+def want(row: Row, clock: Clock, extra: float = 0.0) -> tuple[float, float]:
+    """(fixed, rate): the row's want is ``fixed + rate·left`` (its limit when that is less)."""
+    fixed, rate = _seen(row, clock)[0] + extra, predicted(row, clock)
+    if fixed + rate * clock.left > row.limit:
+        return row.limit, 0.0
+    return fixed, rate
+
+
+def part(row: Row, clock: Clock, level: float, extra: float = 0.0) -> tuple[int, float, float]:
+    """(kind, fixed, rate) of the row in a division of ``level`` made at ``clock``."""
+    fixed, rate = want(row, clock, extra)
+    wanted = fixed + rate * clock.left
+    if wanted <= 0:
+        return NONE, 0.0, 0.0
+    if wanted > level * row.weight:
+        return HELD, 0.0, 0.0
+    return OPEN, fixed, rate
+
+
+class Division:
+    """A cap's division: λ when it was made, the held weight and the open wants' sums, and
+    what has happened since (requests, a forced remake).
+
+    Rows are not written when a division is made: a row untouched since takes its part as
+    ``part`` gives it at the division's instant (``leave``), so the Redis script needs only
+    these sums. ``excluded`` is the client that asked when the division was forced: it is
+    counted in λ, not in the sums, since its request is decided next.
+    """
+
+    __slots__ = (
+        *("asks", "at", "closing", "cold", "epoch", "excluded", "fixed", "forced"),
+        *("held", "level", "rate", "rows", "top"),
+    )
+
+    def __init__(self, epoch: int, at: float, level: float, rows: int) -> None:
+        # epoch: FORCES x the sub-period it was made in, + the forced remakes before it in
+        # that sub-period (a row's live part names
+        # the division it belongs to, so a remade division is a new one)
+        self.epoch, self.at, self.level, self.rows = epoch, at, level, rows
+        self.held = self.fixed = self.rate = 0.0
+        self.top = 0.0  # the largest open want per weight counted (then): an upper bound
+        self.asks = 0  # requests since it was made
+        self.forced = 0  # forced remakes in its sub-period, this one included
+        self.excluded = ""
+        self.cold = 0  # 1 when no row has any history: every held client is then paced
+        self.closing = math.inf  # λ of the window before over its whole demand (the credit)
+
+
+# Division attribute -> field of the cap's meta hash in Redis.
+DIVISION_FIELDS = {
+    "epoch": "e",
+    "at": "t",
+    "level": "v",
+    "rows": "n",
+    "held": "h",
+    "fixed": "f",
+    "rate": "fr",
+    "asks": "k",
+    "forced": "x",
+    "cold": "c",
+    "closing": "pl",
+    "top": "tp",
+    "excluded": "xc",  # last: a client value may hold any character (the Lua reads the rest)
+}
+
+
+def divide(
+    rows: Iterable[tuple[str, Row]],
+    capacity: float,
+    clock: Clock,
+    asker: str = "",
+    extra: float = 0.0,
+    closing: float | None = None,
+    forced: int = 0,
+) -> Division:
+    """The division of ``capacity`` over the (client, row) pairs as they stand at ``clock``
+    (rows are not changed), the client ``asker`` counted in λ with ``extra`` more hits
+    asked and left out of the sums (the ``forced``-th remake of the sub-period); ``closing``
+    carried from a division of the same window, else worked out from the rows. O(n log n)."""
+    # One pass, with ``_seen``, ``predicted`` and ``want`` inlined (the same operations in
+    # the same order, so the same doubles as ``part`` gives a row later): at 100k clients a
+    # call per row is most of the time.
+    listed: list[tuple[str, Row]] = []
+    fixeds: list[float] = []
+    rates: list[float] = []
+    wants: list[float] = []
     limits: list[float] = []
     weights: list[float] = []
-    admitted: list[float] = []
-    add_demand, add_limit = demands.append, limits.append
-    add_weight, add_admitted = weights.append, admitted.append
-    previous = period - 1
-    for row in rows:
-        pk = row.pk
-        if pk == previous:  # the common case: the row was touched last period
-            q = row.pd
-            r = ALPHA * q + keep * row.r
-        elif pk >= period:
-            r, q = row.r, row.q
-        elif period - pk > STALE:
-            r = q = 0.0
+    add_row, add_fixed, add_rate = listed.append, fixeds.append, rates.append
+    add_want, add_limit, add_weight = wants.append, limits.append, weights.append
+    now, start, window, length = clock.now, clock.start, clock.window, clock.period_len
+    before, since, left = start - window, clock.now - clock.window, clock.left
+    gone = (now - start) / length
+    first = gone if gone > 1.0 else 1.0
+    cold = 1
+    pairs = list(rows)
+    for pair in pairs:
+        row = pair[1]
+        if cold and (row.history > 0 or row.period_asked > 0) and _has_history(row, clock):
+            cold = 0
+        if row.window != start:
+            asked, last = 0.0, row.seen
+            previous = row.asked if row.window == before else -1.0
         else:
-            q = 0.0
-            r = (ALPHA * row.pd + keep * row.r) * keep ** (period - pk - 1)
-        if pk >= period or row.ws == start:
-            d, a = row.d, row.a
+            asked, previous, last = row.asked, row.previous, row.previous_last
+        if previous < 0:
+            rate = asked / first
+        elif last > since:
+            spread = last - before
+            inside = (last - since) / spread if spread > 0 else 1.0
+            rate = (asked + previous * (inside if inside < 1.0 else 1.0)) * length / window
         else:
-            d = a = 0.0
-        rate = r if r > q else q
-        if done and d:
-            average = d / done
-            rate = average if average > rate else rate
-        elif not rate and not d:
+            rate = (asked + previous * 0.0) * length / window
+        fixed = asked + extra if pair[0] == asker else asked
+        limit = row.limit
+        if fixed + rate * left > limit:
+            fixed, rate = limit, 0.0
+        wanted = fixed + rate * left
+        if wanted > 0:
+            add_row(pair)
+            add_fixed(fixed)
+            add_rate(rate)
+            add_want(wanted)
+            add_limit(limit)
+            add_weight(row.weight)
+    level = water_level(wants, limits, weights, capacity) if wants else math.inf
+    division = Division(FORCES * clock.epoch + forced, clock.now, level, len(listed))
+    division.closing = closing if closing is not None else _closing(pairs, capacity, clock)
+    division.forced = forced
+    division.cold = cold
+    held = fixed_sum = rate_sum = top = 0.0
+    for (client, _), fixed, rate, wanted, weight in zip(
+        listed, fixeds, rates, wants, weights, strict=True
+    ):
+        if client == asker:
+            division.excluded = asker
+        elif wanted > level * weight:
+            held = max(0.0, held + weight)
+        else:
+            fixed_sum += fixed
+            rate_sum += rate
+            ratio = wanted / weight
+            top = ratio if ratio > top else top
+    division.held, division.fixed, division.rate = held, fixed_sum, rate_sum
+    division.top = top
+    return division
+
+
+def _has_history(row: Row, clock: Clock) -> bool:
+    """Whether the row has any demand history at ``clock``."""
+    if row.period < clock.period:
+        return _history(row, clock.period - row.period)[0] > 0
+    return row.history > 0
+
+
+def _closing(pairs: list[tuple[str, Row]], capacity: float, clock: Clock) -> float:
+    """λ of the window before ``clock``'s over what each row asked in it."""
+    before = clock.start - clock.window
+    asked: list[float] = []
+    limits: list[float] = []
+    weights: list[float] = []
+    for _, row in pairs:
+        if row.window == before:
+            demand = row.asked
+        elif row.window == clock.start:
+            demand = max(row.previous, 0.0)
+        else:
             continue
-        # whole hits, rounded up as ``allowance`` rounds a plan (so λ leaves room for them):
-        # -((ε - x) // 1) is ceil(x - ε) as a float, without a call per row
-        add_demand(-((EPSILON - (d + rate * span / length)) // 1))
-        add_limit(row.limit)
-        add_weight(row.weight)
-        add_admitted(a)
-    if not demands:
-        return PeriodLevel(None, 0.0)
-    level = water_level(demands, limits, weights, capacity)
-    return PeriodLevel(level, *_reserved(demands, limits, weights, admitted, level))
+        if demand > 0:
+            asked.append(demand)
+            limits.append(row.limit)
+            weights.append(row.weight)
+    return water_level(asked, limits, weights, capacity) if asked else math.inf
 
 
-def _reserved(
-    demands: list[float],
-    limits: list[float],
-    weights: list[float],
-    admitted: list[float],
-    level: float,
-) -> tuple[float, int]:
-    """(R, holders): Σ max(0, allowance - admitted), allowance as in ``allowance``
-    (inlined), and the number of clients with some of it."""
-    ceil, floor = math.ceil, math.floor
-    pairs = zip(demands, limits, strict=True)  # demands are whole already
-    wants = [d if d < lim else ceil(lim - EPSILON) for d, lim in pairs]
-    if level != math.inf:
-        shares = [floor(level * w + EPSILON) for w in weights]
-        wants = [w if w < s else s for w, s in zip(wants, shares, strict=True)]
-    held = [w - a for w, a in zip(wants, admitted, strict=True) if w > a]
-    return float(sum(held)), len(held)
+def same_window(division: Division, clock: Clock) -> bool:
+    """Whether ``division`` was made in ``clock``'s window."""
+    return math.floor(division.at / clock.window) * clock.window == clock.start
+
+
+def _count(
+    division: Division, kind: int, weight: float, fixed: float, rate: float, sign: float
+) -> None:
+    if kind == HELD:
+        division.held = max(0.0, division.held + sign * weight)
+    elif kind == OPEN:
+        division.fixed += sign * fixed
+        division.rate += sign * rate
+
+
+def leave(division: Division, row: Row, client: str, window: int, period_len: float) -> None:
+    """Take the row's part out of the division (before its request is decided): its live
+    part, or the part it had when the division was made."""
+    if row.epoch == division.epoch:
+        _count(division, row.kind, row.weight, row.fixed, row.rate, -1.0)
+    elif client != division.excluded:
+        kind, fixed, rate = part(row, Clock(window, period_len, division.at), division.level)
+        _count(division, kind, row.weight, fixed, rate, -1.0)
+    row.epoch, row.kind = division.epoch, NONE
+
+
+def enter(division: Division, row: Row, kind: int, clock: Clock) -> None:
+    """Put the row back in the division as ``kind``, its request counted."""
+    row.epoch = division.epoch
+    row.fixed, row.rate = want(row, clock) if kind == OPEN else (0.0, 0.0)
+    row.kind = kind
+    _count(division, kind, row.weight, row.fixed, row.rate, 1.0)
+    if kind == OPEN:
+        division.top = max(division.top, (row.fixed + row.rate * clock.left) / row.weight)
+
+
+class ShareClaim:
+    """One client's claim at a cap: what it asks and what bounds it (made per request, so
+    slotted and not frozen)."""
+
+    __slots__ = ("capacity", "declared", "hits", "limit", "nested", "sized", "weight")
+
+    def __init__(
+        self,
+        hits: int,
+        limit: float,
+        weight: float,
+        capacity: float,
+        declared: int,
+        sized: bool,
+        nested: bool = False,
+    ) -> None:
+        self.hits, self.limit, self.weight = hits, limit, weight
+        self.capacity = capacity  # of the cap, or what the cap above gives it when less
+        self.declared = declared  # active_clients
+        self.sized = sized  # capacity >= active_clients x limit: never paced
+        self.nested = nested  # the client is itself a cap (a tenant): it paces its own
+
+
+def contended(division: Division, row: Row, claim: ShareClaim, clock: Clock) -> bool:
+    """Whether the request finds the cap newly contended: nobody held, the open wants with
+    this client's no longer fit, and some open client wants more per weight than the level
+    that holding this client at the room left would set (so it too must be held: the
+    division must be remade with this client counted). A division
+    remade so is remade again only after rows / AMORTISE hits asked since."""
+    if division.held > 0 or division.forced >= FORCES - 1:
+        return False
+    if division.forced and division.asks * AMORTISE < division.rows:
+        return False  # remade for a request already: again once hits enough have come
+    fixed, rate = want(row, clock, max(claim.hits, 1))
+    wanted = fixed + rate * clock.left
+    room = claim.capacity - division.fixed - division.rate * clock.left
+    # this client held at the room left is exact unless an open client wants more than the
+    # level that gives it: room / its weight, per unit of weight
+    return wanted > room + EPSILON and division.top > room / row.weight + EPSILON
+
+
+class Verdict:
+    """A claim's verdict: the most the client may hold after the request (``bound``), its
+    share of the window unpaced (what a cap nested below it may divide), and its part."""
+
+    __slots__ = ("bound", "kind", "share")
+
+    def __init__(self, bound: float, share: float, kind: int) -> None:
+        self.bound, self.share, self.kind = bound, share, kind
+
+
+def verdict(row: Row, division: Division, claim: ShareClaim, clock: Clock, total: float) -> Verdict:
+    """The claim's verdict at the cap whose counter stands at ``total``. The row has left
+    the division."""
+    h = max(claim.hits, 1)
+    fixed, rate = want(row, clock, h)
+    left = clock.left
+    wanted = fixed + rate * left
+    # the open clients' requests still to come, whole: a fraction of one is no request
+    # (the last moments of a window must not keep a hit for a client gone quiet)
+    coming = math.floor(division.rate * left + EPSILON)
+    room = max(0.0, claim.capacity - division.fixed - coming)
+    if wanted * (division.held + row.weight) <= room * row.weight + EPSILON:
+        share = claim.limit  # nobody held: uncontended
+        if division.held > 0:  # the level with this client open (its want is below it)
+            share = min(share, (room - wanted) / division.held * row.weight)
+        if rate or fixed < claim.limit or division.cold or room - wanted >= 1:
+            return Verdict(_cold(share, division, row, claim, clock, total), share, OPEN)
+        # held by its own limit, which takes all the cap has left: paced as a held client,
+        # so a newcomer still finds the cap open
+        return Verdict(_paced(share, row, division, claim, clock, total), share, OPEN)
+    share = room * row.weight / (division.held + row.weight)
+    bound = _paced(share + row.credit, row, division, claim, clock, total)
+    return Verdict(bound, share + row.credit, HELD)
+
+
+def _bursting(row: Row, share: float, clock: Clock) -> bool:
+    """Whether the client asks more than BURST times as fast this period as its history
+    says, and its history is below its share (a client whose history alone passes its share
+    is greedy, however its rate jitters from one period to the next)."""
+    if row.history * clock.window / clock.period_len >= share:
+        return False
+    return row.period_asked > BURST * row.history * clock.into
+
+
+def _paced(
+    share: float, row: Row, division: Division, claim: ShareClaim, clock: Clock, total: float
+) -> float:
+    """The bound of a client held at ``share``: what its history predicts it will ask for
+    later in the window waits for later (up to the part still to come); a client asking
+    faster than that this period is bursting, and takes its share now; a nested cap paces
+    its own clients; a cap sized for its clients is never paced; where nobody has history
+    it is paced by the elapsed window."""
+    held_back = 0.0
+    if not claim.sized:
+        ahead = share * (1 - clock.elapsed)
+        if division.cold:
+            held_back = ahead
+        elif not claim.nested and not _bursting(row, share, clock):
+            held_back = min(ahead, row.history * clock.left)
+    bound = share - held_back
+    if held_back and row.admitted + 1 <= max(bound, 1.0):
+        # below its paced share (and a paced client may always hold one request), a request
+        # of many hits (tokens) may pass it by less than itself, within its share: else it
+        # would wait for the pace to pass a whole request
+        bound = max(bound, min(share, row.admitted + max(claim.hits, 1)))
+    return _cold(bound, division, row, claim, clock, total)
+
+
+def _cold(
+    bound: float, division: Division, row: Row, claim: ShareClaim, clock: Clock, total: float
+) -> float:
+    """At a cap where nobody has history, a client takes at most its equal split among the
+    active clients declared (or seen), or what the elapsed window leaves beside the others."""
+    if not division.cold or claim.sized:
+        return bound
+    split = claim.capacity * row.weight / max(claim.declared, division.rows + 1)
+    paced = claim.capacity * clock.elapsed - (total - row.admitted)
+    return min(bound, max(split, paced))
+
+
+def charge(row: Row, hits: int) -> None:
+    """Count admitted hits in the row."""
+    row.admitted += hits
+    row.period_admitted += hits
+
+
+def record(row: Row, hits: int, now: float) -> None:
+    """Count demand (hits asked, admitted or not) at ``now``."""
+    row.asked += hits
+    row.period_asked += hits
+    row.seen = now
+
+
+def stale_division(division: Division | None, clock: Clock) -> bool:
+    """Whether the division must be remade at ``clock``: a new period, or a new sub-period
+    after requests enough since (rows / AMORTISE)."""
+    if division is None:
+        return True
+    made = division.epoch // FORCES
+    if made == clock.epoch:
+        return False
+    if made // SPLIT != clock.period:
+        return True
+    return division.asks * AMORTISE >= division.rows
 
 
 def last_period(rows: Iterable[Row], capacity: float, clock: Clock) -> PeriodDemand | None:
     """The period before ``clock``'s: each client's demand and admissions, for the fairness
-    figures (kept out of ``period_level``: telemetry asks for it far less often)."""
+    figures."""
     demand: list[float] = []
     admitted: list[float] = []
     limits: list[float] = []
     weights: list[float] = []
     for row in rows:
-        _, q, qa, _, _ = history(row, clock.period, clock.start)
+        if row.period == clock.period - 1:
+            q, qa = row.period_asked, row.period_admitted
+        elif row.period == clock.period:
+            q, qa = row.last_asked, row.last_admitted
+        else:
+            continue
         if q > 0:
             demand.append(q)
             admitted.append(qa)
@@ -212,103 +584,3 @@ def last_period(rows: Iterable[Row], capacity: float, clock: Clock) -> PeriodDem
         return None
     scale = clock.window / clock.period_len
     return PeriodDemand(capacity, scale, demand, admitted, limits, weights)
-
-
-class CapPeriod:
-    """A cap's figures for one period: λ and R, and what happened since it began."""
-
-    __slots__ = (
-        *("holders", "level", "over", "period", "reserved", "seen_holders"),
-        *("seen_reserved", "seen_weight", "spare_weight", "used"),
-    )
-
-    def __init__(self, period: int, level: PeriodLevel) -> None:
-        self.period = period
-        self.level, self.reserved, self.holders = level.level, level.reserved, level.holders
-        self.seen_holders = 0  # holders seen this period
-        self.seen_reserved = 0.0  # R of the clients seen this period (kept until used)
-        self.used = 0.0  # hits admitted within plans this period
-        self.over = 0.0  # hits admitted from the spare this period
-        self.spare_weight = 0.0  # weights of the clients that asked for spare
-        self.seen_weight = 0.0  # weights of the clients seen (the cold-start split)
-
-
-class ShareClaim:
-    """One client's claim at a cap: what it asks and what bounds it (made per request, so
-    slotted and not frozen)."""
-
-    __slots__ = ("capacity", "declared", "hits", "limit", "sized", "weight")
-
-    def __init__(
-        self, hits: int, limit: float, weight: float, capacity: float, declared: int, sized: bool
-    ) -> None:
-        self.hits, self.limit, self.weight = hits, limit, weight
-        self.capacity = capacity
-        self.declared = declared  # active_clients
-        self.sized = sized  # capacity >= active_clients x limit: never paced
-
-
-def plan_of(row: Row, cap: CapPeriod, claim: ShareClaim, clock: Clock) -> float:
-    """What the row may take within its plan this window (0 without λ)."""
-    if cap.level is None:
-        return 0.0
-    demand = predicted(row.dk, row.r, row.q, clock)
-    return allowance(demand, claim.limit, cap.level * claim.weight)
-
-
-def touch(row: Row, cap: CapPeriod, claim: ShareClaim, clock: Clock) -> None:
-    """A client's first touch in the period: its reservation and weight count as seen."""
-    held = plan_of(row, cap, claim, clock) - row.a
-    if held > 0:
-        cap.seen_reserved += held
-        cap.seen_holders += 1
-    cap.seen_weight += claim.weight
-
-
-def verdict(
-    row: Row, cap: CapPeriod, claim: ShareClaim, total: int, clock: Clock
-) -> tuple[float, bool]:
-    """(bound, within): the most the client may hold after this request, and whether the
-    request falls within its plan (else it draws on the spare). Registers a spare asker."""
-    h, limit, capacity = max(claim.hits, 1), claim.limit, claim.capacity
-    phi = 1.0 if claim.sized else clock.elapsed
-    if cap.level is None:  # cold start: split by weight among max(clients seen, declared)
-        cold = capacity * claim.weight / max(cap.seen_weight, claim.declared)
-        return min(limit, cold * phi), True
-    fair = limit if cap.level == math.inf else min(limit, cap.level * claim.weight * phi)
-    plan = plan_of(row, cap, claim, clock)
-    # Within its plan while below it: a request of many hits (tokens) may end past the plan
-    # by less than itself, as a sparse client's next request must not wait for the spare.
-    if row.a + 1 <= plan and row.a + h <= fair + EPSILON:
-        return fair, True
-    if not row.sp:
-        row.sp = 1
-        cap.spare_weight += claim.weight
-    # Seen clients keep their reservations until used; the others' is released linearly,
-    # but for one hit each: a sparse client's next request finds its place at any instant.
-    unseen = max(0.0, cap.reserved - cap.seen_reserved)
-    kept = min(unseen, max(unseen * clock.left, float(cap.holders - cap.seen_holders)))
-    reserved = max(0.0, cap.seen_reserved - cap.used) + kept
-    pace = capacity * phi
-    spare = total + h <= min(capacity - reserved, pace) + EPSILON
-    pool = cap.over + capacity - reserved - total
-    if spare and row.oo + h <= pool * claim.weight / cap.spare_weight + 1 + EPSILON:
-        return limit, False
-    return min(fair, max(plan, row.a)), False
-
-
-def charge(row: Row, cap: CapPeriod, hits: int, within: bool) -> None:
-    """Count admitted hits in the row and the period's use of plans or of the spare."""
-    row.a += hits
-    row.pa += hits
-    if within:
-        cap.used += hits
-    else:
-        cap.over += hits
-        row.oo += hits
-
-
-def record(row: Row, hits: int) -> None:
-    """Count demand (hits asked, admitted or not)."""
-    row.d += hits
-    row.pd += hits

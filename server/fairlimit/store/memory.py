@@ -9,22 +9,28 @@ import gc
 import heapq
 from collections.abc import Callable, Mapping, Sequence
 
-from fairlimit.core.admission import Outcome, admits, demand_seen
+from fairlimit.core.admission import Outcome, above, admits, demand_seen
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures, figures_of
 from fairlimit.core.plan import Plan, Share
 from fairlimit.core.sharing import (
+    FORCES,
     STALE,
-    CapPeriod,
     Clock,
+    Division,
     Row,
     ShareClaim,
+    Verdict,
     charge,
+    contended,
+    divide,
+    enter,
     fold,
     last_period,
-    period_level,
+    leave,
     record,
-    touch,
+    same_window,
+    stale_division,
     verdict,
 )
 from fairlimit.core.units import window_start
@@ -76,10 +82,10 @@ class _Counter:
 
 
 class _Cap:
-    """One cap instance: its client rows and the current period's figures (core/sharing.py)."""
+    """One cap instance: its client rows and its division (core/sharing.py)."""
 
     __slots__ = (
-        *("capacity", "declared", "figures", "last"),
+        *("capacity", "declared", "division", "figures", "last"),
         *("last_seen", "period", "rows", "window"),
     )
 
@@ -88,39 +94,51 @@ class _Cap:
         self.window = share.window
         self.declared = share.declared
         self.rows: dict[str, Row] = {}
-        self.period: CapPeriod | None = None
+        self.division: Division | None = None
+        self.period = -1  # the period the figures were last rolled for
         self.figures: FairnessFigures | None = None
         self.last: tuple[list[Row], Clock] | None = None  # for the figures, until asked
         self.last_seen = 0.0
 
-    def roll(self, clock: Clock, now: float) -> CapPeriod:
-        """The figures of the period holding ``now``; λ and R once per period."""
-        period = self.period
-        if period is None or period.period != clock.period:
-            level = period_level(self.rows.values(), self.capacity, clock)
+    def divided(self, clock: Clock, now: float) -> Division:
+        """The division in force at ``clock``, remade when stale (core/sharing.py)."""
+        if clock.period != self.period:
+            self.period = clock.period
             # The figures are for telemetry only: worked out when caps() asks, not in the
             # request that rolls the period (at 100k clients they cost twice λ's time).
             self.figures, self.last = None, (list(self.rows.values()), clock)
-            period = self.period = CapPeriod(clock.period, level)
             # A row is dropped once folding it would give a fresh one: its history gone
-            # (STALE periods untouched) and its window ended, for ``history`` keeps d and a
-            # while ws is the window's start, however long the client was silent (an hour
-            # cap's client back after 64 s must not start its share afresh; admit.lua keeps
-            # rows as long as the cap).
-            stale, start = clock.period - STALE, clock.start
-            if any(row.pk < stale and row.ws != start for row in self.rows.values()):
-                self.rows = {c: r for c, r in self.rows.items() if r.pk >= stale or r.ws == start}
+            # (STALE periods untouched) and its window neither this one nor the one before
+            # (what it asked last window still predicts its demand; an hour cap's client
+            # back after 64 s must not start its share afresh; admit.lua keeps rows as long
+            # as the cap).
+            stale, last = clock.period - STALE, clock.start - clock.window
+            if any(row.period < stale and row.window < last for row in self.rows.values()):
+                self.rows = {
+                    c: r for c, r in self.rows.items() if r.period >= stale or r.window >= last
+                }
+        division = self.division
+        if stale_division(division, clock):
+            division = self.division = divide(
+                self.rows.items(), self.capacity, clock, closing=self.closing(clock)
+            )
+        assert division is not None
         self.last_seen = now
-        return period
+        return division
 
-    def row(self, share: Share, period: CapPeriod, claim: ShareClaim, clock: Clock) -> Row:
-        """The client's row, folded to this period (its first touch counts it as seen)."""
+    def closing(self, clock: Clock) -> float | None:
+        """λ of the window before, when the division in force already knows it."""
+        division = self.division
+        return division.closing if division and same_window(division, clock) else None
+
+    def row(self, share: Share, clock: Clock) -> Row:
+        """The client's row, folded to ``clock``."""
         row = self.rows.get(share.client)
         if row is None:
             row = self.rows[share.client] = Row(share.client_limit, share.weight)
         row.limit, row.weight = share.client_limit, share.weight
-        if fold(row, clock.period, clock.start):
-            touch(row, period, claim, clock)
+        assert self.division is not None
+        fold(row, clock, self.division.closing)
         return row
 
     def report_figures(self) -> FairnessFigures | None:
@@ -134,7 +152,9 @@ class _Cap:
 
     @property
     def level(self) -> float | None:
-        return None if self.period is None else self.period.level
+        """λ of the division in force (None while nobody at the cap has any history)."""
+        division = self.division
+        return None if division is None or division.cold else division.level
 
 
 def _claim(share: Share) -> ShareClaim:
@@ -224,37 +244,65 @@ class MemoryStore:
                 if admitted or spec.force:
                     counter.count += spec.hits
             return Outcome(admitted, counts, (), ())
-        states = [self._claim(s, now) for s in plan.shares]
-        shared = tuple([int(row.a) for _, _, row, _ in states])
-        verdicts = [
-            verdict(row, period, claim, counts[s.total], clock)
-            for (period, claim, row, clock), s in zip(states, plan.shares, strict=True)
-        ]
-        bounds = tuple([bound for bound, _ in verdicts])
+        states = self._claims(plan, now)
+        shared = tuple([int(row.admitted) for _, _, row, _ in states])
+        verdicts: list[Verdict] = []
+        parents = above(plan)
+        for i, (division, claim, row, clock) in enumerate(states):
+            s, parent = plan.shares[i], parents[i]
+            claim.nested = i in parents  # a cap over clients of its own: it paces them
+            if 0 <= parent < i:  # a nested cap divides what its parent gives it
+                claim.capacity = min(claim.capacity, verdicts[parent].share)
+            verdicts.append(verdict(row, division, claim, clock, counts[s.total]))
+        bounds = tuple([v.bound for v in verdicts])
         admitted = admits(plan, counts, shared, bounds)
         # Admitted, every level admitted: every cap sees the request as demand.
         seen = [True] * len(states) if admitted else demand_seen(plan, counts, shared, bounds)
         for (_, _, row, _), share, demand in zip(states, plan.shares, seen, strict=True):
             if demand:
-                record(row, share.hits)
+                record(row, share.hits, now)
         # Refused, only the levels of charge_when_over_limit rules are charged (usage that
         # already happened); admitted, every level is.
         for counter, spec in zip(counters, plan.counters, strict=True):
             if admitted or spec.force:
                 counter.count += spec.hits
-        for (period, _, row, _), share, (_, within) in zip(
-            states, plan.shares, verdicts, strict=True
-        ):
+        for (division, _, row, clock), share, v in zip(states, plan.shares, verdicts, strict=True):
             if admitted or share.force:
-                charge(row, period, share.hits, within)
+                charge(row, share.hits)
+            enter(division, row, v.kind, clock)
         return Outcome(admitted, counts, shared, bounds)
 
-    def _claim(self, share: Share, now: float) -> tuple[CapPeriod, ShareClaim, Row, Clock]:
-        cap = self._cap(share)
-        clock = Clock(share.window, share.period, now)
-        period = cap.roll(clock, now)
-        claim = _claim(share)
-        return period, claim, cap.row(share, period, claim, clock), clock
+    def _claims(self, plan: Plan, now: float) -> list[tuple[Division, ShareClaim, Row, Clock]]:
+        """Each share's cap division with the client's row taken out of it
+        (core/sharing.py). A request that finds a cap newly contended remakes its division
+        with itself counted; the shares of that cap claimed before it leave the new one."""
+        states: list[tuple[Division, ShareClaim, Row, Clock]] = []
+        for share in plan.shares:
+            cap = self._cap(share)
+            clock = Clock(share.window, share.period, now)
+            division = cap.divided(clock, now)
+            row = cap.row(share, clock)
+            claim = _claim(share)
+            leave(division, row, share.client, share.window, share.period)
+            if contended(division, row, claim, clock):
+                extra = max(share.hits, 1)
+                closing, forced = cap.closing(clock), division.forced + 1
+                if division.epoch // FORCES != clock.epoch:
+                    forced = 1  # the division in force was made in an earlier sub-period
+                remade = divide(
+                    cap.rows.items(), cap.capacity, clock, share.client, extra, closing, forced
+                )
+                cap.division, row.epoch = remade, remade.epoch
+                for k, (before, c, r, t) in enumerate(states):
+                    if before is division:
+                        s = plan.shares[k]
+                        leave(remade, r, s.client, s.window, s.period)
+                        remade.asks += max(s.hits, 1)
+                        states[k] = (remade, c, r, t)
+                division = remade
+            division.asks += max(share.hits, 1)
+            states.append((division, claim, row, clock))
+        return states
 
     async def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
         return self.slots.acquire(claims, now)

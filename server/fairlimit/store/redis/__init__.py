@@ -5,7 +5,7 @@ What each module owns:
 - ``keys.py``: key names, hash tags, the anchor cap of each counter, a plan's slot groups
 - ``script.py``: the KEYS/ARGV contract with ``lua/`` (layouts, argument builders, reply
   parsers, script registration) and the λ computed for a hand-back
-- ``lua/``: one script per operation: ``admit.lua`` (admission, with the λ hand-back),
+- ``lua/``: one script per operation: ``admit.lua`` (admission, with the division hand-back),
   ``release.lua`` (undo a reservation of a multi-slot request), ``acquire.lua`` and
   ``release_slot.lua`` (concurrency slots)
 - ``slots.py``: the concurrency pools: their keys, the slot scripts' contract and calls

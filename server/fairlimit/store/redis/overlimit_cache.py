@@ -3,7 +3,7 @@
 from collections import OrderedDict
 from typing import Protocol
 
-from fairlimit.core.admission import Outcome, counter_over, share_over
+from fairlimit.core.admission import Outcome, counter_over
 from fairlimit.core.plan import Plan
 
 
@@ -11,20 +11,17 @@ class Lifetimes(Protocol):
     """How long what a reply showed stays true, per counter and per claim (store seconds)."""
 
     counter_left: list[float]
-    share_left: list[float]
-    fresh: list[bool]  # a claim's bound is this period's own level (not a stand-in)
 
 
 class OverLimitCache:
-    """What this replica last saw of each counter and claim, until its window ends (LRU).
+    """What this replica last saw of each counter, until its window ends (LRU).
 
-    A client's own counter or fair-share claim that a rejection found over stays over until
-    its window ends (a claim: until the λ period ends too): counts only grow within a window
-    and a bound only shrinks within a period. Such a request is answered here, without
-    Redis. Only a rejection teaches it, so each replica still sends one rejected attempt
-    per window to Redis and the client's demand there exceeds its share, as water-filling
-    needs; a cap's total is never answered here, as that would hide every client's demand.
-    The other entries only fill the statuses of a request answered here.
+    A client's own counter that a rejection found over stays over until its window ends:
+    counts only grow within a window. Such a request is answered here, without Redis. Only
+    a rejection teaches it, so each replica still sends one rejected attempt per window to
+    Redis; a cap's total is never answered here, as that would hide every client's demand.
+    A fair-share claim is never cached: its bound moves with every request at the cap (a
+    newcomer lowers it, a quiet client's fading prediction raises it).
     """
 
     def __init__(self, size: int) -> None:
@@ -61,15 +58,11 @@ class OverLimitCache:
             known = self.get(("c", c.key), t)
             counts.append(known[0] if known else 0)
             over = over or (known is not None and known[2] and counter_over(c, known[0]))
-        shared: list[int] = []
-        bounds: list[float] = []
-        for s in plan.shares:
-            claim = self.get(("s", s.cap, s.client), t)
-            had, bound, flagged = claim if claim else (0, s.client_limit, False)
-            over = over or (flagged and share_over(s, had, bound))
-            shared.append(had)
-            bounds.append(bound)
-        return Outcome(False, tuple(counts), tuple(shared), tuple(bounds)) if over else None
+        if not over:
+            return None
+        shared = tuple(0 for _ in plan.shares)
+        bounds = tuple(s.client_limit for s in plan.shares)
+        return Outcome(False, tuple(counts), shared, bounds)
 
     def learn(self, plan: Plan, outcome: Outcome, seen: Lifetimes, base: float) -> None:
         """Remember the counters after ``outcome``; ``base`` maps store time to cache time."""
@@ -79,8 +72,3 @@ class OverLimitCache:
             count = outcome.counts[i] + (c.hits if charged else 0)
             over = not charged and c.key not in caps and counter_over(c, count)
             self.put(("c", c.key), base + seen.counter_left[i], count, 0.0, over)
-        for i, s in enumerate(plan.shares):
-            if seen.fresh[i]:  # a stand-in level may rise within the period: never cache it
-                had, bound = outcome.shared[i] + (s.hits if charged else 0), outcome.bounds[i]
-                over = not charged and share_over(s, had, bound)
-                self.put(("s", s.cap, s.client), base + seen.share_left[i], had, bound, over)

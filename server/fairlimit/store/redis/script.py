@@ -17,10 +17,11 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
-from fairlimit.core.admission import below
+from fairlimit.core import sharing
+from fairlimit.core.admission import above, below
 from fairlimit.core.fairshare import figures_of
 from fairlimit.core.plan import Plan, Share
-from fairlimit.core.sharing import Clock, Row, last_period, period_level
+from fairlimit.core.sharing import DIVISION_FIELDS, ROW_FIELDS, WHOLE_FIELDS, Clock, Division, Row
 from fairlimit.store.redis.keys import SlotGroup
 
 # The fairness figures of the last period, as named in a cap's meta hash.
@@ -41,25 +42,24 @@ class Layout:
 
 
 _CAP_FIELDS = ("period", "window", "capacity", "declared", "cap", "total")
-_GIVEN = ("given_period", "given_level", "given_reserved", "given_holders")
 ADMIT = Layout(
     "admit",
     cap_keys=("meta", "rows", "lock"),
     head=("now", "may_lock", "lock_ms"),
     counter=("limit", "window", "hits", "shadow", "force"),
-    cap=(*_CAP_FIELDS, *_GIVEN, *FIGURES),
+    cap=(*_CAP_FIELDS, "given_epoch", "given_division", *FIGURES),
     share=(
         *("cap_index", "client", "limit", "weight", "hits", "shadow", "sized"),
-        *("below_counters", "below_shares", "force"),
+        *("below_counters", "below_shares", "force", "parent", "nested"),
     ),
 )
 RELEASE = Layout(
     "release",
-    cap_keys=("meta", "rows"),
+    cap_keys=("rows",),
     head=("now",),
     counter=("window", "hits"),
     cap=("period", "window"),
-    share=("cap_index", "client", "hits", "within"),
+    share=("cap_index", "client", "hits"),
 )
 LAYOUTS = (ADMIT, RELEASE)
 
@@ -69,9 +69,33 @@ def text(script: str) -> str:
     return resources.files(__package__).joinpath(f"lua/{script}.lua").read_text()
 
 
+def _lua(value: object) -> str:
+    if isinstance(value, str):
+        return "'" + value + "'"
+    return repr(value)
+
+
+def _table(names: Mapping[str, str]) -> str:
+    return "{" + ", ".join(f"{k} = {_lua(v)}" for k, v in names.items()) + "}"
+
+
+def contract() -> str:
+    """The Lua prelude generated from core/sharing.py: its constants, and the Row and
+    Division attributes in order with their Redis hash fields (admit.lua reads only these,
+    so the two sides cannot drift apart)."""
+    constants = ("ALPHA", "STALE", "SPLIT", "FORCES", "AMORTISE", "LEAD", "BURST", "EPSILON")
+    lines = [f"local {name} = {_lua(getattr(sharing, name))}" for name in constants]
+    lines.append("local ROW = {" + ", ".join(_lua(f) for f in ROW_FIELDS) + "}")
+    lines.append(f"local ROW_FIELD = {_table(ROW_FIELDS)}")
+    lines.append("local DIVISION = {" + ", ".join(_lua(f) for f in DIVISION_FIELDS) + "}")
+    lines.append(f"local DIVISION_FIELD = {_table(DIVISION_FIELDS)}")
+    return "\n".join(lines) + "\n"
+
+
 def source(script: str) -> str:
-    """What is registered for ``script``: the clock every script reads (clock.lua), then it."""
-    return text("clock") + text(script)
+    """What is registered for ``script``: the clock every script reads (clock.lua), the
+    contract generated from core/sharing.py, then it."""
+    return text("clock") + contract() + text(script)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,17 +125,15 @@ def _num(x: float) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class GivenLevel:
-    """λ and R computed here for one cap and period, with the figures of the period before."""
+class GivenDivision:
+    """A division made here for one cap, with the figures of the period before."""
 
-    period: str
-    level: str
-    reserved: str
-    holders: str
+    epoch: str
+    values: str  # the division's values in DIVISION_FIELDS order, "," separated
     figures: tuple[str, ...]
 
 
-_NO_LEVEL = GivenLevel("", "", "", "", ("",) * len(FIGURES))
+_NO_DIVISION = GivenDivision("", "", ("",) * len(FIGURES))
 
 
 def _indexes(positions: Sequence[int], of: Sequence[int]) -> str:
@@ -120,7 +142,7 @@ def _indexes(positions: Sequence[int], of: Sequence[int]) -> str:
 
 
 def admit_args(
-    plan: Plan, g: SlotGroup, now: str, lock: tuple[bool, int], given: Mapping[str, GivenLevel]
+    plan: Plan, g: SlotGroup, now: str, lock: tuple[bool, int], given: Mapping[str, GivenDivision]
 ) -> list[str | int]:
     """ARGV of admit.lua (ADMIT); ``now`` "" = Redis TIME, ``lock`` = (may lock, lock ms)."""
     args: list[str | int] = [now, int(lock[0]), lock[1], len(g.counters)]
@@ -131,21 +153,23 @@ def admit_args(
     for cap, i in zip(g.caps, g.cap_share, strict=True):
         s = plan.shares[i]
         total = g.counters.index(s.total) + 1 if s.total in g.counters else 0
-        lv = given.get(cap) or _NO_LEVEL
+        lv = given.get(cap) or _NO_DIVISION
         args += [_num(s.period), s.window, s.capacity, s.declared, cap, total]
-        args += [lv.period, lv.level, lv.reserved, lv.holders, *lv.figures]
+        args += [lv.epoch, lv.values, *lv.figures]
     args.append(len(g.shares))
-    deps = below(plan)
+    deps, parents = below(plan), above(plan)
     for i in g.shares:
         s = plan.shares[i]
         counters, shares = deps[i]
+        parent = g.shares.index(parents[i]) + 1 if parents[i] in g.shares else 0
         args += [g.caps.index(s.cap) + 1, s.client, _num(s.client_limit), _num(s.weight)]
         args += [s.hits, int(s.shadow), int(s.sized)]
         args += [_indexes(counters, g.counters), _indexes(shares, g.shares), int(s.force)]
+        args += [parent, int(i in parents)]
     return args
 
 
-def release_args(plan: Plan, g: SlotGroup, now: str, within: Sequence[bool]) -> list[str | int]:
+def release_args(plan: Plan, g: SlotGroup, now: str) -> list[str | int]:
     """ARGV of release.lua (RELEASE): undo what admit.lua charged at ``now`` (not the charges
     of charge_when_over_limit rules: a refused request keeps those)."""
     args: list[str | int] = [now, len(g.counters)]
@@ -157,60 +181,78 @@ def release_args(plan: Plan, g: SlotGroup, now: str, within: Sequence[bool]) -> 
         s = plan.shares[i]
         args += [_num(s.period), s.window]
     args.append(len(g.shares))
-    for pos, i in enumerate(g.shares):
+    for i in g.shares:
         s = plan.shares[i]
-        args += [g.caps.index(s.cap) + 1, s.client, 0 if s.force else s.hits, int(within[pos])]
+        args += [g.caps.index(s.cap) + 1, s.client, 0 if s.force else s.hits]
     return args
 
 
-_ROW_FIELDS = ("ws", "a", "d", "pk", "pd", "pa", "oo", "sp", "r", "q", "qa", "dk", "l", "w")
-_WHOLE = frozenset({"ws", "pk", "sp"})
+_BY_FIELD = {field: name for name, field in ROW_FIELDS.items()}
 
 
-def rows_of(flat: Sequence[str]) -> list[Row]:
-    """core.sharing rows from a cap's rows hash (HGETALL, flat)."""
+def rows_of(flat: Sequence[str]) -> dict[str, Row]:
+    """core.sharing rows by client from a cap's rows hash (HGETALL, flat)."""
     values: dict[str, dict[str, str]] = {}
     for field, value in zip(flat[::2], flat[1::2], strict=True):
         name, _, client = field.partition(":")
         values.setdefault(client, {})[name] = value
-    out: list[Row] = []
-    for fields in values.values():
-        if "pk" not in fields:
+    out: dict[str, Row] = {}
+    for client, fields in values.items():
+        if ROW_FIELDS["window"] not in fields:
             continue
-        row = Row(float(fields["l"]), float(fields["w"]))
-        for name in _ROW_FIELDS[:-2]:
-            raw = fields.get(name, "0")
-            setattr(row, name, int(float(raw)) if name in _WHOLE else float(raw))
-        out.append(row)
+        row = Row(float(fields[ROW_FIELDS["limit"]]), float(fields[ROW_FIELDS["weight"]]))
+        for field, raw in fields.items():
+            attr = _BY_FIELD.get(field)
+            if attr is not None:
+                setattr(row, attr, int(float(raw)) if attr in WHOLE_FIELDS else float(raw))
+        out[client] = row
     return out
 
 
-def _compute_level(share: Share, period: str, flat: Sequence[str], now: float) -> GivenLevel:
-    """λ and R for ``period`` from the cap's rows (``core.sharing``, as memory)."""
+def division_text(division: Division) -> str:
+    """The division's values in DIVISION_FIELDS order, as admit.lua reads them."""
+    values = (getattr(division, name) for name in DIVISION_FIELDS)
+    return ",".join(v if isinstance(v, str) else _num(v) for v in values)
+
+
+def _divide(
+    share: Share,
+    flat: Sequence[str],
+    now: float,
+    asker: str,
+    extra: int,
+    closing: str,
+    epoch: int,
+) -> GivenDivision:
+    """The division for ``share``'s cap from its rows (``core.sharing.divide``, as memory)."""
     clock = Clock(share.window, share.period, now)
     rows = rows_of(flat)
-    level = period_level(rows, share.capacity, clock)
-    last = last_period(rows, share.capacity, clock)
+    if asker and asker not in rows:  # a newcomer: memory holds its fresh row by now
+        rows[asker] = Row(share.client_limit, share.weight)
+    known = float(closing) if closing else None
+    forced = epoch % sharing.FORCES
+    division = sharing.divide(rows.items(), share.capacity, clock, asker, extra, known, forced)
+    last = sharing.last_period(rows.values(), share.capacity, clock)
     figures: tuple[str, ...] = ("",) * len(FIGURES)
     if last is not None:
         fig = figures_of(last)
         figures = tuple(_num(x) for x in (fig.utilization, fig.active_clients, fig.level,
                         fig.jain_index, fig.top_client_share, fig.starved_clients))  # fmt: skip
-    value = "none" if level.level is None else _num(level.level)
-    return GivenLevel(period, value, _num(level.reserved), str(level.holders), figures)
+    return GivenDivision(str(division.epoch), division_text(division), figures)
 
 
 # --- replies -------------------------------------------------------------------------------
 
 
-def levels_wanted(plan: Plan, g: SlotGroup, reply: Sequence[Any]) -> dict[str, GivenLevel]:
-    """λ for each cap an admit.lua hand-back (``reply[0] == NEED_LEVEL``) asked for."""
-    given: dict[str, GivenLevel] = {}
+def divisions_wanted(plan: Plan, g: SlotGroup, reply: Sequence[Any]) -> dict[str, GivenDivision]:
+    """The division of each cap an admit.lua hand-back (``reply[0] == NEED_LEVEL``) asked for."""
+    given: dict[str, GivenDivision] = {}
     now = float(reply[1])
-    for index, period, flat in reply[2]:
+    for index, epoch, flat, asker, extra, closing in reply[2]:
         pos = int(index) - 1
         share = plan.shares[g.cap_share[pos]]
-        given[g.caps[pos]] = _compute_level(share, str(period), flat, now)
+        args = (str(asker), int(extra), str(closing), int(epoch))
+        given[g.caps[pos]] = _divide(share, flat, now, *args)
     return given
 
 
@@ -223,9 +265,7 @@ class Seen:
     counts: list[int]
     shared: list[int]
     bounds: list[float]
-    fresh: list[bool]
     rolled: list[int]  # indexes into SlotGroup.caps
-    within: list[bool]  # per share: charged within its plan (release.lua needs it)
 
 
 def seen(reply: Sequence[Any]) -> Seen:
@@ -235,7 +275,5 @@ def seen(reply: Sequence[Any]) -> Seen:
         [int(x) for x in reply[2]],
         [int(x) for x in reply[3]],
         [float(x) for x in reply[4]],
-        [int(x) == 1 for x in reply[5]],
-        [int(x) - 1 for x in reply[6]],
-        [int(x) == 1 for x in reply[7]],
+        [int(x) - 1 for x in reply[5]],
     )

@@ -13,7 +13,6 @@ reserved hits stay charged until their window ends.
 
 import asyncio
 import logging
-import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -28,6 +27,7 @@ from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.plan import Plan
+from fairlimit.core.sharing import DIVISION_FIELDS
 from fairlimit.core.units import window_start
 from fairlimit.errors import StoreUnavailable
 from fairlimit.store import deadline
@@ -36,12 +36,12 @@ from fairlimit.store.redis.batch import ScriptBatcher
 from fairlimit.store.redis.client import Options, unavailable
 from fairlimit.store.redis.keys import SlotGroup, slot_groups
 from fairlimit.store.redis.overlimit_cache import OverLimitCache
-from fairlimit.store.redis.script import ADMIT, NEED_LEVEL, RELEASE, GivenLevel, Seen
+from fairlimit.store.redis.script import ADMIT, NEED_LEVEL, RELEASE, GivenDivision, Seen
 from fairlimit.store.redis.slots import RedisSlots, clock_base
 
 log = logging.getLogger(__name__)
 
-_ATTEMPTS = 3  # a λ hand-back, a period boundary crossed meanwhile, then no more locking
+_ATTEMPTS = 3  # a division due, one a request forces, then no more locking
 _REGISTRY_TTL = 86400
 
 
@@ -51,9 +51,7 @@ class _Combined:
 
     outcome: Outcome
     counter_left: list[float]  # seconds until each counter's window ends (store clock)
-    share_left: list[float]  # until the claim's window or λ period ends
-    fresh: list[bool]
-    rolled: list[str]  # meta keys of caps whose level was written
+    rolled: list[str]  # meta keys of caps whose division was written
 
 
 def _combine(
@@ -61,22 +59,18 @@ def _combine(
 ) -> _Combined:
     n, k = len(plan.counters), len(plan.shares)
     counts, counter_left = [0] * n, [0.0] * n
-    shared, bounds, share_left, fresh = [0] * k, [0.0] * k, [0.0] * k, [False] * k
+    shared, bounds = [0] * k, [0.0] * k
     rolled: list[str] = []
     for g, s in zip(groups, seen, strict=True):
         for pos, i in enumerate(g.counters):
             w = plan.counters[i].window
             counts[i], counter_left[i] = s.counts[pos], window_start(w, s.now) + w - s.now
         for pos, i in enumerate(g.shares):
-            sh = plan.shares[i]
-            period_end = (math.floor(s.now / sh.period) + 1) * sh.period
-            window_end = window_start(sh.window, s.now) + sh.window
-            shared[i], bounds[i], fresh[i] = s.shared[pos], s.bounds[pos], s.fresh[pos]
-            share_left[i] = min(period_end, window_end) - s.now
+            shared[i], bounds[i] = s.shared[pos], s.bounds[pos]
         rolled.extend(g.cap_keys[j]["meta"] for j in s.rolled)
     clock = seen[0].now if seen else None  # Redis TIME: resets agree across replicas
     outcome = Outcome(admitted, tuple(counts), tuple(shared), tuple(bounds), clock)
-    return _Combined(outcome, counter_left, share_left, fresh, rolled)
+    return _Combined(outcome, counter_left, rolled)
 
 
 class RedisStore:
@@ -199,7 +193,7 @@ class RedisStore:
                 self._refills.pop(shape).set_result(None)
         assert outcome.now is not None
         left = [window_start(c.window, outcome.now) + c.window - outcome.now for c in plan.counters]
-        return _Combined(outcome, left, [], [], [])
+        return _Combined(outcome, left, [])
 
     async def _give_back(self) -> None:
         """Return what is unused of this replica's blocks (on close; best effort)."""
@@ -221,7 +215,7 @@ class RedisStore:
         return time.monotonic()
 
     async def _run(self, plan: Plan, g: SlotGroup, now: str) -> Seen:
-        given: dict[str, GivenLevel] = {}
+        given: dict[str, GivenDivision] = {}
         keys = script.keys(ADMIT, g)
         for attempt in range(_ATTEMPTS):
             lock = (attempt < _ATTEMPTS - 1, self._options.lock_ms)
@@ -229,8 +223,8 @@ class RedisStore:
             reply = await self._call(self._scripts.admit, keys, args)
             if int(reply[0]) != NEED_LEVEL:
                 return script.seen(reply)
-            given.update(script.levels_wanted(plan, g, reply))
-        raise StoreUnavailable("redis: the admission script kept asking for λ")
+            given.update(script.divisions_wanted(plan, g, reply))
+        raise StoreUnavailable("redis: the admission script kept asking for a division")
 
     async def _release(self, plan: Plan, charged: Sequence[tuple[SlotGroup, Seen]]) -> None:
         """Undo the reservations of the slot groups that admitted (best effort)."""
@@ -238,7 +232,7 @@ class RedisStore:
             self._call(
                 self._scripts.release,
                 script.keys(RELEASE, g),
-                script.release_args(plan, g, repr(s.now), s.within),
+                script.release_args(plan, g, repr(s.now)),
             )
             for g, s in charged
         ]
@@ -250,8 +244,8 @@ class RedisStore:
         """One EVALSHA (EVAL after NOSCRIPT), given up after the timeout: what the caller's
         deadline leaves (DeadlineExceeded when too little), else ``?timeout=``.
 
-        The timeout is per call, not per request: the λ hand-back (once per period per cap
-        for the whole deployment) may take two calls and the water-filling in between.
+        The timeout is per call, not per request: a division hand-back (a few times a period
+        per cap for the whole deployment) may take two calls and the water-filling between.
         """
         limit = deadline.timeout(self._options.timeout)
         self.round_trips += 1
@@ -261,7 +255,8 @@ class RedisStore:
             return await lua(keys=keys, args=args)
 
     def _register(self, metas: Sequence[str]) -> None:
-        """Add caps to the registry that caps() reads (in the background, once per period)."""
+        """Add caps to the registry that caps() reads (in the background, when a cap's
+        division is written)."""
 
         async def register() -> None:
             try:
@@ -311,7 +306,8 @@ class RedisStore:
 
 
 def _report(state: Mapping[str, str]) -> CapReport:
-    level = None if state.get("v", "none") == "none" else float(state["v"])
+    cold = state.get(DIVISION_FIELDS["cold"], "1") != "0"
+    level = None if cold else float(state[DIVISION_FIELDS["level"]])
     figures = None
     if "f_u" in state:
         u, a, lv, j, t, s = (float(state[f]) for f in script.FIGURES)

@@ -1,51 +1,50 @@
--- admit.lua: the all-or-nothing admission of one slot group of a plan, with the λ
+-- admit.lua: the all-or-nothing admission of one slot group of a plan, with the division
 -- hand-back (core/admission.py and core/sharing.py state the rule, store/memory.py is the
 -- reference; store/redis/store.py calls this by EVALSHA, store/redis/script.py builds the
--- arguments).
+-- arguments and prepends the constants and the ROW and DIVISION field tables it generates
+-- from core/sharing.py, so neither is a hand-kept copy).
 --
 -- The layout (script.ADMIT states it too; tests/test_redis_script.py checks both agree):
 -- KEYS  per counter: counter
 -- KEYS  per cap: meta rows lock
 -- ARGV  head: now may_lock lock_ms
 -- ARGV  per counter: limit window hits shadow force
--- ARGV  per cap: period window capacity declared cap total given_period given_level given_reserved given_holders f_u f_a f_l f_j f_t f_s
--- ARGV  per share: cap_index client limit weight hits shadow sized below_counters below_shares force
+-- ARGV  per cap: period window capacity declared cap total given_epoch given_division f_u f_a f_l f_j f_t f_s
+-- ARGV  per share: cap_index client limit weight hits shadow sized below_counters below_shares force parent nested
 -- KEYS are the counter keys, then each cap's keys; ARGV is the head, then for counters,
 -- caps and shares in turn: their number, then that many rows.
 --
 -- counter  hash: s = window start, n = count in that window
--- meta     hash: p = period of the figures, v = λ "none"|"inf"|float, res = R, hold = its
---          holders, and what the period has seen (core/sharing.CapPeriod): rs, sh, u, o,
---          wsp, sw; cap, declared and
---          the last period's fairness figures f_*
--- rows     hash: per client the fields of core/sharing.Row as <field>:<client>
--- lock     string: the period whose λ a replica is computing
--- now ("" = Redis TIME), may_lock, shadow and sized "1" | "0"; total is the 1-based index
--- of the cap's own counter (0: not in this group); given_period "" = no λ given, then
--- given_level, given_reserved and the figures are "" too; cap_index is 1-based into the
--- caps; below_counters / below_shares list 1-based indexes ("," separated) of the levels
--- below the share in its descriptor: the cap sees the request as demand when they admit;
--- force "1" on the levels of a charge_when_over_limit rule: charged even when refused.
--- Returns {1 | 0, now, counts, admitted, bounds, fresh, rolled, within} (1 = charged, 0 =
---       nothing charged; bounds as strings; fresh[i] = 1 when share i's refusal may be
---       cached until the period ends: never, under fairness v2; rolled = indexes of caps whose λ was written by this call; within[i] = 1 when
---       share i was admitted within its plan), or
---       {2, now, {cap index, period, rows as a flat hash}...} when this call won the λ lock
---       of a cap: nothing was recorded or charged; compute λ and call again with it.
+-- meta     hash: the division (DIVISION names its fields), cap, declared and the last
+--          period's fairness figures f_*
+-- rows     hash: per client the fields of core/sharing.Row as <field>:<client> (ROW)
+-- lock     string: the division epoch a replica is computing
+-- now ("" = Redis TIME), may_lock, shadow, sized, force and nested "1" | "0"; total is the
+-- 1-based index of the cap's own counter (0: not in this group); given_epoch "" = no
+-- division given, else given_division is the division's values in DIVISION order, ","
+-- separated; cap_index is 1-based into the caps; below_counters / below_shares list 1-based
+-- indexes ("," separated) of the levels below the share in its descriptor (the cap sees
+-- the request as demand when they admit); parent is the 1-based index of the share one cap
+-- above (0: none in this group): a nested cap divides at most the parent's share.
+-- Returns {1 | 0, now, counts, admitted, bounds, rolled} (1 = charged, 0 = nothing
+--       charged; bounds as strings; rolled = indexes of caps whose division this call
+--       wrote), or
+--       {2, now, {cap index, epoch, rows as a flat hash, asker, extra, closing}...} when
+--       this call won the lock of a cap whose division is due (asker "") or that a request
+--       found newly contended (asker = its client, extra = its hits); closing is λ of the
+--       window before when the division in force knows it, else "": nothing was recorded
+--       or charged; divide and call again with it.
 -- Every key written gets a TTL. Floats cross the boundary as %.17g strings, so Lua and
 -- Python see the same doubles; every formula below is core/sharing.py's, in its order.
 
-local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 5, 16, 10, 3
+local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 5, 14, 12, 3
 
-local EPS = 1e-9
-local ALPHA, STALE = 0.5, 64
 -- A key outlives its window by a second; with the caller's clock (tests, simulations) TTLs
 -- still run on Redis's own clock, so a slow run must not see a window's counter expire
 -- before its simulated end: a minute of slack then.
 local SLACK_MS = ARGV[1] == '' and 1000 or 60000
 local FIGURES = {'f_u', 'f_a', 'f_l', 'f_j', 'f_t', 'f_s'}
-local ROW = {'ws', 'a', 'd', 'pk', 'pd', 'pa', 'oo', 'sp', 'r', 'q', 'qa', 'dk', 'l', 'w'}
-local PERIOD = {'rs', 'u', 'o', 'wsp', 'sw'}
+local NONE, OPEN, HELD = 0, 1, 2
 
 local function num(s)
   if s == 'inf' then return math.huge end
@@ -63,7 +62,7 @@ end
 
 local function list(s)
   local out = {}
-  for x in string.gmatch(s, '%d+') do table.insert(out, tonumber(x)) end
+  for x in string.gmatch(s, '[^,]+') do table.insert(out, x) end
   return out
 end
 
@@ -85,201 +84,376 @@ local n = #counters
 for j = 1, tonumber(ARGV[a]) do
   local b = n + (j - 1) * CAP_KEYS
   local period, w = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local start = math.floor(now / w) * w
-  local p = math.floor(now / period)
   local figures = {}
-  for f = 1, 6 do figures[f] = ARGV[a + 10 + f] end
-  caps[j] = {meta = KEYS[b + 1], rows = KEYS[b + 2], lock = KEYS[b + 3], period = period,
-    window = w, capacity = tonumber(ARGV[a + 3]), declared = tonumber(ARGV[a + 4]),
-    name = ARGV[a + 5], total = tonumber(ARGV[a + 6]), given_p = ARGV[a + 7],
-    given_v = ARGV[a + 8], given_r = ARGV[a + 9], given_h = ARGV[a + 10], figures = figures,
-    p = p, ps = whole(p),
-    start = start, keep = math.max(2 * w + 1, STALE * period) * 1000}
+  for f = 1, 6 do figures[f] = ARGV[a + 8 + f] end
+  local start = math.floor(now / w) * w
+  caps[j] = {meta = KEYS[b + 1], rows = KEYS[b + 2], lock = KEYS[b + 3],
+    -- core/sharing.Clock
+    period_len = period, window = w, now = now, period = math.floor(now / period),
+    epoch = math.floor(now * SPLIT / period), start = start, finish = start + w,
+    capacity = tonumber(ARGV[a + 3]), declared = tonumber(ARGV[a + 4]), name = ARGV[a + 5],
+    total = tonumber(ARGV[a + 6]), given_e = ARGV[a + 7], given = ARGV[a + 8],
+    figures = figures, keep = math.max(2 * w + 1, STALE * period) * 1000}
   a = a + CAP_ARGS
 end
 a = a + 1
 for i = 1, tonumber(ARGV[a]) do
+  local below_c, below_s = {}, {}
+  for _, x in ipairs(list(ARGV[a + 8])) do table.insert(below_c, tonumber(x)) end
+  for _, x in ipairs(list(ARGV[a + 9])) do table.insert(below_s, tonumber(x)) end
   shares[i] = {cap = caps[tonumber(ARGV[a + 1])], client = ARGV[a + 2],
     limit = num(ARGV[a + 3]), weight = tonumber(ARGV[a + 4]), hits = tonumber(ARGV[a + 5]),
-    shadow = ARGV[a + 6] == '1', sized = ARGV[a + 7] == '1', below_c = list(ARGV[a + 8]),
-    below_s = list(ARGV[a + 9]), force = ARGV[a + 10] == '1'}
+    shadow = ARGV[a + 6] == '1', sized = ARGV[a + 7] == '1', below_c = below_c,
+    below_s = below_s, force = ARGV[a + 10] == '1', parent = tonumber(ARGV[a + 11]),
+    nested = ARGV[a + 12] == '1'}
   a = a + SHARE_ARGS
 end
 
--- --- the cap's period: λ, R and what the period has seen ---------------------------------
+-- --- the clock (core/sharing.Clock) ---------------------------------------------------------
 
-local function write_level(cap, level, reserved, holders, figures)
-  redis.call('HSET', cap.meta, 'p', cap.ps, 'v', level, 'res', reserved, 'hold', holders,
-    'cap', cap.name, 'declared', cap.declared, 'rs', '0', 'sh', '0', 'u', '0', 'o', '0',
-    'wsp', '0', 'sw', '0')
-  if figures[1] == '' or figures[1] == nil then
-    redis.call('HDEL', cap.meta, unpack(FIGURES))
-  else
-    for f = 1, 6 do redis.call('HSET', cap.meta, FIGURES[f], figures[f]) end
-  end
-  redis.call('PEXPIRE', cap.meta, cap.keep)
-  redis.call('DEL', cap.lock)
-  cap.rolled = true
+local function left(c)
+  return (c.finish - c.now) / c.period_len
 end
 
--- SET NX PX; a lock left by an earlier period (its holder died) is taken over.
-local function take_lock(cap)
-  if redis.call('SET', cap.lock, cap.ps, 'NX', 'PX', lock_ms) then return true end
-  if redis.call('GET', cap.lock) ~= cap.ps then
-    redis.call('SET', cap.lock, cap.ps, 'PX', lock_ms)
-    return true
-  end
-  return false
+local function elapsed(c)
+  return math.min(1, (c.now - c.start + LEAD * c.period_len) / c.window)
 end
 
--- Whether this period's figures are in meta (written now if given or if there is no row);
--- 'compute' when this call must hand back for λ.
-local function level_of(cap)
-  local p = redis.call('HGET', cap.meta, 'p')
-  if p == cap.ps then return true end
-  if cap.given_p == cap.ps then
-    write_level(cap, cap.given_v, cap.given_r, cap.given_h, cap.figures)
-    return true
-  end
-  if redis.call('EXISTS', cap.rows) == 0 then
-    write_level(cap, 'none', '0', '0', {''})
-    return true
-  end
-  if may_lock and take_lock(cap) then return 'compute' end
-  return false  -- another replica is computing λ: keep the last period's meanwhile
+local function into(c)
+  return (c.now - c.period * c.period_len) / c.period_len + LEAD
 end
 
-local function load_period(cap)
-  local m = redis.call('HMGET', cap.meta, 'v', 'res', 'rs', 'u', 'o', 'wsp', 'sw', 'hold', 'sh')
-  local v = m[1] or 'none'
-  cap.level = (v ~= 'none') and num(v) or nil
-  cap.reserved = tonumber(m[2] or '0')
-  cap.rs, cap.u, cap.o = tonumber(m[3] or '0'), tonumber(m[4] or '0'), tonumber(m[5] or '0')
-  cap.wsp, cap.sw = tonumber(m[6] or '0'), tonumber(m[7] or '0')
-  cap.hold, cap.sh = tonumber(m[8] or '0'), tonumber(m[9] or '0')
-end
+-- --- rows (core/sharing.py: fold, predicted, want, part) ------------------------------------
 
-local function save_period(cap)
-  redis.call('HSET', cap.meta, 'rs', fmt(cap.rs), 'sh', fmt(cap.sh), 'u', fmt(cap.u),
-    'o', fmt(cap.o), 'wsp', fmt(cap.wsp), 'sw', fmt(cap.sw))
-  redis.call('PEXPIRE', cap.meta, cap.keep)
+local function fresh_row(limit, weight)
+  local row = {}
+  for _, f in ipairs(ROW) do row[f] = 0 end
+  row.window, row.period, row.epoch, row.previous = -1, -1, -1, -1
+  row.kind = NONE
+  row.limit, row.weight = limit, weight
+  return row
 end
-
-local need = {}
-for j, cap in ipairs(caps) do
-  local state = level_of(cap)
-  if state == 'compute' then
-    table.insert(need, {j, cap.ps, redis.call('HGETALL', cap.rows)})
-  end
-  cap.fresh = state == true
-end
-if #need > 0 then return {2, fmt(now), need} end
-
--- --- rows (core/sharing.py: fold, predicted, allowance, touch, verdict) -------------------
 
 local function load_row(s)
   local fields = {}
-  for i, f in ipairs(ROW) do fields[i] = f .. ':' .. s.client end
+  for i, f in ipairs(ROW) do fields[i] = ROW_FIELD[f] .. ':' .. s.client end
   local v = redis.call('HMGET', s.cap.rows, unpack(fields))
+  if v[1] == false then return fresh_row(s.limit, s.weight) end
   local row = {}
-  for i, f in ipairs(ROW) do row[f] = tonumber(v[i] or '') end
-  if row.pk == nil then
-    row = {ws = -1, a = 0, d = 0, pk = -1, pd = 0, pa = 0, oo = 0, sp = 0, r = 0, q = 0,
-      qa = 0, dk = 0}
-  end
-  row.l, row.w = s.limit, s.weight
+  for i, f in ipairs(ROW) do row[f] = num(v[i] or '0') end
+  row.limit, row.weight = s.limit, s.weight
   return row
 end
 
 local function save_row(s, row)
   local args = {}
   for _, f in ipairs(ROW) do
-    table.insert(args, f .. ':' .. s.client)
+    table.insert(args, ROW_FIELD[f] .. ':' .. s.client)
     table.insert(args, fmt(row[f]))
   end
   redis.call('HSET', s.cap.rows, unpack(args))
   redis.call('PEXPIRE', s.cap.rows, s.cap.keep)
 end
 
-local function fold(row, p, start)
-  if row.pk >= p then return false end
-  local gap = p - row.pk
-  local r, q, qa
-  if gap > STALE then
-    r, q, qa = 0, 0, 0
-  else
-    if gap == 1 then q, qa = row.pd, row.pa else q, qa = 0, 0 end
-    r = (ALPHA * row.pd + (1 - ALPHA) * row.r) * (1 - ALPHA) ^ (gap - 1)
+local function fold(row, c, closing)
+  if row.period < c.period then
+    local gap = c.period - row.period
+    if gap > STALE then
+      row.history, row.mass, row.last_asked, row.last_admitted = 0, 0, 0, 0
+    elseif row.period >= 0 then
+      if gap == 1 then
+        row.last_asked, row.last_admitted = row.period_asked, row.period_admitted
+      else
+        row.last_asked, row.last_admitted = 0, 0
+      end
+      local keep = 1 - ALPHA
+      local decay = keep ^ (gap - 1)
+      local total = (ALPHA * row.period_asked + keep * row.history * row.mass) * decay
+      row.mass = 1 - (1 - (ALPHA + keep * row.mass)) * decay
+      row.history = total / row.mass
+    end
+    row.period_asked, row.period_admitted = 0, 0
+    row.period = c.period
   end
-  if row.ws ~= start then row.a, row.d = 0, 0 end
-  row.r, row.q, row.qa = r, q, qa
-  row.pd, row.pa, row.oo, row.sp, row.pk, row.ws = 0, 0, 0, 0, p, start
-  row.dk = row.d
-  return true
-end
-
-local function predicted(dk, r, q, cap)
-  local begun = cap.p * cap.period
-  local done = math.floor((begun - cap.start) / cap.period + 0.5)
-  local rate = math.max(r, q, done > 0 and dk / done or 0)
-  return dk + rate * (cap.start + cap.window - begun) / cap.period
-end
-
-local function allowance(demand, limit, share)
-  local want = math.ceil(math.min(demand, limit) - EPS)
-  if share == math.huge then return want end
-  return math.min(want, math.floor(share + EPS))
-end
-
-local function plan_of(row, cap, s)
-  if cap.level == nil then return 0 end
-  local demand = predicted(row.dk, row.r, row.q, cap)
-  return allowance(demand, s.limit, cap.level * s.weight)
-end
-
-local function touch(row, cap, s)
-  local held = plan_of(row, cap, s) - row.a
-  if held > 0 then
-    cap.rs = cap.rs + held
-    cap.sh = cap.sh + 1
+  if row.window ~= c.start then
+    local carried = 0
+    local follows = row.window == c.start - c.window
+    if follows then row.previous = row.asked else row.previous = -1 end
+    row.previous_last = row.seen
+    if row.asked > row.admitted and follows then
+      local share = math.min(row.asked, row.limit, closing * row.weight)
+      local left_over = share + row.credit - row.admitted
+      if 0 < left_over and left_over < 1 then carried = left_over end
+    end
+    row.credit = carried
+    row.admitted, row.asked = 0, 0
+    row.window = c.start
   end
-  cap.sw = cap.sw + s.weight
 end
 
-local function verdict(row, cap, s, total)
-  local h, limit, capacity = math.max(s.hits, 1), s.limit, cap.capacity
-  local phi = 1
-  if not s.sized then phi = math.min(1, (now - cap.start + cap.period) / cap.window) end
-  if cap.level == nil then
-    local cold = capacity * s.weight / math.max(cap.sw, cap.declared)
-    return math.min(limit, cold * phi), true
+local function predicted(row, c)
+  if row.previous < 0 then
+    return row.asked / math.max(1, (c.now - c.start) / c.period_len)
   end
-  local fair = limit
-  if cap.level ~= math.huge then fair = math.min(limit, cap.level * s.weight * phi) end
-  local plan = plan_of(row, cap, s)
-  if row.a + 1 <= plan and row.a + h <= fair + EPS then return fair, true end
-  if row.sp == 0 then
-    row.sp = 1
-    cap.wsp = cap.wsp + s.weight
+  local since = c.now - c.window
+  local inside = 0
+  if row.previous_last > since then
+    local spread = row.previous_last - (c.start - c.window)
+    if spread > 0 then
+      inside = math.min(1, (row.previous_last - since) / spread)
+    else
+      inside = 1
+    end
   end
-  local finish = cap.start + cap.window
-  local left = (finish - now) / (finish - cap.p * cap.period)
-  local unseen = math.max(0, cap.reserved - cap.rs)
-  local kept = math.min(unseen, math.max(unseen * left, cap.hold - cap.sh))
-  local reserved = math.max(0, cap.rs - cap.u) + kept
-  local pace = capacity * phi
-  local spare = total + h <= math.min(capacity - reserved, pace) + EPS
-  local pool = cap.o + capacity - reserved - total
-  if spare and row.oo + h <= pool * s.weight / cap.wsp + 1 + EPS then return limit, false end
-  return math.min(fair, math.max(plan, row.a)), false
+  return (row.asked + row.previous * inside) * c.period_len / c.window
+end
+
+local function want(row, c, extra)
+  local fixed, rate = row.asked + extra, predicted(row, c)
+  if fixed + rate * left(c) > row.limit then return row.limit, 0 end
+  return fixed, rate
+end
+
+local function part(row, c, level)
+  local fixed, rate = want(row, c, 0)
+  local wanted = fixed + rate * left(c)
+  if wanted <= 0 then return NONE, 0, 0 end
+  if wanted > level * row.weight then return HELD, 0, 0 end
+  return OPEN, fixed, rate
+end
+
+-- --- the division (core/sharing.py: Division, leave, enter, stale_division) ----------------
+
+local function load_division(cap)
+  local names = {}
+  for i, f in ipairs(DIVISION) do names[i] = DIVISION_FIELD[f] end
+  local v = redis.call('HMGET', cap.meta, unpack(names))
+  if v[1] == false then return nil end
+  local d = {}
+  for i, f in ipairs(DIVISION) do
+    if f == 'excluded' then d[f] = v[i] or '' else d[f] = num(v[i] or '0') end
+  end
+  return d
+end
+
+local function write_division(cap, d)
+  local args = {}
+  for _, f in ipairs(DIVISION) do
+    table.insert(args, DIVISION_FIELD[f])
+    if f == 'excluded' then table.insert(args, d[f]) else table.insert(args, fmt(d[f])) end
+  end
+  redis.call('HSET', cap.meta, 'cap', cap.name, 'declared', cap.declared, unpack(args))
+  redis.call('PEXPIRE', cap.meta, cap.keep)
+end
+
+-- The given values are "," separated in DIVISION order; the last, excluded, is a client
+-- value and may hold commas: it is the rest of the text.
+local function given_division(cap)
+  local d, at = {}, 1
+  for i, f in ipairs(DIVISION) do
+    if i == #DIVISION then
+      d[f] = string.sub(cap.given, at)
+    else
+      local comma = string.find(cap.given, ',', at, true)
+      d[f] = num(string.sub(cap.given, at, comma - 1))
+      at = comma + 1
+    end
+  end
+  return d
+end
+
+local function stale(d, c)
+  if d == nil then return true end
+  local made = math.floor(d.epoch / FORCES)
+  if made == c.epoch then return false end
+  if math.floor(made / SPLIT) ~= c.period then return true end
+  return d.asks * AMORTISE >= d.rows
+end
+
+local function count(d, kind, weight, fixed, rate, sign)
+  if kind == HELD then
+    d.held = math.max(0, d.held + sign * weight)
+  elseif kind == OPEN then
+    d.fixed = d.fixed + sign * fixed
+    d.rate = d.rate + sign * rate
+  end
+end
+
+local function leave(d, row, s)
+  if row.epoch == d.epoch then
+    count(d, row.kind, row.weight, row.fixed, row.rate, -1)
+  elseif s.client ~= d.excluded then
+    local c = s.cap
+    local at = {period_len = c.period_len, window = c.window, now = d.at,
+      period = math.floor(d.at / c.period_len), start = math.floor(d.at / c.window) * c.window}
+    at.finish = at.start + c.window
+    local kind, fixed, rate = part(row, at, d.level)
+    count(d, kind, row.weight, fixed, rate, -1)
+  end
+  row.epoch, row.kind = d.epoch, NONE
+end
+
+local function enter(d, row, kind, c)
+  row.epoch = d.epoch
+  if kind == OPEN then row.fixed, row.rate = want(row, c, 0) else row.fixed, row.rate = 0, 0 end
+  row.kind = kind
+  count(d, kind, row.weight, row.fixed, row.rate, 1)
+  if kind == OPEN then
+    d.top = math.max(d.top, (row.fixed + row.rate * left(c)) / row.weight)
+  end
+end
+
+-- SET NX PX; a lock left by an earlier epoch (its holder died) is taken over.
+local function take_lock(cap, epoch)
+  local e = whole(epoch)
+  if redis.call('SET', cap.lock, e, 'NX', 'PX', lock_ms) then return true end
+  if redis.call('GET', cap.lock) ~= e then
+    redis.call('SET', cap.lock, e, 'PX', lock_ms)
+    return true
+  end
+  return false
+end
+
+-- The division in force: the one in meta, or the one given (written now), or an empty one
+-- when the cap has no rows; 'compute' when this call must hand back for it.
+local function division_of(cap)
+  local d = load_division(cap)
+  if cap.given_e ~= '' and math.floor(tonumber(cap.given_e) / FORCES) == cap.epoch and
+      (d == nil or tonumber(cap.given_e) > d.epoch) then
+    d = given_division(cap)
+    write_division(cap, d)
+    local fig = cap.figures
+    if fig[1] == '' then
+      redis.call('HDEL', cap.meta, unpack(FIGURES))
+    else
+      for f = 1, 6 do redis.call('HSET', cap.meta, FIGURES[f], fig[f]) end
+    end
+    redis.call('DEL', cap.lock)
+    cap.rolled = true
+    return d
+  end
+  if not stale(d, cap) then return d end
+  if redis.call('EXISTS', cap.rows) == 0 then
+    d = {epoch = FORCES * cap.epoch, at = now, level = math.huge, rows = 0, held = 0, fixed = 0,
+      rate = 0, asks = 0, forced = 0, excluded = '', cold = 1, closing = math.huge, top = 0}
+    write_division(cap, d)
+    redis.call('HDEL', cap.meta, unpack(FIGURES))
+    cap.rolled = true
+    return d
+  end
+  if may_lock and take_lock(cap, FORCES * cap.epoch) then return 'compute', d end
+  return d  -- another replica is computing it: keep the one in force meanwhile
+end
+
+-- λ of the window before as the division in force knows it ("" when it was made in
+-- another window: the hand-back works it out from the rows).
+local function closing_of(d, c)
+  if d == nil or math.floor(d.at / c.window) * c.window ~= c.start then return '' end
+  return fmt(d.closing)
+end
+
+-- --- the verdict (core/sharing.py: contended, verdict, _cold) -------------------------------
+
+local function contended(d, row, s, capacity)
+  if d.held > 0 or d.forced >= FORCES - 1 then return false end
+  if d.forced ~= 0 and d.asks * AMORTISE < d.rows then return false end
+  local fixed, rate = want(row, s.cap, math.max(s.hits, 1))
+  local wanted = fixed + rate * left(s.cap)
+  local room = capacity - d.fixed - d.rate * left(s.cap)
+  return wanted > room + EPSILON and d.top > room / row.weight + EPSILON
+end
+
+local function cold(bound, d, row, s, capacity, total)
+  if d.cold == 0 or s.sized then return bound end
+  local split = capacity * row.weight / math.max(s.cap.declared, d.rows + 1)
+  local paced = capacity * elapsed(s.cap) - (total - row.admitted)
+  return math.min(bound, math.max(split, paced))
+end
+
+-- core/sharing._bursting
+local function bursting(row, share, c)
+  if row.history * c.window / c.period_len >= share then return false end
+  return row.period_asked > BURST * row.history * into(c)
+end
+
+-- core/sharing._paced
+local function paced(share, row, d, s, capacity, total)
+  local c = s.cap
+  local held_back = 0
+  if not s.sized then
+    local ahead = share * (1 - elapsed(c))
+    if d.cold ~= 0 then
+      held_back = ahead
+    elseif not s.nested and not bursting(row, share, c) then
+      held_back = math.min(ahead, row.history * left(c))
+    end
+  end
+  local bound = share - held_back
+  if held_back ~= 0 and row.admitted + 1 <= math.max(bound, 1) then
+    bound = math.max(bound, math.min(share, row.admitted + math.max(s.hits, 1)))
+  end
+  return cold(bound, d, row, s, capacity, total)
+end
+
+-- (bound, share, kind)
+local function verdict(row, d, s, capacity, total)
+  local c = s.cap
+  local h = math.max(s.hits, 1)
+  local fixed, rate = want(row, c, h)
+  local l = left(c)
+  local wanted = fixed + rate * l
+  local coming = math.floor(d.rate * l + EPSILON)
+  local room = math.max(0, capacity - d.fixed - coming)
+  if wanted * (d.held + row.weight) <= room * row.weight + EPSILON then
+    local share = s.limit
+    if d.held > 0 then
+      share = math.min(share, (room - wanted) / d.held * row.weight)
+    end
+    if rate ~= 0 or fixed < s.limit or d.cold ~= 0 or room - wanted >= 1 then
+      return cold(share, d, row, s, capacity, total), share, OPEN
+    end
+    return paced(share, row, d, s, capacity, total), share, OPEN
+  end
+  local share = room * row.weight / (d.held + row.weight)
+  return paced(share + row.credit, row, d, s, capacity, total), share + row.credit, HELD
 end
 
 -- --- the decision ---------------------------------------------------------------------------
 
-for _, cap in ipairs(caps) do load_period(cap) end
+local need = {}
+for j, cap in ipairs(caps) do
+  local d, held = division_of(cap)
+  if d == 'compute' then
+    table.insert(need, {j, whole(FORCES * cap.epoch), redis.call('HGETALL', cap.rows), '', '0',
+      closing_of(held, cap)})
+  end
+  cap.division = d
+end
+if #need > 0 then return {2, fmt(now), need} end
+
+for _, s in ipairs(shares) do
+  s.d = s.cap.division
+  s.row = load_row(s)
+  fold(s.row, s.cap, s.d.closing)
+  leave(s.d, s.row, s)
+  -- the forced-th remake of this sub-period (core/sharing.divide, store/memory._claims)
+  local forced = s.d.forced + 1
+  if math.floor(s.d.epoch / FORCES) ~= s.cap.epoch then forced = 1 end
+  local id = FORCES * s.cap.epoch + forced
+  if contended(s.d, s.row, s, s.cap.capacity) and may_lock and take_lock(s.cap, id) then
+    local extra = math.max(s.hits, 1)
+    table.insert(need, {0, whole(id), redis.call('HGETALL', s.cap.rows),
+      s.client, whole(extra), closing_of(s.d, s.cap)})
+    for j, cap in ipairs(caps) do
+      if cap == s.cap then need[#need][1] = j end
+    end
+    return {2, fmt(now), need}
+  end
+  s.d.asks = s.d.asks + math.max(s.hits, 1)
+end
 
 local admitted = true
-local counts, shared, bounds, fresh, rolled, within = {}, {}, {}, {}, {}, {}
+local counts, shared, bounds, rolled = {}, {}, {}, {}
 for i, c in ipairs(counters) do
   local held = redis.call('HMGET', c.key, 's', 'n')
   c.current = held[1] == c.ws
@@ -287,19 +461,15 @@ for i, c in ipairs(counters) do
   c.over = not c.shadow and counts[i] + math.max(c.hits, 1) > c.limit
   if c.over then admitted = false end
 end
-for _, s in ipairs(shares) do
-  s.row = load_row(s)
-  if fold(s.row, s.cap.p, s.cap.start) then touch(s.row, s.cap, s) end
-end
 for i, s in ipairs(shares) do
   local total = s.cap.total > 0 and counts[s.cap.total] or 0
-  local bound, inside = verdict(s.row, s.cap, s, total)
-  shared[i] = s.row.a
-  -- fresh stays 0: under fairness v2 a claim refused now may be admitted later in the same
-  -- period (the spare opens as reservations are released), so no claim may be cached.
-  bounds[i], fresh[i], within[i] = fmt(bound), 0, inside and 1 or 0
-  s.bound, s.within = bound, inside
-  s.over = not s.shadow and shared[i] + math.max(s.hits, 1) > bound + EPS
+  local capacity = s.cap.capacity
+  if s.parent > 0 and s.parent < i then capacity = math.min(capacity, shares[s.parent].share) end
+  local bound, share, kind = verdict(s.row, s.d, s, capacity, total)
+  s.share, s.kind = share, kind
+  shared[i] = s.row.admitted
+  bounds[i] = fmt(bound)
+  s.over = not s.shadow and shared[i] + math.max(s.hits, 1) > bound + EPSILON
   if s.over then admitted = false end
 end
 for j, cap in ipairs(caps) do
@@ -311,9 +481,10 @@ for _, s in ipairs(shares) do
   local below = true
   for _, i in ipairs(s.below_c) do if counters[i].over then below = false end end
   for _, i in ipairs(s.below_s) do if shares[i].over then below = false end end
-  if below then
-    s.row.d = s.row.d + s.hits
-    s.row.pd = s.row.pd + s.hits
+  if below or admitted then
+    s.row.asked = s.row.asked + s.hits
+    s.row.period_asked = s.row.period_asked + s.hits
+    s.row.seen = now
   end
 end
 
@@ -330,16 +501,17 @@ for _, c in ipairs(counters) do
 end
 for _, s in ipairs(shares) do
   if admitted or s.force then
-    s.row.a = s.row.a + s.hits
-    s.row.pa = s.row.pa + s.hits
-    if s.within then
-      s.cap.u = s.cap.u + s.hits
-    else
-      s.cap.o = s.cap.o + s.hits
-      s.row.oo = s.row.oo + s.hits
-    end
+    s.row.admitted = s.row.admitted + s.hits
+    s.row.period_admitted = s.row.period_admitted + s.hits
   end
+  enter(s.d, s.row, s.kind, s.cap)
 end
 for _, s in ipairs(shares) do save_row(s, s.row) end
-for _, cap in ipairs(caps) do save_period(cap) end
-return {admitted and 1 or 0, fmt(now), counts, shared, bounds, fresh, rolled, within}
+for _, cap in ipairs(caps) do
+  local d = cap.division
+  redis.call('HSET', cap.meta, DIVISION_FIELD.held, fmt(d.held), DIVISION_FIELD.fixed,
+    fmt(d.fixed), DIVISION_FIELD.rate, fmt(d.rate), DIVISION_FIELD.asks, fmt(d.asks),
+    DIVISION_FIELD.top, fmt(d.top))
+  redis.call('PEXPIRE', cap.meta, cap.keep)
+end
+return {admitted and 1 or 0, fmt(now), counts, shared, bounds, rolled}

@@ -3,21 +3,21 @@
 --
 -- The layout (script.RELEASE states it too; tests/test_redis_script.py checks both agree):
 -- KEYS  per counter: counter
--- KEYS  per cap: meta rows
+-- KEYS  per cap: rows
 -- ARGV  head: now
 -- ARGV  per counter: window hits
 -- ARGV  per cap: period window
--- ARGV  per share: cap_index client hits within
+-- ARGV  per share: cap_index client hits
 -- KEYS are the counter keys, then each cap's keys; ARGV is the head, then for counters,
 -- caps and shares in turn: their number, then that many rows.
 --
 -- now is the clock admit.lua replied with, so the windows and the period are the ones it
 -- charged; a count is decremented only while that window (or period) is still the current
--- one, as a later window starts from zero anyway. cap_index is 1-based into the caps;
--- within "1" when admit.lua charged the share within its plan (else from the spare).
+-- one, as a later window starts from zero anyway. cap_index is 1-based into the caps. The
+-- client's part in the division stays as admit.lua left it (its demand was real).
 -- Returns 1.
 
-local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 2, 2, 4, 2
+local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 2, 2, 3, 1
 
 local function whole(x)
   return string.format('%.0f', x)
@@ -45,30 +45,20 @@ end
 a = a + 1
 local caps = {}
 for j = 1, tonumber(ARGV[a]) do
-  local b = n + (j - 1) * CAP_KEYS
   local period, w = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  caps[j] = {meta = KEYS[b + 1], rows = KEYS[b + 2], p = math.floor(now / period),
-    ws = math.floor(now / w) * w}
+  caps[j] = {rows = KEYS[n + j], p = math.floor(now / period), ws = math.floor(now / w) * w}
   a = a + CAP_ARGS
 end
 a = a + 1
 for _ = 1, tonumber(ARGV[a]) do
   local cap, client, hits = caps[tonumber(ARGV[a + 1])], ARGV[a + 2], tonumber(ARGV[a + 3])
-  local within = ARGV[a + 4] == '1'
-  local held = redis.call('HMGET', cap.rows, 'ws:' .. client, 'pk:' .. client)
-  local same_window = tonumber(held[1] or '') == cap.ws
-  local same_period = tonumber(held[2] or '') == cap.p
-  if hits ~= 0 and same_window then add(cap.rows, 'a:' .. client, -hits) end
-  if hits ~= 0 and same_period then
-    add(cap.rows, 'pa:' .. client, -hits)
-    if redis.call('HGET', cap.meta, 'p') == whole(cap.p) then
-      if within then
-        add(cap.meta, 'u', -hits)
-      else
-        add(cap.meta, 'o', -hits)
-        add(cap.rows, 'oo:' .. client, -hits)
-      end
-    end
+  local held = redis.call('HMGET', cap.rows, ROW_FIELD.window .. ':' .. client,
+    ROW_FIELD.period .. ':' .. client)
+  if hits ~= 0 and tonumber(held[1] or '') == cap.ws then
+    add(cap.rows, ROW_FIELD.admitted .. ':' .. client, -hits)
+  end
+  if hits ~= 0 and tonumber(held[2] or '') == cap.p then
+    add(cap.rows, ROW_FIELD.period_admitted .. ':' .. client, -hits)
   end
   a = a + SHARE_ARGS
 end
