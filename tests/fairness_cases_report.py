@@ -1,0 +1,66 @@
+"""The figures of the shared fairness cases and their variants, as a Markdown table.
+
+    python tests/fairness_cases_report.py
+
+Each case of tests/test_fairness_cases.py (the four bundled scenarios of
+descriptors/scenarios/ and the variants with other numbers) runs through ``fairlimit
+simulate``'s engine on its fair-share config, on memory, and is measured per window against
+the exact max-min solver (tests/fairness_figures.py defines each figure). With another
+server's code first on the path (``PYTHONPATH=OTHER/server``) it measures that code.
+"""
+
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+try:
+    import fairlimit  # noqa: F401
+except ImportError:  # run from a checkout without the package installed
+    sys.path.insert(0, str(HERE.parent / "server"))
+
+from fairlimit.simulate import engine  # noqa: E402
+from fairness_figures import Figures, figures, read_cap  # noqa: E402
+from test_fairness_cases import BUNDLED, VARIANTS, Case, _config_path, _fair  # noqa: E402
+
+HEADER = ("case", "worst error (window, client)", "lowest utilisation", "Jain", "max/cap",
+          "bursting clients' share")  # fmt: skip
+
+
+def measure(case: Case, where: Path) -> Figures:
+    config = _config_path(case, where)
+    result = engine.run(case.scenario, [str(config)])
+    return figures(case.scenario, read_cap(config), _fair(result, config))
+
+
+def row(case: Case, f: Figures) -> tuple[str, ...]:
+    worst = None
+    for w in f.windows:
+        for name, error in zip(f.names, w.error, strict=True):
+            if error is not None and (worst is None or error > worst[0]):
+                worst = (error, w.index, name)
+    low = min(f.windows, key=lambda w: w.utilisation)
+    settled = [w.jain for w in f.windows if not w.changed]
+    error = "-" if worst is None else f"{worst[0]:.1%} (w{worst[1]}, {worst[2]})"
+    return (
+        case.name,
+        error,
+        f"{low.utilisation:.3f} (w{low.index})",
+        f"{min(settled, default=math.nan):.3f}",
+        f"{max(w.over for w in f.windows):.3f}",
+        f"{f.share(case.bursty):.3f}",
+    )
+
+
+def main() -> None:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in (*BUNDLED, *VARIANTS):
+            lines.append("| " + " | ".join(row(case, measure(case, Path(tmp)))) + " |")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
