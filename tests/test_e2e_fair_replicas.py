@@ -17,23 +17,14 @@ import pytest
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from fairness_cases import flat_config
 from redis_servers import RedisProcess
 from servers import ServerProcess
 
 pytestmark = [pytest.mark.process, pytest.mark.asyncio]
 
-CONFIG = """\
-domain: edge
-descriptors:
-  - key: route
-    value: api
-    rate_limit: {unit: second, requests_per_unit: 200}
-    fair_share: {active_clients: 8}
-    descriptors:
-      - key: client_id
-        rate_limit: {unit: second, requests_per_unit: 200}
-"""
 CAPACITY = 200
+CONFIG = flat_config(CAPACITY, "second", CAPACITY, active=8)
 SECONDS = 6.0  # of traffic, after a second of warm-up for the batch job alone
 USERS = 10  # each loads a page of 8 requests every 2 s, at its own offset
 PAGE = 8
@@ -46,7 +37,7 @@ def _request(client: str) -> rls_pb2.RateLimitRequest:
         ratelimit_pb2.RateLimitDescriptor.Entry(key="client_id", value=client),
     ]
     return rls_pb2.RateLimitRequest(
-        domain="edge", descriptors=[ratelimit_pb2.RateLimitDescriptor(entries=entries)]
+        domain="fair", descriptors=[ratelimit_pb2.RateLimitDescriptor(entries=entries)]
     )
 
 
@@ -84,7 +75,7 @@ async def _user(
 def replicas(redis_server: RedisProcess, tmp_path: Path) -> Iterator[list[ServerProcess]]:
     with redis_server.client() as client:
         client.flushall()
-    config = tmp_path / "edge.yaml"
+    config = tmp_path / "fair.yaml"
     config.write_text(CONFIG)
     url = redis_server.url + "?timeout=1"
     servers = [ServerProcess(["--config", str(config), "--backend", url]) for _ in range(2)]
