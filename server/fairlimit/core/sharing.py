@@ -192,6 +192,10 @@ def predicted(row: Row, clock: Clock) -> float:
     requests and a client gone quiet loses it; a row not seen last window, what it asked
     over the part of this window gone."""
     asked, previous, previous_last, _ = _seen(row, clock)
+    return _rate(asked, previous, previous_last, clock)
+
+
+def _rate(asked: float, previous: float, previous_last: float, clock: Clock) -> float:
     if previous < 0:
         gone = (clock.now - clock.start) / clock.period_len
         return asked / max(1.0, gone)
@@ -205,7 +209,8 @@ def predicted(row: Row, clock: Clock) -> float:
 
 def want(row: Row, clock: Clock, extra: float = 0.0) -> tuple[float, float]:
     """(fixed, rate): the row's want is ``fixed + rate·left`` (its limit when that is less)."""
-    fixed, rate = _seen(row, clock)[0] + extra, predicted(row, clock)
+    asked, previous, previous_last, _ = _seen(row, clock)
+    fixed, rate = asked + extra, _rate(asked, previous, previous_last, clock)
     if fixed + rate * clock.left > row.limit:
         return row.limit, 0.0
     return fixed, rate
