@@ -7,8 +7,8 @@ TARGETS = (
     ("memory", "(b) fairlimit memory://"),
     ("redis", "(c) fairlimit redis://"),
     ("redis-w2", "(d) redis:// --workers 2"),
-    ("redis-lease", "(e) redis:// leases, route=plain"),
-    ("redis-2r", "(f) 2 replicas, leases, plain"),
+    ("redis-lease", "(e) redis:// leases, fair cap"),
+    ("redis-2r", "(f) 2 replicas, leases, cap"),
 )
 
 

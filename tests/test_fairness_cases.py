@@ -34,6 +34,7 @@ from fairlimit.simulate.scenario import Scenario
 from fairlimit.simulate.traffic import Phase
 from fairlimit.store.base import Store
 from fairness_figures import Figures, Window, figures, read_cap
+from redis_servers import StoreFactory
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
@@ -364,3 +365,27 @@ async def test_redis_admits_as_memory_does(case: Case, store: Store, tmp_path: P
     on_memory = await _measure(case, tmp_path)
     assert on_redis.admitted() == on_memory.admitted(), _differences(on_redis, on_memory)
     check(case, on_redis)
+
+
+@pytest.mark.parametrize("case", ON_REDIS, ids=lambda c: c.name)
+async def test_leases_meet_the_same_targets(
+    case: Case, redis_store_factory: StoreFactory, tmp_path: Path
+) -> None:
+    """On Redis with lease blocks (``?leases=on``, one replica) every target holds, and the
+    worst window's error against max-min is within 3 points of memory's."""
+    store = await redis_store_factory(leases="on")
+    made: list[Store] = []
+
+    def fresh() -> Store:
+        assert not made, "the engine asked for a second store"
+        made.append(store)  # type: ignore[arg-type]
+        return store  # type: ignore[return-value]
+
+    try:
+        leased = await _measure(case, tmp_path, fresh)
+    finally:
+        await store.close()  # type: ignore[attr-defined]
+    on_memory = await _measure(case, tmp_path)
+    check(case, leased)
+    worst, reference = leased.worst(leased.windows), on_memory.worst(on_memory.windows)
+    assert worst.error <= reference.error + 0.03, (worst, reference)

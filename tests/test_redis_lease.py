@@ -1,20 +1,23 @@
-"""Local leases (store/redis/lease.py): the KEYS/ARGV contract of lease.lua and
-lease_return.lua, and exactness with two replicas (two RedisStores on one Redis) on an
-injected clock: never more admitted than the limit, the limit reached exactly when both
-keep asking, a closed replica's unused blocks given back."""
+"""Lease blocks (core/lease.py) on Redis (admit.lua reserves them, release.lua gives them
+back): the rule's parts, the Lua sizing against core.lease.size, and two replicas (two
+RedisStores on one Redis) on an injected clock: never more admitted than a limit or a cap,
+the limit reached exactly when both keep asking, fair shares at a contended cap as without
+leases, the reserved hits counted as demand and given back when unused."""
 
 import asyncio
-import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from fairlimit.core import lease
 from fairlimit.core.admission import Code
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import plan as make_plan
+from fairlimit.core.sharing import ROW_FIELDS
 from fairlimit.limiter import Limiter
-from fairlimit.store.redis import lease, script
+from fairlimit.store.base import Store
+from fairlimit.store.memory import MemoryStore
+from fairlimit.store.redis.keys import slot_groups
 from fairlimit.store.redis.store import RedisStore
 from helpers import FakeClock, desc, load_text, req
 from redis_servers import RedisProcess, StoreFactory, suite_url
@@ -25,58 +28,102 @@ descriptors:
   - key: client_id
     rate_limit: {unit: minute, requests_per_unit: 100}
   - key: route
-    value: public
-    rate_limit: {unit: second, requests_per_unit: 1000}
+    value: roomy
+    rate_limit: {unit: second, requests_per_unit: 100000}
+    fair_share: {active_clients: 10}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 10000}
+  - key: route
+    value: contended
+    rate_limit: {unit: second, requests_per_unit: 100}
+    fair_share: {active_clients: 4}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 100}
+  - key: route
+    value: shadowed
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 100}
     fair_share: {active_clients: 4}
     descriptors:
       - key: client_id
         rate_limit: {unit: second, requests_per_unit: 10}
 """
 LIMIT = 100
-_HEADER = re.compile(r"^-- (KEYS|ARGV) +(head|per counter): (.+)$")
-_STRIDE = re.compile(r"^local COUNTER_ARGS = (\d+)$", re.M)
-
-
-def _header(layout: script.Layout) -> dict[tuple[str, str], tuple[str, ...]]:
-    found: dict[tuple[str, str], tuple[str, ...]] = {}
-    for line in script.text(layout.script).splitlines():
-        if not line.startswith("--"):
-            break
-        if m := _HEADER.match(line):
-            found[m[1], m[2]] = tuple(m[3].split())
-    return found
+T0 = 1_700_000_000.0
 
 
 @pytest.mark.unit
-class TestContract:
-    @pytest.mark.parametrize("layout", [lease.LEASE, lease.RETURN], ids=lambda x: x.script)
-    def test_each_script_opens_with_the_python_layout(self, layout: script.Layout) -> None:
-        assert _header(layout) == {
-            ("KEYS", "per counter"): ("counter",),
-            ("ARGV", "head"): layout.head,
-            ("ARGV", "per counter"): layout.counter,
-        }
-
-    @pytest.mark.parametrize("layout", [lease.LEASE, lease.RETURN], ids=lambda x: x.script)
-    def test_each_script_walks_rows_by_the_python_stride(self, layout: script.Layout) -> None:
-        (stride,) = _STRIDE.findall(script.text(layout.script))
-        assert int(stride) == len(layout.counter)
-
-    def test_lease_args_carry_the_named_fields(self, tmp_path: Path) -> None:
-        plan = make_plan(req("edge", desc("client_id=a", hits=3)),
-                         Matcher(load_text(tmp_path, CONFIG).config))  # fmt: skip
-        args: list[Any] = lease.Leases("r1").args(plan, "12.5", 0.0)
-        head = dict(zip(lease.LEASE.head, args, strict=False))
-        assert head == {"now": "12.5", "replica": "r1"}
-        assert args[len(lease.LEASE.head)] == 1
-        row = dict(zip(lease.LEASE.counter, args[len(lease.LEASE.head) + 1 :], strict=True))
-        assert row == {"limit": LIMIT, "window": 60, "hits": 3, "want": lease.MIN_WANT}
-
-    def test_only_plain_unshadowed_counters_are_eligible(self, tmp_path: Path) -> None:
+class TestRule:
+    def test_plans_under_caps_are_eligible_shadowed_or_uneven_ones_not(self, tmp_path: Path
+                                                                       ) -> None:  # fmt: skip
         matcher = Matcher(load_text(tmp_path, CONFIG).config)
-        assert lease.eligible(make_plan(req("edge", desc("client_id=a")), matcher))
-        capped = make_plan(req("edge", desc("route=public", "client_id=a")), matcher)
-        assert not lease.eligible(capped)
+
+        def plan(*descriptors: object) -> object:
+            return make_plan(req("edge", *descriptors), matcher)  # type: ignore[arg-type]
+
+        assert lease.eligible(plan(desc("client_id=a")))  # type: ignore[arg-type]
+        assert lease.eligible(plan(desc("route=contended", "client_id=a")))  # type: ignore[arg-type]
+        assert not lease.eligible(plan(desc("route=shadowed", "client_id=a")))  # type: ignore[arg-type]
+        uneven = plan(desc("client_id=a", hits=2), desc("route=roomy", "client_id=a", hits=3))
+        assert not lease.eligible(uneven)  # type: ignore[arg-type]
+
+    def test_a_shape_names_the_counters_and_the_client_at_each_cap(self, tmp_path: Path) -> None:
+        matcher = Matcher(load_text(tmp_path, CONFIG).config)
+        one = make_plan(req("edge", desc("route=contended", "client_id=a", hits=1)), matcher)
+        three = make_plan(req("edge", desc("route=contended", "client_id=a", hits=3)), matcher)
+        other = make_plan(req("edge", desc("route=contended", "client_id=b")), matcher)
+        assert lease.shape(one) == lease.shape(three) != lease.shape(other)
+        assert "a" in lease.shape(one) and one.shares[0].cap in lease.shape(one)
+
+    @pytest.mark.parametrize(
+        ("want", "counters", "shares", "block"),
+        [
+            (8, [49.5], [], 8),  # the consumer's want
+            (80, [49.5], [], 49),  # half the counter's room, whole
+            (80, [49.5], [6.9999999999], 7),  # the share's room, within EPSILON
+            (80, [49.5, 3.0], [20.0], 3),  # the least level
+            (80, [0.5], [20.0], 0),  # under one hit: no block
+            (80, [49.5], [-1.0], 0),  # past the bound: none
+        ],
+    )
+    def test_a_block_is_the_least_room_whole(
+        self, want: int, counters: list[float], shares: list[float], block: int
+    ) -> None:
+        assert lease.size(want, counters, shares) == block
+
+    def test_a_block_serves_requests_until_it_runs_out_or_expires(self, tmp_path: Path) -> None:
+        matcher = Matcher(load_text(tmp_path, CONFIG).config)
+        plan = make_plan(req("edge", desc("route=contended", "client_id=a")), matcher)
+        leases = lease.Leases("c1", margin=0.0)
+        key = lease.shape(plan)
+        from fairlimit.core.admission import Outcome
+
+        granted = Outcome(True, (5, 40), (5,), (30.0,), T0 + 0.1)
+        assert leases.keep(plan, key, granted, 2, None, 0.1) is None
+        first, second = leases.take(plan, key, 0.11), leases.take(plan, key, 0.12)
+        assert first is not None and second is not None
+        # each counter and the share as they stood before each request, its own hit counted
+        assert (first.counts, first.shared, first.bounds) == ((6, 41), (6,), (30.0,))
+        assert (second.counts, second.shared) == ((7, 42), (7,))
+        assert leases.take(plan, key, 0.13) is None  # used up
+        leases.keep(plan, key, granted, 3, None, 0.2)
+        assert leases.take(plan, key, 0.2 + lease.LEASE_TTL) is None  # expired
+        (back,) = leases.expired(0.2 + lease.LEASE_TTL)
+        assert back.room == 3 and not leases.blocks
+
+    def test_a_block_ends_with_the_first_window_it_spans(self, tmp_path: Path) -> None:
+        """Granted 0.1 s before the second ends, a block is usable for 0.1 s, not its TTL."""
+        matcher = Matcher(load_text(tmp_path, CONFIG).config)
+        plan = make_plan(req("edge", desc("route=contended", "client_id=a")), matcher)
+        leases = lease.Leases("c1", margin=0.0)
+        key = lease.shape(plan)
+        from fairlimit.core.admission import Outcome
+
+        leases.keep(plan, key, Outcome(True, (0, 0), (0,), (9.0,), T0 + 0.9), 5, None, 50.0)
+        assert leases.take(plan, key, 50.09) is not None
+        assert leases.take(plan, key, 50.1) is None
 
 
 @pytest.fixture
@@ -93,21 +140,40 @@ def lease_store_factory(redis_server: RedisProcess) -> StoreFactory:
     return make
 
 
-async def _replicas(tmp_path: Path, factory: StoreFactory) -> tuple[list[Limiter], FakeClock]:
-    """Two limiters, each with its own RedisStore (leases on) on one flushed Redis."""
-    clock = FakeClock(1_700_000_000.0)
+async def _replicas(
+    tmp_path: Path, factory: StoreFactory, n: int = 2, **options: object
+) -> tuple[list[Limiter], FakeClock]:
+    """``n`` limiters, each with its own RedisStore (leases on) on one flushed Redis."""
+    clock = FakeClock(T0)
     loaded = load_text(tmp_path, CONFIG)
-    stores = [await factory(leases="on"), await factory(leases="on")]
+    stores = [await factory(leases="on", **options) for _ in range(n)]
     return [Limiter(loaded, s, clock) for s in stores], clock  # type: ignore[arg-type]
 
 
-async def _ask(limiter: Limiter, client: str) -> bool:
-    decision = await limiter.should_rate_limit(req("edge", desc(f"client_id={client}")))
+async def _ask(limiter: Limiter, client: str, route: str = "") -> bool:
+    entries = (f"route={route}", f"client_id={client}") if route else (f"client_id={client}",)
+    decision = await limiter.should_rate_limit(req("edge", desc(*entries)))
     return decision.code is Code.OK
 
 
+def _store(limiter: Limiter) -> RedisStore:
+    assert isinstance(limiter.store, RedisStore)
+    return limiter.store
+
+
+def _leases(limiter: Limiter) -> lease.Leases:
+    found = _store(limiter)._leases
+    assert found is not None
+    return found
+
+
+async def _close(limiters: list[Limiter]) -> None:
+    for limiter in limiters:
+        await limiter.store.close()
+
+
 @pytest.mark.behaviour
-class TestTwoReplicas:
+class TestPlainCounters:
     async def test_both_asking_reach_the_limit_exactly_with_few_calls(
         self, tmp_path: Path, lease_store_factory: StoreFactory
     ) -> None:
@@ -123,29 +189,26 @@ class TestTwoReplicas:
             clock.advance(60)  # the next window: old blocks unusable, counter fresh
             assert await _ask(replicas[0], "alice")
         finally:
-            for r in replicas:
-                await r.store.close()
+            await _close(replicas)
 
     async def test_concurrent_requests_take_one_block_at_a_time(
         self, tmp_path: Path, lease_store_factory: StoreFactory
     ) -> None:
         """Bursts of 25 concurrent requests on each replica: blocks are taken by one call
-        at a time per counter, so neither replica reserves the limit away from the other;
-        the limit is still reached exactly."""
-        replicas, _ = await _replicas(tmp_path, lease_store_factory)
+        at a time per plan, so neither replica reserves the limit away from the other; the
+        limit is still reached exactly."""
+        replicas, clock = await _replicas(tmp_path, lease_store_factory)
         try:
             admitted = [0, 0]
             for burst in range(12):
                 side = burst % 2
-                answers = await asyncio.gather(
-                    *(_ask(replicas[side], "dave") for _ in range(25))
-                )
+                answers = await asyncio.gather(*(_ask(replicas[side], "dave") for _ in range(25)))
                 admitted[side] += sum(answers)
+                clock.advance(lease.LEASE_TTL)  # blocks expire and go back between bursts
             assert sum(admitted) == LIMIT
             assert min(admitted) > 0
         finally:
-            for r in replicas:
-                await r.store.close()
+            await _close(replicas)
 
     async def test_a_lost_replica_never_lets_the_other_over(
         self, tmp_path: Path, lease_store_factory: StoreFactory
@@ -161,8 +224,7 @@ class TestTwoReplicas:
             assert all(first) and lost > 0
             assert sum(first) + sum(rest) == LIMIT - lost
         finally:
-            for r in replicas:
-                await r.store.close()
+            await _close(replicas)
 
     async def test_closing_gives_unused_blocks_back(
         self, tmp_path: Path, lease_store_factory: StoreFactory
@@ -178,12 +240,160 @@ class TestTwoReplicas:
             await replicas[1].store.close()
 
 
-def _store(limiter: Limiter) -> RedisStore:
-    assert isinstance(limiter.store, RedisStore)
-    return limiter.store
+def _row(redis_server: RedisProcess, limiter: Limiter, route: str, client: str) -> dict[str, float]:
+    """The client's row at the route's cap, as Redis holds it (admitted and asked)."""
+    request = req("edge", desc(f"route={route}", f"client_id={client}"))
+    plan = make_plan(request, limiter._active.matcher)
+    (g,) = slot_groups(plan, "fairlimit:", False)
+    rows = g.cap_keys[0]["rows"]
+    with redis_server.client() as client_:
+        raw = client_.hmget(rows, [f"{ROW_FIELDS[f]}:{client}" for f in ("admitted", "asked")])
+    return {f: float(v or 0) for f, v in zip(("admitted", "asked"), raw, strict=True)}
 
 
-def _leases(limiter: Limiter) -> lease.Leases:
-    found = _store(limiter)._leases
-    assert found is not None
-    return found
+@pytest.mark.behaviour
+class TestUnderACap:
+    async def test_a_hot_client_under_a_roomy_cap_is_answered_from_blocks(
+        self, tmp_path: Path, lease_store_factory: StoreFactory
+    ) -> None:
+        """1000 requests in a second through one replica: all admitted, from few calls."""
+        (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        try:
+            answers = []
+            for _ in range(1000):
+                answers.append(await _ask(replica, "hot", "roomy"))
+                clock.advance(0.0009)
+            assert all(answers)
+            assert _store(replica).round_trips <= 100, _store(replica).round_trips
+        finally:
+            await _close([replica])
+
+    async def test_reserved_hits_are_demand_and_unused_ones_go_back(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """While a block is out, the cap counts it as the client's demand and admissions;
+        once it expires, the next sweep gives back its unused hits: both come to what the
+        client really asked and was admitted."""
+        (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        try:
+            for _ in range(30):
+                assert await _ask(replica, "x", "roomy")
+                clock.advance(0.002)
+            out = sum(b.room for b in _leases(replica).blocks.values())
+            assert out > 0
+            row = _row(redis_server, replica, "roomy", "x")
+            assert row == {"admitted": 30 + out, "asked": 30 + out}
+            clock.advance(lease.LEASE_TTL)
+            assert await _ask(replica, "y", "roomy")  # another plan: the sweep runs
+            assert _row(redis_server, replica, "roomy", "x") == {"admitted": 30, "asked": 30}
+        finally:
+            await _close([replica])
+
+    async def test_the_script_sizes_each_block_as_the_rule_says(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """admit.lua's block for each of 60 calls (two consumers, wants from 1 to 60, a
+        roomy cap and a plain counter of 100 a minute filling up) equals core.lease.size of
+        the call's own reply: the counters as they stood, the holders, the client's
+        admitted count and bound."""
+        replicas, clock = await _replicas(tmp_path, lease_store_factory)
+        try:
+            sizes = []
+            for i in range(60):
+                replica = replicas[i % 2]
+                store = _store(replica)
+                route = "roomy" if i % 3 == 0 else ""
+                entries = (f"route={route}", "client_id=z") if route else ("client_id=z",)
+                plan = make_plan(req("edge", desc(*entries)), replica._active.matcher)
+                (g,) = slot_groups(plan, "fairlimit:", False)
+                consumer = _leases(replica).consumer
+                holders = []
+                with redis_server.client() as client:
+                    for name, c in zip(g.counter_keys, plan.counters, strict=True):
+                        held = client.hgetall(name)
+                        ws = f"{(clock.t // c.window) * c.window:.0f}"
+                        current = held.get("s") == ws
+                        others = sum(1 for k, v in held.items() if k.startswith("L:")
+                                     and k != f"L:{consumer}" and v == ws)  # fmt: skip
+                        holders.append(1 + others if current else 1)
+                want = i + 1
+                seen = await store._run(plan, g, repr(clock.t), (consumer, want))
+                rooms = [(c.limit - n - c.hits) / (2 * k) for c, n, k in
+                         zip(plan.counters, seen.counts, holders, strict=True)]  # fmt: skip
+                shares = [b - a - s.hits for s, a, b in
+                          zip(plan.shares, seen.shared, seen.bounds, strict=True)]  # fmt: skip
+                expected = lease.size(want, rooms, shares) if seen.admitted else 0
+                assert seen.block == expected, (i, seen)
+                sizes.append(seen.block)
+                clock.advance(0.013)
+            assert len(set(sizes)) > 5  # the wants and the rooms both bound some
+            assert 0 in sizes  # the plain counter ran out of room
+        finally:
+            await _close(replicas)
+
+
+async def _contend(limiters: list[Limiter], clock: FakeClock, seconds: int) -> dict[str, list[int]]:
+    """A greedy client at 200/s and a modest one at 20/s at the contended cap (100/s), each
+    request through the next limiter in turn, 5 ms ticks: admitted per client per second."""
+    admitted: dict[str, list[int]] = {"greedy": [0] * seconds, "modest": [0] * seconds}
+    turn = 0
+    for tick in range(seconds * 200):
+        second = tick // 200
+        asks = ["greedy"] + (["modest"] if tick % 10 == 0 else [])
+        for client in asks:
+            limiter = limiters[turn % len(limiters)]
+            turn += 1
+            admitted[client][second] += await _ask(limiter, client, "contended")
+        clock.advance(0.005)
+    return admitted
+
+
+@pytest.mark.behaviour
+class TestFairness:
+    async def test_no_block_is_reserved_at_a_contended_cap(
+        self, tmp_path: Path, lease_store_factory: StoreFactory
+    ) -> None:
+        """At the contended cap (not sized for its clients) blocks are reserved only while
+        nobody is held and the cap has history: none in its first window, none once the
+        greedy client is held; the modest client's blocks come back when it is."""
+        replicas, clock = await _replicas(tmp_path, lease_store_factory, 1)
+        (replica,) = replicas
+        try:
+            for _ in range(100):  # the first window: no history, no blocks
+                await _ask(replica, "greedy", "contended")
+                clock.advance(0.009)
+            assert not _leases(replica).blocks
+            clock.advance(1.0)
+            for _ in range(30):  # the greedy client alone, open (30 in 0.3 s, under 100)
+                await _ask(replica, "greedy", "contended")
+                clock.advance(0.01)
+            assert _leases(replica).blocks
+            for _ in range(300):  # flat out: held, and no block while held
+                await _ask(replica, "greedy", "contended")
+                clock.advance(0.001)
+            assert not [b for b in _leases(replica).blocks.values() if b.room and b.until > clock.t]
+        finally:
+            await _close(replicas)
+
+    async def test_a_contended_cap_is_shared_close_to_without_leases(
+        self, tmp_path: Path, lease_store_factory: StoreFactory
+    ) -> None:
+        """Two leasing replicas: never more than the cap in a second, the modest client all
+        it asks every second, the greedy one within 8% of what the memory store gives it
+        (the reserved hits count as demand when reserved, so the blocks out lower its share
+        a little; docs/redis.md states it)."""
+        replicas, clock = await _replicas(tmp_path, lease_store_factory)
+        try:
+            leased = await _contend(replicas, clock, 5)
+        finally:
+            await _close(replicas)
+        memory_clock = FakeClock(T0)
+        store: Store = MemoryStore()
+        reference = await _contend(
+            [Limiter(load_text(tmp_path, CONFIG), store, memory_clock)], memory_clock, 5
+        )
+        assert reference == {"greedy": [80] * 5, "modest": [20] * 5}
+        for second in range(5):
+            assert leased["greedy"][second] + leased["modest"][second] <= 100
+            assert leased["greedy"][second] >= 0.92 * reference["greedy"][second], leased
+        assert leased["modest"] == reference["modest"]

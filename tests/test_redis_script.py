@@ -141,7 +141,8 @@ class TestArgumentBuilders:
         given = GivenDivision(str(made.epoch), script.division_text(made), figures)
         args = script.admit_args(plan, g, "12.5", (True, 250), {g.caps[0]: given})
         got = rows(args, ADMIT)
-        assert got["head"] == [{"now": "12.5", "may_lock": 1, "lock_ms": 250}]
+        head = {"now": "12.5", "may_lock": 1, "lock_ms": 250, "consumer": "", "want": 0}
+        assert got["head"] == [head]
         c = plan.counters[g.counters[0]]
         assert got["counter"][0] == {"limit": c.limit, "window": c.window, "hits": c.hits,
                                      "shadow": int(c.shadow), "force": 0}  # fmt: skip
@@ -191,7 +192,7 @@ class TestArgumentBuilders:
         """release_args, cut by RELEASE, gives back what admit.lua charged, by name."""
         for g in groups:
             got = rows(script.release_args(plan, g, "12.5"), RELEASE)
-            assert got["head"] == [{"now": "12.5"}]
+            assert got["head"] == [{"now": "12.5", "demand": 0}]
             windows = [plan.counters[i].window for i in g.counters]
             assert [r["window"] for r in got["counter"]] == windows
             assert [r["hits"] for r in got["counter"]] == [
@@ -430,12 +431,12 @@ class TestReplies:
             "closing": math.inf,
         }
 
-    def test_seen_reads_the_six_parts_of_an_admission(self) -> None:
-        """{charged, now, counts, admitted per share, bounds as text, rolled caps 1-based}:
-        rolled indexes become 0-based."""
-        got = script.seen([1, "12.5", [3, 0], [2, 5], ["4.5", "inf"], [2]])
-        assert got == Seen(True, 12.5, [3, 0], [2, 5], [4.5, math.inf], [1])
-        refused = script.seen([0, "7", [], [], [], []])
+    def test_seen_reads_the_seven_parts_of_an_admission(self) -> None:
+        """{charged, now, counts, admitted per share, bounds as text, rolled caps 1-based,
+        lease block}: rolled indexes become 0-based."""
+        got = script.seen([1, "12.5", [3, 0], [2, 5], ["4.5", "inf"], [2], 7])
+        assert got == Seen(True, 12.5, [3, 0], [2, 5], [4.5, math.inf], [1], 7)
+        refused = script.seen([0, "7", [], [], [], [], 0])
         assert (refused.admitted, refused.now, refused.rolled) == (False, 7.0, [])
 
     def test_a_hand_back_is_not_an_admission(self) -> None:

@@ -52,7 +52,8 @@ class Options:
     clock: str = "redis"  # "redis": Redis TIME (replicas agree); "caller": the `now` passed
     local_cache: int = 100_000  # entries; 0 disables
     lock_ms: int = 250  # how long a replica may take to compute λ before another takes over
-    leases: str = "off"  # "on": admit plain counters from local blocks (store/redis/lease.py)
+    leases: str = "off"  # "on": admit from local lease blocks (core/lease.py)
+    lease_max: int = 1_000_000  # hits a lease block may hold at most (bounds the slack)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,7 @@ _OPTION_TYPES: dict[str, type] = {
     "local_cache": int,
     "lock_ms": int,
     "leases": str,
+    "lease_max": int,
 }
 _CLIENT_QUERY = frozenset(
     {"db", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
@@ -109,6 +111,8 @@ def _options(query: Mapping[str, str]) -> Options:
         raise UnsupportedBackend("clock must be redis or caller")
     if min(options.timeout, options.max_connections, options.lock_ms) <= 0:
         raise UnsupportedBackend("timeout, max_connections and lock_ms must be positive")
+    if options.lease_max < 1:
+        raise UnsupportedBackend("lease_max must be 1 or more")
     if options.local_cache < 0:
         raise UnsupportedBackend("local_cache must be 0 (off) or more")
     if "{" in options.key_prefix or "}" in options.key_prefix:

@@ -1,5 +1,6 @@
 """The local over-limit cache of the Redis store: a retry storm must not become a Redis storm."""
 
+import math
 from collections import OrderedDict
 from typing import Protocol
 
@@ -22,10 +23,15 @@ class OverLimitCache:
     Redis; a cap's total is never answered here, as that would hide every client's demand.
     A fair-share claim is never cached: its bound moves with every request at the cap (a
     newcomer lowers it, a quiet client's fading prediction raises it).
+
+    With lease blocks (core/lease.py) a count also falls when a block's unused hits are
+    given back, by this replica (``forget``) or by another: an entry then lives at most
+    ``ttl`` seconds, about as long as the blocks that may have made the counter look full.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, ttl: float = math.inf) -> None:
         self._size = size
+        self._ttl = ttl
         self._entries: OrderedDict[tuple[str, ...], tuple[float, int, float, bool]]
         self._entries = OrderedDict()
 
@@ -50,6 +56,11 @@ class OverLimitCache:
         if len(self._entries) > self._size:
             self._entries.popitem(last=False)
 
+    def forget(self, plan: Plan) -> None:
+        """Drop what is known of ``plan``'s counters (a block of them was given back)."""
+        for c in plan.counters:
+            self._entries.pop(("c", c.key), None)
+
     def answer(self, plan: Plan, t: float) -> Outcome | None:
         """A rejection from what is known, when a client's counter or claim is known over."""
         over = False
@@ -71,4 +82,5 @@ class OverLimitCache:
         for i, c in enumerate(plan.counters):
             count = outcome.counts[i] + (c.hits if charged else 0)
             over = not charged and c.key not in caps and counter_over(c, count)
-            self.put(("c", c.key), base + seen.counter_left[i], count, 0.0, over)
+            until = base + min(seen.counter_left[i], self._ttl)
+            self.put(("c", c.key), until, count, 0.0, over)

@@ -45,7 +45,7 @@ _CAP_FIELDS = ("period", "window", "capacity", "declared", "cap", "total")
 ADMIT = Layout(
     "admit",
     cap_keys=("meta", "rows", "lock"),
-    head=("now", "may_lock", "lock_ms"),
+    head=("now", "may_lock", "lock_ms", "consumer", "want"),
     counter=("limit", "window", "hits", "shadow", "force"),
     cap=(*_CAP_FIELDS, "given_epoch", "given_division", *FIGURES),
     share=(
@@ -56,7 +56,7 @@ ADMIT = Layout(
 RELEASE = Layout(
     "release",
     cap_keys=("rows",),
-    head=("now",),
+    head=("now", "demand"),
     counter=("window", "hits"),
     cap=("period", "window"),
     share=("cap_index", "client", "hits"),
@@ -142,10 +142,16 @@ def _indexes(positions: Sequence[int], of: Sequence[int]) -> str:
 
 
 def admit_args(
-    plan: Plan, g: SlotGroup, now: str, lock: tuple[bool, int], given: Mapping[str, GivenDivision]
+    plan: Plan,
+    g: SlotGroup,
+    now: str,
+    lock: tuple[bool, int],
+    given: Mapping[str, GivenDivision],
+    lease: tuple[str, int] = ("", 0),
 ) -> list[str | int]:
-    """ARGV of admit.lua (ADMIT); ``now`` "" = Redis TIME, ``lock`` = (may lock, lock ms)."""
-    args: list[str | int] = [now, int(lock[0]), lock[1], len(g.counters)]
+    """ARGV of admit.lua (ADMIT); ``now`` "" = Redis TIME, ``lock`` = (may lock, lock ms),
+    ``lease`` = (consumer, hits of the block it asks for; 0 = none)."""
+    args: list[str | int] = [now, int(lock[0]), lock[1], lease[0], lease[1], len(g.counters)]
     for i in g.counters:
         c = plan.counters[i]
         args += [c.limit, c.window, c.hits, int(c.shadow), int(c.force)]
@@ -169,13 +175,14 @@ def admit_args(
     return args
 
 
-def release_args(plan: Plan, g: SlotGroup, now: str) -> list[str | int]:
+def release_args(plan: Plan, g: SlotGroup, now: str, block: int | None = None) -> list[str | int]:
     """ARGV of release.lua (RELEASE): undo what admit.lua charged at ``now`` (not the charges
-    of charge_when_over_limit rules: a refused request keeps those)."""
-    args: list[str | int] = [now, len(g.counters)]
+    of charge_when_over_limit rules: a refused request keeps those), or, with ``block``,
+    give back that many unused hits of a lease block granted at ``now``, demand included."""
+    args: list[str | int] = [now, int(block is not None), len(g.counters)]
     for i in g.counters:
         c = plan.counters[i]
-        args += [c.window, 0 if c.force else c.hits]
+        args += [c.window, block if block is not None else 0 if c.force else c.hits]
     args.append(len(g.caps))
     for i in g.cap_share:
         s = plan.shares[i]
@@ -183,7 +190,8 @@ def release_args(plan: Plan, g: SlotGroup, now: str) -> list[str | int]:
     args.append(len(g.shares))
     for i in g.shares:
         s = plan.shares[i]
-        args += [g.caps.index(s.cap) + 1, s.client, 0 if s.force else s.hits]
+        hits = block if block is not None else 0 if s.force else s.hits
+        args += [g.caps.index(s.cap) + 1, s.client, hits]
     return args
 
 
@@ -266,6 +274,7 @@ class Seen:
     shared: list[int]
     bounds: list[float]
     rolled: list[int]  # indexes into SlotGroup.caps
+    block: int = 0  # hits reserved as a lease block (core/lease.py)
 
 
 def seen(reply: Sequence[Any]) -> Seen:
@@ -276,4 +285,5 @@ def seen(reply: Sequence[Any]) -> Seen:
         [int(x) for x in reply[3]],
         [float(x) for x in reply[4]],
         [int(x) - 1 for x in reply[5]],
+        int(reply[6]),
     )

@@ -9,10 +9,16 @@ exactly what they added. The residual race: between reservation and release (one
 trip) other requests see the reserved hits and may be rejected although the request that
 held them is finally refused - never over-admitted. If the release itself fails, the
 reserved hits stay charged until their window ends.
+
+With ``?leases=on`` (one Redis, not a Cluster) a plan's exact call may also reserve a lease
+block for this process (core/lease.py states the rule); the plan's next requests are then
+admitted here from it, with no Redis call. Unused blocks go back when they expire (at the
+plan's next request, or at the sweep every LEASE_TTL) and on close.
 """
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -23,6 +29,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
+from fairlimit.core import lease
 from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures
@@ -31,7 +38,7 @@ from fairlimit.core.sharing import DIVISION_FIELDS
 from fairlimit.core.units import window_start
 from fairlimit.errors import StoreUnavailable
 from fairlimit.store import deadline
-from fairlimit.store.redis import lease, script
+from fairlimit.store.redis import script
 from fairlimit.store.redis.batch import ScriptBatcher
 from fairlimit.store.redis.client import Options, unavailable
 from fairlimit.store.redis.keys import SlotGroup, slot_groups
@@ -52,6 +59,15 @@ class _Combined:
     outcome: Outcome
     counter_left: list[float]  # seconds until each counter's window ends (store clock)
     rolled: list[str]  # meta keys of caps whose division was written
+
+
+@dataclass(frozen=True, slots=True)
+class _Granted:
+    """What a lease block needs to be given back: the plan, its keys, the grant's clock."""
+
+    plan: Plan
+    group: SlotGroup
+    at: str
 
 
 def _combine(
@@ -90,19 +106,23 @@ class RedisStore:
             if isinstance(client, aioredis.Redis)
             else None
         )
-        self._known = OverLimitCache(options.local_cache)
+        leasing = not cluster and options.leases == "on"
+        self._known = OverLimitCache(
+            options.local_cache, 2 * lease.LEASE_TTL if leasing else math.inf
+        )
         # Leases on one Redis only: on a Cluster a plan's counters may sit in several slots.
         self._leases = (
             None
-            if cluster or options.leases != "on"
+            if not leasing
             else lease.Leases(
-                uuid.uuid4().hex[:12], margin=0.0 if options.clock == "caller" else lease.MARGIN
+                uuid.uuid4().hex[:12],
+                margin=0.0 if options.clock == "caller" else lease.MARGIN,
+                max_block=options.lease_max,
             )
         )
         self._refills: dict[tuple[str, ...], asyncio.Future[None]] = {}  # block calls out
-        self._lease_scripts = tuple(
-            client.register_script(script.source(x.script)) for x in (lease.LEASE, lease.RETURN)
-        )
+        self._sweep_at = -math.inf  # when expired blocks are next given back
+        self._sweeping: asyncio.Future[None] | None = None  # a give-back out
         self._registry = f"{options.key_prefix}caps"
         self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips = 0  # script calls made (tests, the README's numbers)
@@ -113,39 +133,64 @@ class RedisStore:
         return self._options.clock == "caller"
 
     async def admit(self, plan: Plan, now: float) -> Outcome:
-        base = now if self._caller_clock else time.monotonic()
-        leased = self._leases is not None and lease.eligible(plan)
-        if leased:  # a block first: the over-limit cache may predate it
-            local = await self._from_blocks(plan, now, base)
+        base = self._base(now)
+        shape = None
+        if self._leases is not None and lease.eligible(plan):
+            shape = lease.shape(plan)  # a block first: the over-limit cache may predate it
+            local = await self._from_block(plan, shape, now, base)
             if local is not None:
                 return local
-            base = now if self._caller_clock else time.monotonic()
+            base = self._base(now)
+            await self._sweep(base)
         local = self._known.answer(plan, base)
         if local is not None:
             return local
         with unavailable():
-            if leased:
-                combined = await self._leased(plan, repr(now) if self._caller_clock else "", base)
-            else:
-                combined = await self._admit(plan, repr(now) if self._caller_clock else "")
+            combined = await self._admit(plan, repr(now) if self._caller_clock else "", shape, base)
         self._known.learn(plan, combined.outcome, combined, base)
         if combined.rolled:
             self._register(combined.rolled)
         return combined.outcome
 
-    async def _from_blocks(self, plan: Plan, now: float, base: float) -> Outcome | None:
-        """``plan`` admitted from this replica's blocks; when a call that takes blocks for
-        the same counters is out, after it returns (one such call at a time: concurrent
-        requests each taking a block would reserve the counter many times over)."""
+    async def _sweep(self, base: float) -> None:
+        """Give back the expired blocks' unused hits, every LEASE_TTL; a request that comes
+        while that is out waits for it (else it could be refused for hits on their way
+        back, and its refusal cached)."""
+        if self._sweeping is not None:
+            await asyncio.shield(self._sweeping)
+            return
+        if base < self._sweep_at:
+            return
         assert self._leases is not None
-        local = self._leases.take(plan, base)
+        self._sweep_at = base + lease.LEASE_TTL
+        expired = self._leases.expired(base)
+        if not expired:
+            return
+        done = self._sweeping = asyncio.get_running_loop().create_future()
+        try:
+            await self._give_back(expired)
+        finally:
+            self._sweeping = None
+            done.set_result(None)
+
+    def _base(self, now: float) -> float:
+        """The clock blocks expire by: the caller's when it is injected, else monotonic."""
+        return now if self._caller_clock else time.monotonic()
+
+    async def _from_block(self, plan: Plan, shape: tuple[str, ...], now: float, base: float
+                          ) -> Outcome | None:  # fmt: skip
+        """``plan`` admitted from this process's block of its shape; when a call that takes
+        a block for the shape is out, after it returns (one such call at a time: concurrent
+        requests each taking a block would reserve the levels many times over)."""
+        assert self._leases is not None
+        local = self._leases.take(plan, shape, base)
         if local is not None:
             return local
-        pending = self._refills.get(tuple(c.key for c in plan.counters))
+        pending = self._refills.get(shape)
         if pending is None:
             return None
         await asyncio.shield(pending)
-        return self._leases.take(plan, now if self._caller_clock else time.monotonic())
+        return self._leases.take(plan, shape, self._base(now))
 
     async def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
         at = repr(now) if self._caller_clock else ""
@@ -156,8 +201,12 @@ class RedisStore:
         with unavailable():
             return await self._slots.release(claims, repr(now) if self._caller_clock else "")
 
-    async def _admit(self, plan: Plan, now: str) -> _Combined:
+    async def _admit(
+        self, plan: Plan, now: str, shape: tuple[str, ...] | None = None, base: float = 0.0
+    ) -> _Combined:
         groups = slot_groups(plan, self._options.key_prefix, self._cluster)
+        if len(groups) == 1 and shape is not None:
+            return await self._leased(plan, groups[0], now, shape, base)
         if len(groups) == 1:
             only = await self._run(plan, groups[0], now)
             return _combine(plan, groups, [only], only.admitted)
@@ -175,51 +224,54 @@ class RedisStore:
             raise failed[0]
         return _combine(plan, groups, seen, admitted)
 
-    async def _leased(self, plan: Plan, now: str, base: float) -> _Combined:
-        """The exact path of a plan on plain counters, which also takes blocks (lease.py)
-        unless another call for the same counters is out taking them."""
+    async def _leased(
+        self, plan: Plan, g: SlotGroup, now: str, shape: tuple[str, ...], base: float
+    ) -> _Combined:
+        """The exact call of a plan that may be leased, asking for a block of its shape
+        unless another call for the shape is out asking (core/lease.py)."""
         assert self._leases is not None
-        shape = tuple(c.key for c in plan.counters)
-        names = slot_groups(plan, self._options.key_prefix, False)[0].counter_keys
         taking = shape not in self._refills
         if taking:
             self._refills[shape] = asyncio.get_running_loop().create_future()
         try:
-            args = self._leases.args(plan, now, base, want=taking)
-            reply = await self._call(self._lease_scripts[0], names, args)
-            outcome = self._leases.learn(plan, names, reply, base)
+            want = self._leases.want(plan, shape, base) if taking else 0
+            seen = await self._run(plan, g, now, (self._leases.consumer, want))
+            combined = _combine(plan, [g], [seen], seen.admitted)
+            if seen.block > 0:
+                ref = _Granted(plan, g, repr(seen.now))
+                old = self._leases.keep(plan, shape, combined.outcome, seen.block, ref, base)
+                if old is not None:
+                    await self._give_back([old])
         finally:
             if taking:
                 self._refills.pop(shape).set_result(None)
-        assert outcome.now is not None
-        left = [window_start(c.window, outcome.now) + c.window - outcome.now for c in plan.counters]
-        return _Combined(outcome, left, [])
+        return combined
 
-    async def _give_back(self) -> None:
-        """Return what is unused of this replica's blocks (on close; best effort)."""
-        assert self._leases is not None
-        unused = self._leases.unused(self._base())
-        if not unused:
-            return
-        args: list[str | int] = [self._leases.replica, len(unused)]
-        for _, window_start_text, hits in unused:
-            args += [window_start_text, hits]
-        try:
-            with unavailable():
-                async with asyncio.timeout(max(self._options.timeout, 1.0)):
-                    await self._lease_scripts[1](keys=[n for n, _, _ in unused], args=args)
-        except StoreUnavailable as exc:
-            log.warning("redis: unused lease blocks not given back: %s", exc)
+    async def _give_back(self, blocks: Sequence[lease.Block]) -> None:
+        """Return the unused hits of ``blocks`` to every level they were reserved at, demand
+        included (release.lua; best effort: a block not given back is under-admission until
+        its window ends)."""
+        calls, refs = [], []
+        for block in blocks:
+            ref = block.ref
+            assert isinstance(ref, _Granted)
+            refs.append(ref)
+            args = script.release_args(ref.plan, ref.group, ref.at, block=block.room)
+            calls.append(self._call(self._scripts.release, script.keys(RELEASE, ref.group), args))
+        for ref, result in zip(refs, await asyncio.gather(*calls, return_exceptions=True),
+                               strict=True):  # fmt: skip
+            if isinstance(result, BaseException):
+                log.warning("redis: an unused lease block was not given back: %s", result)
+            self._known.forget(ref.plan)  # the counts it showed are lower now
 
-    def _base(self) -> float:
-        return time.monotonic()
-
-    async def _run(self, plan: Plan, g: SlotGroup, now: str) -> Seen:
+    async def _run(
+        self, plan: Plan, g: SlotGroup, now: str, lease_ask: tuple[str, int] = ("", 0)
+    ) -> Seen:
         given: dict[str, GivenDivision] = {}
         keys = script.keys(ADMIT, g)
         for attempt in range(_ATTEMPTS):
             lock = (attempt < _ATTEMPTS - 1, self._options.lock_ms)
-            args = script.admit_args(plan, g, now, lock, given)
+            args = script.admit_args(plan, g, now, lock, given, lease_ask)
             reply = await self._call(self._scripts.admit, keys, args)
             if int(reply[0]) != NEED_LEVEL:
                 return script.seen(reply)
@@ -293,7 +345,11 @@ class RedisStore:
 
     async def close(self) -> None:
         if self._leases is not None:
-            await self._give_back()
+            try:
+                async with asyncio.timeout(max(self._options.timeout, 1.0)):
+                    await self._give_back(self._leases.unused(self._base(0.0)))
+            except TimeoutError:
+                log.warning("redis: unused lease blocks not given back in time")
         for task in list(self._tasks):
             task.cancel()
         if self._batch is not None:

@@ -7,7 +7,7 @@
 -- The layout (script.ADMIT states it too; tests/test_redis_script.py checks both agree):
 -- KEYS  per counter: counter
 -- KEYS  per cap: meta rows lock
--- ARGV  head: now may_lock lock_ms
+-- ARGV  head: now may_lock lock_ms consumer want
 -- ARGV  per counter: limit window hits shadow force
 -- ARGV  per cap: period window capacity declared cap total given_epoch given_division f_u f_a f_l f_j f_t f_s
 -- ARGV  per share: cap_index client limit weight hits shadow sized below_counters below_shares force parent nested
@@ -26,9 +26,16 @@
 -- indexes ("," separated) of the levels below the share in its descriptor (the cap sees
 -- the request as demand when they admit); parent is the 1-based index of the share one cap
 -- above (0: none in this group): a nested cap divides at most the parent's share.
--- Returns {1 | 0, now, counts, admitted, bounds, rolled} (1 = charged, 0 = nothing
+-- consumer names the calling process; want > 0 asks for a lease block of that many hits
+-- (core/lease.py states the rule): an admitted request then also reserves b <= want more
+-- hits at every level, the least of each counter's (limit - count - hits) / (2 x holders)
+-- (holders: the consumers holding a block of it in this window, its L:<consumer> fields)
+-- and each cap's bound - admitted - hits, none at a cap not sized for its clients that
+-- holds a client back or has no history yet; the reserved hits count as the client's demand at the cap too (release.lua
+-- with demand = 1 gives back what is not used).
+-- Returns {1 | 0, now, counts, admitted, bounds, rolled, block} (1 = charged, 0 = nothing
 --       charged; bounds as strings; rolled = indexes of caps whose division this call
---       wrote), or
+--       wrote; block = the hits reserved, 0 = none), or
 --       {2, now, {cap index, epoch, rows as a flat hash, asker, extra, closing}...} when
 --       this call won the lock of a cap whose division is due (asker "") or that a request
 --       found newly contended (asker = its client, extra = its hits); closing is λ of the
@@ -67,9 +74,10 @@ local function list(s)
 end
 
 local may_lock, lock_ms = ARGV[2] == '1', ARGV[3]
+local holder, want_block = 'L:' .. ARGV[4], tonumber(ARGV[5])
 local now = clock(ARGV[1])  -- clock.lua
 
-local a = 4
+local a = 6
 local counters, caps, shares = {}, {}, {}
 for i = 1, tonumber(ARGV[a]) do
   local w = tonumber(ARGV[a + 2])
@@ -466,7 +474,7 @@ for i, s in ipairs(shares) do
   local capacity = s.cap.capacity
   if s.parent > 0 and s.parent < i then capacity = math.min(capacity, shares[s.parent].share) end
   local bound, share, kind = verdict(s.row, s.d, s, capacity, total)
-  s.share, s.kind = share, kind
+  s.share, s.kind, s.bound = share, kind, bound
   shared[i] = s.row.admitted
   bounds[i] = fmt(bound)
   s.over = not s.shadow and shared[i] + math.max(s.hits, 1) > bound + EPSILON
@@ -488,21 +496,55 @@ for _, s in ipairs(shares) do
   end
 end
 
+-- The lease block (core/lease.size): admitted requests only.
+local block = 0
+if admitted and want_block > 0 then
+  block = want_block
+  for i, c in ipairs(counters) do
+    local holders = 1
+    if c.current then
+      local fields = redis.call('HGETALL', c.key)
+      for k = 1, #fields, 2 do
+        local f = fields[k]
+        if f ~= holder and string.sub(f, 1, 2) == 'L:' and fields[k + 1] == c.ws then
+          holders = holders + 1
+        end
+      end
+    end
+    block = math.min(block, (c.limit - counts[i] - c.hits) / (2 * holders))
+  end
+  for i, s in ipairs(shares) do
+    if not s.sized and (s.kind ~= OPEN or s.d.held > 0 or s.d.cold ~= 0) then
+      block = 0  -- a contended cap (or one without history) is divided request by request
+    else
+      block = math.min(block, s.bound - shared[i] - s.hits + EPSILON)
+    end
+  end
+  block = math.floor(block)
+  if block < 1 then block = 0 end
+end
+
 -- Refused, only the levels of charge_when_over_limit rules are charged; admitted, all.
 for _, c in ipairs(counters) do
-  if c.hits ~= 0 and (admitted or c.force) then
+  local add = c.hits + block
+  if add ~= 0 and (admitted or c.force) then
     if c.current then
-      redis.call('HINCRBY', c.key, 'n', c.hits)
+      redis.call('HINCRBY', c.key, 'n', add)
     else
-      redis.call('HSET', c.key, 's', c.ws, 'n', c.hits)
+      redis.call('HSET', c.key, 's', c.ws, 'n', add)
       redis.call('PEXPIRE', c.key, math.ceil(c.ttl))
     end
   end
+  if block > 0 then redis.call('HSET', c.key, holder, c.ws) end
 end
 for _, s in ipairs(shares) do
   if admitted or s.force then
-    s.row.admitted = s.row.admitted + s.hits
-    s.row.period_admitted = s.row.period_admitted + s.hits
+    s.row.admitted = s.row.admitted + s.hits + block
+    s.row.period_admitted = s.row.period_admitted + s.hits + block
+  end
+  if block > 0 then  -- reserved, so counted as demand (release.lua takes back the unused)
+    s.row.asked = s.row.asked + block
+    s.row.period_asked = s.row.period_asked + block
   end
   enter(s.d, s.row, s.kind, s.cap)
 end
@@ -514,4 +556,4 @@ for _, cap in ipairs(caps) do
     DIVISION_FIELD.top, fmt(d.top))
   redis.call('PEXPIRE', cap.meta, cap.keep)
 end
-return {admitted and 1 or 0, fmt(now), counts, shared, bounds, rolled}
+return {admitted and 1 or 0, fmt(now), counts, shared, bounds, rolled, block}

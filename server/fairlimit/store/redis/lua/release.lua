@@ -1,10 +1,11 @@
 -- release.lua: undo what admit.lua charged for one slot group of a multi-slot request that
--- another group refused (store/redis/store.py, the two-phase admission across slots).
+-- another group refused (store/redis/store.py, the two-phase admission across slots), or
+-- give back the unused hits of a lease block (core/lease.py; demand = "1").
 --
 -- The layout (script.RELEASE states it too; tests/test_redis_script.py checks both agree):
 -- KEYS  per counter: counter
 -- KEYS  per cap: rows
--- ARGV  head: now
+-- ARGV  head: now demand
 -- ARGV  per counter: window hits
 -- ARGV  per cap: period window
 -- ARGV  per share: cap_index client hits
@@ -14,7 +15,9 @@
 -- now is the clock admit.lua replied with, so the windows and the period are the ones it
 -- charged; a count is decremented only while that window (or period) is still the current
 -- one, as a later window starts from zero anyway. cap_index is 1-based into the caps. The
--- client's part in the division stays as admit.lua left it (its demand was real).
+-- client's part in the division stays as admit.lua left it. A refused reservation's
+-- demand was real and stays (demand = "0"); a lease block's unused hits were counted as
+-- demand when reserved and are taken out of it too (demand = "1").
 -- Returns 1.
 
 local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 2, 2, 3, 1
@@ -33,7 +36,8 @@ local function add(key, field, by)
 end
 
 local now = tonumber(ARGV[1])
-local a = 2
+local demand = ARGV[2] == '1'
+local a = 3
 local n = tonumber(ARGV[a])
 for i = 1, n do
   local w, hits = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
@@ -56,9 +60,11 @@ for _ = 1, tonumber(ARGV[a]) do
     ROW_FIELD.period .. ':' .. client)
   if hits ~= 0 and tonumber(held[1] or '') == cap.ws then
     add(cap.rows, ROW_FIELD.admitted .. ':' .. client, -hits)
+    if demand then add(cap.rows, ROW_FIELD.asked .. ':' .. client, -hits) end
   end
   if hits ~= 0 and tonumber(held[2] or '') == cap.p then
     add(cap.rows, ROW_FIELD.period_admitted .. ':' .. client, -hits)
+    if demand then add(cap.rows, ROW_FIELD.period_asked .. ':' .. client, -hits) end
   end
   a = a + SHARE_ARGS
 end

@@ -1,0 +1,193 @@
+"""Leases: a consumer admits a client's requests from an allowance the store reserved for it.
+
+A *consumer* is a fairlimit process serving RLS from a shared store (Redis). Without leases
+every request costs one store call. With them, the store's exact admission of a request may
+also reserve a *block*: ``b`` more hits at every level of the request's plan (each counter,
+and the client's row at every ``fair_share`` cap above it), charged there at once, as if
+admitted. The consumer then admits the plan's next requests from the block, with no store
+call, until the block runs out or expires; the next request goes to the store again and may
+take a new block.
+
+The block's size (``size``; admit.lua computes the same):
+
+- at most the consumer's ``want``: about ``LEASE_SECONDS`` of its own demand on the plan,
+  from what it used of its last block (``MIN_WANT`` for a first one, at most ``MAX_WANT``);
+- at each counter, at most ``(limit - count - hits) / (2 x holders)``, ``holders`` the
+  consumers holding blocks of that counter in this window: what is left is never reserved
+  away by one consumer, and when little is left every request takes the exact path;
+- at each cap, at most ``bound - admitted - hits``, ``bound`` the client's verdict under
+  fairness v3 (core/sharing.py): its weighted max-min share with the other clients'
+  predicted use covered. A block never takes more than the exact path would have admitted
+  to this client by now;
+- none at all at a cap not sized for its clients (``cap < active_clients x limit``) that
+  is contended (its division holds some client at its share), has no history yet (its
+  first window, paced by the elapsed window), or where the client is held: there every
+  request is divided by the exact path, so the shares stay exact.
+  Leases serve the caps that are not contended, the common case; a cap that becomes
+  contended finds at most the blocks already out (``LEASE_TTL`` of their clients' demand);
+- none below one hit, none for a refused request, and none for a plan with a shadow or
+  ``charge_when_over_limit`` level (a refusal there must reach the store).
+
+What it guarantees:
+
+- **Never over-admission.** A block is charged before it is used, so every hit a consumer
+  admits from it was counted at every level first, in the window it is used in (a block
+  expires ``margin`` before the first of its windows ends). Each window of each counter and
+  cap admits at most its limit, with leases as without.
+- **Demand stays visible.** The reserved hits count as the client's demand at the cap
+  (``asked``) when they are reserved, so λ sees them; a block given back (``expired``,
+  ``unused``) takes its unused hits out of both. A request a block cannot cover goes to the
+  store, which records it as demand whether it admits it or not: nothing is refused locally.
+- **The slack** is what blocks hold unused: at a cap, at most the sum over the clients'
+  live blocks, each at most ``max_block`` hits and ``LEASE_TTL`` seconds old. It is never
+  admitted past a limit; it is share the other clients cannot take until it is used or given
+  back (at the next request of that plan after expiry, at the consumer's periodic sweep, or
+  on shutdown), so a consumer that dies strands it until the window ends.
+"""
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from fairlimit.core.admission import Outcome
+from fairlimit.core.plan import Plan
+
+LEASE_SECONDS = 0.2  # a block is about this long of the consumer's own demand on the plan
+LEASE_TTL = 0.25  # seconds a block may be used after it is granted
+MIN_WANT = 4  # hits a first block asks for
+MAX_BLOCK = 1_000_000  # hits a block may hold at most (the lease_max setting lowers it)
+MARGIN = 0.005  # seconds before its window ends that a block stops being used
+EPSILON = 1e-9  # as core/sharing.EPSILON: a bound is compared with this slack
+
+
+def eligible(plan: Plan) -> bool:
+    """Whether ``plan`` may be admitted from blocks: it charges a counter, every level the
+    same hits (one block serves them all), and no level is shadowed or charged when refused
+    (charge_when_over_limit)."""
+    if not plan.counters:
+        return False
+    hits = plan.counters[0].hits
+    if any(c.shadow or c.force or c.hits != hits for c in plan.counters):
+        return False
+    return not any(s.shadow or s.force or s.hits != hits for s in plan.shares)
+
+
+def shape(plan: Plan) -> tuple[str, ...]:
+    """What identifies a plan's blocks: its counters' keys and its clients at their caps
+    (the hits of a request are not part of it)."""
+    keys = [c.key for c in plan.counters]
+    for s in plan.shares:
+        keys.append(s.cap)
+        keys.append(s.client)
+    return tuple(keys)
+
+
+def size(want: int, counter_rooms: Iterable[float], share_rooms: Iterable[float]) -> int:
+    """The block for ``want`` hits, given each counter's ``(limit - count - hits) / (2 x
+    holders)`` and each cap's ``bound - admitted - hits`` (0 at a contended cap): the least
+    of them, whole, and 0 below one hit."""
+    block = float(want)
+    for room in counter_rooms:
+        block = min(block, room)
+    for room in share_rooms:
+        block = min(block, room + EPSILON)
+    whole = math.floor(block)
+    return whole if whole >= 1 else 0
+
+
+@dataclass(slots=True)
+class Block:
+    """Hits reserved for this consumer at every level of one plan shape, in one window."""
+
+    ref: object  # what the store needs to give the block back (opaque here)
+    until: float  # when it may no longer be used, on the consumer's clock
+    room: int  # hits left to admit from it
+    counts: list[int]  # each counter as this consumer sees it (its own block not counted)
+    shared: list[int]  # the client's admitted count at each cap, seen the same way
+    bounds: tuple[float, ...]  # the client's bound at each cap when the block was granted
+    taken_at: float
+    offset: float  # the store's clock minus the consumer's, at the grant
+    used: int = 0
+
+
+class Leases:
+    """One consumer's blocks, by plan shape, and what it asks for next."""
+
+    def __init__(self, consumer: str, margin: float = MARGIN, max_block: int = MAX_BLOCK) -> None:
+        self.consumer = consumer
+        self.margin = margin
+        self.max_block = max_block
+        self.blocks: dict[tuple[str, ...], Block] = {}
+        self.answers = 0  # requests admitted here, with no store call
+
+    def take(self, plan: Plan, key: tuple[str, ...], base: float) -> Outcome | None:
+        """Admit ``plan`` (of shape ``key``) from its block at the consumer's time ``base``,
+        or None when it has no live block with room for the request's hits."""
+        block = self.blocks.get(key)
+        if block is None or base >= block.until:
+            return None
+        hits = plan.counters[0].hits  # every level's (``eligible``)
+        if block.room < max(hits, 1):
+            return None
+        counts, shared = tuple(block.counts), tuple(block.shared)
+        block.room -= hits
+        block.used += hits
+        block.counts = [n + hits for n in block.counts]
+        block.shared = [n + hits for n in block.shared]
+        self.answers += 1
+        return Outcome(True, counts, shared, block.bounds, base + block.offset)
+
+    def want(self, plan: Plan, key: tuple[str, ...], base: float) -> int:
+        """About LEASE_SECONDS of this consumer's demand on the shape, from its last block,
+        and no more than it will use before the first of the plan's windows ends (what a
+        block holds then is lost to everyone until the window ends)."""
+        block = self.blocks.get(key)
+        if block is None:
+            return min(MIN_WANT, self.max_block)
+        rate = block.used / max(base - block.taken_at, 0.001)
+        now = base + block.offset  # the store's clock
+        ends = min(math.floor(now / c.window) * c.window + c.window for c in plan.counters)
+        horizon = max(0.0, min(LEASE_SECONDS, ends - now))
+        return min(self.max_block, max(1, math.ceil(rate * horizon)))
+
+    def keep(
+        self,
+        plan: Plan,
+        key: tuple[str, ...],
+        outcome: Outcome,
+        granted: int,
+        ref: object,
+        base: float,
+    ) -> Block | None:
+        """Keep the block of ``granted`` hits the store reserved with ``outcome`` (its
+        clock in ``outcome.now``); returns the block it replaces when that one still has
+        room (for the caller to give back)."""
+        assert outcome.now is not None
+        now = outcome.now
+        ends = min(math.floor(now / c.window) * c.window + c.window for c in plan.counters)
+        until = base + min(ends - now - self.margin, LEASE_TTL)
+        counts = [n + c.hits for n, c in zip(outcome.counts, plan.counters, strict=True)]
+        shared = [n + s.hits for n, s in zip(outcome.shared, plan.shares, strict=True)]
+        old = self.blocks.get(key)
+        self.blocks[key] = Block(ref, until, granted, counts, shared, outcome.bounds, base,
+                                 now - base)  # fmt: skip
+        if old is not None and old.room > 0 and base < old.until:
+            return old
+        return None
+
+    def expired(self, base: float) -> list[Block]:
+        """The blocks past their time with room left (forgotten here, to give back); those
+        used up are forgotten too."""
+        gone = [k for k, b in self.blocks.items() if base >= b.until]
+        out = []
+        for k in gone:
+            block = self.blocks.pop(k)
+            if block.room > 0:
+                out.append(block)
+        return out
+
+    def unused(self, base: float) -> list[Block]:
+        """Every live block with room left; forgets them all (to give back on shutdown)."""
+        out = [b for b in self.blocks.values() if b.room > 0 and base < b.until]
+        self.blocks.clear()
+        return out
