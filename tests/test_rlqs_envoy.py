@@ -1,4 +1,5 @@
-"""RLQS end to end: two real Envoys (rate_limit_quota filter) sharing one real fairlimit.
+"""RLQS end to end: two real Envoys (rate_limit_quota filter) sharing one real fairlimit, and
+two Envoys each on its own fairlimit process (two workers each) sharing one Redis.
 
 examples/envoy/rlqs.yaml and rlqs-descriptors.yaml as shipped (ports substituted): a cap of
 100/s with fair_share over per-client limits of 50/s. A greedy client offers 150/s and four
@@ -22,6 +23,7 @@ import pytest
 
 from envoy_proxy import envoy_binary, envoy_in_front, http_get
 from fairlimit.core.quota import HEADROOM, HEADROOM_FLOOR, MAX_DEPTH_SECONDS, depth_of
+from redis_servers import RedisProcess
 from servers import ROOT, fairlimit_server, free_port
 
 pytestmark = pytest.mark.process
@@ -95,42 +97,70 @@ class TestExample:
         assert "OK" in proc.stdout
 
 
+RATES = {"greedy": GREEDY, **dict.fromkeys(MODEST_CLIENTS, MODEST)}
+CONFIG = str(EXAMPLES / "rlqs-descriptors.yaml")
+
+
+def check_shares(results: list[Result]) -> None:
+    """Modest clients >= 99% success; every 1 s window within the stated bound; from two
+    intervals on, each client within 5% of its max-min share and the cap held."""
+    rates = RATES
+    sent = Counter(client for _, client, _ in results)
+    ok = Counter(client for _, client, status in results if status == 200)
+    assert {status for _, _, status in results} <= {200, 429}
+    for name in MODEST_CLIENTS:
+        denied = [round(t, 2) for t, c, st in results if c == name and st != 200]
+        assert ok[name] / sent[name] >= 0.99, (name, ok[name], sent[name], denied[:40])
+
+    windows = admitted_per_window(results)
+    bound = stated_bound()
+    # The first second: every bucket is new and starts full, with up to 1 s of its
+    # (provisional) bound, so newcomers may pass the cap by one second of their bounds.
+    first = CAP + ENVOYS * len(rates) * LIMIT * MAX_DEPTH_SECONDS
+    assert windows[0] <= first, (sorted(windows.items()), first)
+    later = max(n for w, n in windows.items() if w > 0)
+    assert later <= bound, (sorted(windows.items()), bound)
+
+    steady = [(s, c, st) for s, c, st in results if STEADY_FROM <= s < RUN - 0.5]
+    span = RUN - 0.5 - STEADY_FROM
+    got = Counter(c for _, c, st in steady if st == 200)
+    figures = {name: got[name] / span for name in rates}
+    assert figures["greedy"] == pytest.approx(CAP - MODEST * 4, rel=0.05), figures
+    for name in MODEST_CLIENTS:
+        assert figures[name] == pytest.approx(MODEST, rel=0.05), figures
+    assert sum(figures.values()) <= CAP * 1.05, figures
+
+
 class TestTwoEnvoys:
     def test_greedy_and_modest_clients_share_the_cap_max_min(self, tmp_path: Path) -> None:
-        """Modest clients >= 99% success; every 1 s window within the stated bound; from two
-        intervals on, each client within 5% of its max-min share and the cap held."""
-        rates = {"greedy": GREEDY, **dict.fromkeys(MODEST_CLIENTS, MODEST)}
-        config = str(EXAMPLES / "rlqs-descriptors.yaml")
+        """Both Envoys on one fairlimit: the shares of check_shares."""
         with (
-            fairlimit_server("--config", config) as server,
+            fairlimit_server("--config", CONFIG) as server,
             envoy_in_front(server.grpc_port, tmp_path, example=EXAMPLES / "rlqs.yaml") as one,
             envoy_in_front(server.grpc_port, tmp_path, example=EXAMPLES / "rlqs.yaml") as two,
         ):
-            results = asyncio.run(drive([one.url, two.url], rates, RUN))
-        sent = Counter(client for _, client, _ in results)
-        ok = Counter(client for _, client, status in results if status == 200)
-        assert {status for _, _, status in results} <= {200, 429}
-        for name in MODEST_CLIENTS:
-            denied = [round(t, 2) for t, c, st in results if c == name and st != 200]
-            assert ok[name] / sent[name] >= 0.99, (name, ok[name], sent[name], denied[:40])
+            results = asyncio.run(drive([one.url, two.url], RATES, RUN))
+        check_shares(results)
 
-        windows = admitted_per_window(results)
-        bound = stated_bound()
-        # The first second: every bucket is new and starts full, with up to 1 s of its
-        # (provisional) bound, so newcomers may pass the cap by one second of their bounds.
-        first = CAP + ENVOYS * len(rates) * LIMIT * MAX_DEPTH_SECONDS
-        assert windows[0] <= first, (sorted(windows.items()), first)
-        later = max(n for w, n in windows.items() if w > 0)
-        assert later <= bound, (sorted(windows.items()), bound)
 
-        steady = [(s, c, st) for s, c, st in results if STEADY_FROM <= s < RUN - 0.5]
-        span = RUN - 0.5 - STEADY_FROM
-        got = Counter(c for _, c, st in steady if st == 200)
-        figures = {name: got[name] / span for name in rates}
-        assert figures["greedy"] == pytest.approx(CAP - MODEST * 4, rel=0.05), figures
-        for name in MODEST_CLIENTS:
-            assert figures[name] == pytest.approx(MODEST, rel=0.05), figures
-        assert sum(figures.values()) <= CAP * 1.05, figures
+class TestReplicas:
+    def test_two_replicas_on_one_redis_share_the_cap_as_one(
+        self, tmp_path: Path, redis_server: RedisProcess
+    ) -> None:
+        """Two fairlimit processes with two workers each on one Redis, each Envoy's stream
+        on its own process: every process divides the cap over both Envoys' demand
+        (quota/peers.py), so the shares are check_shares', not twice the cap."""
+        with redis_server.client() as client:
+            client.flushall()
+        backend = ("--backend", redis_server.url + "?timeout=1", "--workers", "2")
+        with (
+            fairlimit_server("--config", CONFIG, *backend) as a,
+            fairlimit_server("--config", CONFIG, *backend) as b,
+            envoy_in_front(a.grpc_port, tmp_path, example=EXAMPLES / "rlqs.yaml") as one,
+            envoy_in_front(b.grpc_port, tmp_path, example=EXAMPLES / "rlqs.yaml") as two,
+        ):
+            results = asyncio.run(drive([one.url, two.url], RATES, RUN))
+        check_shares(results)
 
 
 class TestStreamDrop:

@@ -151,12 +151,6 @@ class App:
             telemetry=QuotaTelemetry() if self.telemetry.enabled else QuotaTelemetry.off(),
             divide_gap=DRIP_SECONDS,  # a put-off division runs at the next drip
         )
-        if settings.workers > 1 and not worker:
-            log.warning(
-                "RLQS: each of the %d workers divides every cap among the Envoy streams it"
-                " holds; serve RLQS from a single process (docs/rlqs.md)",
-                settings.workers,
-            )
         reuse_port = settings.workers > 1  # the workers share the port (workers.py)
         self.grpc = GrpcServer(
             self.limiter,

@@ -6,10 +6,13 @@ measurement, and re-divides every cap among all streams' buckets (``core/quota.p
 The reporting stream gets an assignment for every bucket it reported (which renews their
 TTL); any other stream gets the assignments that changed. A bucket reported with no requests
 for ``abandon_after`` seconds is abandoned; a closed stream's buckets leave the division at
-once.
+once. The other processes sharing the store take part in every division with their
+buckets' demand (``peers.py``).
 """
 
+import logging
 import math
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,9 +35,13 @@ from fairlimit.core.quota import (
 )
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import Loaded
+from fairlimit.errors import StoreUnavailable
+from fairlimit.quota import peers
 from fairlimit.quota.usage import UsageLedger
 from fairlimit.store.base import Store
 from fairlimit.telemetry.quota import QuotaFigures, QuotaTelemetry
+
+log = logging.getLogger(__name__)
 
 ABANDON_AFTER = 60.0  # seconds a bucket may report no requests before it is abandoned
 # Envoy 1.40's RLQS client reports every 5 s whatever the buckets' reporting_interval says
@@ -150,6 +157,7 @@ class QuotaService:
         telemetry: QuotaTelemetry | None = None,
         abandon_after: float = ABANDON_AFTER,
         divide_gap: float = 0.0,
+        consumer: str | None = None,
     ) -> None:
         self._loaded_source = loaded
         self.store = store
@@ -170,6 +178,14 @@ class QuotaService:
         self._next = 0
         self._loaded: Loaded | None = None
         self._matcher: Matcher | None = None
+        # The other processes on this store (peers.py): their reports, when they were last
+        # read, and the targets of their buckets under this process's rules.
+        self.consumer = consumer or uuid.uuid4().hex[:12]
+        self.peers: dict[str, list[peers.PeerBucket]] = {}
+        self._remote = peers.remote_counts({})
+        self._exchanged_at: float | None = None
+        self._peers_seen_at = -math.inf
+        self._remote_targets: dict[tuple[str, BucketKey], Target] = {}
 
     def open(self, send: Send) -> QuotaStream:
         self._next += 1
@@ -219,13 +235,73 @@ class QuotaService:
             self._provisional(stream, reported, abandoned)
 
     async def drip(self) -> None:
-        """Divide if a division was put off; pay the reported usage that is due into the
-        store's counters (see usage.py)."""
+        """Trade demand with the other processes when due; divide if a division was put off;
+        pay the reported usage that is due into the store's counters (see usage.py)."""
+        await self.exchange()
         if self._dirty and self._due(self.now()):
             self._divide(None, ())
         if self._matcher is not None:
             self._refresh_targets()
             await self.ledger.drip(self.now(), self._matcher)
+
+    async def exchange(self) -> None:
+        """Every EXCHANGE_SECONDS: hand the store this process's report, read the others'
+        (peers.py); a change in them divides at the next drip. Unreachable, the store's
+        last reports count until PEER_TTL has passed since they were read."""
+        now = self.now()
+        if self._exchanged_at is not None and now - self._exchanged_at < peers.EXCHANGE_SECONDS:
+            return
+        self._exchanged_at = now
+        held = [
+            peers.Held(s.domain, key, b.demand, s.interval)
+            for s in self.streams.values()
+            for key, b in s.buckets.items()
+            if b.entries is not None
+        ]
+        report = peers.encode(peers.summarise(held))
+        try:
+            texts = await self.store.exchange_demand(self.consumer, report, now, peers.PEER_TTL)
+        except StoreUnavailable as exc:
+            log.debug("RLQS demand not exchanged: %s", exc)
+            if self.peers and now - self._peers_seen_at >= peers.PEER_TTL:
+                self._take_peers({})
+            return
+        found: dict[str, list[peers.PeerBucket]] = {}
+        for consumer, text in texts.items():
+            try:
+                found[consumer] = peers.decode(text)
+            except ValueError as exc:
+                log.warning("RLQS: the demand report of %s is unreadable: %s", consumer, exc)
+        self._peers_seen_at = now
+        self._take_peers(found)
+
+    def _take_peers(self, found: dict[str, list[peers.PeerBucket]]) -> None:
+        if found != self.peers:
+            self.peers, self._remote = found, peers.remote_counts(found)
+            self._dirty = True
+
+    def _remote_holders(self) -> list[Holder]:
+        """The other processes' buckets as holders of streams not here (negative ids)."""
+        out: list[Holder] = []
+        ident = 0
+        for buckets in self.peers.values():
+            for b in buckets:
+                target = self._remote_target(b.domain, b.bucket)
+                if target.blanket is not None:
+                    continue
+                part = None if b.demand is None else b.demand / b.holders
+                for _ in range(b.holders):
+                    ident -= 1
+                    out.append(Holder(ident, b.bucket, target, part, b.interval))
+        return out
+
+    def _remote_target(self, domain: str, bucket: BucketKey) -> Target:
+        found = self._remote_targets.get((domain, bucket))
+        if found is None:
+            held = _Bucket(dict(bucket), 0.0)
+            self._resolve(domain, held)
+            found = self._remote_targets[(domain, bucket)] = held.target
+        return found
 
     def _abandon_idle(self, stream: QuotaStream, now: float) -> list[Action]:
         idle = [k for k, b in stream.buckets.items() if now - b.active_at >= self.abandon_after]
@@ -237,6 +313,7 @@ class QuotaService:
         if loaded is self._loaded:
             return
         self._loaded, self._matcher = loaded, Matcher(loaded.config)
+        self._remote_targets.clear()
         for stream in self.streams.values():
             for held in stream.buckets.values():
                 self._resolve(stream.domain, held)
@@ -266,6 +343,7 @@ class QuotaService:
                 continue
             if held.strategy is None:
                 holders = sum(1 for s in self.streams.values() if key in s.buckets)
+                holders += self._remote.get(key, 0)
                 held.strategy = provisional(held.target, self.allocation.levels, holders)
             actions.append(Assign(held.bucket, held.strategy, stream.ttl))
         if actions:
@@ -283,6 +361,9 @@ class QuotaService:
             for s in self.streams.values()
             for key, b in s.buckets.items()
         ]
+        if self.peers:
+            self._refresh_targets()
+            holders += self._remote_holders()
         self.allocation = allocate(holders)
         self.divisions += 1
         self._divided_at, self._dirty = self.now(), False

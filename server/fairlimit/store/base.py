@@ -35,6 +35,15 @@ class Store(Protocol):
         True where one was held. An id holding nothing changes nothing."""
         ...
 
+    async def exchange_demand(
+        self, consumer: str, report: str, now: float, ttl: float
+    ) -> Mapping[str, str]:
+        """Keep ``consumer``'s RLQS demand ``report`` (opaque text) for ``ttl`` seconds, and
+        return every other consumer's still kept, by consumer: the RLQS processes sharing
+        this store divide each cap over all of them (quota/peers.py). Raises
+        StoreUnavailable when the backend cannot answer."""
+        ...
+
     async def caps(self) -> Mapping[str, CapReport]:
         """The fairness state of every live cap instance, by cap key."""
         ...

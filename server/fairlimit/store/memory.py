@@ -174,6 +174,8 @@ class MemoryStore:
         self._high = 0  # the most counters held since the table was last compacted
         self._now = 0.0
         self.slots = MemorySlots()  # concurrency pools (store/slots.py)
+        # RLQS demand by consumer (until, report): quota services sharing this store
+        self._demand: dict[str, tuple[float, str]] = {}
         _fix_mmap_threshold()
 
     def __len__(self) -> int:
@@ -309,6 +311,15 @@ class MemoryStore:
 
     async def release(self, claims: Sequence[Claim], now: float) -> tuple[bool, ...]:
         return self.slots.release(claims, now)
+
+    async def exchange_demand(
+        self, consumer: str, report: str, now: float, ttl: float
+    ) -> Mapping[str, str]:
+        self._demand[consumer] = (now + ttl, report)
+        gone = [c for c, (until, _) in self._demand.items() if until <= now]
+        for c in gone:
+            del self._demand[c]
+        return {c: text for c, (_, text) in self._demand.items() if c != consumer}
 
     async def caps(self) -> Mapping[str, CapReport]:
         return {

@@ -127,6 +127,8 @@ class RedisStore:
         self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips = 0  # script calls made (tests, the README's numbers)
         self._slots = RedisSlots(client, options.key_prefix, cluster, self._call)
+        self._demand = client.register_script(script.source("demand"))
+        self._demand_key = f"{options.key_prefix}rlqs-demand"
 
     @property
     def _caller_clock(self) -> bool:
@@ -323,6 +325,16 @@ class RedisStore:
         task = asyncio.get_running_loop().create_task(register())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def exchange_demand(
+        self, consumer: str, report: str, now: float, ttl: float
+    ) -> Mapping[str, str]:
+        at = repr(now) if self._caller_clock else ""
+        with unavailable():
+            async with asyncio.timeout(max(self._options.timeout, 1.0)):
+                flat = await self._demand(keys=[self._demand_key],
+                                          args=[at, consumer, repr(ttl), report])  # fmt: skip
+        return {str(k): str(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
 
     async def caps(self) -> Mapping[str, CapReport]:
         with unavailable():

@@ -1,0 +1,108 @@
+"""RLQS across processes: every quota service's demand, shared through the store.
+
+Each fairlimit process (each ``--workers`` worker, each replica) holds the RLQS streams of
+the Envoys connected to it. Alone, it would divide every cap among those streams only, and N
+processes would let a cap through N times. So every ``EXCHANGE_SECONDS`` each process hands
+the store its *report* (per bucket it holds: the domain, the bucket id, the demand its
+streams measured, how many of its streams hold it and their reporting interval) and receives
+every other live process's (``Store.exchange_demand``; Redis keeps them in one hash, memory
+in the store object, for processes that share it in tests and simulations).
+
+The other processes' buckets then join the division as *remote holders*: they take part in
+the water-filling at every cap and in the split of a bucket's bound among the streams that
+hold it, but are assigned nothing here (their own process assigns them, from the same
+reports). Every process so divides every cap among every Envoy's demand, and assigns its own
+Envoys their part. A report lives ``PEER_TTL``: a process that stops reporting (stopped,
+crashed, cut off from the store) leaves the others' division after that.
+
+What a report does not carry: RLS traffic at the same caps (it is in the shared counters,
+not in the division), and a bucket's first moments on another process (its report comes up
+to ``EXCHANGE_SECONDS`` later).
+"""
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from fairlimit.core.bucket import BucketKey
+
+EXCHANGE_SECONDS = 1.0  # how often a process hands in its report and reads the others'
+PEER_TTL = 3 * EXCHANGE_SECONDS  # how long a report counts without being renewed
+
+
+@dataclass(frozen=True, slots=True)
+class PeerBucket:
+    """One bucket as one process holds it."""
+
+    domain: str
+    bucket: BucketKey
+    demand: float | None  # requests/s over its streams; None while any is unmeasured
+    holders: int  # its streams holding the bucket
+    interval: float  # their longest reporting interval, seconds
+
+
+def encode(buckets: Iterable[PeerBucket]) -> str:
+    """A report as text: a JSON list of [domain, [[key, value], ...], demand, holders,
+    interval]."""
+    rows = [[b.domain, [list(kv) for kv in b.bucket], b.demand, b.holders, b.interval]
+            for b in buckets]  # fmt: skip
+    return json.dumps(rows, separators=(",", ":"))
+
+
+def decode(text: str) -> list[PeerBucket]:
+    """A report from ``encode``; ValueError names what is wrong with one that is not."""
+    raw = json.loads(text)
+    if not isinstance(raw, list):
+        raise ValueError("a demand report is a JSON list")
+    out: list[PeerBucket] = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 5):
+            raise ValueError(f"a demand report entry has 5 parts, not {item!r}")
+        domain, pairs, demand, holders, interval = item
+        bucket = tuple((str(k), str(v)) for k, v in pairs)
+        rate = None if demand is None else float(demand)
+        if rate is not None and not (math.isfinite(rate) and rate >= 0):
+            raise ValueError(f"a demand must be a finite rate >= 0, not {demand!r}")
+        count, seconds = int(holders), float(interval)
+        if count < 1 or not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"holders must be >= 1 and the interval > 0, not {item!r}")
+        out.append(PeerBucket(str(domain), bucket, rate, count, seconds))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One local stream's hold on a bucket, as the report counts it."""
+
+    domain: str
+    bucket: BucketKey
+    demand: float | None
+    interval: float
+
+
+def summarise(held: Iterable[Held]) -> list[PeerBucket]:
+    """This process's report: its streams' holds summed per (domain, bucket)."""
+    totals: dict[tuple[str, BucketKey], list[float | int | None]] = {}
+    for h in held:
+        entry = totals.get((h.domain, h.bucket))
+        if entry is None:
+            totals[(h.domain, h.bucket)] = [h.demand, 1, h.interval]
+            continue
+        demand = entry[0]
+        entry[0] = None if demand is None or h.demand is None else float(demand) + h.demand
+        entry[1] = int(entry[1] or 0) + 1
+        entry[2] = max(float(entry[2] or 0.0), h.interval)
+    return [
+        PeerBucket(domain, bucket, None if d is None else float(d), int(n or 1), float(i or 1.0))
+        for (domain, bucket), (d, n, i) in totals.items()
+    ]
+
+
+def remote_counts(peers: Mapping[str, Sequence[PeerBucket]]) -> dict[BucketKey, int]:
+    """How many remote streams hold each bucket."""
+    out: dict[BucketKey, int] = {}
+    for buckets in peers.values():
+        for b in buckets:
+            out[b.bucket] = out.get(b.bucket, 0) + b.holders
+    return out

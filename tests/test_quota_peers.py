@@ -1,0 +1,163 @@
+"""RLQS across processes (quota/peers.py): quota services sharing one store divide every cap
+over every Envoy's demand, as one service holding all the streams would; a process that
+stops reporting leaves the others' division after PEER_TTL. On memory (services sharing one
+store object) and on a real Redis (one RedisStore per service)."""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from fairlimit.core.bucket import bucket_key
+from fairlimit.quota import QuotaService, peers
+from fairlimit.store.base import Store
+from fairlimit.store.memory import MemoryStore
+from helpers import FakeClock, load_text
+from redis_servers import RedisProcess, StoreFactory, suite_url
+from test_quota_service import CONFIG, Envoy
+
+MODEST = [f"modest-{i}" for i in range(4)]
+# Per Envoy and 5 s report: the greedy client 75/s, each modest one 7.4/s (two Envoys: 150/s
+# and 14.8/s). Max-min at the cap of 100/s: modest 14.8/s each, greedy the other 40.8/s.
+USAGE = [("greedy", 250, 125), *((m, 37, 0) for m in MODEST)]
+
+
+@pytest.mark.unit
+class TestReports:
+    def test_a_report_reads_back_as_written(self) -> None:
+        buckets = [
+            peers.PeerBucket("edge", bucket_key({"client_id": "a", "route": "x,y"}), 7.5, 2, 5.0),
+            peers.PeerBucket("edge", bucket_key({"client_id": "b"}), None, 1, 1.0),
+        ]
+        assert peers.decode(peers.encode(buckets)) == buckets
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "{}",
+            "[[1, 2]]",
+            '[["edge", [], -1, 1, 5]]',
+            '[["edge", [], 1, 0, 5]]',
+            '[["edge", [], 1, 1, 0]]',
+            '[["edge", [], "NaN", 1, 5]]',
+        ],
+    )
+    def test_a_bad_report_is_refused_with_a_reason(self, text: str) -> None:
+        with pytest.raises(ValueError):
+            peers.decode(text)
+
+    def test_a_summary_sums_the_streams_of_a_bucket(self) -> None:
+        key = bucket_key({"client_id": "a"})
+        other = bucket_key({"client_id": "b"})
+        held = [
+            peers.Held("edge", key, 2.0, 5.0),
+            peers.Held("edge", key, 3.0, 1.0),
+            peers.Held("edge", other, None, 5.0),
+            peers.Held("edge", other, 1.0, 5.0),
+        ]
+        got = {b.bucket: b for b in peers.summarise(held)}
+        assert got[key] == peers.PeerBucket("edge", key, 5.0, 2, 5.0)
+        assert got[other] == peers.PeerBucket("edge", other, None, 2, 5.0)
+
+
+def _service(tmp_path: Path, store: Store, clock: FakeClock, name: str) -> QuotaService:
+    loaded = load_text(tmp_path, CONFIG, f"{name}.yaml")
+    return QuotaService(lambda: loaded, store, clock.now, consumer=name)
+
+
+async def _run(services: Sequence[QuotaService], envoys: Sequence[Envoy], clock: FakeClock
+               ) -> None:  # fmt: skip
+    """Three reports from every Envoy 5 s apart, each followed by two seconds of drips (every
+    service trades its report and divides)."""
+    for _ in range(3):
+        clock.advance(5.0 - 2 * peers.EXCHANGE_SECONDS)
+        for envoy in envoys:
+            await envoy.report(USAGE)
+        for _ in range(2):
+            clock.advance(peers.EXCHANGE_SECONDS)
+            for service in services:
+                await service.drip()
+
+
+def _rates(envoys: Sequence[Envoy]) -> dict[str, float]:
+    """Each client's assigned rate summed over the Envoys."""
+    return {c: sum(e.rate(c) for e in envoys) for c in ["greedy", *MODEST]}
+
+
+async def _one_process(tmp_path: Path) -> dict[str, float]:
+    clock = FakeClock()
+    service = _service(tmp_path, MemoryStore(), clock, "alone")
+    envoys = [Envoy(service), Envoy(service)]
+    await _run([service], envoys, clock)
+    return _rates(envoys)
+
+
+async def _two_processes(tmp_path: Path, stores: Sequence[Store], clock: FakeClock
+                         ) -> tuple[list[QuotaService], list[Envoy]]:  # fmt: skip
+    services = [_service(tmp_path, s, clock, f"p{i}") for i, s in enumerate(stores)]
+    envoys = [Envoy(services[0]), Envoy(services[1])]
+    await _run(services, envoys, clock)
+    return services, envoys
+
+
+@pytest.mark.behaviour
+class TestOnMemory:
+    async def test_two_processes_divide_as_one(self, tmp_path: Path) -> None:
+        """Each Envoy on its own service: the rates assigned are those one service holding
+        both streams assigns (the greedy client 40.8/s in all, not per process)."""
+        shared = MemoryStore()
+        _, envoys = await _two_processes(tmp_path, [shared, shared], FakeClock())
+        alone = await _one_process(tmp_path)
+        assert _rates(envoys) == pytest.approx(alone, abs=0.1)
+        assert alone["greedy"] == pytest.approx(40.8, abs=0.2)
+
+    async def test_without_the_store_shared_each_process_gives_the_whole_share(
+        self, tmp_path: Path
+    ) -> None:
+        """The reason for the exchange: two stores, two divisions, each seeing half the
+        modest demand: the greedy client gets its own limit, 50/s, from each (100 of 100)."""
+        _, envoys = await _two_processes(tmp_path, [MemoryStore(), MemoryStore()], FakeClock())
+        assert _rates(envoys)["greedy"] == pytest.approx(100, abs=0.2)
+
+    async def test_a_process_gone_quiet_leaves_the_division(self, tmp_path: Path) -> None:
+        """Process 1 stops reporting: after PEER_TTL process 0 divides the cap among its own
+        Envoy alone (the greedy client gets its own limit, 50/s, there)."""
+        shared = MemoryStore()
+        clock = FakeClock()
+        services, envoys = await _two_processes(tmp_path, [shared, shared], clock)
+        assert envoys[0].rate("greedy") == pytest.approx(20.4, abs=0.2)
+        for _ in range(int(peers.PEER_TTL / peers.EXCHANGE_SECONDS) + 2):
+            clock.advance(peers.EXCHANGE_SECONDS)
+            await services[0].drip()
+        assert not services[0].peers
+        await _run(services[:1], envoys[:1], clock)  # its own reports measured again
+        assert envoys[0].rate("greedy") == pytest.approx(50, abs=0.2)
+
+
+@pytest.fixture
+def shared_redis(redis_server: RedisProcess) -> StoreFactory:
+    """RedisStores on the standalone server, flushed once: the services share it."""
+    from fairlimit.store.redis import open_redis
+
+    with redis_server.client() as client:
+        client.flushall()
+
+    async def make(**options: object) -> object:
+        return open_redis(suite_url(redis_server.url, **options))
+
+    return make
+
+
+@pytest.mark.behaviour
+class TestOnRedis:
+    async def test_two_processes_on_one_redis_divide_as_one(
+        self, tmp_path: Path, shared_redis: StoreFactory
+    ) -> None:
+        stores: list[Store] = [await shared_redis(), await shared_redis()]  # type: ignore[list-item]
+        try:
+            _, envoys = await _two_processes(tmp_path, stores, FakeClock())
+        finally:
+            for store in stores:
+                await store.close()
+        alone = await _one_process(tmp_path)
+        assert _rates(envoys) == pytest.approx(alone, abs=0.1)
