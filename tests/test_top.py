@@ -101,9 +101,7 @@ class TestRecorder:
         assert top.client == "hog" and 150 <= top.hits <= 150 + top.error
         assert top.error * 3 <= row.hits  # error <= total / (k + 1)
 
-    async def test_a_value_less_cap_names_the_instance_of_each_client(
-        self, tmp_path: Path
-    ) -> None:
+    async def test_a_value_less_cap_names_the_instance_of_each_client(self, tmp_path: Path) -> None:
         """Under a per-tenant cap, alice of acme and alice of zeta are two clients."""
         limiter = limiter_with(tmp_path)
         await send(limiter, req("edge", desc("tenant=acme", "user=alice")), 3)

@@ -29,6 +29,7 @@ import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from fairlimit.core.bucket import BucketKey
 from fairlimit.core.fairshare import water_level
@@ -84,9 +85,9 @@ class Target:
     caps: tuple[CapClaim, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Holder:
-    """One stream's subscription to one bucket, with its last measured demand."""
+class Holder(NamedTuple):
+    """One stream's subscription to one bucket, with its last measured demand (a named
+    tuple: a division makes one per stream and bucket, tens of thousands at a time)."""
 
     stream: int
     bucket: BucketKey
@@ -116,14 +117,28 @@ def _cap_bounds(
     buckets: dict[BucketKey, list[Holder]],
 ) -> tuple[dict[BucketKey, float], dict[str, float]]:
     """Each bucket's bound over its own limit and its caps; λ per cap."""
-    wants = {key: _wants(hs) for key, hs in buckets.items()}
+    wants: dict[BucketKey, float] = {}
+    bounds: dict[BucketKey, float] = {}
     clients: dict[str, dict[str, list[BucketKey]]] = {}
     claims: dict[tuple[str, str], CapClaim] = {}
     for key, hs in buckets.items():
-        for claim in hs[0].target.caps:
-            clients.setdefault(claim.cap, {}).setdefault(claim.client, []).append(key)
-            claims[(claim.cap, claim.client)] = claim
-    bounds = {key: hs[0].target.limit for key, hs in buckets.items()}
+        target = hs[0].target
+        bounds[key] = target.limit
+        if len(hs) == 1:  # _wants, for the common case of one stream
+            reported = hs[0].demand
+            wants[key] = target.limit if reported is None else min(reported, target.limit)
+        else:
+            wants[key] = _wants(hs)
+        for claim in target.caps:
+            members = clients.get(claim.cap)
+            if members is None:
+                members = clients[claim.cap] = {}
+            keys = members.get(claim.client)
+            if keys is None:
+                members[claim.client] = [key]
+                claims[(claim.cap, claim.client)] = claim
+            else:
+                keys.append(key)
     levels: dict[str, float] = {}
     for cap, members in clients.items():
         names = list(members)
@@ -134,17 +149,37 @@ def _cap_bounds(
         levels[cap] = level
         for name, total, claim in zip(names, demand, spec, strict=True):
             client_bound = min(claim.client_limit, level * claim.weight)
-            for key in members[name]:
-                even = total <= 0 or math.isinf(total) or math.isinf(client_bound)
-                part = 1.0 / len(members[name]) if even else wants[key] / total
+            keys = members[name]
+            if len(keys) == 1:  # one bucket: its part is the whole (either way below)
+                key = keys[0]
+                bound = client_bound
+                if bound < bounds[key]:
+                    bounds[key] = bound
+                continue
+            even = total <= 0 or math.isinf(total) or math.isinf(client_bound)
+            for key in keys:
+                part = 1.0 / len(keys) if even else wants[key] / total
                 bounds[key] = min(bounds[key], client_bound * part)
     return bounds, levels
 
 
+_BUCKETS: dict[tuple[int, int], TokenBucket] = {}  # made once per (depth, tokens per fill)
+_BUCKETS_MAX = 65536
+
+
 def token_bucket(rate: float, depth: int) -> TokenBucket:
-    """The token bucket closest below ``rate`` (0.1/s steps, at least one token a fill)."""
+    """The token bucket closest below ``rate`` (0.1/s steps, at least one token a fill).
+
+    Buckets are immutable and few distinct ones recur, so each is made once (a bounded
+    table, cleared when full): a division assigns tens of thousands."""
     per_fill = max(1, math.floor(rate * FILL_SECONDS + 1e-9))
-    return TokenBucket(max(1, depth), per_fill, FILL_SECONDS)
+    key = (max(1, depth), per_fill)
+    found = _BUCKETS.get(key)
+    if found is None:
+        if len(_BUCKETS) >= _BUCKETS_MAX:
+            _BUCKETS.clear()
+        found = _BUCKETS[key] = TokenBucket(key[0], per_fill, FILL_SECONDS)
+    return found
 
 
 def depth_of(rate: float, bottlenecked: bool, interval: float | None) -> int:
@@ -164,6 +199,16 @@ def depth_of(rate: float, bottlenecked: bool, interval: float | None) -> int:
 
 def _bucket_strategies(holders: Sequence[Holder], bound: float) -> dict[int, tuple[float, bool]]:
     """(rate, bottlenecked) per stream of one bucket under its bound."""
+    if len(holders) == 1:  # the common case, the same arithmetic as below
+        only = holders[0]
+        if only.demand is None:
+            return {only.stream: (bound, False)}
+        alone = only.demand * (1 + HEADROOM) + HEADROOM_FLOOR
+        if alone <= bound:
+            return {only.stream: (alone, False)}
+        if only.demand <= 0:
+            return {only.stream: (bound, True)}
+        return {only.stream: (bound * only.demand / only.demand, True)}
     if any(h.demand is None for h in holders):
         return {h.stream: (bound / len(holders), False) for h in holders}
     loose = {h.stream: (h.demand or 0.0) * (1 + HEADROOM) + HEADROOM_FLOOR for h in holders}
@@ -233,6 +278,8 @@ def settle(current: Strategy | None, new: Strategy) -> Strategy:
     Envoy refills a token bucket whenever its parameters change, so a rate that jitters
     with the reports would hand out a bucket of burst each time; a steady one changes nothing.
     """
+    if current is new:  # token_bucket hands out one object per bucket shape
+        return new
     if not (isinstance(current, TokenBucket) and isinstance(new, TokenBucket)):
         return new
     return current if abs(new.rate - current.rate) <= SETTLE * current.rate else new

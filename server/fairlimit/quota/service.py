@@ -186,12 +186,13 @@ class QuotaService:
         self._exchanged_at: float | None = None
         self._peers_seen_at = -math.inf
         self._remote_targets: dict[tuple[str, BucketKey], Target] = {}
+        self._figured: tuple[float, QuotaFigures] | None = None
+        self.telemetry.source = self._figures
 
     def open(self, send: Send) -> QuotaStream:
         self._next += 1
         stream = QuotaStream(self, self._next, send)
         self.streams[stream.ident] = stream
-        self._publish()
         return stream
 
     def close(self, stream: QuotaStream) -> None:
@@ -367,17 +368,19 @@ class QuotaService:
         self.allocation = allocate(holders)
         self.divisions += 1
         self._divided_at, self._dirty = self.now(), False
+        strategies = self.allocation.strategies
         for stream in list(self.streams.values()):
             renew = set(reported) if stream is reporter else set()
             actions: list[Action] = list(abandoned) if stream is reporter else []
+            ident, ttl = stream.ident, stream.ttl
             for key, held in stream.buckets.items():
-                new = settle(held.strategy, self.allocation.strategies[(stream.ident, key)])
-                if new != held.strategy or key in renew:
+                current = held.strategy
+                new = settle(current, strategies[(ident, key)])
+                if (new is not current and new != current) or key in renew:
                     held.strategy = new
-                    actions.append(Assign(held.bucket, new, stream.ttl))
+                    actions.append(Assign(held.bucket, new, ttl))
             if actions:
                 stream.send(actions)
-        self._publish()
 
     def describe(self) -> dict[str, Any]:
         """The RLQS state as plain data (for /rlconfig): every stream's buckets, what each
@@ -414,8 +417,12 @@ class QuotaService:
             ],
         }
 
-    def _publish(self) -> None:
-        """Hand the gauges the state as it stands."""
+    def _figures(self) -> QuotaFigures:
+        """The gauges' figures as the state stands (worked out when they are read, at most
+        once a second: a scan of every subscription)."""
+        now = self.now()
+        if self._figured is not None and now - self._figured[0] < 1.0:
+            return self._figured[1]
         buckets: dict[str, int] = {}
         rates: dict[str, float] = {}
         headroom: dict[str, float] = {}
@@ -429,7 +436,9 @@ class QuotaService:
                 rates[domain] = rates.get(domain, 0.0) + strategy.rate
                 extra = self.allocation.extra.get((stream.ident, key), 0.0)
                 headroom[domain] = headroom.get(domain, 0.0) + extra
-        self.telemetry.figures = QuotaFigures(len(self.streams), buckets, rates, headroom)
+        figures = QuotaFigures(len(self.streams), buckets, rates, headroom)
+        self._figured = (now, figures)
+        return figures
 
 
 def _describe_strategy(strategy: Strategy | None) -> dict[str, Any] | None:

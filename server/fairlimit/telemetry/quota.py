@@ -37,7 +37,10 @@ class QuotaTelemetry:
     def __init__(self, meter_provider: MeterProvider | None = None, *, enabled: bool = True):
         self.enabled = enabled
         self.errors = 0
-        self.figures = QuotaFigures()
+        self._figures = QuotaFigures()
+        # Where the figures come from when they are read (the quota service sets it), so
+        # that no division pays for them: read by the gauges at each collection.
+        self.source: Callable[[], QuotaFigures] | None = None
         meter = metrics.get_meter("fairlimit", __version__, meter_provider)
         gauges: tuple[tuple[str, str, str, Callable[[], Iterable[Observation]]], ...] = (
             ("streams", "{stream}", "Open RLQS streams", self._streams),
@@ -56,6 +59,14 @@ class QuotaTelemetry:
         self._requests = meter.create_counter(
             "fairlimit.rlqs.requests", "{request}", "Requests Envoys reported, by result"
         )
+
+    @property
+    def figures(self) -> QuotaFigures:
+        return self.source() if self.source is not None else self._figures
+
+    @figures.setter
+    def figures(self, figures: QuotaFigures) -> None:
+        self._figures = figures
 
     @classmethod
     def off(cls) -> "QuotaTelemetry":

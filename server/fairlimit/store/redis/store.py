@@ -362,8 +362,12 @@ class RedisStore:
                     await self._give_back(self._leases.unused(self._base(0.0)))
             except TimeoutError:
                 log.warning("redis: unused lease blocks not given back in time")
-        for task in list(self._tasks):
+        pending = list(self._tasks)
+        for task in pending:
             task.cancel()
+        # waited for, so that a cancelled registry write hands its connection back before
+        # the pool closes
+        await asyncio.gather(*pending, return_exceptions=True)
         if self._batch is not None:
             self._batch.close()
         try:
