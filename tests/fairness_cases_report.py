@@ -1,14 +1,19 @@
 """The figures of the shared fairness cases and their variants, as a Markdown table.
 
     python tests/fairness_cases_report.py
+    python tests/fairness_cases_report.py --backend 'redis://127.0.0.1:6379/?clock=caller&leases=on'
 
 Each case of tests/test_fairness_cases.py (the four bundled scenarios of
 descriptors/scenarios/ and the variants with other numbers) runs through ``fairlimit
 simulate``'s engine on its fair-share config, on memory, and is measured per window against
 the exact max-min solver (tests/fairness_figures.py defines each figure). With another
-server's code first on the path (``PYTHONPATH=OTHER/server``) it measures that code.
+server's code first on the path (``PYTHONPATH=OTHER/server``) it measures that code. With
+``--backend`` each run is on a fresh store of that Redis URL (flushed first: use a scratch
+server; ``clock=caller`` is required, the runs are simulated), e.g. with leases on.
 """
 
+import argparse
+import asyncio
 import math
 import sys
 import tempfile
@@ -22,6 +27,7 @@ except ImportError:  # run from a checkout without the package installed
     sys.path.insert(0, str(HERE.parent / "server"))
 
 from fairlimit.simulate import engine  # noqa: E402
+from fairlimit.simulate.report import Result  # noqa: E402
 from fairness_figures import Figures, figures, read_cap  # noqa: E402
 from test_fairness_cases import BUNDLED, VARIANTS, Case, _config_path, _fair  # noqa: E402
 
@@ -29,10 +35,35 @@ HEADER = ("case", "worst error (window, client)", "lowest utilisation", "Jain", 
           "bursting clients' share")  # fmt: skip
 
 
-def measure(case: Case, where: Path) -> Figures:
+def measure(case: Case, where: Path, backend: str | None = None) -> Figures:
     config = _config_path(case, where)
-    result = engine.run(case.scenario, [str(config)])
+    if backend is None:
+        result = engine.run(case.scenario, [str(config)])
+    else:
+        result = asyncio.run(_on_redis(case, config, backend))
     return figures(case.scenario, read_cap(config), _fair(result, config))
+
+
+async def _on_redis(case: Case, config: Path, backend: str) -> Result:
+    """``case`` run on fresh stores of the Redis URL ``backend``."""
+    import redis
+
+    from fairlimit.store.base import Store
+    from fairlimit.store.redis import open_redis
+
+    stores: list[Store] = []
+
+    def fresh() -> Store:
+        with redis.Redis.from_url(backend.partition("?")[0]) as client:
+            client.flushdb()
+        stores.append(open_redis(backend))
+        return stores[-1]
+
+    try:
+        return await engine.run_async(case.scenario, [str(config)], store=fresh)
+    finally:
+        for store in stores:
+            await store.close()
 
 
 def row(case: Case, f: Figures) -> tuple[str, ...]:
@@ -55,10 +86,14 @@ def row(case: Case, f: Figures) -> tuple[str, ...]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--backend", help="a Redis URL with clock=caller (default: memory)")
+    args = parser.parse_args()
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     with tempfile.TemporaryDirectory() as tmp:
         for case in (*BUNDLED, *VARIANTS):
-            lines.append("| " + " | ".join(row(case, measure(case, Path(tmp)))) + " |")
+            got = measure(case, Path(tmp), args.backend)
+            lines.append("| " + " | ".join(row(case, got)) + " |")
     print("\n".join(lines))
 
 

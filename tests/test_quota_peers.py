@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from fairlimit.core.admission import Code
 from fairlimit.core.bucket import bucket_key
+from fairlimit.limiter import Limiter
 from fairlimit.quota import QuotaService, peers
 from fairlimit.store.base import Store
 from fairlimit.store.memory import MemoryStore
-from helpers import FakeClock, load_text
+from helpers import FakeClock, desc, load_text, req
 from redis_servers import RedisProcess, StoreFactory, suite_url
 from test_quota_service import CONFIG, Envoy
 
@@ -29,17 +31,21 @@ class TestReports:
             peers.PeerBucket("edge", bucket_key({"client_id": "a", "route": "x,y"}), 7.5, 2, 5.0),
             peers.PeerBucket("edge", bucket_key({"client_id": "b"}), None, 1, 1.0),
         ]
-        assert peers.decode(peers.encode(buckets)) == buckets
+        rls = [peers.PeerBucket("edge", bucket_key({"client_id": "c"}), 60.0, 1, 1.0)]
+        report = peers.Report(buckets, rls)
+        assert peers.decode(peers.encode(report)) == report
 
     @pytest.mark.parametrize(
         "text",
         [
-            "{}",
-            "[[1, 2]]",
-            '[["edge", [], -1, 1, 5]]',
-            '[["edge", [], 1, 0, 5]]',
-            '[["edge", [], 1, 1, 0]]',
-            '[["edge", [], "NaN", 1, 5]]',
+            "[]",
+            '{"buckets": []}',
+            '{"buckets": [[1, 2]], "rls": []}',
+            '{"buckets": [["edge", [], -1, 1, 5]], "rls": []}',
+            '{"buckets": [["edge", [], 1, 0, 5]], "rls": []}',
+            '{"buckets": [["edge", [], 1, 1, 0]], "rls": []}',
+            '{"buckets": [["edge", [], "NaN", 1, 5]], "rls": []}',
+            '{"buckets": [["edge", ["k"], 1, 1, 5]], "rls": []}',
         ],
     )
     def test_a_bad_report_is_refused_with_a_reason(self, text: str) -> None:
@@ -161,3 +167,39 @@ class TestOnRedis:
                 await store.close()
         alone = await _one_process(tmp_path)
         assert _rates(envoys) == pytest.approx(alone, abs=0.1)
+
+
+WIDE = CONFIG.replace("requests_per_unit: 50}", "requests_per_unit: 80}")
+
+
+@pytest.mark.behaviour
+class TestRlsAtTheSameCap:
+    async def test_rls_demand_lowers_the_rlqs_share(self, tmp_path: Path) -> None:
+        """A cap of 100/s over clients of 80/s; an RLS client asking 30/s, an RLQS Envoy
+        whose greedy client asks 75/s: the division counts both, so the greedy client is
+        assigned the 70/s the RLS client leaves (max-min); without RLS traffic, its own
+        limit of 80/s."""
+        got = {}
+        for rls_rate in (30, 0):
+            clock = FakeClock()
+            loaded = load_text(tmp_path, WIDE, f"rls-{rls_rate}.yaml")
+            limiter = Limiter(loaded, MemoryStore(), clock)
+            service = QuotaService(lambda loaded=loaded: loaded, limiter.store, clock.now,
+                                   tally=limiter.tally)  # fmt: skip
+            envoy = Envoy(service)
+            admitted = 0
+            for second in range(16):
+                for _ in range(rls_rate):
+                    decision = await limiter.should_rate_limit(
+                        req("edge", desc("route=public", "client_id=rls-client"))
+                    )
+                    admitted += decision.code is Code.OK
+                    clock.advance(1.0 / rls_rate)
+                if not rls_rate:
+                    clock.advance(1.0)
+                if second % 5 == 4:
+                    await envoy.report([("greedy", 350, 25)])  # 70/s let through
+                await service.drip()
+            got[rls_rate] = envoy.rate("greedy")
+            assert admitted >= 0.95 * 16 * rls_rate  # its share of the cap: what it asks
+        assert got == {30: pytest.approx(70, abs=1.0), 0: pytest.approx(80, abs=0.2)}

@@ -150,6 +150,7 @@ class App:
             shadow=settings.shadow,
             telemetry=QuotaTelemetry() if self.telemetry.enabled else QuotaTelemetry.off(),
             divide_gap=DRIP_SECONDS,  # a put-off division runs at the next drip
+            tally=limiter.tally,  # RLS demand at caps counts in the RLQS division
         )
         reuse_port = settings.workers > 1  # the workers share the port (workers.py)
         self.grpc = GrpcServer(

@@ -24,6 +24,7 @@ from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.request import Request, validate
 from fairlimit.core.rules import Loaded
+from fairlimit.core.tally import Tally
 from fairlimit.errors import DeadlineExceeded, StoreUnavailable
 from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
@@ -107,6 +108,7 @@ class Limiter:
         self.backend_healthy = True
         self.telemetry = telemetry or Telemetry.off()
         self.telemetry.use(loaded)
+        self.tally = Tally()  # RLS demand at caps, while an RLQS division wants it
 
     @property
     def loaded(self) -> Loaded:
@@ -209,6 +211,9 @@ class Limiter:
         if plan is None:
             plan = make_plan(request, self._active.matcher)
         started = time.perf_counter()  # a latency, so real time: windows use self.clock
+        tally = self.tally
+        if tally.on and plan.shares:
+            tally.add(request, plan)  # RLS demand at caps, for the RLQS division
         outcome = await self._admit(plan, now)
         if outcome is None:
             open_statuses = _open_statuses(len(plan.descriptors))

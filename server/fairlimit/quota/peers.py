@@ -15,14 +15,18 @@ reports). Every process so divides every cap among every Envoy's demand, and ass
 Envoys their part. A report lives ``PEER_TTL``: a process that stops reporting (stopped,
 crashed, cut off from the store) leaves the others' division after that.
 
-What a report does not carry: RLS traffic at the same caps (it is in the shared counters,
-not in the division), and a bucket's first moments on another process (its report comes up
-to ``EXCHANGE_SECONDS`` later).
+RLS traffic at the same caps takes part too: each process tallies the hits its RLS
+requests ask at fair-share caps (``core/tally.py``, admitted or not), per descriptor as a
+bucket id, and its report carries them as rates. Every process adds its own and the others'
+as holders that are assigned nothing, so an RLS client's demand lowers the RLQS shares at
+its cap as an Envoy's would (and RLS requests see RLQS usage in the shared counters, paid in
+by ``usage.py``). What a report does not carry: a bucket's first moments on another process
+(its report comes up to ``EXCHANGE_SECONDS`` later).
 """
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from fairlimit.core.bucket import BucketKey
@@ -42,24 +46,45 @@ class PeerBucket:
     interval: float  # their longest reporting interval, seconds
 
 
-def encode(buckets: Iterable[PeerBucket]) -> str:
-    """A report as text: a JSON list of [domain, [[key, value], ...], demand, holders,
-    interval]."""
-    rows = [[b.domain, [list(kv) for kv in b.bucket], b.demand, b.holders, b.interval]
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One process's report: the RLQS buckets its streams hold, and the RLS demand at
+    fair-share caps it saw (as buckets of one holder each, over the last exchange)."""
+
+    buckets: list[PeerBucket]
+    rls: list[PeerBucket]
+
+
+def encode(report: Report) -> str:
+    """A report as text: a JSON object whose ``buckets`` and ``rls`` are lists of [domain,
+    [[key, value], ...], demand, holders, interval]."""
+    return json.dumps({"buckets": _rows(report.buckets), "rls": _rows(report.rls)},
+                      separators=(",", ":"))  # fmt: skip
+
+
+def _rows(buckets: Iterable[PeerBucket]) -> list[list[object]]:
+    return [[b.domain, [list(kv) for kv in b.bucket], b.demand, b.holders, b.interval]
             for b in buckets]  # fmt: skip
-    return json.dumps(rows, separators=(",", ":"))
 
 
-def decode(text: str) -> list[PeerBucket]:
+def decode(text: str) -> Report:
     """A report from ``encode``; ValueError names what is wrong with one that is not."""
     raw = json.loads(text)
-    if not isinstance(raw, list):
-        raise ValueError("a demand report is a JSON list")
+    if not (isinstance(raw, dict) and isinstance(raw.get("buckets"), list)
+            and isinstance(raw.get("rls"), list)):  # fmt: skip
+        raise ValueError("a demand report is a JSON object with lists buckets and rls")
+    return Report(_decode_rows(raw["buckets"]), _decode_rows(raw["rls"]))
+
+
+def _decode_rows(raw: list[object]) -> list[PeerBucket]:
     out: list[PeerBucket] = []
     for item in raw:
         if not (isinstance(item, list) and len(item) == 5):
             raise ValueError(f"a demand report entry has 5 parts, not {item!r}")
         domain, pairs, demand, holders, interval = item
+        if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2
+                                                  for p in pairs):  # fmt: skip
+            raise ValueError(f"a bucket id is a list of [key, value] pairs, not {pairs!r}")
         bucket = tuple((str(k), str(v)) for k, v in pairs)
         rate = None if demand is None else float(demand)
         if rate is not None and not (math.isfinite(rate) and rate >= 0):
@@ -99,10 +124,17 @@ def summarise(held: Iterable[Held]) -> list[PeerBucket]:
     ]
 
 
-def remote_counts(peers: Mapping[str, Sequence[PeerBucket]]) -> dict[BucketKey, int]:
+def remote_counts(peers: Mapping[str, Report]) -> dict[BucketKey, int]:
     """How many remote streams hold each bucket."""
     out: dict[BucketKey, int] = {}
-    for buckets in peers.values():
-        for b in buckets:
+    for report in peers.values():
+        for b in report.buckets:
             out[b.bucket] = out.get(b.bucket, 0) + b.holders
     return out
+
+
+def rls_demand(counts: Mapping[tuple[str, BucketKey], int], seconds: float) -> list[PeerBucket]:
+    """A tally of RLS hits (``core.tally.Tally.take``) over ``seconds`` as rates."""
+    span = max(seconds, 1e-3)
+    return [PeerBucket(domain, bucket, hits / span, 1, max(seconds, EXCHANGE_SECONDS))
+            for (domain, bucket), hits in counts.items() if hits > 0]  # fmt: skip

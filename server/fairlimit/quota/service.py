@@ -35,6 +35,7 @@ from fairlimit.core.quota import (
 )
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import Loaded
+from fairlimit.core.tally import Tally
 from fairlimit.errors import StoreUnavailable
 from fairlimit.quota import peers
 from fairlimit.quota.usage import UsageLedger
@@ -158,6 +159,7 @@ class QuotaService:
         abandon_after: float = ABANDON_AFTER,
         divide_gap: float = 0.0,
         consumer: str | None = None,
+        tally: Tally | None = None,
     ) -> None:
         self._loaded_source = loaded
         self.store = store
@@ -181,7 +183,11 @@ class QuotaService:
         # The other processes on this store (peers.py): their reports, when they were last
         # read, and the targets of their buckets under this process's rules.
         self.consumer = consumer or uuid.uuid4().hex[:12]
-        self.peers: dict[str, list[peers.PeerBucket]] = {}
+        self.peers: dict[str, peers.Report] = {}
+        # RLS demand at caps: the limiter's tally (on while RLQS is in use), as rates
+        self.tally = tally
+        self._rls: list[peers.PeerBucket] = []
+        self._tallied_at: float | None = None
         self._remote = peers.remote_counts({})
         self._exchanged_at: float | None = None
         self._peers_seen_at = -math.inf
@@ -193,6 +199,8 @@ class QuotaService:
         self._next += 1
         stream = QuotaStream(self, self._next, send)
         self.streams[stream.ident] = stream
+        if self.tally is not None:
+            self.tally.on = True  # RLS demand at caps counts in the division from now
         return stream
 
     def close(self, stream: QuotaStream) -> None:
@@ -253,13 +261,14 @@ class QuotaService:
         if self._exchanged_at is not None and now - self._exchanged_at < peers.EXCHANGE_SECONDS:
             return
         self._exchanged_at = now
+        self._take_tally(now)
         held = [
             peers.Held(s.domain, key, b.demand, s.interval)
             for s in self.streams.values()
             for key, b in s.buckets.items()
             if b.entries is not None
         ]
-        report = peers.encode(peers.summarise(held))
+        report = peers.encode(peers.Report(peers.summarise(held), self._rls))
         try:
             texts = await self.store.exchange_demand(self.consumer, report, now, peers.PEER_TTL)
         except StoreUnavailable as exc:
@@ -267,7 +276,7 @@ class QuotaService:
             if self.peers and now - self._peers_seen_at >= peers.PEER_TTL:
                 self._take_peers({})
             return
-        found: dict[str, list[peers.PeerBucket]] = {}
+        found: dict[str, peers.Report] = {}
         for consumer, text in texts.items():
             try:
                 found[consumer] = peers.decode(text)
@@ -276,16 +285,31 @@ class QuotaService:
         self._peers_seen_at = now
         self._take_peers(found)
 
-    def _take_peers(self, found: dict[str, list[peers.PeerBucket]]) -> None:
+    def _take_peers(self, found: dict[str, peers.Report]) -> None:
         if found != self.peers:
             self.peers, self._remote = found, peers.remote_counts(found)
             self._dirty = True
 
+    def _take_tally(self, now: float) -> None:
+        """This process's RLS demand at caps since the last exchange, as rates; the tally
+        stays on while RLQS is in use here or by a peer."""
+        if self.tally is None:
+            return
+        since, self._tallied_at = self._tallied_at, now
+        counts = self.tally.take()
+        rls = [] if since is None else peers.rls_demand(counts, now - since)
+        if rls != self._rls:
+            self._rls, self._dirty = rls, True
+        self.tally.on = bool(self.streams or self.peers)
+
     def _remote_holders(self) -> list[Holder]:
-        """The other processes' buckets as holders of streams not here (negative ids)."""
+        """The other processes' buckets, and every process's RLS demand at caps, as holders
+        of streams not here (negative ids): counted in the division, assigned nothing."""
         out: list[Holder] = []
         ident = 0
-        for buckets in self.peers.values():
+        sources = [self._rls, *(r.buckets for r in self.peers.values()),
+                   *(r.rls for r in self.peers.values())]  # fmt: skip
+        for buckets in sources:
             for b in buckets:
                 target = self._remote_target(b.domain, b.bucket)
                 if target.blanket is not None:
@@ -362,7 +386,7 @@ class QuotaService:
             for s in self.streams.values()
             for key, b in s.buckets.items()
         ]
-        if self.peers:
+        if self.peers or self._rls:
             self._refresh_targets()
             holders += self._remote_holders()
         self.allocation = allocate(holders)
