@@ -6,8 +6,10 @@ Two Envoys (streams) each hold every client's bucket, as the end-to-end test spr
 over both; each reports every 5 s on an injected clock. After three rounds (every demand
 measured), one Envoy's periodic report (all N of its buckets) is timed: measuring each
 bucket, the division of the cap over all 2N holders and the assignments that changed.
-CPU time (process_time), the median of 5 reports; on a shared machine wall time measures the
-others.
+Then the same N clients spread over 50 caps, and one new client subscribing under one of
+them (Envoy reports a new bucket at once): a division re-divides only the caps a report
+touched. CPU time (process_time), the median of 5 reports; on a shared machine wall time
+measures the others.
 """
 
 import asyncio
@@ -44,22 +46,61 @@ class Clock:
         return self.t
 
 
-def _usage(n: int, round_: int) -> list[Usage]:
+CAPS = 50
+
+
+def _route(i: int, caps: int) -> str:
+    return "public" if caps == 1 else f"r{i % caps}"
+
+
+def _config(caps: int) -> str:
+    if caps == 1:
+        return CONFIG
+    rule = CONFIG.split("descriptors:\n", 1)[1]
+    rules = "".join(rule.replace("value: public", f"value: r{i}") for i in range(caps))
+    return "domain: edge\ndescriptors:\n" + rules
+
+
+def _usage(n: int, round_: int, caps: int = 1) -> list[Usage]:
     """Every client's 5 s of usage on one Envoy: a spread of demands, some above the share."""
     out = []
     for i in range(n):
         asked = 5 + (i * 7 + round_) % 120  # 1-25/s per Envoy
-        out.append(Usage({"route": "public", "client_id": f"c{i}"}, asked, 0))
+        out.append(Usage({"route": _route(i, caps), "client_id": f"c{i}"}, asked, 0))
     return out
 
 
-async def measure(n: int) -> float:
+def _loaded(caps: int) -> object:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "rlqs.yaml"
-        path.write_text(CONFIG)
-        loaded = load([str(path)])
+        path.write_text(_config(caps))
+        return load([str(path)])
+
+
+async def subscribe(n: int) -> float:
+    """CPU ms of the report of one new bucket, next to n clients under CAPS caps."""
+    loaded = _loaded(CAPS)
     clock = Clock()
-    service = QuotaService(lambda: loaded, MemoryStore(), clock.now)
+    service = QuotaService(lambda: loaded, MemoryStore(), clock.now)  # type: ignore[arg-type, return-value]
+    envoys = [service.open(lambda actions: None) for _ in range(2)]
+    for round_ in range(3):
+        clock.t += 5.0
+        for envoy in envoys:
+            await envoy.report("edge", _usage(n, round_, CAPS))
+    times = []
+    for k in range(5):
+        clock.t += 1.0  # past the division gap
+        usage = [Usage({"route": "r0", "client_id": f"new-{k}"}, 1, 0)]
+        started = time.process_time()
+        await envoys[0].report("edge", usage)
+        times.append(time.process_time() - started)
+    return statistics.median(times) * 1000
+
+
+async def measure(n: int) -> float:
+    loaded = _loaded(1)
+    clock = Clock()
+    service = QuotaService(lambda: loaded, MemoryStore(), clock.now)  # type: ignore[arg-type, return-value]
     envoys = [service.open(lambda actions: None) for _ in range(2)]
     for round_ in range(3):
         clock.t += 5.0
@@ -82,6 +123,8 @@ def main() -> None:
         ms = asyncio.run(measure(n))
         print(f"RLQS division after a report, {n} clients x 2 Envoys: {ms:.0f} ms CPU "
               f"(median of 5)")  # fmt: skip
+        ms = asyncio.run(subscribe(n))
+        print(f"  a new bucket's report beside them, spread over {CAPS} caps: {ms:.1f} ms CPU")
 
 
 if __name__ == "__main__":

@@ -367,12 +367,17 @@ async def test_redis_admits_as_memory_does(case: Case, store: Store, tmp_path: P
     check(case, on_redis)
 
 
-@pytest.mark.parametrize("case", ON_REDIS, ids=lambda c: c.name)
+# The leases' cases: the four on Redis, and the variant whose steady clients leave the cap
+# uncontended (leased) until the burst comes.
+LEASED = (*ON_REDIS, *(v for v in VARIANTS if v.name.endswith("6 steady clients")))
+
+
+@pytest.mark.parametrize("case", LEASED, ids=lambda c: c.name)
 async def test_leases_meet_the_same_targets(
     case: Case, redis_store_factory: StoreFactory, tmp_path: Path
 ) -> None:
     """On Redis with lease blocks (``?leases=on``, one replica) every target holds, and the
-    worst window's error against max-min is within 3 points of memory's."""
+    worst window's error against max-min is memory's, within half a point."""
     store = await redis_store_factory(leases="on")
     made: list[Store] = []
 
@@ -388,4 +393,4 @@ async def test_leases_meet_the_same_targets(
     on_memory = await _measure(case, tmp_path)
     check(case, leased)
     worst, reference = leased.worst(leased.windows), on_memory.worst(on_memory.windows)
-    assert worst.error <= reference.error + 0.03, (worst, reference)
+    assert worst.error <= reference.error + 0.005, (worst, reference)

@@ -286,3 +286,70 @@ class TestDivisionGap:
         clock.advance(0.2)
         await service.drip()
         assert service.divisions == 3
+
+
+TWO_CAPS = """
+domain: edge
+descriptors:
+  - key: route
+    value: a
+    rate_limit: {unit: second, requests_per_unit: 100}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 60}
+  - key: route
+    value: b
+    rate_limit: {unit: second, requests_per_unit: 80}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 50}
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 30}
+"""
+
+
+class TestIncrementalDivision:
+    async def test_a_report_re_divides_only_its_regions_and_agrees_with_a_full_division(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """Three Envoys report random usage of buckets under two caps and under none, one
+        at a time: after each division the assignments in force are those a division of
+        everything from scratch gives, and a report under cap a alone sends the other
+        Envoys nothing about cap b."""
+        import random
+
+        from fairlimit.core.quota import allocate
+        from fairlimit.quota.service import Holder
+
+        limiter = make_limiter(TWO_CAPS)
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        sent: list[list[Action]] = [[], [], []]
+        streams = [service.open(sent[i].extend) for i in range(3)]
+        rnd = random.Random(7)
+        buckets = [{"route": r, "client_id": f"{r}{i}"} for r in "ab" for i in range(4)]
+        buckets += [{"tenant": f"t{i}"} for i in range(2)]
+        for step in range(40):
+            clock.advance(1.7)
+            stream = streams[step % 3]
+            chosen = rnd.sample(buckets, rnd.randint(1, 4))
+            usages = [Usage(b, rnd.randint(0, 400), rnd.randint(0, 100)) for b in chosen]
+            for box in sent:
+                box.clear()
+            await stream.report("edge", usages)
+            routes = {b.get("route") for b in chosen}
+            if routes == {"a"}:  # the others hear nothing of cap b
+                for i, box in enumerate(sent):
+                    if i != step % 3:
+                        assert all(dict(a.bucket).get("route") != "b" for a in box), box
+            holders = [
+                Holder(s.ident, key, b.target, b.demand, s.interval)
+                for s in service.streams.values()
+                for key, b in s.buckets.items()
+            ]
+            full = allocate(holders).strategies
+            for s in service.streams.values():
+                for key in s.buckets:
+                    assert service.allocation.strategies[(s.ident, key)] == full[(s.ident, key)]
+        assert service.divisions == 40

@@ -431,12 +431,12 @@ class TestReplies:
             "closing": math.inf,
         }
 
-    def test_seen_reads_the_seven_parts_of_an_admission(self) -> None:
+    def test_seen_reads_the_eight_parts_of_an_admission(self) -> None:
         """{charged, now, counts, admitted per share, bounds as text, rolled caps 1-based,
-        lease block}: rolled indexes become 0-based."""
-        got = script.seen([1, "12.5", [3, 0], [2, 5], ["4.5", "inf"], [2], 7])
-        assert got == Seen(True, 12.5, [3, 0], [2, 5], [4.5, math.inf], [1], 7)
-        refused = script.seen([0, "7", [], [], [], [], 0])
+        lease block, wants as text}: rolled indexes become 0-based."""
+        got = script.seen([1, "12.5", [3, 0], [2, 5], ["4.5", "inf"], [2], 7, ["3", "9.5"]])
+        assert got == Seen(True, 12.5, [3, 0], [2, 5], [4.5, math.inf], [1], 7, [3.0, 9.5])
+        refused = script.seen([0, "7", [], [], [], [], 0, []])
         assert (refused.admitted, refused.now, refused.rolled) == (False, 7.0, [])
 
     def test_a_hand_back_is_not_an_admission(self) -> None:

@@ -15,10 +15,14 @@ The block's size (``size``; admit.lua computes the same):
 - at each counter, at most ``(limit - count - hits) / (2 x holders)``, ``holders`` the
   consumers holding blocks of that counter in this window: what is left is never reserved
   away by one consumer, and when little is left every request takes the exact path;
-- at each cap, at most ``bound - admitted - hits``, ``bound`` the client's verdict under
-  fairness v3 (core/sharing.py): its weighted max-min share with the other clients'
-  predicted use covered. A block never takes more than the exact path would have admitted
-  to this client by now;
+- at each cap, at most ``min(bound, wanted) - admitted - hits``: ``bound`` the client's
+  verdict under fairness v3 (core/sharing.py), its weighted max-min share with the other
+  clients' predicted use covered, and ``wanted`` its own want with this request (what it
+  asked and is predicted to ask this window, ``core.sharing.want``), which the division
+  has counted. A block never takes more than the exact path would have admitted to this
+  client by now, nor more than the division expects it to use (a burst at a cap not yet
+  contended takes blocks only as fast as its prediction grows, so the request that makes
+  the cap contended still finds its share there);
 - none at all at a cap not sized for its clients (``cap < active_clients x limit``) that
   is contended (its division holds some client at its share), has no history yet (its
   first window, paced by the elapsed window), or where the client is held: there every
@@ -84,8 +88,8 @@ def shape(plan: Plan) -> tuple[str, ...]:
 
 def size(want: int, counter_rooms: Iterable[float], share_rooms: Iterable[float]) -> int:
     """The block for ``want`` hits, given each counter's ``(limit - count - hits) / (2 x
-    holders)`` and each cap's ``bound - admitted - hits`` (0 at a contended cap): the least
-    of them, whole, and 0 below one hit."""
+    holders)`` and each cap's ``min(bound, wanted) - admitted - hits`` (0 at a contended
+    cap): the least of them, whole, and 0 below one hit."""
     block = float(want)
     for room in counter_rooms:
         block = min(block, room)

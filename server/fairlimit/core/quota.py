@@ -253,6 +253,49 @@ def allocate(holders: Sequence[Holder]) -> Allocation:
     return Allocation(strategies, levels, headroom, extra)
 
 
+class Regions:
+    """Which buckets share a division: those linked by a cap (union-find over cap keys).
+
+    A bucket's assignment depends only on the buckets of its region (the caps above it,
+    every bucket under those caps, and so on through nested caps), so a report need only
+    re-divide the regions of the buckets it changed. A bucket under no cap is a region of
+    its own."""
+
+    __slots__ = ("_parent",)
+
+    def __init__(self) -> None:
+        self._parent: dict[str, str] = {}
+
+    def _find(self, cap: str) -> str:
+        parent = self._parent
+        root = parent.setdefault(cap, cap)
+        while parent[root] != root:
+            root = parent[root]
+        while parent[cap] != root:  # path compression
+            parent[cap], cap = root, parent[cap]
+        return root
+
+    def add(self, target: Target) -> None:
+        """Link the caps of ``target``."""
+        caps = target.caps
+        if len(caps) > 1:
+            first = self._find(caps[0].cap)
+            for claim in caps[1:]:
+                other = self._find(claim.cap)
+                if other != first:
+                    self._parent[other] = first
+
+    def root(self, handle: object) -> object:
+        """A region as ``of`` gave it, after the links made since."""
+        return self._find(handle) if isinstance(handle, str) else handle
+
+    def of(self, key: BucketKey, target: Target) -> object:
+        """The region of bucket ``key`` governed by ``target`` (added first)."""
+        if target.blanket is not None or not target.caps:
+            return key
+        return self._find(target.caps[0].cap)
+
+
 def provisional(target: Target, levels: Mapping[str, float], holders: int) -> Strategy:
     """A new bucket's strategy until the next division: its bound under the levels in force
     (a cap not divided yet offers its capacity), split among the ``holders`` streams holding

@@ -26,6 +26,7 @@ from fairlimit.core.quota import (
     Blanket,
     CapClaim,
     Holder,
+    Regions,
     Strategy,
     Target,
     TokenBucket,
@@ -193,6 +194,11 @@ class QuotaService:
         self._peers_seen_at = -math.inf
         self._remote_targets: dict[tuple[str, BucketKey], Target] = {}
         self._figured: tuple[float, QuotaFigures] | None = None
+        # Incremental divisions: the regions (buckets linked by caps) a report changed since
+        # the last division; None: every region (the first one, a reload, a closed stream,
+        # the peers' reports or the RLS demand changed).
+        self._regions = Regions()
+        self._changed: set[object] | None = None
         self.telemetry.source = self._figures
 
     def open(self, send: Send) -> QuotaStream:
@@ -206,6 +212,7 @@ class QuotaService:
     def close(self, stream: QuotaStream) -> None:
         if self.streams.pop(stream.ident, None) is not None:
             self.ledger.pay_off(stream.ident)
+            self._changed = None
             if self._due(self.now()):
                 self._divide(None, ())
             else:
@@ -288,7 +295,7 @@ class QuotaService:
     def _take_peers(self, found: dict[str, peers.Report]) -> None:
         if found != self.peers:
             self.peers, self._remote = found, peers.remote_counts(found)
-            self._dirty = True
+            self._dirty, self._changed = True, None
 
     def _take_tally(self, now: float) -> None:
         """This process's RLS demand at caps since the last exchange, as rates; the tally
@@ -299,12 +306,13 @@ class QuotaService:
         counts = self.tally.take()
         rls = [] if since is None else peers.rls_demand(counts, now - since)
         if rls != self._rls:
-            self._rls, self._dirty = rls, True
+            self._rls, self._dirty, self._changed = rls, True, None
         self.tally.on = bool(self.streams or self.peers)
 
-    def _remote_holders(self) -> list[Holder]:
+    def _remote_holders(self, dirty: set[object] | None) -> list[Holder]:
         """The other processes' buckets, and every process's RLS demand at caps, as holders
-        of streams not here (negative ids): counted in the division, assigned nothing."""
+        of streams not here (negative ids): counted in the division, assigned nothing (those
+        of the ``dirty`` regions only, unless None)."""
         out: list[Holder] = []
         ident = 0
         sources = [self._rls, *(r.buckets for r in self.peers.values()),
@@ -313,6 +321,8 @@ class QuotaService:
             for b in buckets:
                 target = self._remote_target(b.domain, b.bucket)
                 if target.blanket is not None:
+                    continue
+                if dirty is not None and self._regions.of(b.bucket, target) not in dirty:
                     continue
                 part = None if b.demand is None else b.demand / b.holders
                 for _ in range(b.holders):
@@ -330,7 +340,19 @@ class QuotaService:
 
     def _abandon_idle(self, stream: QuotaStream, now: float) -> list[Action]:
         idle = [k for k, b in stream.buckets.items() if now - b.active_at >= self.abandon_after]
-        return [Abandon(stream.buckets.pop(key).bucket) for key in idle]
+        out: list[Action] = []
+        for key in idle:
+            held = stream.buckets.pop(key)
+            self._mark(key, held.target)  # its region re-divides without it
+            self.allocation.strategies.pop((stream.ident, key), None)
+            self.allocation.extra.pop((stream.ident, key), None)
+            out.append(Abandon(held.bucket))
+        return out
+
+    def _mark(self, key: BucketKey, target: Target) -> None:
+        """The region of ``key`` is to be re-divided."""
+        if self._changed is not None:
+            self._changed.add(self._regions.of(key, target))
 
     def _refresh_targets(self) -> None:
         """After a config reload, every bucket is mapped again under the new rules."""
@@ -339,6 +361,7 @@ class QuotaService:
             return
         self._loaded, self._matcher = loaded, Matcher(loaded.config)
         self._remote_targets.clear()
+        self._regions, self._changed = Regions(), None
         for stream in self.streams.values():
             for held in stream.buckets.values():
                 self._resolve(stream.domain, held)
@@ -351,6 +374,7 @@ class QuotaService:
             return
         request = Request(domain, (Descriptor(held.entries, None, 1),))
         held.target = target_of(make_plan(request, self._matcher))
+        self._regions.add(held.target)
 
     def _due(self, now: float) -> bool:
         return self._divided_at is None or now - self._divided_at >= self.divide_gap
@@ -366,6 +390,7 @@ class QuotaService:
             held = stream.buckets.get(key)
             if held is None:
                 continue
+            self._mark(key, held.target)
             if held.strategy is None:
                 holders = sum(1 for s in self.streams.values() if key in s.buckets)
                 holders += self._remote.get(key, 0)
@@ -380,16 +405,34 @@ class QuotaService:
         reported: Sequence[BucketKey],
         abandoned: Sequence[Action] = (),
     ) -> None:
-        """Re-divide every cap; send the reporter its buckets and the others what changed."""
-        holders = [
-            Holder(s.ident, key, b.target, b.demand, s.interval)
-            for s in self.streams.values()
-            for key, b in s.buckets.items()
-        ]
+        """Re-divide the regions (caps and the buckets under them) that changed since the
+        last division; send the reporter its buckets and the others what changed."""
         if self.peers or self._rls:
             self._refresh_targets()
-            holders += self._remote_holders()
-        self.allocation = allocate(holders)
+        if reporter is not None:
+            for key in reported:
+                held = reporter.buckets.get(key)
+                if held is not None:
+                    self._mark(key, held.target)
+        changed, self._changed = self._changed, set()
+        regions = self._regions
+        dirty = None if changed is None else {regions.root(h) for h in changed}
+        divided: set[BucketKey] | None = None if dirty is None else set()
+        holders: list[Holder] = []
+        for s in self.streams.values():
+            for key, b in s.buckets.items():
+                if dirty is not None and divided is not None:
+                    if regions.of(key, b.target) not in dirty:
+                        continue
+                    divided.add(key)
+                holders.append(Holder(s.ident, key, b.target, b.demand, s.interval))
+        if self.peers or self._rls:
+            holders += self._remote_holders(dirty)
+        part = allocate(holders)
+        if divided is None:
+            self.allocation = part
+        else:
+            self._merge(part, holders)
         self.divisions += 1
         self._divided_at, self._dirty = self.now(), False
         strategies = self.allocation.strategies
@@ -398,6 +441,8 @@ class QuotaService:
             actions: list[Action] = list(abandoned) if stream is reporter else []
             ident, ttl = stream.ident, stream.ttl
             for key, held in stream.buckets.items():
+                if divided is not None and key not in divided:
+                    continue  # its region did not change: its assignment stands
                 current = held.strategy
                 new = settle(current, strategies[(ident, key)])
                 if (new is not current and new != current) or key in renew:
@@ -405,6 +450,16 @@ class QuotaService:
                     actions.append(Assign(held.bucket, new, ttl))
             if actions:
                 stream.send(actions)
+
+    def _merge(self, part: Allocation, holders: Sequence[Holder]) -> None:
+        """Put the division of some regions into the allocation in force."""
+        whole = self.allocation
+        for h in holders:
+            whole.extra.pop((h.stream, h.bucket), None)
+        whole.strategies.update(part.strategies)
+        whole.levels.update(part.levels)
+        whole.headroom.update(part.headroom)
+        whole.extra.update(part.extra)
 
     def describe(self) -> dict[str, Any]:
         """The RLQS state as plain data (for /rlconfig): every stream's buckets, what each

@@ -7,6 +7,7 @@ that many rows of the layout's fields. Each .lua file states the same layout in 
 comment; tests/test_redis_script.py checks the two against each other.
 """
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -275,6 +276,7 @@ class Seen:
     bounds: list[float]
     rolled: list[int]  # indexes into SlotGroup.caps
     block: int = 0  # hits reserved as a lease block (core/lease.py)
+    wanted: list[float] = dataclasses.field(default_factory=list)  # per share: its want
 
 
 def seen(reply: Sequence[Any]) -> Seen:
@@ -286,4 +288,5 @@ def seen(reply: Sequence[Any]) -> Seen:
         [float(x) for x in reply[4]],
         [int(x) - 1 for x in reply[5]],
         int(reply[6]),
+        [float(x) for x in reply[7]],
     )

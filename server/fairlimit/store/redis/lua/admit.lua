@@ -30,12 +30,13 @@
 -- (core/lease.py states the rule): an admitted request then also reserves b <= want more
 -- hits at every level, the least of each counter's (limit - count - hits) / (2 x holders)
 -- (holders: the consumers holding a block of it in this window, its L:<consumer> fields)
--- and each cap's bound - admitted - hits, none at a cap not sized for its clients that
--- holds a client back or has no history yet; the reserved hits count as the client's demand at the cap too (release.lua
+-- and each cap's min(bound, wanted) - admitted - hits (wanted: the client's want with this
+-- request, core/sharing.want), none at a cap not sized for its clients that holds a client
+-- back or has no history yet; the reserved hits count as the client's demand at the cap too (release.lua
 -- with demand = 1 gives back what is not used).
--- Returns {1 | 0, now, counts, admitted, bounds, rolled, block} (1 = charged, 0 = nothing
---       charged; bounds as strings; rolled = indexes of caps whose division this call
---       wrote; block = the hits reserved, 0 = none), or
+-- Returns {1 | 0, now, counts, admitted, bounds, rolled, block, wanted} (1 = charged,
+--       0 = nothing charged; bounds and wanted as strings; rolled = indexes of caps whose
+--       division this call wrote; block = the hits reserved, 0 = none), or
 --       {2, now, {cap index, epoch, rows as a flat hash, asker, extra, closing}...} when
 --       this call won the lock of a cap whose division is due (asker "") or that a request
 --       found newly contended (asker = its client, extra = its hits); closing is λ of the
@@ -461,7 +462,7 @@ for _, s in ipairs(shares) do
 end
 
 local admitted = true
-local counts, shared, bounds, rolled = {}, {}, {}, {}
+local counts, shared, bounds, rolled, wanted = {}, {}, {}, {}, {}
 for i, c in ipairs(counters) do
   local held = redis.call('HMGET', c.key, 's', 'n')
   c.current = held[1] == c.ws
@@ -475,6 +476,9 @@ for i, s in ipairs(shares) do
   if s.parent > 0 and s.parent < i then capacity = math.min(capacity, shares[s.parent].share) end
   local bound, share, kind = verdict(s.row, s.d, s, capacity, total)
   s.share, s.kind, s.bound = share, kind, bound
+  local f, r = want(s.row, s.cap, math.max(s.hits, 1))
+  s.wanted = f + r * left(s.cap)  -- its want with this request: a block stays within it
+  wanted[i] = fmt(s.wanted)
   shared[i] = s.row.admitted
   bounds[i] = fmt(bound)
   s.over = not s.shadow and shared[i] + math.max(s.hits, 1) > bound + EPSILON
@@ -517,7 +521,7 @@ if admitted and want_block > 0 then
     if not s.sized and (s.kind ~= OPEN or s.d.held > 0 or s.d.cold ~= 0) then
       block = 0  -- a contended cap (or one without history) is divided request by request
     else
-      block = math.min(block, s.bound - shared[i] - s.hits + EPSILON)
+      block = math.min(block, math.min(s.bound, s.wanted) - shared[i] - s.hits + EPSILON)
     end
   end
   block = math.floor(block)
@@ -556,4 +560,4 @@ for _, cap in ipairs(caps) do
     DIVISION_FIELD.top, fmt(d.top))
   redis.call('PEXPIRE', cap.meta, cap.keep)
 end
-return {admitted and 1 or 0, fmt(now), counts, shared, bounds, rolled, block}
+return {admitted and 1 or 0, fmt(now), counts, shared, bounds, rolled, block, wanted}
