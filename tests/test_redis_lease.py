@@ -394,3 +394,30 @@ class TestFairness:
         )
         assert reference == {"greedy": [80] * 5, "modest": [20] * 5}
         assert leased == reference
+
+
+@pytest.mark.behaviour
+class TestOnACluster:
+    async def test_one_slot_plans_lease_and_plans_across_slots_keep_the_exact_path(
+        self, tmp_path: Path, redis_cluster_store_factory: StoreFactory
+    ) -> None:
+        """On a Redis Cluster a descriptor's keys share one slot, so its plan is leased (a
+        plain counter's limit reached exactly, a client under a cap answered from blocks);
+        a request whose descriptors sit in two slots keeps the exact two-phase path."""
+        clock = FakeClock(T0)
+        store = await redis_cluster_store_factory(leases="on")
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)  # type: ignore[arg-type]
+        try:
+            answers = [await _ask(limiter, "eve") for _ in range(2 * LIMIT)]
+            assert sum(answers) == LIMIT
+            assert _store(limiter).round_trips < LIMIT
+            calls = _store(limiter).round_trips
+            assert all([await _ask(limiter, "eve", "roomy") for _ in range(20)])
+            assert _store(limiter).round_trips < calls + 10  # from blocks
+            calls = _store(limiter).round_trips
+            both = req("edge", desc("route=roomy", "client_id=fay"), desc("client_id=fay"))
+            for _ in range(5):
+                assert (await limiter.should_rate_limit(both)).code is Code.OK
+            assert _store(limiter).round_trips >= calls + 10  # two slots, each call exact
+        finally:
+            await store.close()  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ trip) other requests see the reserved hits and may be rejected although the requ
 held them is finally refused - never over-admitted. If the release itself fails, the
 reserved hits stay charged until their window ends.
 
-With ``?leases=on`` (one Redis, not a Cluster) a plan's exact call may also reserve a lease
+With ``?leases=on`` the exact call of a plan in one slot group may also reserve a lease
 block for this process (core/lease.py states the rule); the plan's next requests are then
 admitted here from it, with no Redis call. Unused blocks go back when they expire (at the
 plan's next request, or at the sweep every LEASE_TTL) and on close.
@@ -106,11 +106,12 @@ class RedisStore:
             if isinstance(client, aioredis.Redis)
             else None
         )
-        leasing = not cluster and options.leases == "on"
+        leasing = options.leases == "on"
         self._known = OverLimitCache(
             options.local_cache, 2 * lease.LEASE_TTL if leasing else math.inf
         )
-        # Leases on one Redis only: on a Cluster a plan's counters may sit in several slots.
+        # On a Cluster, leases serve the plans whose keys sit in one slot (plain counters);
+        # a plan under a cap spans slots and keeps the exact two-phase path.
         self._leases = (
             None
             if not leasing
