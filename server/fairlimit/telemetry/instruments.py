@@ -96,6 +96,9 @@ _CAP_GAUGES: tuple[tuple[str, str, str, _Reading], ...] = (
 )  # fmt: skip
 
 
+_Key = tuple[tuple[str, str], ...]  # a series' attributes, in order, as dict items
+
+
 class _Tally:
     """A monotonic counter summed in a dict and reported when a reader collects.
 
@@ -107,10 +110,10 @@ class _Tally:
     __slots__ = ("_totals",)
 
     def __init__(self) -> None:
-        self._totals: dict[tuple[tuple[str, str], ...], int] = {}
+        self._totals: dict[_Key, int] = {}
 
-    def add(self, amount: int, attributes: Mapping[str, str]) -> None:
-        key = tuple(attributes.items())
+    def add(self, amount: int, key: _Key) -> None:
+        """Add ``amount`` to the series of attributes ``dict(key)``."""
         self._totals[key] = self._totals.get(key, 0) + amount
 
     def observe(self, options: CallbackOptions) -> Iterable[Observation]:
@@ -140,6 +143,8 @@ class Telemetry:
         self.tracing = _records_spans(tracer_provider)  # no span machinery per call when not
         meter = metrics.get_meter("fairlimit", __version__, meter_provider)
         self._rule: dict[str, _Tally] = {}
+        # (domain, rule path) -> the attributes of its series: built once, not per request
+        self._rule_keys: dict[tuple[str, str], _Key] = {}
         for name, text in _RULE_COUNTERS:
             self._rule[name] = _Tally()
             meter.create_observable_counter(
@@ -151,6 +156,7 @@ class Telemetry:
             "ShouldRateLimit latency, by result",
             explicit_bucket_boundaries_advisory=_RPC_BUCKETS,
         )
+        self._rpc_attributes: dict[str, dict[str, str]] = {}
         self._backend_errors = meter.create_counter(
             "fairlimit.backend.errors", "{error}", "Store calls that failed (StoreUnavailable)"
         )
@@ -197,6 +203,7 @@ class Telemetry:
         """The configuration in force from now on."""
         self._buckets.use(loaded)
         self._top.use(loaded)
+        self._rule_keys = {}  # the rules of the configuration before may be gone
 
     def decided(
         self, request: Request, statuses: Sequence[Status], now: float, plan: Plan | None = None
@@ -229,25 +236,35 @@ class Telemetry:
             upstream.rule(key, status, request.hits_for(descriptor))
 
     def _count_rules(self, request: Request, statuses: Sequence[Status]) -> None:
+        domain, tallies = request.domain, self._rule
         for descriptor, status in zip(request.descriptors, statuses, strict=True):
             rule, limit = status.rule, status.current_limit
             hits = request.hits_for(descriptor)
             if rule is None or limit is None or hits == 0:
                 continue
-            attributes = {"domain": request.domain, "rule": rule.path}
             if rule.detailed_metric:
-                attributes["value"] = "/".join(f"{k}={v}" for k, v in descriptor.entries)
-            self._rule["hits"].add(hits, attributes)
+                value = "/".join(f"{k}={v}" for k, v in descriptor.entries)
+                key: _Key = (("domain", domain), ("rule", rule.path), ("value", value))
+            else:
+                key = self._rule_key(domain, rule.path)
+            tallies["hits"].add(hits, key)
             if status.code is Code.OVER_LIMIT or status.shadowed:
-                self._rule["over_limit"].add(hits, attributes)
+                tallies["over_limit"].add(hits, key)
                 if status.shadowed:
-                    self._rule["shadow_mode"].add(hits, attributes)
+                    tallies["shadow_mode"].add(hits, key)
                 continue
-            self._rule["within_limit"].add(hits, attributes)
+            tallies["within_limit"].add(hits, key)
             used = limit.requests_per_unit - status.limit_remaining
             near = used - math.floor(limit.requests_per_unit * self.near_limit_ratio)
             if near > 0:
-                self._rule["near_limit"].add(min(hits, near), attributes)
+                tallies["near_limit"].add(min(hits, near), key)
+
+    def _rule_key(self, domain: str, path: str) -> _Key:
+        """The attributes of a rule's series (``domain``, ``rule``), made once per rule."""
+        key = self._rule_keys.get((domain, path))
+        if key is None:
+            key = self._rule_keys[domain, path] = (("domain", domain), ("rule", path))
+        return key
 
     def backend_error(self) -> None:
         self._safely(self._backend_errors.add, 1)
@@ -277,7 +294,10 @@ class Telemetry:
 
     def rpc_finished(self, seconds: float, result: str) -> None:
         """One ShouldRateLimit call took ``seconds``; ``result`` is its code's name."""
-        self._safely(self._rpc.record, seconds, {"result": result})
+        attributes = self._rpc_attributes.get(result)
+        if attributes is None:  # one per code name: the SDK copies what it keeps
+            attributes = self._rpc_attributes[result] = {"result": result}
+        self._safely(self._rpc.record, seconds, attributes)
         if self.upstream is not None:
             self._safely(self.upstream.call, seconds)
             if result == "INVALID_ARGUMENT":
