@@ -37,6 +37,7 @@ from fairlimit.core.units import window_start
 from fairlimit.store.slots import MemorySlots
 
 _SHRINK = 4  # compact the counter table once it holds under a quarter of its high mark
+_OUTERMOST = (-1,)  # above() of a plan with one share
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _MMAP_THRESHOLD = 128 * 1024  # glibc's initial value
 
@@ -249,7 +250,8 @@ class MemoryStore:
         states = self._claims(plan, now)
         shared = tuple([int(row.admitted) for _, _, row, _ in states])
         verdicts: list[Verdict] = []
-        parents = above(plan)
+        # one cap: it is outermost (above() says so too, at the cost of two lists)
+        parents: Sequence[int] = above(plan) if len(plan.shares) > 1 else _OUTERMOST
         for i, (division, claim, row, clock) in enumerate(states):
             s, parent = plan.shares[i], parents[i]
             claim.nested = i in parents  # a cap over clients of its own: it paces them
