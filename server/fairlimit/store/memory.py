@@ -282,12 +282,12 @@ class MemoryStore:
         with itself counted; the shares of that cap claimed before it leave the new one."""
         states: list[tuple[Division, ShareClaim, Row, Clock]] = []
         for share in plan.shares:
-            cap = self._cap(share)
-            clock = Clock(share.window, share.period, now)
+            cap, period = self._cap(share), share.period  # a property: read once
+            clock = Clock(share.window, period, now)
             division = cap.divided(clock, now)
             row = cap.row(share, clock)
             claim = _claim(share)
-            leave(division, row, share.client, share.window, share.period)
+            leave(division, row, share.client, share.window, period)
             if contended(division, row, claim, clock):
                 extra = max(share.hits, 1)
                 closing, forced = cap.closing(clock), division.forced + 1
