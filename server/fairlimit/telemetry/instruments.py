@@ -294,10 +294,15 @@ class Telemetry:
 
     def rpc_finished(self, seconds: float, result: str) -> None:
         """One ShouldRateLimit call took ``seconds``; ``result`` is its code's name."""
+        if not self.enabled:
+            return
         attributes = self._rpc_attributes.get(result)
         if attributes is None:  # one per code name: the SDK copies what it keeps
             attributes = self._rpc_attributes[result] = {"result": result}
-        self._safely(self._rpc.record, seconds, attributes)
+        try:  # what _safely does, without its call on every request
+            self._rpc.record(seconds, attributes)
+        except Exception:
+            self._failed()
         if self.upstream is not None:
             self._safely(self.upstream.call, seconds)
             if result == "INVALID_ARGUMENT":
