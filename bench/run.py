@@ -104,9 +104,12 @@ class Bench:
             ("memory", lambda: procs.fairlimit(wd, "memory", "memory://")),
         ]
         if redis is not None:
-            starts.append(("redis", lambda: procs.fairlimit(wd, "redis", redis.url)))
-            starts.append(("redis-w2", lambda: procs.fairlimit(wd, "redis-w2", redis.url, 2)))
-            leased = redis.url + "?leases=on"
+            # Each target keys its own state (key_prefix): the Redis targets share one server,
+            # and one target's 10,000-client run must not fill the cap the next one divides.
+            plain, two = redis.url + "?key_prefix=c:", redis.url + "?key_prefix=d:"
+            leased = redis.url + "?leases=on&key_prefix=e:"
+            starts.append(("redis", lambda: procs.fairlimit(wd, "redis", plain)))
+            starts.append(("redis-w2", lambda: procs.fairlimit(wd, "redis-w2", two, 2)))
             starts.append(("redis-lease", lambda: procs.fairlimit(wd, "redis-lease", leased)))
         running: dict[str, tuple[procs.Proc, int]] = {}
         for name, start in starts:
@@ -195,7 +198,7 @@ class Bench:
         request, and one limit (route=shared, 5000 an hour) hammered through both: admitted
         hits must not pass it."""
         print("== two replicas on one Redis", file=sys.stderr)
-        url = redis.url + "?leases=on"
+        url = redis.url + "?leases=on&key_prefix=f:"  # its own keys, as the others
         pair = [procs.fairlimit(self.workdir, f"replica-{i}", url) for i in (0, 1)]
         row: dict[str, Any] = {}
         try:
