@@ -66,8 +66,9 @@ async def serve(tmp_path: Path) -> AsyncIterator[Serve]:
         telemetry = Telemetry(MeterProvider(), TracerProvider())
         store = store if store is not None else MemoryStore()  # an empty store is falsy
         loaded = load_text(tmp_path, CONFIG)
+        json_from = options.pop("json_from", "loopback")
         limiter = Limiter(loaded, store, FakeClock(), telemetry=telemetry, **options)
-        server = AdminServer(limiter, "127.0.0.1", 0, JSON_CODEC)
+        server = AdminServer(limiter, "127.0.0.1", 0, JSON_CODEC, json_from=json_from)
         await server.start()
         servers.append(server)
         return f"http://127.0.0.1:{server.port}", limiter
@@ -196,3 +197,38 @@ class TestMetrics:
         base, _ = await serve()
         async with http.get(base + "/metrics") as response:
             assert response.status == 404
+
+
+class TestJsonIsNotForEveryone:
+    """POST /json spends real quota: by default only loopback peers may ask (issue 26)."""
+
+    @pytest.mark.parametrize(
+        ("allowed", "peer", "status"),
+        [
+            ("loopback", "127.0.0.1", None),
+            ("loopback", "::1", None),
+            ("loopback", "10.1.2.3", 403),
+            ("loopback", "fe80::1%eth0", 403),
+            ("loopback", None, 403),
+            ("on", "10.1.2.3", None),
+            ("off", "127.0.0.1", 404),
+        ],
+    )
+    def test_who_may_ask(self, allowed: str, peer: str | None, status: int | None) -> None:
+        from fairlimit.admin import _json_refusal
+
+        refused = _json_refusal(allowed, peer)
+        assert (None if refused is None else refused.status) == status
+
+    async def test_off_answers_404_and_spends_nothing(
+        self, serve: Serve, http: aiohttp.ClientSession
+    ) -> None:
+        base, limiter = await serve(json_from="off")
+        body = rls_json(("route", "public"), ("client_id", "alice"))
+        async with http.post(base + "/json", data=body) as response:
+            assert response.status == 404
+            assert "--admin-json" in (await response.json())["error"]
+        decision = await limiter.should_rate_limit(
+            req("edge", desc("route=public", "client_id=alice"))
+        )
+        assert decision.statuses[0].limit_remaining == 1  # the first of 2: nothing spent

@@ -358,3 +358,20 @@ class TestReplicas:
         finally:
             await first.close()
             await second.close()
+
+
+class TestReleasesArePairedByClient:
+    async def test_a_client_cannot_free_another_clients_slot(
+        self, make_limiter: LimiterFactory
+    ) -> None:
+        """At the shared cap (6 in flight), a holds 4 and b 2: b's stream-done call with a's
+        request id frees nothing (before, it freed a's slot and a third client got in: 7 in
+        flight at a cap of 6); a's own release of it frees it."""
+        limiter = make_limiter(CAPPED)
+        assert all([await take(limiter, "a", f"a{i}") for i in range(4)])
+        assert all([await take(limiter, "b", f"b{i}") for i in range(2)])
+        await done(limiter, "b", "a0")  # another client's id
+        assert not await take(limiter, "c", "c0")  # the cap is still full
+        await done(limiter, "a", "a0")
+        assert await take(limiter, "c", "c1")
+        assert not await take(limiter, "c", "c2")  # full again: a 3, b 2, c 1

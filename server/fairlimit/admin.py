@@ -1,6 +1,7 @@
 """HTTP admin endpoints (aiohttp, on the serve loop): health, metrics, config, ``POST /json``."""
 
 import asyncio
+import ipaddress
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -48,8 +49,10 @@ class AdminServer:
         upstream_metrics: Callable[[], str] | None = None,
         rlqs: Callable[[], dict[str, Any]] | None = None,
         timeout: float = 10.0,
+        json_from: str = "loopback",
     ) -> None:
         self.limiter = limiter
+        self.json_from = json_from  # who may POST /json: loopback, on (anyone) or off
         self.rlqs = rlqs  # the RLQS streams and assignments, for /rlconfig
         self.codec = codec
         self.registry = registry  # the Prometheus reader's, from the CLI's SDK wiring
@@ -162,7 +165,12 @@ class AdminServer:
         408 when the body takes longer than the timeout.
 
         It is answered as a gRPC call would be: the hits are counted, real quota is spent.
+        So by default only a loopback peer may ask (``--admin-json``): 403 for the others,
+        404 with ``off``.
         """
+        refused = _json_refusal(self.json_from, request.remote)
+        if refused is not None:
+            return refused
         try:
             body = await asyncio.wait_for(request.read(), self.timeout)
         except TimeoutError:
@@ -181,6 +189,23 @@ class AdminServer:
             text=self.codec.write_response(decision, body),
             content_type="application/json",
         )
+
+
+def _json_refusal(allowed: str, peer: str | None) -> web.Response | None:
+    """The answer to a ``POST /json`` that ``--admin-json`` does not let through, or None."""
+    if allowed == "on":
+        return None
+    if allowed == "off":
+        return web.json_response({"error": "POST /json is off (--admin-json off)"}, status=404)
+    try:
+        loopback = peer is not None and ipaddress.ip_address(peer.split("%")[0]).is_loopback
+    except ValueError:
+        loopback = False  # a Unix socket or an unknown peer
+    if loopback:
+        return None
+    error = ("POST /json spends real quota: it answers loopback peers only "
+             "(--admin-json on lets anyone who reaches the admin port ask)")  # fmt: skip
+    return web.json_response({"error": error}, status=403)
 
 
 def config_report(loaded: Loaded, rows: tuple[CapRow, ...]) -> dict[str, Any]:

@@ -197,6 +197,7 @@ class App:
             upstream_metrics=None if upstream is None else upstream.render,
             rlqs=self.quota.describe,
             timeout=self.settings.admin_timeout,
+            json_from=self.settings.admin_json,
         )
 
     def _side_listeners(self, admin: AdminServer) -> list[SideListener]:

@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
         help="gRPC calls at once; more get RESOURCE_EXHAUSTED (default 32)",
     )
     serve.add_argument(
+        "--admin-json",
+        choices=["loopback", "on", "off"],
+        help="who may POST /json, which spends real quota: loopback peers (default), "
+        "anyone who reaches the admin port, or nobody",
+    )
+    serve.add_argument(
         "--admin-timeout",
         metavar="SECONDS",
         help="admin HTTP: the longest a client may take to send headers or a body (10)",
@@ -123,6 +130,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # First: a SIGHUP (a reload) that comes while the server starts would end the process
+    # by default; the config about to be loaded is the current one anyway. The serve loop
+    # (or the --workers parent) installs the real handler.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from fairlimit.settings import Settings
 
     given = {k: v for k, v in vars(args).items() if k != "command" and v is not None}

@@ -165,15 +165,17 @@ def _cap_bounds(
 
 _BUCKETS: dict[tuple[int, int], TokenBucket] = {}  # made once per (depth, tokens per fill)
 _BUCKETS_MAX = 65536
+UINT32_MAX = 2**32 - 1  # Envoy's max_tokens and tokens_per_fill are uint32
 
 
 def token_bucket(rate: float, depth: int) -> TokenBucket:
-    """The token bucket closest below ``rate`` (0.1/s steps, at least one token a fill).
+    """The token bucket closest below ``rate`` (0.1/s steps, at least one token a fill, at
+    most what Envoy's uint32 fields hold: a rule past about 429.5M/s is assigned that).
 
     Buckets are immutable and few distinct ones recur, so each is made once (a bounded
     table, cleared when full): a division assigns tens of thousands."""
-    per_fill = max(1, math.floor(rate * FILL_SECONDS + 1e-9))
-    key = (max(1, depth), per_fill)
+    per_fill = min(UINT32_MAX, max(1, math.floor(rate * FILL_SECONDS + 1e-9)))
+    key = (min(UINT32_MAX, max(1, depth)), per_fill)
     found = _BUCKETS.get(key)
     if found is None:
         if len(_BUCKETS) >= _BUCKETS_MAX:

@@ -53,6 +53,13 @@ DEFAULT_INTERVAL = 5.0
 SPACINGS = 8
 MIN_SPAN = 0.5  # a demand is measured over at least half a reporting interval
 TTL_INTERVALS = 3  # an assignment outlives two missed reports
+# A usage line counts at most this many requests of each kind (Envoy sends uint64s): no
+# Envoy lets four billion requests through one bucket in one report, and counts past int64
+# would overflow the counters (a Redis payment failing takes the domain's others with it).
+MAX_REPORTED = 2**32 - 1
+# Under a token bucket, a report counts as allowed at most what the bucket can have let
+# through since the last report, with this much slack (assignments change as they land).
+ALLOWED_SLACK = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +95,7 @@ class _Bucket:
     """One stream's subscription to one bucket."""
 
     __slots__ = ("active_at", "allowed", "bucket", "counted", "demand", "denied", "entries",
-                 "since", "strategy", "target")  # fmt: skip
+                 "peak", "since", "strategy", "target")  # fmt: skip
 
     def __init__(self, bucket: Mapping[str, str], now: float) -> None:
         self.bucket = dict(bucket)
@@ -99,7 +106,19 @@ class _Bucket:
         self.since = now
         self.active_at = now
         self.strategy: Strategy | None = None  # the one in force at the Envoy
+        # the largest token bucket sent since the last report (what the Envoy may have used
+        # for part of it): (rate, depth); None when one was not a token bucket
+        self.peak: tuple[float, int] | None = None
         self.allowed = self.denied = 0  # totals, for /rlconfig
+
+    def assign(self, strategy: Strategy) -> None:
+        """``strategy`` is sent to the Envoy (and in force there from now on)."""
+        self.strategy = strategy
+        if isinstance(strategy, TokenBucket):
+            rate, depth = strategy.rate, strategy.max_tokens
+            if self.peak is not None:
+                rate, depth = max(rate, self.peak[0]), max(depth, self.peak[1])
+            self.peak = (rate, depth)
 
     def measure(self, requests: int, now: float, interval: float) -> None:
         """Add a report's requests; a span of half an interval or more makes a demand."""
@@ -122,6 +141,11 @@ class QuotaStream:
         self.interval = DEFAULT_INTERVAL
         self._spacings: list[float] = []
         self._last: float | None = None
+        self.warned = False  # a report past what it could have let through was logged
+
+    @property
+    def last_report(self) -> float | None:
+        return self._last
 
     async def report(self, domain: str, usages: Sequence[Usage]) -> None:
         """Take one usage report; sends this stream's (and others') assignments."""
@@ -220,18 +244,29 @@ class QuotaService:
 
     async def report(self, stream: QuotaStream, domain: str, usages: Sequence[Usage]) -> None:
         now = self.now()
+        since = stream.last_report
         stream.observe(now)
         stream.domain = domain or stream.domain
         self._refresh_targets()
         reported: list[BucketKey] = []
-        for usage in usages:
-            key = bucket_key(usage.bucket)
+        for line in usages:
+            key = bucket_key(line.bucket)
             held = stream.buckets.get(key)
+            usage = bounded(line, None if held is None else held,
+                            None if since is None else now - since)  # fmt: skip
+            if usage is not line and not stream.warned:
+                stream.warned = True
+                log.warning("RLQS: stream %d reported more requests than it can have let"
+                            " through (counted as at most %d allowed, %d denied)",
+                            stream.ident, usage.allowed, usage.denied)  # fmt: skip
             if held is None:
                 held = stream.buckets[key] = _Bucket(usage.bucket, now)
                 self._resolve(stream.domain, held)
             else:
                 held.measure(usage.allowed + usage.denied, now, stream.interval)
+                strategy = held.strategy  # the next span starts under the one in force
+                held.peak = (strategy.rate, strategy.max_tokens) if isinstance(
+                    strategy, TokenBucket) else None  # fmt: skip
             held.allowed += usage.allowed
             held.denied += usage.denied
             if held.entries is not None and usage.allowed > 0:
@@ -239,7 +274,9 @@ class QuotaService:
                 self.ledger.owe(owner, stream.domain, held.entries, usage.allowed, stream.interval)
             reported.append(key)
         self.telemetry.reported(
-            stream.domain, sum(u.allowed for u in usages), sum(u.denied for u in usages)
+            stream.domain,
+            sum(min(u.allowed, MAX_REPORTED) for u in usages),
+            sum(min(u.denied, MAX_REPORTED) for u in usages),
         )
         # Only a periodic report lists every bucket; scanning on each subscription (a report
         # of one new bucket) would cost O(buckets) per new client.
@@ -391,11 +428,13 @@ class QuotaService:
             if held is None:
                 continue
             self._mark(key, held.target)
-            if held.strategy is None:
+            strategy = held.strategy
+            if strategy is None:
                 holders = sum(1 for s in self.streams.values() if key in s.buckets)
                 holders += self._remote.get(key, 0)
-                held.strategy = provisional(held.target, self.allocation.levels, holders)
-            actions.append(Assign(held.bucket, held.strategy, stream.ttl))
+                strategy = provisional(held.target, self.allocation.levels, holders)
+                held.assign(strategy)
+            actions.append(Assign(held.bucket, strategy, stream.ttl))
         if actions:
             stream.send(actions)
 
@@ -446,7 +485,7 @@ class QuotaService:
                 current = held.strategy
                 new = settle(current, strategies[(ident, key)])
                 if (new is not current and new != current) or key in renew:
-                    held.strategy = new
+                    held.assign(new)
                     actions.append(Assign(held.bucket, new, ttl))
             if actions:
                 stream.send(actions)
@@ -533,6 +572,21 @@ def _describe_strategy(strategy: Strategy | None) -> dict[str, Any] | None:
             "fill_interval_seconds": strategy.fill_seconds,
         }
     }
+
+
+def bounded(usage: Usage, held: "_Bucket | None", span: float | None) -> Usage:
+    """``usage`` with its counts bounded: each at most MAX_REPORTED; when only token buckets
+    were sent for the bucket since its last report, ``span`` seconds ago, the allowed ones
+    at most what the largest of them can have let through (ALLOWED_SLACK times its rate
+    times the span and its depth). The usage itself when nothing is cut."""
+    allowed = min(usage.allowed, MAX_REPORTED)
+    denied = min(usage.denied, MAX_REPORTED)
+    if span is not None and held is not None and isinstance(held.strategy, TokenBucket):
+        rate, depth = held.peak or (held.strategy.rate, held.strategy.max_tokens)
+        allowed = min(allowed, math.ceil(ALLOWED_SLACK * (rate * span + depth)))
+    if allowed == usage.allowed and denied == usage.denied:
+        return usage
+    return Usage(usage.bucket, allowed, denied)
 
 
 def target_of(plan: Plan) -> Target:

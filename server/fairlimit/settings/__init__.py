@@ -18,6 +18,9 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
+ADMIN_JSON = ("loopback", "on", "off")  # --admin-json
+
+
 class FailureMode(enum.Enum):
     """What the limiter answers while the backend is down."""
 
@@ -92,6 +95,8 @@ class Settings:
     drain_delay: float = 0.0
     # Admin HTTP: seconds a client may take to send a request's headers, or its body.
     admin_timeout: float = 10.0
+    # Who may POST /json (it spends real quota): loopback peers only, anyone, or nobody.
+    admin_json: str = "loopback"
     metrics_compat: bool = False  # upstream's Prometheus names next to ours
     metrics_addr: str | None = None  # a listener of its own for /metrics (PROMETHEUS_ADDR)
     metrics_path: str = "/metrics"
@@ -187,6 +192,9 @@ class Settings:
             raise SettingsError(
                 f"--top-clients: expected 0 to {MAX_TOP_CLIENTS}, got {self.top_clients}"
             )
+        if self.admin_json not in ADMIN_JSON:
+            choices = ", ".join(ADMIN_JSON)
+            raise SettingsError(f"--admin-json: expected {choices}, got {self.admin_json!r}")
         if self.log_format not in ("text", "json"):
             raise SettingsError(f"--log-format: expected text or json, got {self.log_format!r}")
         self._validate_tls()

@@ -55,10 +55,13 @@ class _Pool:
             else:
                 self.clients[client] = CapDemand(c.held - 1, 0, c.limit, c.weight)
 
-    def release(self, request_id: str, now: float) -> bool:
+    def release(self, request_id: str, now: float, client: str | None = None) -> bool:
         """Give back ``request_id``'s slot if it holds one that has not expired (an expired
-        one is left for the next acquire, which counts it as expired)."""
+        one is left for the next acquire, which counts it as expired) and, at a cap, that
+        ``client`` took: a release with another client's id frees nothing."""
         if self.slots.get(request_id, now) <= now:
+            return False
+        if client is not None and self.owner.get(request_id) != client:
             return False
         self._drop(request_id)
         return True
@@ -173,7 +176,7 @@ class MemorySlots:
             if pool is None:
                 out.append(False)
                 continue
-            out.append(pool.release(request_id, now))
+            out.append(pool.release(request_id, now, spec.client))
             self._forget(spec.key, pool, now)
         self._sweep(now)
         return tuple(out)

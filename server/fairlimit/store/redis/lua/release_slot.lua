@@ -11,7 +11,8 @@
 --
 -- A slot is given back only while it is held and not yet expired (an expired one is left
 -- for the next acquire, which counts it as expired): a release without its acquire, or a
--- second release, changes nothing. now "" = Redis TIME; client "" = not a cap pool.
+-- second release, changes nothing; at a cap pool neither does a release by a client other
+-- than the one that took the slot. now "" = Redis TIME; client "" = not a cap pool.
 -- Returns {given per pool: 1 | 0}.
 
 local POOL_ARGS, POOL_KEYS = 2, 3
@@ -26,7 +27,9 @@ for i = 1, tonumber(ARGV[2]) do
   local id, client = ARGV[a], ARGV[a + 1]
   local expiry = redis.call('ZSCORE', ids, id)
   given[i] = 0
-  if expiry and tonumber(expiry) > now then
+  -- at a cap, only the client that took the slot gives it back
+  local mine = client == '' or redis.call('HGET', owner, id) == client
+  if expiry and tonumber(expiry) > now and mine then
     redis.call('ZREM', ids, id)
     if client ~= '' and redis.call('HDEL', owner, id) == 1 then
       if redis.call('HINCRBY', held, 'n:' .. client, -1) <= 0 then
