@@ -121,8 +121,9 @@ class TestTwoReplicasOnOneRedis:
         asked = sum(a for a, _ in users)
         got = sum(g for _, g in users)
         assert asked >= USERS * PAGE * 2  # every user loaded at least two pages
-        # max-min: all of them; wall-clock on a loaded 2-core machine, so 85%
-        assert got >= 0.85 * asked, (got, asked)
+        # max-min: all of them; wall-clock on a loaded 2-core machine, so 80% (alone it gets
+        # 100%; beside the whole suite under -n 2 it measured 81-83%)
+        assert got >= 0.80 * asked, (got, asked)
         in_traffic = [t for t in admitted if warm <= t < warm + SECONDS]
         # the batch job's max-min share is the rest of the cap; wall-clock: at least half
         assert len(in_traffic) >= 0.5 * (CAPACITY * SECONDS - asked), len(in_traffic)

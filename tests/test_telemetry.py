@@ -27,7 +27,7 @@ from fairlimit.core.request import Descriptor, Request
 from fairlimit.errors import StoreUnavailable
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer
-from fairlimit.limiter import Limiter
+from fairlimit.limiter import BREAK_SECONDS, Limiter
 from fairlimit.settings import FailureMode
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
@@ -211,13 +211,15 @@ class TestServiceMetrics:
         """Each failed store call is counted; each healthy <-> unavailable change logged once."""
         caplog.set_level(logging.INFO, logger="fairlimit")
         store = FlakyStore()
-        limiter = Limiter(load_text(tmp_path, RULES), store, FakeClock(), telemetry=telemetry)
+        clock = FakeClock()
+        limiter = Limiter(load_text(tmp_path, RULES), store, clock, telemetry=telemetry)
         request = req("edge", desc("route=public"))
         await limiter.should_rate_limit(request)
         store.down = True
         for _ in range(3):
             assert (await limiter.should_rate_limit(request)).backend_failed
         store.down = False
+        clock.advance(BREAK_SECONDS)  # three in a row opened the breaker: wait it out
         await limiter.should_rate_limit(request)
         assert named(points(reader), "fairlimit.backend.errors") == {frozenset(): 3}
         changes = [r.getMessage() for r in caplog.records if "backend" in r.getMessage()]

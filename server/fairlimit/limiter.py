@@ -11,6 +11,7 @@ come back - a spurious refusal, never an admission past a limit. If that release
 """
 
 import logging
+import math
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -35,6 +36,12 @@ from fairlimit.telemetry.top import TopRow
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+# The backend breaker: after BREAK_AFTER store calls in a row fail, calls are answered by
+# the failure mode at once for BREAK_SECONDS (then the next calls try the store again). A
+# stopped Redis otherwise holds every call for its timeout, and queued calls fill
+# --grpc-max-concurrent: fail-open became RESOURCE_EXHAUSTED for most callers.
+BREAK_AFTER = 3
+BREAK_SECONDS = 0.25
 
 
 class Clock(Protocol):
@@ -109,6 +116,8 @@ class Limiter:
         self.quota_mode = quota_mode  # upstream's QUOTA_MODE: every rule a quota
         self.failure_mode = failure_mode
         self.backend_healthy = True
+        self._failures = 0  # store calls failed in a row
+        self._broken_until = -math.inf  # the breaker answers without the store until then
         self.telemetry = telemetry or Telemetry.off()
         self.telemetry.use(loaded)
         self.tally = Tally()  # RLS demand at caps, while an RLQS division wants it
@@ -239,20 +248,35 @@ class Limiter:
         """A store call's answer; None when the store is down and the failure mode is open.
 
         StoreUnavailable is counted and, under ``--failure-mode closed``, raised; a deadline
-        error is raised as it is.
+        error is raised as it is. While the breaker is open (BREAK_AFTER failures in a row,
+        for BREAK_SECONDS) the store is not called: the answer is the failure mode's at once.
         """
+        now = self.clock.now()
+        if now < self._broken_until <= now + BREAK_SECONDS:
+            if hasattr(call, "close"):
+                call.close()  # never awaited: the store is not asked
+            self._failed(StoreUnavailable("backend unavailable (breaker open)"))
+            return None
         try:
             answer = await call
         except DeadlineExceeded:
             raise  # a StoreUnavailable too, but shed by decide(), not a backend failure
         except StoreUnavailable as exc:
-            self._backend_state(exc)
-            if self.failure_mode is FailureMode.CLOSED:
-                raise
+            self._failures += 1
+            if self._failures >= BREAK_AFTER:
+                self._broken_until = self.clock.now() + BREAK_SECONDS
+            self._failed(exc)
             return None
+        self._failures = 0
         if not self.backend_healthy:
             self._backend_state(None)
         return answer
+
+    def _failed(self, exc: StoreUnavailable) -> None:
+        """A store call that failed (or was not made): counted; raised when closed."""
+        self._backend_state(exc)
+        if self.failure_mode is FailureMode.CLOSED:
+            raise exc
 
     async def _without_quotas_over(
         self, request: Request, statuses: tuple[Status, ...], now: float

@@ -1,0 +1,86 @@
+"""The backend breaker (issue 26): while the store keeps failing, calls are answered by the
+failure mode at once instead of each waiting for its own timeout (a stopped Redis held every
+call that long, and queued calls filled --grpc-max-concurrent: fail-open answers turned into
+RESOURCE_EXHAUSTED). After BREAK_SECONDS the store is asked again."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from fairlimit.core.admission import Code
+from fairlimit.errors import StoreUnavailable
+from fairlimit.limiter import BREAK_AFTER, BREAK_SECONDS, Limiter
+from fairlimit.settings import FailureMode
+from fairlimit.store.memory import MemoryStore
+from helpers import FakeClock, desc, load_text, req
+
+CONFIG = """
+domain: edge
+descriptors:
+  - key: client_id
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"""
+
+
+class FlakyStore(MemoryStore):
+    """A memory store that can be made to fail each call after a wait, as a stopped Redis
+    does at its timeout; counts the calls that reached it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.calls = 0
+
+    async def admit(self, plan, now):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.down:
+            await asyncio.sleep(0.01)
+            raise StoreUnavailable("redis: timed out")
+        return await super().admit(plan, now)
+
+
+async def _ask(limiter: Limiter) -> Code:
+    return (await limiter.should_rate_limit(req("edge", desc("client_id=a")))).code
+
+
+@pytest.mark.behaviour
+class TestBreaker:
+    async def test_a_failing_store_is_left_alone_for_a_while(self, tmp_path: Path) -> None:
+        clock = FakeClock()
+        store = FlakyStore()
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
+        assert await _ask(limiter) is Code.OK and store.calls == 1
+        store.down = True
+        answers = [await _ask(limiter) for _ in range(BREAK_AFTER + 20)]
+        assert set(answers) == {Code.OK}  # failure mode open
+        assert store.calls == 1 + BREAK_AFTER  # the rest never waited for the store
+        assert not limiter.backend_healthy
+        clock.advance(BREAK_SECONDS)
+        store.down = False
+        assert await _ask(limiter) is Code.OK
+        assert store.calls == 2 + BREAK_AFTER and limiter.backend_healthy
+        assert await _ask(limiter) is Code.OK and store.calls == 3 + BREAK_AFTER
+
+    async def test_fewer_failures_do_not_open_it(self, tmp_path: Path) -> None:
+        clock = FakeClock()
+        store = FlakyStore()
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
+        for _ in range(5):
+            store.down = True
+            for _ in range(BREAK_AFTER - 1):
+                await _ask(limiter)
+            store.down = False
+            await _ask(limiter)  # a success resets the count
+        assert store.calls == 5 * BREAK_AFTER
+
+    async def test_closed_mode_raises_while_open(self, tmp_path: Path) -> None:
+        clock = FakeClock()
+        store = FlakyStore()
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock,
+                          failure_mode=FailureMode.CLOSED)  # fmt: skip
+        store.down = True
+        for _ in range(BREAK_AFTER + 3):
+            with pytest.raises(StoreUnavailable):
+                await _ask(limiter)
+        assert store.calls == BREAK_AFTER
