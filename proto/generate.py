@@ -95,7 +95,8 @@ def rewrite_imports(path: Path, package: list[str], roots: set[str]) -> None:
 
     text = IMPORT_RE.sub(relative, text)
     for match in BARE_IMPORT_RE.finditer(text):
-        if match.group(1).split(".")[0] in roots and not match.group(1).startswith("google.protobuf"):
+        module = match.group(1)
+        if module.split(".")[0] in roots and not module.startswith("google.protobuf"):
             raise SystemExit(f"{path}: cannot make a bare import relative: {match.group(0)}")
     text = BUILDER_RE.sub(lambda m: f"{m.group(1)}{PACKAGE}.{m.group(2)}{m.group(3)}", text)
     path.write_text(text, encoding="utf-8", newline="\n")
