@@ -11,7 +11,8 @@ take a new block.
 The block's size (``size``; admit.lua computes the same):
 
 - at most the consumer's ``want``: about ``LEASE_SECONDS`` of its own demand on the plan,
-  from what it used of its last block (``MIN_WANT`` for a first one, at most ``MAX_WANT``);
+  from what it used of its last block (``MIN_WANT`` for a first one, at most ``max_block``),
+  and no more than it will use before the first of the plan's windows ends;
 - at each counter, at most ``(limit - count - hits) / (2 x holders)``, ``holders`` the
   consumers holding blocks of that counter in this window: what is left is never reserved
   away by one consumer, and when little is left every request takes the exact path;
@@ -55,6 +56,7 @@ from dataclasses import dataclass
 
 from fairlimit.core.admission import Outcome
 from fairlimit.core.plan import Plan
+from fairlimit.core.units import window_start
 
 LEASE_SECONDS = 0.2  # a block is about this long of the consumer's own demand on the plan
 LEASE_TTL = 0.25  # seconds a block may be used after it is granted
@@ -99,6 +101,11 @@ def size(want: int, counter_rooms: Iterable[float], share_rooms: Iterable[float]
     return whole if whole >= 1 else 0
 
 
+def _first_end(plan: Plan, now: float) -> float:
+    """When the first of the windows of ``plan``'s counters ends, after ``now``."""
+    return min(window_start(c.window, now) + c.window for c in plan.counters)
+
+
 @dataclass(slots=True)
 class Block:
     """Hits reserved for this consumer at every level of one plan shape, in one window."""
@@ -122,7 +129,6 @@ class Leases:
         self.margin = margin
         self.max_block = max_block
         self.blocks: dict[tuple[str, ...], Block] = {}
-        self.answers = 0  # requests admitted here, with no store call
 
     def take(self, plan: Plan, key: tuple[str, ...], base: float) -> Outcome | None:
         """Admit ``plan`` (of shape ``key``) from its block at the consumer's time ``base``,
@@ -138,7 +144,6 @@ class Leases:
         block.used += hits
         block.counts = [n + hits for n in block.counts]
         block.shared = [n + hits for n in block.shared]
-        self.answers += 1
         return Outcome(True, counts, shared, block.bounds, base + block.offset)
 
     def want(self, plan: Plan, key: tuple[str, ...], base: float) -> int:
@@ -150,8 +155,7 @@ class Leases:
             return min(MIN_WANT, self.max_block)
         rate = block.used / max(base - block.taken_at, 0.001)
         now = base + block.offset  # the store's clock
-        ends = min(math.floor(now / c.window) * c.window + c.window for c in plan.counters)
-        horizon = max(0.0, min(LEASE_SECONDS, ends - now))
+        horizon = max(0.0, min(LEASE_SECONDS, _first_end(plan, now) - now))
         return min(self.max_block, max(1, math.ceil(rate * horizon)))
 
     def keep(
@@ -168,8 +172,7 @@ class Leases:
         room (for the caller to give back)."""
         assert outcome.now is not None
         now = outcome.now
-        ends = min(math.floor(now / c.window) * c.window + c.window for c in plan.counters)
-        until = base + min(ends - now - self.margin, LEASE_TTL)
+        until = base + min(_first_end(plan, now) - now - self.margin, LEASE_TTL)
         counts = [n + c.hits for n, c in zip(outcome.counts, plan.counters, strict=True)]
         shared = [n + s.hits for n, s in zip(outcome.shared, plan.shares, strict=True)]
         old = self.blocks.get(key)

@@ -276,7 +276,8 @@ class Seen:
     bounds: list[float]
     rolled: list[int]  # indexes into SlotGroup.caps
     block: int = 0  # hits reserved as a lease block (core/lease.py)
-    wanted: list[float] = dataclasses.field(default_factory=list)  # per share: its want
+    # per share: the client's want, when a lease block was asked for (else empty)
+    wanted: list[float] = dataclasses.field(default_factory=list)
 
 
 def seen(reply: Sequence[Any]) -> Seen:

@@ -110,8 +110,8 @@ class RedisStore:
         self._known = OverLimitCache(
             options.local_cache, 2 * lease.LEASE_TTL if leasing else math.inf
         )
-        # On a Cluster, leases serve the plans whose keys sit in one slot (plain counters);
-        # a plan under a cap spans slots and keeps the exact two-phase path.
+        # On a Cluster, leases serve the plans whose keys sit in one slot (a descriptor's
+        # do); a request across slots keeps the exact two-phase path.
         self._leases = (
             None
             if not leasing

@@ -36,7 +36,8 @@
 -- with demand = 1 gives back what is not used).
 -- Returns {1 | 0, now, counts, admitted, bounds, rolled, block, wanted} (1 = charged,
 --       0 = nothing charged; bounds and wanted as strings; rolled = indexes of caps whose
---       division this call wrote; block = the hits reserved, 0 = none), or
+--       division this call wrote; block = the hits reserved, 0 = none; wanted = each
+--       share's want, only when a block was asked for), or
 --       {2, now, {cap index, epoch, rows as a flat hash, asker, extra, closing}...} when
 --       this call won the lock of a cap whose division is due (asker "") or that a request
 --       found newly contended (asker = its client, extra = its hits); closing is λ of the
@@ -476,9 +477,11 @@ for i, s in ipairs(shares) do
   if s.parent > 0 and s.parent < i then capacity = math.min(capacity, shares[s.parent].share) end
   local bound, share, kind = verdict(s.row, s.d, s, capacity, total)
   s.share, s.kind, s.bound = share, kind, bound
-  local f, r = want(s.row, s.cap, math.max(s.hits, 1))
-  s.wanted = f + r * left(s.cap)  -- its want with this request: a block stays within it
-  wanted[i] = fmt(s.wanted)
+  if want_block > 0 then  -- its want with this request: a block stays within it
+    local f, r = want(s.row, s.cap, math.max(s.hits, 1))
+    s.wanted = f + r * left(s.cap)
+    wanted[i] = fmt(s.wanted)
+  end
   shared[i] = s.row.admitted
   bounds[i] = fmt(bound)
   s.over = not s.shadow and shared[i] + math.max(s.hits, 1) > bound + EPSILON
