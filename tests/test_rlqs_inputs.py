@@ -124,3 +124,21 @@ class TestHugeCounts:
             req("edge", desc("route=public", "client_id=liar"))
         )
         assert decision.code is Code.OK
+
+
+class TestBoundedCounts:
+    def test_a_blanket_rule_in_the_span_leaves_allowed_unbounded(self) -> None:
+        """A token bucket of 5/s, then ALLOW_ALL within the span: Envoy may have let any
+        number through, so only the uint32 bound applies; under the bucket alone, twice its
+        rate over the span and its depth."""
+        from fairlimit.core.quota import Blanket, TokenBucket
+        from fairlimit.quota.service import _Bucket, bounded
+
+        held = _Bucket({"client_id": "a"}, 0.0)
+        held.assign(TokenBucket(5, 50, 10))
+        line = Usage({"client_id": "a"}, 10**6, 0)
+        assert bounded(line, held, 5.0).allowed == 2 * (5 * 5 + 5)
+        held.assign(Blanket.ALLOW_ALL)
+        assert bounded(line, held, 5.0).allowed == 10**6
+        held.start_span()  # the next report: ALLOW_ALL in force from its start
+        assert bounded(line, held, 5.0).allowed == 10**6

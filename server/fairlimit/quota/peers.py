@@ -108,20 +108,16 @@ class Held:
 
 def summarise(held: Iterable[Held]) -> list[PeerBucket]:
     """This process's report: its streams' holds summed per (domain, bucket)."""
-    totals: dict[tuple[str, BucketKey], list[float | int | None]] = {}
+    totals: dict[tuple[str, BucketKey], PeerBucket] = {}
     for h in held:
-        entry = totals.get((h.domain, h.bucket))
-        if entry is None:
-            totals[(h.domain, h.bucket)] = [h.demand, 1, h.interval]
+        known = totals.get((h.domain, h.bucket))
+        if known is None:
+            totals[(h.domain, h.bucket)] = PeerBucket(h.domain, h.bucket, h.demand, 1, h.interval)
             continue
-        demand = entry[0]
-        entry[0] = None if demand is None or h.demand is None else float(demand) + h.demand
-        entry[1] = int(entry[1] or 0) + 1
-        entry[2] = max(float(entry[2] or 0.0), h.interval)
-    return [
-        PeerBucket(domain, bucket, None if d is None else float(d), int(n or 1), float(i or 1.0))
-        for (domain, bucket), (d, n, i) in totals.items()
-    ]
+        demand = None if known.demand is None or h.demand is None else known.demand + h.demand
+        totals[(h.domain, h.bucket)] = PeerBucket(h.domain, h.bucket, demand, known.holders + 1,
+                                                  max(known.interval, h.interval))  # fmt: skip
+    return list(totals.values())
 
 
 def remote_counts(peers: Mapping[str, Report]) -> dict[BucketKey, int]:

@@ -106,19 +106,23 @@ class _Bucket:
         self.since = now
         self.active_at = now
         self.strategy: Strategy | None = None  # the one in force at the Envoy
-        # the largest token bucket sent since the last report (what the Envoy may have used
-        # for part of it): (rate, depth); None when one was not a token bucket
+        # the most the strategies in force since the last report let through: (rate,
+        # depth) of the largest token bucket, an infinite rate once a blanket rule was among
+        # them; None before the first
         self.peak: tuple[float, int] | None = None
         self.allowed = self.denied = 0  # totals, for /rlconfig
 
     def assign(self, strategy: Strategy) -> None:
         """``strategy`` is sent to the Envoy (and in force there from now on)."""
         self.strategy = strategy
-        if isinstance(strategy, TokenBucket):
-            rate, depth = strategy.rate, strategy.max_tokens
-            if self.peak is not None:
-                rate, depth = max(rate, self.peak[0]), max(depth, self.peak[1])
-            self.peak = (rate, depth)
+        rate, depth = _most(strategy)
+        if self.peak is not None:
+            rate, depth = max(rate, self.peak[0]), max(depth, self.peak[1])
+        self.peak = (rate, depth)
+
+    def start_span(self) -> None:
+        """A report came: the next span starts under the strategy in force."""
+        self.peak = None if self.strategy is None else _most(self.strategy)
 
     def measure(self, requests: int, now: float, interval: float) -> None:
         """Add a report's requests; a span of half an interval or more makes a demand."""
@@ -249,6 +253,7 @@ class QuotaService:
         stream.domain = domain or stream.domain
         self._refresh_targets()
         reported: list[BucketKey] = []
+        allowed = denied = 0  # as counted
         for line in usages:
             key = bucket_key(line.bucket)
             held = stream.buckets.get(key)
@@ -264,20 +269,15 @@ class QuotaService:
                 self._resolve(stream.domain, held)
             else:
                 held.measure(usage.allowed + usage.denied, now, stream.interval)
-                strategy = held.strategy  # the next span starts under the one in force
-                held.peak = (strategy.rate, strategy.max_tokens) if isinstance(
-                    strategy, TokenBucket) else None  # fmt: skip
+                held.start_span()
+            allowed, denied = allowed + usage.allowed, denied + usage.denied
             held.allowed += usage.allowed
             held.denied += usage.denied
             if held.entries is not None and usage.allowed > 0:
                 owner = (stream.ident, key)
                 self.ledger.owe(owner, stream.domain, held.entries, usage.allowed, stream.interval)
             reported.append(key)
-        self.telemetry.reported(
-            stream.domain,
-            sum(min(u.allowed, MAX_REPORTED) for u in usages),
-            sum(min(u.denied, MAX_REPORTED) for u in usages),
-        )
+        self.telemetry.reported(stream.domain, allowed, denied)
         # Only a periodic report lists every bucket; scanning on each subscription (a report
         # of one new bucket) would cost O(buckets) per new client.
         full = len(usages) >= len(stream.buckets)
@@ -370,9 +370,8 @@ class QuotaService:
     def _remote_target(self, domain: str, bucket: BucketKey) -> Target:
         found = self._remote_targets.get((domain, bucket))
         if found is None:
-            held = _Bucket(dict(bucket), 0.0)
-            self._resolve(domain, held)
-            found = self._remote_targets[(domain, bucket)] = held.target
+            _, found = self._governing(domain, dict(bucket))
+            self._remote_targets[(domain, bucket)] = found
         return found
 
     def _abandon_idle(self, stream: QuotaStream, now: float) -> list[Action]:
@@ -404,14 +403,21 @@ class QuotaService:
                 self._resolve(stream.domain, held)
 
     def _resolve(self, domain: str, held: _Bucket) -> None:
+        held.entries, held.target = self._governing(domain, held.bucket)
+
+    def _governing(
+        self, domain: str, bucket: Mapping[str, str]
+    ) -> tuple[tuple[Entry, ...] | None, Target]:
+        """A bucket's descriptor entries and target under the rules in force (its caps
+        linked in the regions)."""
         assert self._loaded is not None and self._matcher is not None
-        held.entries = entries_for(self._loaded.config.domains.get(domain), held.bucket)
-        if held.entries is None or self.shadow:
-            held.target = Target(Blanket.ALLOW_ALL)
-            return
-        request = Request(domain, (Descriptor(held.entries, None, 1),))
-        held.target = target_of(make_plan(request, self._matcher))
-        self._regions.add(held.target)
+        entries = entries_for(self._loaded.config.domains.get(domain), bucket)
+        if entries is None or self.shadow:
+            return entries, Target(Blanket.ALLOW_ALL)
+        request = Request(domain, (Descriptor(entries, None, 1),))
+        target = target_of(make_plan(request, self._matcher))
+        self._regions.add(target)
+        return entries, target
 
     def _due(self, now: float) -> bool:
         return self._divided_at is None or now - self._divided_at >= self.divide_gap
@@ -581,12 +587,20 @@ def bounded(usage: Usage, held: "_Bucket | None", span: float | None) -> Usage:
     times the span and its depth). The usage itself when nothing is cut."""
     allowed = min(usage.allowed, MAX_REPORTED)
     denied = min(usage.denied, MAX_REPORTED)
-    if span is not None and held is not None and isinstance(held.strategy, TokenBucket):
-        rate, depth = held.peak or (held.strategy.rate, held.strategy.max_tokens)
-        allowed = min(allowed, math.ceil(ALLOWED_SLACK * (rate * span + depth)))
+    if span is not None and held is not None and held.peak is not None:
+        rate, depth = held.peak
+        if not math.isinf(rate):
+            allowed = min(allowed, math.ceil(ALLOWED_SLACK * (rate * span + depth)))
     if allowed == usage.allowed and denied == usage.denied:
         return usage
     return Usage(usage.bucket, allowed, denied)
+
+
+def _most(strategy: Strategy) -> tuple[float, int]:
+    """(rate, depth): the most ``strategy`` lets through; a blanket rule, without bound."""
+    if isinstance(strategy, TokenBucket):
+        return strategy.rate, strategy.max_tokens
+    return math.inf, 0
 
 
 def target_of(plan: Plan) -> Target:
