@@ -39,6 +39,10 @@ class FlakyStore(MemoryStore):
             raise StoreUnavailable("redis: timed out")
         return await super().admit(plan, now)
 
+    async def ping(self) -> None:
+        if self.down:
+            raise StoreUnavailable("redis: timed out")
+
 
 async def _ask(limiter: Limiter) -> Code:
     return (await limiter.should_rate_limit(req("edge", desc("client_id=a")))).code
@@ -84,3 +88,16 @@ class TestBreaker:
             with pytest.raises(StoreUnavailable):
                 await _ask(limiter)
         assert store.calls == BREAK_AFTER
+
+    async def test_a_readiness_ping_that_answers_closes_it(self, tmp_path: Path) -> None:
+        """Open, then the store is back and /readyz's ping reaches it: calls go to the
+        store at once, without waiting out BREAK_SECONDS."""
+        store = FlakyStore()
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, FakeClock())
+        store.down = True
+        for _ in range(BREAK_AFTER + 2):
+            await _ask(limiter)
+        assert store.calls == BREAK_AFTER
+        store.down = False
+        assert await limiter.ping()
+        assert await _ask(limiter) is Code.OK and store.calls == BREAK_AFTER + 1

@@ -255,26 +255,23 @@ class Limiter:
         if now < self._broken_until <= now + BREAK_SECONDS:
             if hasattr(call, "close"):
                 call.close()  # never awaited: the store is not asked
-            self._failed(StoreUnavailable("backend unavailable (breaker open)"))
+            self._failed(StoreUnavailable("backend unavailable (breaker open)"), False)
             return None
         try:
             answer = await call
         except DeadlineExceeded:
             raise  # a StoreUnavailable too, but shed by decide(), not a backend failure
         except StoreUnavailable as exc:
-            self._failures += 1
-            if self._failures >= BREAK_AFTER:
-                self._broken_until = self.clock.now() + BREAK_SECONDS
-            self._failed(exc)
+            self._failed(exc, True)
             return None
-        self._failures = 0
-        if not self.backend_healthy:
+        if self._failures or not self.backend_healthy:
             self._backend_state(None)
         return answer
 
-    def _failed(self, exc: StoreUnavailable) -> None:
-        """A store call that failed (or was not made): counted; raised when closed."""
-        self._backend_state(exc)
+    def _failed(self, exc: StoreUnavailable, asked: bool) -> None:
+        """A store call that failed (``asked``) or was not made: counted; raised when
+        closed."""
+        self._backend_state(exc, asked)
         if self.failure_mode is FailureMode.CLOSED:
             raise exc
 
@@ -328,10 +325,21 @@ class Limiter:
         """The most clients ``top_clients`` can rank per cap (0: not recorded)."""
         return self.telemetry.top_capacity
 
-    def _backend_state(self, error: StoreUnavailable | None) -> None:
-        """Count a failed store call; log each healthy <-> unavailable transition once."""
-        if error is not None:
+    def _backend_state(self, error: StoreUnavailable | None, asked: bool = True) -> None:
+        """Count a failed store call; log each healthy <-> unavailable transition once.
+
+        Every answer the store gives (calls, readiness pings, the fairness refresh) moves
+        the breaker: BREAK_AFTER failures in a row open it for BREAK_SECONDS, a success
+        closes it. A call the open breaker answered (not ``asked``) counts as an error but
+        does not hold it open."""
+        if error is None:
+            self._failures, self._broken_until = 0, -math.inf
+        else:
             self.telemetry.backend_error()
+            if asked:
+                self._failures += 1
+                if self._failures >= BREAK_AFTER:
+                    self._broken_until = self.clock.now() + BREAK_SECONDS
         if (error is None) == self.backend_healthy:
             return
         self.backend_healthy = error is None
