@@ -22,7 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
 from fairlimit.config.loader import load
-from fairlimit.quota import QuotaService, Usage
+from fairlimit.core.rules import Loaded
+from fairlimit.quota import QuotaService, QuotaStream, Usage
 from fairlimit.store.memory import MemoryStore
 
 CONFIG = """\
@@ -62,58 +63,63 @@ def _config(caps: int) -> str:
 
 
 def _usage(n: int, round_: int, caps: int = 1) -> list[Usage]:
-    """Every client's 5 s of usage on one Envoy: a spread of demands, some above the share."""
+    """Every client's 5 s of usage on one Envoy: a spread of demands, some above the share,
+    reported as denied (an allowed count past what its token bucket can let through would
+    be cut, and logged)."""
     out = []
     for i in range(n):
         asked = 5 + (i * 7 + round_) % 120  # 1-25/s per Envoy
-        out.append(Usage({"route": _route(i, caps), "client_id": f"c{i}"}, asked, 0))
+        out.append(Usage({"route": _route(i, caps), "client_id": f"c{i}"}, 0, asked))
     return out
 
 
-def _loaded(caps: int) -> object:
+def _loaded(caps: int) -> Loaded:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "rlqs.yaml"
         path.write_text(_config(caps))
         return load([str(path)])
 
 
-async def subscribe(n: int) -> float:
-    """CPU ms of the report of one new bucket, next to n clients under CAPS caps."""
-    loaded = _loaded(CAPS)
+async def _measured(n: int, caps: int) -> tuple[Clock, list[QuotaStream]]:
+    """Two Envoys holding the n clients spread over ``caps`` caps, each client's demand
+    measured (three reports each)."""
+    loaded = _loaded(caps)
     clock = Clock()
-    service = QuotaService(lambda: loaded, MemoryStore(), clock.now)  # type: ignore[arg-type, return-value]
+    service = QuotaService(lambda: loaded, MemoryStore(), clock.now)
     envoys = [service.open(lambda actions: None) for _ in range(2)]
     for round_ in range(3):
         clock.t += 5.0
         for envoy in envoys:
-            await envoy.report("edge", _usage(n, round_, CAPS))
+            await envoy.report("edge", _usage(n, round_, caps))
+    return clock, envoys
+
+
+async def _timed(stream: QuotaStream, usage: list[Usage]) -> float:
+    """CPU seconds of one report."""
+    started = time.process_time()
+    await stream.report("edge", usage)
+    return time.process_time() - started
+
+
+async def subscribe(n: int) -> float:
+    """CPU ms of the report of one new bucket, next to n clients under CAPS caps."""
+    clock, envoys = await _measured(n, CAPS)
     times = []
     for k in range(5):
         clock.t += 1.0  # past the division gap
         usage = [Usage({"route": "r0", "client_id": f"new-{k}"}, 1, 0)]
-        started = time.process_time()
-        await envoys[0].report("edge", usage)
-        times.append(time.process_time() - started)
+        times.append(await _timed(envoys[0], usage))
     return statistics.median(times) * 1000
 
 
 async def measure(n: int) -> float:
-    loaded = _loaded(1)
-    clock = Clock()
-    service = QuotaService(lambda: loaded, MemoryStore(), clock.now)  # type: ignore[arg-type, return-value]
-    envoys = [service.open(lambda actions: None) for _ in range(2)]
-    for round_ in range(3):
-        clock.t += 5.0
-        for envoy in envoys:
-            await envoy.report("edge", _usage(n, round_))
+    """CPU ms of a periodic report of n clients under one cap, beside a second Envoy's."""
+    clock, envoys = await _measured(n, 1)
     times = []
     for round_ in range(3, 8):
         clock.t += 5.0
         await envoys[1].report("edge", _usage(n, round_))
-        usage = _usage(n, round_)
-        started = time.process_time()
-        await envoys[0].report("edge", usage)
-        times.append(time.process_time() - started)
+        times.append(await _timed(envoys[0], _usage(n, round_)))
     return statistics.median(times) * 1000
 
 
