@@ -37,7 +37,6 @@ class QuotaTelemetry:
     def __init__(self, meter_provider: MeterProvider | None = None, *, enabled: bool = True):
         self.enabled = enabled
         self.errors = 0
-        self._figures = QuotaFigures()
         # Where the figures come from when they are read (the quota service sets it), so
         # that no division pays for them: read by the gauges at each collection.
         self.source: Callable[[], QuotaFigures] | None = None
@@ -62,11 +61,8 @@ class QuotaTelemetry:
 
     @property
     def figures(self) -> QuotaFigures:
-        return self.source() if self.source is not None else self._figures
-
-    @figures.setter
-    def figures(self, figures: QuotaFigures) -> None:
-        self._figures = figures
+        """The figures as the state stands (none without a quota service)."""
+        return self.source() if self.source is not None else QuotaFigures()
 
     @classmethod
     def off(cls) -> "QuotaTelemetry":
