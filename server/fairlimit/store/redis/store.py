@@ -254,18 +254,14 @@ class RedisStore:
         """Return the unused hits of ``blocks`` to every level they were reserved at, demand
         included (release.lua; best effort: a block not given back is under-admission until
         its window ends)."""
-        calls, refs = [], []
+        undo: list[tuple[Plan, SlotGroup, str, int | None]] = []
         for block in blocks:
             ref = block.ref
             assert isinstance(ref, _Granted)
-            refs.append(ref)
-            args = script.release_args(ref.plan, ref.group, ref.at, block=block.room)
-            calls.append(self._call(self._scripts.release, script.keys(RELEASE, ref.group), args))
-        for ref, result in zip(refs, await asyncio.gather(*calls, return_exceptions=True),
-                               strict=True):  # fmt: skip
-            if isinstance(result, BaseException):
-                log.warning("redis: an unused lease block was not given back: %s", result)
-            self._known.forget(ref.plan)  # the counts it showed are lower now
+            undo.append((ref.plan, ref.group, ref.at, block.room))
+        await self._undo(undo, "an unused lease block was not given back")
+        for plan, _, _, _ in undo:
+            self._known.forget(plan)  # the counts it showed are lower now
 
     async def _run(
         self, plan: Plan, g: SlotGroup, now: str, lease_ask: tuple[str, int] = ("", 0)
@@ -283,17 +279,22 @@ class RedisStore:
 
     async def _release(self, plan: Plan, charged: Sequence[tuple[SlotGroup, Seen]]) -> None:
         """Undo the reservations of the slot groups that admitted (best effort)."""
+        undo = [(plan, g, repr(s.now), None) for g, s in charged]
+        await self._undo(undo, "a reservation could not be released")
+
+    async def _undo(self, undo: Sequence[tuple[Plan, SlotGroup, str, int | None]], failed: str
+                    ) -> None:  # fmt: skip
+        """release.lua for each (plan, slot group, the clock it was charged at, the unused
+        hits of a lease block or None for a whole reservation), at once; a call that fails
+        is logged as ``failed`` (best effort)."""
+        release = self._scripts.release
         calls = [
-            self._call(
-                self._scripts.release,
-                script.keys(RELEASE, g),
-                script.release_args(plan, g, repr(s.now)),
-            )
-            for g, s in charged
+            self._call(release, script.keys(RELEASE, g), script.release_args(plan, g, at, block))
+            for plan, g, at, block in undo
         ]
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
-                log.warning("redis: a reservation could not be released: %s", result)
+                log.warning("redis: %s: %s", failed, result)
 
     async def _call(self, lua: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         """One EVALSHA (EVAL after NOSCRIPT), given up after the timeout: what the caller's
