@@ -23,19 +23,26 @@ descriptors:
 """
 
 
-class FlakyStore(MemoryStore):
-    """A memory store that can be made to fail each call after a wait, as a stopped Redis
-    does at its timeout; counts the calls that reached it."""
+TIMEOUT = 0.05  # seconds a failing call takes (a Redis timeout), on the injected clock
 
-    def __init__(self) -> None:
+
+class FlakyStore(MemoryStore):
+    """A memory store that can be made to fail each call after its timeout (moving the
+    injected clock, when given, by TIMEOUT), as a stopped Redis does; counts the calls that
+    reached it."""
+
+    def __init__(self, clock: FakeClock | None = None) -> None:
         super().__init__()
         self.down = False
         self.calls = 0
+        self.clock = clock
 
     async def admit(self, plan, now):  # type: ignore[no-untyped-def]
         self.calls += 1
         if self.down:
             await asyncio.sleep(0.01)
+            if self.clock is not None:
+                self.clock.advance(TIMEOUT)
             raise StoreUnavailable("redis: timed out")
         return await super().admit(plan, now)
 
@@ -52,7 +59,7 @@ async def _ask(limiter: Limiter) -> Code:
 class TestBreaker:
     async def test_a_failing_store_is_left_alone_for_a_while(self, tmp_path: Path) -> None:
         clock = FakeClock()
-        store = FlakyStore()
+        store = FlakyStore(clock)
         limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
         assert await _ask(limiter) is Code.OK and store.calls == 1
         store.down = True
@@ -68,7 +75,7 @@ class TestBreaker:
 
     async def test_fewer_failures_do_not_open_it(self, tmp_path: Path) -> None:
         clock = FakeClock()
-        store = FlakyStore()
+        store = FlakyStore(clock)
         limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
         for _ in range(5):
             store.down = True
@@ -80,7 +87,7 @@ class TestBreaker:
 
     async def test_closed_mode_raises_while_open(self, tmp_path: Path) -> None:
         clock = FakeClock()
-        store = FlakyStore()
+        store = FlakyStore(clock)
         limiter = Limiter(load_text(tmp_path, CONFIG), store, clock,
                           failure_mode=FailureMode.CLOSED)  # fmt: skip
         store.down = True
@@ -92,8 +99,9 @@ class TestBreaker:
     async def test_a_readiness_ping_that_answers_closes_it(self, tmp_path: Path) -> None:
         """Open, then the store is back and /readyz's ping reaches it: calls go to the
         store at once, without waiting out BREAK_SECONDS."""
-        store = FlakyStore()
-        limiter = Limiter(load_text(tmp_path, CONFIG), store, FakeClock())
+        clock = FakeClock()
+        store = FlakyStore(clock)
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
         store.down = True
         for _ in range(BREAK_AFTER + 2):
             await _ask(limiter)
@@ -101,3 +109,17 @@ class TestBreaker:
         store.down = False
         assert await limiter.ping()
         assert await _ask(limiter) is Code.OK and store.calls == BREAK_AFTER + 1
+
+    async def test_failures_while_the_store_still_answers_do_not_open_it(
+        self, tmp_path: Path
+    ) -> None:
+        """A loaded store: timeouts in a row, but it answered within BREAK_QUIET (the clock
+        does not move): every call still asks it (the breaker opened under load before,
+        answering thousands of calls without a decision)."""
+        store = FlakyStore()  # failures take no time on the injected clock
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, FakeClock())
+        assert await _ask(limiter) is Code.OK
+        store.down = True
+        for _ in range(3 * BREAK_AFTER):
+            await _ask(limiter)
+        assert store.calls == 1 + 3 * BREAK_AFTER

@@ -36,11 +36,14 @@ from fairlimit.telemetry.top import TopRow
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-# The backend breaker: after BREAK_AFTER store calls in a row fail, calls are answered by
-# the failure mode at once for BREAK_SECONDS (then the next calls try the store again). A
-# stopped Redis otherwise holds every call for its timeout, and queued calls fill
-# --grpc-max-concurrent: fail-open became RESOURCE_EXHAUSTED for most callers.
+# The backend breaker: after BREAK_AFTER store calls in a row fail and the store has not
+# answered for BREAK_QUIET seconds, calls are answered by the failure mode at once for
+# BREAK_SECONDS (then the next calls try the store again). A stopped Redis otherwise holds
+# every call for its timeout, and queued calls fill --grpc-max-concurrent: fail-open became
+# RESOURCE_EXHAUSTED for most callers. The quiet time keeps a loaded but answering store
+# (a few timeouts in a row between successes) from tripping it.
 BREAK_AFTER = 3
+BREAK_QUIET = 0.1
 BREAK_SECONDS = 0.25
 
 
@@ -117,6 +120,7 @@ class Limiter:
         self.failure_mode = failure_mode
         self.backend_healthy = True
         self._failures = 0  # store calls failed in a row
+        self._answered_at = -math.inf  # when the store last answered
         self._broken_until = -math.inf  # the breaker answers without the store until then
         self.telemetry = telemetry or Telemetry.off()
         self.telemetry.use(loaded)
@@ -264,6 +268,7 @@ class Limiter:
         except StoreUnavailable as exc:
             self._failed(exc, True)
             return None
+        self._answered_at = now
         if self._failures or not self.backend_healthy:
             self._backend_state(None)
         return answer
@@ -329,17 +334,19 @@ class Limiter:
         """Count a failed store call; log each healthy <-> unavailable transition once.
 
         Every answer the store gives (calls, readiness pings, the fairness refresh) moves
-        the breaker: BREAK_AFTER failures in a row open it for BREAK_SECONDS, a success
-        closes it. A call the open breaker answered (not ``asked``) counts as an error but
-        does not hold it open."""
+        the breaker: BREAK_AFTER failures in a row with no answer for BREAK_QUIET open it
+        for BREAK_SECONDS, a success closes it. A call the open breaker answered (not
+        ``asked``) counts as an error but does not hold it open."""
         if error is None:
             self._failures, self._broken_until = 0, -math.inf
+            self._answered_at = self.clock.now()
         else:
             self.telemetry.backend_error()
             if asked:
                 self._failures += 1
-                if self._failures >= BREAK_AFTER:
-                    self._broken_until = self.clock.now() + BREAK_SECONDS
+                now = self.clock.now()
+                if self._failures >= BREAK_AFTER and now - self._answered_at >= BREAK_QUIET:
+                    self._broken_until = now + BREAK_SECONDS
         if (error is None) == self.backend_healthy:
             return
         self.backend_healthy = error is None
