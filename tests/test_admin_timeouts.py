@@ -64,3 +64,26 @@ class TestAdminTimeouts:
         finally:
             server.stop()
         assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"ok\n")
+
+    def test_slow_requests_cannot_take_the_probes_down(self) -> None:
+        """16 POST /json whose bodies trickle in hold the admin port's budget: a 17th
+        request gets 503 at once, while /healthz and /readyz are still answered."""
+        server = ServerProcess(["--config", str(ROOT / "descriptors"), "--admin-timeout", "20"])
+        held: list[socket.socket] = []
+        try:
+            for _ in range(16):
+                sock = socket.create_connection(("127.0.0.1", server.admin_port))
+                held.append(sock)
+                sock.sendall(b"POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                             b"Content-Type: application/json\r\n\r\n{")  # fmt: skip
+            replies = {}
+            for path in ("/metrics", "/healthz", "/readyz"):
+                with socket.create_connection(("127.0.0.1", server.admin_port)) as sock:
+                    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                                 .encode())  # fmt: skip
+                    replies[path] = _read_all(sock).split(b" ", 2)[1]
+        finally:
+            for sock in held:
+                sock.close()
+            server.stop()
+        assert replies == {"/metrics": b"503", "/healthz": b"200", "/readyz": b"200"}

@@ -65,14 +65,32 @@ def _serve(tmp_path: Path, *args: str) -> ServerProcess:
 
 
 class TestReceiveLimit:
-    def test_the_largest_request_the_bounds_admit_is_answered(self, tmp_path: Path) -> None:
-        """Every descriptor, entry and text at its bound (~2.1 MB): served, not refused."""
+    def test_the_largest_request_the_bounds_admit_is_answered_when_asked_for(
+        self, tmp_path: Path
+    ) -> None:
+        """Every descriptor, entry and text at its bound (~2.1 MB): served with
+        --grpc-max-receive-bytes 0, refused unread by the default 256 KiB."""
+        largest = _request(MAX_TEXT, domain="d" * MAX_TEXT)
+        codes = []
+        for flags in (["--grpc-max-receive-bytes", "0"], []):
+            server = _serve(tmp_path, *flags)
+            try:
+                codes.append(_send(server.target, largest))
+            finally:
+                server.stop()
+        assert codes == ["OK", "RESOURCE_EXHAUSTED"]  # an unknown domain: no limits apply
+
+    def test_a_request_under_the_default_limit_is_answered(self, tmp_path: Path) -> None:
+        """A request of ~250 kB (64 descriptors of 16 entries of 120 characters) is served:
+        the default fits requests far larger than Envoy's."""
+        payload = _request(120)
+        assert 200_000 < len(payload) < 256 * 1024
         server = _serve(tmp_path)
         try:
-            code = _send(server.target, _request(MAX_TEXT, domain="d" * MAX_TEXT))
+            code = _send(server.target, payload)
         finally:
             server.stop()
-        assert code == "OK"  # an unknown domain: no limits apply
+        assert code == "OK"
 
     def test_a_larger_request_is_refused_unread(self, tmp_path: Path) -> None:
         """A ~3.9 MB request is past any valid one: RESOURCE_EXHAUSTED, not parsed first."""
@@ -153,7 +171,7 @@ class TestPreparedCache:
         request before)."""
         if not Path("/proc/self/status").exists():
             skip_or_fail("reads the server's peak RSS from Linux /proc")
-        server = _serve(tmp_path)
+        server = _serve(tmp_path, "--grpc-max-receive-bytes", "0")
         try:
             _send(server.target, _request(1))
             baseline = _peak_rss_mb(server.process.pid)

@@ -4,7 +4,7 @@ import asyncio
 import ipaddress
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,10 @@ from fairlimit.telemetry.top import TopRow
 
 MAX_BODY = 64 * 1024  # a RateLimitRequest within the request bounds is far smaller
 TOP_DEFAULT = 10  # clients per cap on /top without ?n= and on /rlconfig
+# Requests in progress at once besides the probes (/json, /metrics, /rlconfig, /top): a flood
+# of them gets 503 while the probes are still answered.
+ADMIN_AT_ONCE = 16
+PROBES = frozenset({"/healthz", "/healthcheck", "/readyz"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +66,7 @@ class AdminServer:
         self.reload_failure: str | None = None  # why the last reload was rejected, if it was
         self.healthy_with_config = healthy_with_config  # HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
         self.upstream_metrics = upstream_metrics  # envoyproxy/ratelimit's names, when asked
-        app = web.Application(client_max_size=MAX_BODY)
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[_Budget().handle])
         app.add_routes(
             [
                 web.get("/healthcheck", self.healthcheck),
@@ -328,7 +332,7 @@ class SideListener:
         timeout: float = 10.0,
     ) -> None:
         self.host, self.port = host, port
-        app = web.Application()
+        app = web.Application(middlewares=[_Budget().handle])
         app.add_routes([web.get(path, handler) for path, handler in routes.items()])
         self._runner = _runner(app, timeout)
 
@@ -346,3 +350,26 @@ def _runner(app: web.Application, timeout: float) -> web.AppRunner:
     # headers are complete: set to ``timeout``, it closes a connection that sends its
     # headers too slowly (or none), where its default would wait an hour.
     return web.AppRunner(app, access_log=None, keepalive_timeout=timeout)
+
+
+class _Budget:
+    """An admin listener's own budget: at most ADMIN_AT_ONCE requests in progress besides
+    the probes, which are always answered; beyond, 503."""
+
+    def __init__(self) -> None:
+        self.busy = 0
+
+    @web.middleware
+    async def handle(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.path in PROBES:
+            return await handler(request)
+        if self.busy >= ADMIN_AT_ONCE:
+            text = f"{ADMIN_AT_ONCE} admin requests in progress, the most at once\n"
+            return web.Response(status=503, text=text)
+        self.busy += 1
+        try:
+            return await handler(request)
+        finally:
+            self.busy -= 1

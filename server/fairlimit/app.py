@@ -17,6 +17,7 @@ from fairlimit.config.watch import ConfigWatcher
 from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.extras import ResponseOptions
+from fairlimit.grpc_api.limits import Budgets
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer
 from fairlimit.grpc_api.tls import TlsFiles
@@ -162,8 +163,13 @@ class App:
             _response_options(settings),
             (settings.max_connection_age, settings.max_connection_age_grace),
             quota=self.quota,
-            max_receive=settings.grpc_max_receive_bytes,
-            max_concurrent=settings.grpc_max_concurrent,
+            budgets=Budgets(
+                rls=settings.grpc_max_concurrent,
+                rlqs=settings.rlqs_max_streams,
+                per_connection=settings.grpc_max_streams_per_connection,
+                read_timeout=settings.grpc_read_timeout,
+                max_receive=settings.grpc_max_receive_bytes,
+            ),
         )
         self.admin = None if worker else self._admin(metrics_registry)
         self.side = [] if self.admin is None else self._side_listeners(self.admin)

@@ -82,12 +82,28 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--grpc-max-receive-bytes",
         metavar="N",
-        help="largest gRPC message (0: the largest the request bounds admit)",
+        help="largest gRPC message (default 262144; 0: the largest the request bounds admit)",
     )
     serve.add_argument(
         "--grpc-max-concurrent",
         metavar="N",
-        help="gRPC calls at once; more get RESOURCE_EXHAUSTED (default 32)",
+        help="rate-limit calls at once; more get RESOURCE_EXHAUSTED (default 32)",
+    )
+    serve.add_argument(
+        "--rlqs-max-streams",
+        metavar="N",
+        help="RLQS streams open at once; more get RESOURCE_EXHAUSTED (default 64)",
+    )
+    serve.add_argument(
+        "--grpc-max-streams-per-connection",
+        metavar="N",
+        help="HTTP/2 streams one client connection may have open (default 16)",
+    )
+    serve.add_argument(
+        "--grpc-read-timeout",
+        metavar="SECONDS",
+        help="a call whose (first) message has not arrived by then ends with "
+        "DEADLINE_EXCEEDED (default 1)",
     )
     serve.add_argument(
         "--admin-json",

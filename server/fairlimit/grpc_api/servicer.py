@@ -14,7 +14,7 @@ from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.grpc_api import limits
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
 from fairlimit.grpc_api.extras import ResponseOptions, add_extras
-from fairlimit.grpc_api.rlqs import RLQS_SERVICE, QuotaServicer
+from fairlimit.grpc_api.rlqs import RLQS_METHOD, RLQS_SERVICE, QuotaServicer
 from fairlimit.grpc_api.tls import TlsFiles
 from fairlimit.limiter import Limiter, Prepared
 from fairlimit.quota import QuotaService
@@ -34,6 +34,8 @@ _STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (RequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
 )
+RLS_METHOD = f"/{RLS_SERVICE}/ShouldRateLimit"
+RLS_KIND = "rls"  # the budgets' names in the refused metric
 _SPAN = f"{RLS_SERVICE}/ShouldRateLimit"  # the RPC span name of OpenTelemetry's conventions
 _SPAN_ATTRIBUTES = {
     "rpc.system": "grpc",
@@ -74,15 +76,22 @@ class RateLimitServicer:
     """
 
     def __init__(
-        self, limiter: Limiter, telemetry: Telemetry, options: ResponseOptions | None = None
+        self,
+        limiter: Limiter,
+        telemetry: Telemetry,
+        options: ResponseOptions | None = None,
+        read_timeout: float = limits.Budgets.read_timeout,
     ) -> None:
         self.limiter = limiter
+        self.read_timeout = read_timeout
         self.telemetry = telemetry  # spans and the latency metric; the limiter counts hits
         self._prepared: dict[bytes, _Kept] = {}
         self.options = options or ResponseOptions()
 
     def handler(self) -> grpc.GenericRpcHandler:
-        method = grpc.unary_unary_rpc_method_handler(
+        # A stream of one on the server's side (the same bytes on the wire): the handler
+        # starts as the call does, so it can give up on a message that does not come.
+        method = grpc.stream_unary_rpc_method_handler(
             self.ShouldRateLimit,
             request_deserializer=None,
             response_serializer=rls_pb2.RateLimitResponse.SerializeToString,
@@ -90,13 +99,22 @@ class RateLimitServicer:
         return grpc.method_handlers_generic_handler(RLS_SERVICE, {"ShouldRateLimit": method})
 
     async def ShouldRateLimit(  # the name is the RPC's
-        self, payload: bytes, context: grpc.aio.ServicerContext
+        self, _: object, context: grpc.aio.ServicerContext
     ) -> rls_pb2.RateLimitResponse:
         """One span per call, its parent the W3C context Envoy sends in the metadata.
 
         Where no tracer provider records spans (no OTLP traces endpoint), the context is not
         extracted and no span is made: nothing would read either, and it costs ~15 µs a call.
         """
+        try:
+            payload = await limits.first_message(context, self.read_timeout)
+        except limits.TooSlow:
+            self.telemetry.refused(RLS_KIND, "read_timeout")
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED, limits.slow_detail(self.read_timeout)
+            )
+        if payload is grpc.aio.EOF:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
         telemetry = self.telemetry
         started = time.perf_counter()
         if telemetry.tracing:
@@ -184,26 +202,21 @@ class GrpcServer:
         max_age: tuple[float | None, float | None] = (None, None),
         quota: QuotaService | None = None,
         *,
-        max_receive: int = 0,
-        max_concurrent: int | None = None,
+        budgets: limits.Budgets | None = None,
     ) -> None:
+        budgets = budgets or limits.Budgets()
         # SO_REUSEPORT only where workers share the port on purpose: otherwise a second server
         # on a busy port must fail to bind rather than quietly take half of its connections.
-        server_options = [
-            ("grpc.so_reuseport", int(reuse_port)),
-            *limits.server_options(max_receive),
-        ]
+        server_options = [("grpc.so_reuseport", int(reuse_port)), *limits.server_options(budgets)]
         # upstream's GRPC_MAX_CONNECTION_AGE(_GRACE): clients reconnect (and re-resolve)
         for name, seconds in zip(("max_connection_age", "max_connection_age_grace"), max_age,
                                  strict=True):  # fmt: skip
             if seconds is not None:
                 server_options.append((f"grpc.{name}_ms", int(seconds * 1000)))
-        # Beyond max_concurrent calls grpc answers RESOURCE_EXHAUSTED before reading a message.
-        self.server = grpc.aio.server(
-            options=server_options, maximum_concurrent_rpcs=max_concurrent
-        )
+        self.gate = _gate(budgets, telemetry)
+        self.server = grpc.aio.server(options=server_options, interceptors=[self.gate])
         self.options = options or ResponseOptions()  # /json adds the same parts
-        servicer = RateLimitServicer(limiter, telemetry, self.options)
+        servicer = RateLimitServicer(limiter, telemetry, self.options, budgets.read_timeout)
         self.server.add_generic_rpc_handlers((servicer.handler(),))
         self.quota = None if quota is None else QuotaServicer(quota)
         if self.quota is not None:
@@ -245,3 +258,24 @@ class GrpcServer:
 
     async def wait(self) -> None:
         await self.server.wait_for_termination()
+
+
+def _gate(budgets: limits.Budgets, telemetry: Telemetry) -> limits.Gate:
+    """The budgets of rate-limit calls, RLQS streams and the rest, as one interceptor."""
+
+    def refused(kind: str) -> None:
+        telemetry.refused(kind, "busy")
+
+    def timed_out(kind: str) -> None:
+        telemetry.refused(kind, "read_timeout")
+
+    kinds = {
+        RLS_METHOD: limits.Pool(
+            RLS_KIND, budgets.rls, "rate-limit calls (--grpc-max-concurrent)", refused
+        ),
+        RLQS_METHOD: limits.Pool(
+            "rlqs", budgets.rlqs, "RLQS streams (--rlqs-max-streams)", refused
+        ),
+    }
+    other = limits.Pool("other", budgets.other, "health or reflection calls", refused)
+    return limits.Gate(budgets, kinds, other, frozenset({RLS_METHOD}), timed_out)

@@ -86,11 +86,15 @@ class Settings:
     # A config that limits nothing (no descriptor file in a directory given, no limit at
     # all) is refused at start and on reload unless this is set.
     allow_empty_config: bool = False
-    # The largest gRPC message received; 0: the largest request the bounds admit (~2.1 MB).
-    grpc_max_receive_bytes: int = 0
-    # Calls served at once; beyond, RESOURCE_EXHAUSTED. With the receive limit it bounds
-    # the memory a flood of maximal requests can take.
+    # The largest gRPC message received (256 KiB); 0: the largest request the bounds admit
+    # (~2.1 MB).
+    grpc_max_receive_bytes: int = 256 * 1024
+    # Rate-limit calls served at once; beyond, RESOURCE_EXHAUSTED. With the RLQS streams and
+    # the receive limit it bounds the memory a flood of maximal requests can take.
     grpc_max_concurrent: int = 32
+    rlqs_max_streams: int = 64  # RLQS streams open at once (one per Envoy that uses RLQS)
+    grpc_max_streams_per_connection: int = 16  # HTTP/2 streams open on one connection
+    grpc_read_timeout: float = 1.0  # seconds a call has to deliver its (first) message
     # On SIGTERM, seconds to keep answering while health says NOT_SERVING, before draining.
     drain_delay: float = 0.0
     # Admin HTTP: seconds a client may take to send a request's headers, or its body.
@@ -176,9 +180,15 @@ class Settings:
             )
         if not 0 < self.admin_timeout < float("inf"):
             raise SettingsError(f"--admin-timeout: must be above 0, got {self.admin_timeout}")
-        if self.grpc_max_concurrent < 1:
-            count = self.grpc_max_concurrent
-            raise SettingsError(f"--grpc-max-concurrent: must be 1 or more, got {count}")
+        for flag, count in (("--grpc-max-concurrent", self.grpc_max_concurrent),
+                            ("--rlqs-max-streams", self.rlqs_max_streams),
+                            ("--grpc-max-streams-per-connection",
+                             self.grpc_max_streams_per_connection)):  # fmt: skip
+            if count < 1:
+                raise SettingsError(f"{flag}: must be 1 or more, got {count}")
+        if not 0 < self.grpc_read_timeout < float("inf"):
+            timeout = self.grpc_read_timeout
+            raise SettingsError(f"--grpc-read-timeout: must be above 0, got {timeout}")
         if self.workers < 1:
             raise SettingsError(f"--workers: must be 1 or more, got {self.workers}")
         if self.workers > 1 and self.grpc_addr.startswith("unix:"):
@@ -250,8 +260,11 @@ _NUMBERS = frozenset(
         "xds_retry",
         "drain_delay",
         "admin_timeout",
+        "grpc_read_timeout",
     }
 )
+_COUNTS = frozenset({"workers", "top_clients", "grpc_max_receive_bytes", "grpc_max_concurrent",
+                     "rlqs_max_streams", "grpc_max_streams_per_connection"})  # fmt: skip
 _LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "critical", "trace", "fatal", "panic")
 
 
@@ -281,7 +294,7 @@ def _convert(label: str, name: str, value: object) -> object:
         return text or None
     if name == "unsupported_upstream":
         return tuple(v for v in text.split(",") if v)
-    if name in ("workers", "top_clients", "grpc_max_receive_bytes", "grpc_max_concurrent"):
+    if name in _COUNTS:
         if not text.isdigit():
             raise SettingsError(f"{label}: expected a whole number, got {text!r}")
         return int(text)

@@ -172,6 +172,13 @@ class Telemetry:
             "Calls answered OK without a decision because the backend was unavailable "
             "(--failure-mode open): no limit was in force for them",
         )
+        self._refused = meter.create_counter(
+            "fairlimit.rpc.refused",
+            "{call}",
+            "gRPC calls refused before their message was served, by kind (rate-limit calls, "
+            "RLQS streams, other calls) and reason (busy: the kind's budget was full; "
+            "read_timeout: the message did not arrive within --grpc-read-timeout)",
+        )
         # Exported at 0 from the start: an alert on rate() needs the series before the first
         # incident, and a missing series reads as "no data", not as "never".
         self._failed_open.add(0)
@@ -273,6 +280,10 @@ class Telemetry:
 
     def shed(self) -> None:
         self._safely(self._shed.add, 1)
+
+    def refused(self, kind: str, reason: str) -> None:
+        """A call of ``kind`` ended before its message was served (busy, read_timeout)."""
+        self._safely(self._refused.add, 1, {"kind": kind, "reason": reason})
 
     def failed_open(self) -> None:
         """One call was answered OK unlimited: the backend failed and the mode is open."""
