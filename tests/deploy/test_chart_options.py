@@ -197,3 +197,36 @@ class TestAdminPort:
             p["name"]: p["port"] for p in one(helm.template(values), "Service")["spec"]["ports"]
         }
         assert ports == {"grpc-rls": 8081, "http-admin": 8080}
+
+
+def _flag_values(docs: list[Manifest]) -> dict[str, str]:
+    args = container(docs)["args"]
+    return {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
+
+
+BUDGET_FLAGS = {
+    "--grpc-max-concurrent": "grpc_max_concurrent",
+    "--rlqs-max-streams": "rlqs_max_streams",
+    "--grpc-max-streams-per-connection": "grpc_max_streams_per_connection",
+    "--grpc-read-timeout": "grpc_read_timeout",
+    "--grpc-max-receive-bytes": "grpc_max_receive_bytes",
+}
+
+
+class TestCallBudgets:
+    """The budgets per kind of call are passed as flags, the server's own defaults unless set."""
+
+    def test_the_defaults_are_the_servers(self, helm: Helm) -> None:
+        from fairlimit.settings import Settings
+
+        flags = _flag_values(helm.template({}))
+        defaults = Settings()
+        passed = {flag: flags[flag] for flag in BUDGET_FLAGS}
+        expected = {flag: getattr(defaults, name) for flag, name in BUDGET_FLAGS.items()}
+        assert {f: float(v) for f, v in passed.items()} == expected
+
+    def test_values_set_them(self, helm: Helm) -> None:
+        limits = {"maxConcurrent": 100, "rlqsMaxStreams": 500, "streamsPerConnection": 50,
+                  "readTimeout": 2.5, "maxReceiveBytes": 1048576}  # fmt: skip
+        flags = _flag_values(helm.template({"server": {"limits": limits}}))
+        assert [flags[f] for f in BUDGET_FLAGS] == ["100", "500", "50", "2.5", "1048576"]
