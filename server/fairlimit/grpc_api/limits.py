@@ -12,7 +12,7 @@ one connection from taking a whole budget.
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,11 +64,6 @@ class Budgets:
     def receive_limit(self) -> int:
         return self.max_receive or largest_request()
 
-    @property
-    def calls(self) -> int:
-        """Calls holding a message at once, at most: the memory bound's concurrency."""
-        return self.rls + self.rlqs + self.other
-
 
 def server_options(budgets: Budgets) -> list[tuple[str, int]]:
     """grpc options that bound what unread calls hold.
@@ -87,98 +82,93 @@ def server_options(budgets: Budgets) -> list[tuple[str, int]]:
 
 
 class Pool:
-    """One kind of call's budget: how many are in progress, and the refusal beyond it."""
+    """One kind of call's budget: how many are in progress, and what a refusal says."""
 
-    def __init__(self, kind: str, most: int, what: str, refused: Callable[[str], None]) -> None:
+    def __init__(self, kind: str, most: int, what: str) -> None:
         """``kind``: the metric's name for it (rls, rlqs, other); ``what``: the refusal's."""
         self.kind = kind
         self.most = most
         self.busy = 0
-        detail = f"{most} {what} in progress, the most at once"
-
-        async def refuse(requests: object, context: grpc.aio.ServicerContext) -> None:
-            refused(kind)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, detail)
-
-        # a stream-stream behaviour starts before any message is read, whatever the method
-        self.refusal = grpc.stream_stream_rpc_method_handler(refuse)
-
-    def take(self) -> bool:
-        if self.busy >= self.most:
-            return False
-        self.busy += 1
-        task = asyncio.current_task()  # the call's own task: done when the call is
-        if task is not None:
-            task.add_done_callback(self._give)
-        return True
-
-    def _give(self, _: object) -> None:
-        self.busy -= 1
+        self.detail = f"{most} {what} in progress, the most at once"
 
 
 class TooSlow(Exception):
     """The call's message did not arrive within the read deadline."""
 
 
-async def first_message(context: grpc.aio.ServicerContext, timeout: float) -> Any:
-    """The call's first message, or grpc.aio.EOF; TooSlow past ``timeout`` seconds."""
-    try:
-        async with asyncio.timeout(timeout):
+class Reader:
+    """Reads a call's first message under the read deadline.
+
+    A timer per call would cost the hot path a few microseconds; instead each call waiting
+    for its message is noted with its deadline, and a sweep every quarter of the deadline
+    interrupts those past it (a call's message normally arrives with its headers).
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.detail = f"no request message within {timeout:g} s (--grpc-read-timeout)"
+        self._waiting: dict[asyncio.Task[Any], float] = {}
+        self._late: set[asyncio.Task[Any]] = set()
+
+    async def first(self, context: grpc.aio.ServicerContext) -> Any:
+        """The call's first message, or grpc.aio.EOF; TooSlow past the deadline."""
+        task = asyncio.current_task()
+        if task is None:  # not on a task: cannot be interrupted, wait as long as it takes
             return await context.read()
-    except TimeoutError:
-        raise TooSlow from None
+        self._waiting[task] = asyncio.get_running_loop().time() + self.timeout
+        try:
+            return await context.read()
+        except asyncio.CancelledError:
+            if task not in self._late:
+                raise
+            self._late.discard(task)
+            task.uncancel()  # interrupted by the sweep, not cancelled: the call goes on
+            raise TooSlow from None
+        finally:
+            self._waiting.pop(task, None)
+
+    async def sweep(self) -> None:
+        """Interrupt the calls past their deadline, for as long as the server runs."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.timeout / 4)
+            now = loop.time()
+            for task in [t for t, deadline in self._waiting.items() if deadline <= now]:
+                del self._waiting[task]
+                self._late.add(task)
+                task.cancel()
 
 
-def slow_detail(timeout: float) -> str:
-    return f"no request message within {timeout:g} s (--grpc-read-timeout)"
+Refused = Callable[[str, str], None]  # kind, reason (busy, read_timeout)
 
 
-class Gate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc has no stubs
-    """Counts every call against its kind's budget as it starts, refuses it beyond, and puts
-    the read deadline on the methods that do not read their message themselves.
+class Guarded(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc has no stubs
+    """Another service's handlers under a budget and the read deadline.
 
-    ``native`` names the methods whose handlers apply the deadline themselves (the hot
-    path: ShouldRateLimit reads its message as a stream of one); any other method's handler
-    is rebuilt to read its first message under the deadline before the original runs.
+    Each method's handler is rebuilt as one whose request is a stream: it starts as the call
+    does (a unary-request handler starts only once its message is in), so a call beyond the
+    budget is refused before anything is read, and the first message is read under the
+    deadline before the original handler runs.
     """
 
     def __init__(
-        self,
-        budgets: Budgets,
-        kinds: dict[str, Pool],
-        other: Pool,
-        native: frozenset[str],
-        timed_out: Callable[[str], None],
+        self, inner: grpc.GenericRpcHandler, pool: Pool, reader: Reader, refused: Refused
     ) -> None:
-        self.budgets = budgets
-        self.kinds = kinds
-        self.other = other
-        self.native = native
-        self._timed_out = timed_out
-        self._rebuilt: dict[str, grpc.RpcMethodHandler] = {}
+        self.inner = inner
+        self.pool = pool
+        self.reader = reader
+        self.refused = refused
+        self._rebuilt: dict[str, grpc.RpcMethodHandler | None] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        method = handler_call_details.method
-        pool = self.kinds.get(method, self.other)
-        if not pool.take():
-            return pool.refusal
-        handler = await continuation(handler_call_details)
-        if handler is None or method in self.native:
-            return handler
-        rebuilt = self._rebuilt.get(method)
-        if rebuilt is None:
-            rebuilt = self._rebuilt[method] = self._with_deadline(handler, pool.kind)
-        return rebuilt
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method: str = details.method
+        if method not in self._rebuilt:
+            found = self.inner.service(details)
+            self._rebuilt[method] = None if found is None else self._guard(found)
+        return self._rebuilt[method]
 
-    def _with_deadline(self, handler: grpc.RpcMethodHandler, kind: str) -> grpc.RpcMethodHandler:
-        """``handler`` as a stream-request handler that waits for the first message at most
-        the read deadline (a unary-request handler only starts once its message is in)."""
-        timeout = self.budgets.read_timeout
-        timed_out = self._timed_out
+    def _guard(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        pool, reader, refused = self.pool, self.reader, self.refused
         original = (
             handler.unary_unary or handler.unary_stream or handler.stream_unary
             or handler.stream_stream
@@ -186,22 +176,17 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc has no stu
         unary_request = not handler.request_streaming
 
         async def behaviour(_: object, context: grpc.aio.ServicerContext) -> Any:
+            if pool.busy >= pool.most:
+                refused(pool.kind, "busy")
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, pool.detail)
+            pool.busy += 1
             try:
-                first = await first_message(context, timeout)
+                return await _serve(handler, original, unary_request, reader, context)
             except TooSlow:
-                timed_out(kind)
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, slow_detail(timeout))
-            if first is grpc.aio.EOF:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
-            result = original(first if unary_request else _rest(first, context), context)
-            if not handler.response_streaming:
-                return await result if inspect.isawaitable(result) else result
-            if inspect.isawaitable(result):  # writes with context.write itself
-                await result
-            else:
-                async for response in result:
-                    await context.write(response)
-            return None
+                refused(pool.kind, "read_timeout")
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, reader.detail)
+            finally:
+                pool.busy -= 1
 
         make = (
             grpc.stream_stream_rpc_method_handler
@@ -213,6 +198,28 @@ class Gate(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc has no stu
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+async def _serve(
+    handler: grpc.RpcMethodHandler,
+    original: Callable[..., Any],
+    unary_request: bool,
+    reader: Reader,
+    context: grpc.aio.ServicerContext,
+) -> Any:
+    """Run ``original`` on the call's messages once the first is in (TooSlow before)."""
+    first = await reader.first(context)
+    if first is grpc.aio.EOF:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
+    result = original(first if unary_request else _rest(first, context), context)
+    if not handler.response_streaming:
+        return await result if inspect.isawaitable(result) else result
+    if inspect.isawaitable(result):  # writes with context.write itself
+        await result
+    else:
+        async for response in result:
+            await context.write(response)
+    return None
 
 
 async def _rest(first: object, context: grpc.aio.ServicerContext) -> AsyncIterator[object]:

@@ -19,7 +19,6 @@ from fairlimit.quota import Abandon, Action, QuotaService, QuotaStream, Usage
 log = logging.getLogger(__name__)
 
 RLQS_SERVICE = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService"
-RLQS_METHOD = f"/{RLQS_SERVICE}/StreamRateLimitQuotas"
 _Response = rlqs_pb2.RateLimitQuotaResponse
 _BLANKETS = {
     Blanket.ALLOW_ALL: ratelimit_strategy_pb2.RateLimitStrategy.ALLOW_ALL,

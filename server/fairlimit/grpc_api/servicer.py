@@ -1,12 +1,14 @@
 """The RateLimitService servicer and the grpc.aio server around it."""
 
+import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
@@ -14,7 +16,7 @@ from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.grpc_api import limits
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
 from fairlimit.grpc_api.extras import ResponseOptions, add_extras
-from fairlimit.grpc_api.rlqs import RLQS_METHOD, RLQS_SERVICE, QuotaServicer
+from fairlimit.grpc_api.rlqs import RLQS_SERVICE, QuotaServicer
 from fairlimit.grpc_api.tls import TlsFiles
 from fairlimit.limiter import Limiter, Prepared
 from fairlimit.quota import QuotaService
@@ -34,8 +36,10 @@ _STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (RequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
 )
-RLS_METHOD = f"/{RLS_SERVICE}/ShouldRateLimit"
 RLS_KIND = "rls"  # the budgets' names in the refused metric
+RLS_WHAT = "rate-limit calls (--grpc-max-concurrent)"  # ... in refusals
+RLQS_WHAT = "RLQS streams (--rlqs-max-streams)"
+OTHER_WHAT = "health or reflection calls"
 _SPAN = f"{RLS_SERVICE}/ShouldRateLimit"  # the RPC span name of OpenTelemetry's conventions
 _SPAN_ATTRIBUTES = {
     "rpc.system": "grpc",
@@ -80,10 +84,13 @@ class RateLimitServicer:
         limiter: Limiter,
         telemetry: Telemetry,
         options: ResponseOptions | None = None,
-        read_timeout: float = limits.Budgets.read_timeout,
+        pool: limits.Pool | None = None,
+        reader: limits.Reader | None = None,
     ) -> None:
         self.limiter = limiter
-        self.read_timeout = read_timeout
+        budgets = limits.Budgets()
+        self.pool = pool or limits.Pool(RLS_KIND, budgets.rls, RLS_WHAT)
+        self.reader = reader or limits.Reader(budgets.read_timeout)
         self.telemetry = telemetry  # spans and the latency metric; the limiter counts hits
         self._prepared: dict[bytes, _Kept] = {}
         self.options = options or ResponseOptions()
@@ -106,23 +113,29 @@ class RateLimitServicer:
         Where no tracer provider records spans (no OTLP traces endpoint), the context is not
         extracted and no span is made: nothing would read either, and it costs ~15 µs a call.
         """
+        pool = self.pool
+        if pool.busy >= pool.most:
+            self.telemetry.refused(RLS_KIND, "busy")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, pool.detail)
+        pool.busy += 1
         try:
-            payload = await limits.first_message(context, self.read_timeout)
-        except limits.TooSlow:
-            self.telemetry.refused(RLS_KIND, "read_timeout")
-            await context.abort(
-                grpc.StatusCode.DEADLINE_EXCEEDED, limits.slow_detail(self.read_timeout)
-            )
-        if payload is grpc.aio.EOF:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
-        telemetry = self.telemetry
-        started = time.perf_counter()
-        if telemetry.tracing:
-            answer, result = await self._traced(payload, context)
-        else:
-            answer = await self._answer(payload, INVALID_SPAN, context.time_remaining())
-            result = _result(answer)
-        telemetry.rpc_finished(time.perf_counter() - started, result)
+            try:
+                payload = await self.reader.first(context)
+            except limits.TooSlow:
+                self.telemetry.refused(RLS_KIND, "read_timeout")
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, self.reader.detail)
+            if payload is grpc.aio.EOF:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
+            telemetry = self.telemetry
+            started = time.perf_counter()
+            if telemetry.tracing:
+                answer, result = await self._traced(payload, context)
+            else:
+                answer = await self._answer(payload, INVALID_SPAN, context.time_remaining())
+                result = _result(answer)
+            telemetry.rpc_finished(time.perf_counter() - started, result)
+        finally:
+            pool.busy -= 1
         if isinstance(answer, tuple):
             await context.abort(*answer)
             raise AssertionError("unreachable: abort raises")
@@ -213,23 +226,35 @@ class GrpcServer:
                                  strict=True):  # fmt: skip
             if seconds is not None:
                 server_options.append((f"grpc.{name}_ms", int(seconds * 1000)))
-        self.gate = _gate(budgets, telemetry)
-        self.server = grpc.aio.server(options=server_options, interceptors=[self.gate])
+        self.server = grpc.aio.server(options=server_options)
+        self.reader = limits.Reader(budgets.read_timeout)
+        self._sweep: asyncio.Task[None] | None = None
         self.options = options or ResponseOptions()  # /json adds the same parts
-        servicer = RateLimitServicer(limiter, telemetry, self.options, budgets.read_timeout)
-        self.server.add_generic_rpc_handlers((servicer.handler(),))
+        rls_pool = limits.Pool(RLS_KIND, budgets.rls, RLS_WHAT)
+        servicer = RateLimitServicer(limiter, telemetry, self.options, rls_pool, self.reader)
+        self.server.add_generic_rpc_handlers((servicer.handler(),))  # first: the hot path
         self.quota = None if quota is None else QuotaServicer(quota)
-        if self.quota is not None:
-            self.server.add_generic_rpc_handlers((self.quota.handler(),))
         self.health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (
             rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
             *((RLQS_SERVICE,) if quota is not None else ()),
         )
-        reflection.enable_server_reflection(names, self.server)
+        # The other services, each under its kind's budget and the read deadline.
+        other = _Collected()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, other)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            reflection.aio.ReflectionServicer(names), other
+        )
+        other_pool = limits.Pool("other", budgets.other, OTHER_WHAT)  # health and reflection
+        guarded = [(handler, other_pool) for handler in other.handlers]
+        if self.quota is not None:
+            rlqs_pool = limits.Pool("rlqs", budgets.rlqs, RLQS_WHAT)
+            guarded.insert(0, (self.quota.handler(), rlqs_pool))
+        self.server.add_generic_rpc_handlers(
+            [limits.Guarded(h, pool, self.reader, telemetry.refused) for h, pool in guarded]
+        )
         if tls is None:
             self.port = self.server.add_insecure_port(address)
         else:
@@ -239,6 +264,7 @@ class GrpcServer:
 
     async def start(self) -> None:
         await self.server.start()
+        self._sweep = asyncio.create_task(self.reader.sweep())
         for name in HEALTH_NAMES:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
@@ -255,27 +281,22 @@ class GrpcServer:
         if self.quota is not None:
             self.quota.end_streams()  # long-lived: they would hold the whole grace period
         await self.server.stop(grace)
+        if self._sweep is not None:
+            self._sweep.cancel()
 
     async def wait(self) -> None:
         await self.server.wait_for_termination()
 
 
-def _gate(budgets: limits.Budgets, telemetry: Telemetry) -> limits.Gate:
-    """The budgets of rate-limit calls, RLQS streams and the rest, as one interceptor."""
+class _Collected:
+    """Where a generated add_*_to_server function registers its service: the handlers are
+    kept, to be put under a budget before the server gets them."""
 
-    def refused(kind: str) -> None:
-        telemetry.refused(kind, "busy")
+    def __init__(self) -> None:
+        self.handlers: list[grpc.GenericRpcHandler] = []
 
-    def timed_out(kind: str) -> None:
-        telemetry.refused(kind, "read_timeout")
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self.handlers.extend(handlers)
 
-    kinds = {
-        RLS_METHOD: limits.Pool(
-            RLS_KIND, budgets.rls, "rate-limit calls (--grpc-max-concurrent)", refused
-        ),
-        RLQS_METHOD: limits.Pool(
-            "rlqs", budgets.rlqs, "RLQS streams (--rlqs-max-streams)", refused
-        ),
-    }
-    other = limits.Pool("other", budgets.other, "health or reflection calls", refused)
-    return limits.Gate(budgets, kinds, other, frozenset({RLS_METHOD}), timed_out)
+    def add_registered_method_handlers(self, service: str, handlers: object) -> None:
+        """Not kept: the generic handler of the same service serves the same methods."""
