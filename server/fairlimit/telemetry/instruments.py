@@ -179,10 +179,20 @@ class Telemetry:
             "RLQS streams, other calls) and reason (busy: the kind's budget was full; "
             "read_timeout: the message did not arrive within --grpc-read-timeout)",
         )
+        self._in_progress: Callable[[], Iterable[tuple[str, int]]] = tuple
+        meter.create_observable_gauge(
+            "fairlimit.rpc.in_progress",
+            [self._calls_in_progress],
+            "{call}",
+            "gRPC calls in progress by kind (rls, rlqs, other), against the budgets "
+            "--grpc-max-concurrent and --rlqs-max-streams",
+        )
         # Exported at 0 from the start: an alert on rate() needs the series before the first
         # incident, and a missing series reads as "no data", not as "never".
         self._failed_open.add(0)
         self._shed.add(0)
+        for kind in ("rls", "rlqs"):  # what FairlimitCallBudgetFull watches
+            self._refused.add(0, {"kind": kind, "reason": "busy"})
         self._loads = meter.create_counter(
             "fairlimit.config.loads", "{load}", "Config loads, by result (success|failure)"
         )
@@ -284,6 +294,13 @@ class Telemetry:
     def refused(self, kind: str, reason: str) -> None:
         """A call of ``kind`` ended before its message was served (busy, read_timeout)."""
         self._safely(self._refused.add, 1, {"kind": kind, "reason": reason})
+
+    def count_calls(self, read: Callable[[], Iterable[tuple[str, int]]]) -> None:
+        """Where fairlimit.rpc.in_progress reads its figures: (kind, calls) pairs."""
+        self._in_progress = read
+
+    def _calls_in_progress(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(calls, {"kind": kind}) for kind, calls in self._in_progress()]
 
     def failed_open(self) -> None:
         """One call was answered OK unlimited: the backend failed and the mode is open."""
