@@ -25,6 +25,7 @@ from fairlimit.limiter import Limiter
 from fairlimit.quota import QuotaService
 from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
+from fairlimit.store.degraded import Replicas
 from fairlimit.telemetry import Telemetry, pooled
 from fairlimit.telemetry.quota import QuotaTelemetry
 from fairlimit.telemetry.upstream import UpstreamStats
@@ -134,6 +135,9 @@ class App:
         for line in loaded.notes:
             log.info("%s", line)
         self.store = open_store(settings.backend)
+        # --failure-mode local: each process's part of a limit (store/degraded.py); the RLQS
+        # demand exchange says which processes share the store
+        replicas = Replicas(settings.replicas * settings.workers)
         self.limiter = Limiter(
             loaded,
             self.store,
@@ -141,6 +145,7 @@ class App:
             failure_mode=settings.failure_mode,
             telemetry=self.telemetry,
             quota_mode=settings.quota_mode,
+            replicas=replicas,
         )
         limiter = self.limiter
         self.quota = QuotaService(
@@ -151,6 +156,7 @@ class App:
             telemetry=QuotaTelemetry() if self.telemetry.enabled else QuotaTelemetry.off(),
             divide_gap=DRIP_SECONDS,  # a put-off division runs at the next drip
             tally=limiter.tally,  # RLS demand at caps counts in the RLQS division
+            replicas=replicas,
         )
         reuse_port = settings.workers > 1  # the workers share the port (workers.py)
         self.grpc = GrpcServer(
@@ -373,6 +379,7 @@ class App:
             await self.admin.stop()
         for listener in self.side:
             await listener.stop()
+        await self.limiter.close()  # a write-back of local decisions, when one is out
         await self.store.close()
         log.info("stopped")
 

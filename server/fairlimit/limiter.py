@@ -8,8 +8,13 @@ a request refused by a rate holds no slot once it is answered. The window betwee
 steps (one store call) can only make a concurrent request see a slot taken that is about to
 come back - a spurious refusal, never an admission past a limit. If that release fails
 (backend gone) the slot expires after its rule's max_duration.
+
+Under ``--failure-mode local`` a request the store cannot decide is decided by this process
+alone, to its part of every limit (store/degraded.py, core/parts.py), from the first
+failure until what it admitted meanwhile is written back into the store.
 """
 
+import asyncio
 import logging
 import math
 import time
@@ -30,6 +35,7 @@ from fairlimit.errors import DeadlineExceeded, StoreUnavailable
 from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
 from fairlimit.store.deadline import DEADLINE
+from fairlimit.store.degraded import LocalLimits, Replicas
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.fairness import CapRow
 from fairlimit.telemetry.top import TopRow
@@ -45,6 +51,7 @@ _T = TypeVar("_T")
 BREAK_AFTER = 3
 BREAK_QUIET = 0.1
 BREAK_SECONDS = 0.25
+PAY_ROUNDS = 4  # write-backs in a row, while more is decided locally as one goes
 
 
 class Clock(Protocol):
@@ -111,6 +118,7 @@ class Limiter:
         failure_mode: FailureMode = FailureMode.OPEN,
         telemetry: Telemetry | None = None,
         quota_mode: bool = False,
+        replicas: Replicas | None = None,
     ) -> None:
         self._active = _Active(loaded, Matcher(loaded.config), declared(loaded.config))
         self.store = store
@@ -125,6 +133,10 @@ class Limiter:
         self.telemetry = telemetry or Telemetry.off()
         self.telemetry.use(loaded)
         self.tally = Tally()  # RLS demand at caps, while an RLQS division wants it
+        # --failure-mode local: the last counts seen, and the limits of this process alone
+        local = failure_mode is FailureMode.LOCAL
+        self.local = LocalLimits(replicas or Replicas()) if local else None
+        self._paying: asyncio.Task[None] | None = None  # the write-back, when out
 
     @property
     def loaded(self) -> Loaded:
@@ -194,6 +206,8 @@ class Limiter:
         held: SlotOutcome | None = None
         if slots.acquire:
             held = await self._store_call(self.store.acquire(slots.acquire, now))
+            if held is None and self.local is not None:
+                held = await self._alone().acquire(slots.acquire, now)
             if held is not None:
                 pools = [p for _, p in taken(slots.acquire)]
                 self.telemetry.slots.acquired(request.domain, pools, held)
@@ -207,6 +221,8 @@ class Limiter:
 
     async def _release(self, domain: str, claims: tuple[Claim, ...], now: float) -> None:
         """Give slots back; a failure is logged and left to the slots' expiry."""
+        if self.local is not None:
+            await self.local.release(claims, now)  # those taken alone, if any
         try:
             given = await self.store.release(claims, now)
         except StoreUnavailable as exc:
@@ -230,11 +246,13 @@ class Limiter:
         tally = self.tally
         if tally.on and plan.shares:
             tally.add(request, plan)  # RLS demand at caps, for the RLQS division
-        outcome = await self._admit(plan, now)
-        if outcome is None:
+        admitted = await self._admit(plan, now)
+        if admitted is None:
             open_statuses = _open_statuses(len(plan.descriptors))
             return Decision(Code.OK, open_statuses, True, time.perf_counter() - started)
-        statuses = admission.statuses(plan, outcome, now if outcome.now is None else outcome.now)
+        outcome, decided = admitted  # decided: the plan itself, or as scaled when alone
+        clock = now if outcome.now is None else outcome.now
+        statuses = admission.statuses(decided, outcome, clock)
         code = admission.overall(statuses, self.quota_mode)
         if code is Code.OK and Code.OVER_LIMIT in [s.code for s in statuses]:
             code, statuses = await self._without_quotas_over(request, statuses, now)
@@ -242,11 +260,82 @@ class Limiter:
         code = Code.OK if self.shadow else code
         return Decision(code, statuses, backend_seconds=time.perf_counter() - started)
 
-    async def _admit(self, plan: Plan, now: float) -> Outcome | None:
-        """The store's outcome; None when it is down and the failure mode is open."""
+    async def _admit(self, plan: Plan, now: float) -> tuple[Outcome, Plan] | None:
+        """The store's outcome and the plan it decided; None when the store is down and the
+        failure mode is open. Under ``local`` a store that is down leaves the decision to
+        this process alone: the outcome of the plan scaled to its part."""
         if not plan.counters:
-            return Outcome(True, (), (), ())
-        return await self._store_call(self.store.admit(plan, now))
+            return Outcome(True, (), (), ()), plan
+        outcome = await self._store_call(self.store.admit(plan, now))
+        local = self.local
+        if outcome is not None:
+            if local is not None:
+                local.saw(plan, outcome, now)
+            return outcome, plan
+        if local is None:
+            return None
+        self.telemetry.decided_locally()
+        return await self._alone().admit(plan, now)
+
+    def _alone(self) -> LocalLimits:
+        """The local limits, begun (and logged) when this process was not yet alone."""
+        local = self.local
+        assert local is not None
+        if not local.active:
+            local.begin(self.clock.now())
+            self.telemetry.degraded(True)
+            processes, index = local.place
+            log.warning(
+                "limiting locally until the backend is back (--failure-mode local): this "
+                "process admits its part of every limit, about 1/%d (place %d of %d; %d "
+                "processes last seen, --replicas x --workers %d); e.g. 100 a window -> %d",
+                processes, index + 1, processes, len(local.replicas.seen),
+                local.replicas.configured, local.part_of(100),
+            )  # fmt: skip
+        return local
+
+    def _pay_back(self) -> None:
+        """The store answers again: write back what was decided alone (in the background,
+        one write-back at a time); the local state goes once it is all written."""
+        if self.local is None or not self.local.active:
+            return
+        if self._paying is not None and not self._paying.done():
+            return
+        self._paying = asyncio.get_running_loop().create_task(self._pay(self.local))
+
+    async def _pay(self, local: LocalLimits) -> None:
+        paid = 0
+        for _ in range(PAY_ROUNDS):
+            try:
+                done, failed = await local.pay(self.store, self.clock.now())
+            except Exception:  # a write-back must never take the server down
+                log.exception("writing back what was decided locally failed")
+                return
+            paid += done
+            if failed is not None:
+                self._backend_state(failed)  # still away: alone still, owed kept
+                return
+            if not local.owes:
+                break
+        if local.owes:
+            return  # decided alone again meanwhile: the next answer pays the rest
+        seconds = self.clock.now() - local.since
+        log.info(
+            "backend back: limiting locally ended after %.1f s (%d decisions made here, %d "
+            "admitted; written back into the store under %d plans)",
+            seconds, local.decisions, local.admitted, paid,
+        )  # fmt: skip
+        local.end()
+        self.telemetry.degraded(False)
+
+    async def close(self) -> None:
+        """Let a write-back that is out finish (for at most a second)."""
+        paying = self._paying
+        if paying is not None and not paying.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(paying), 1.0)
+            except TimeoutError:
+                log.warning("what was decided locally was not all written back in time")
 
     async def _store_call(self, call: Awaitable[_T]) -> _T | None:
         """A store call's answer; None when the store is down and the failure mode is open.
@@ -292,12 +381,13 @@ class Limiter:
         keep = [i for i, s in enumerate(statuses) if s.code is not Code.OVER_LIMIT]
         rest = Request(request.domain, tuple(request.descriptors[i] for i in keep), request.hits)
         plan = make_plan(rest, self._active.matcher)
-        outcome = await self._admit(plan, now)
-        if outcome is None:
+        admitted = await self._admit(plan, now)
+        if admitted is None:
             return Code.OK, statuses  # failure-open, as for any request
+        outcome, decided = admitted
         clock = now if outcome.now is None else outcome.now
         merged = list(statuses)
-        for index, status in zip(keep, admission.statuses(plan, outcome, clock), strict=True):
+        for index, status in zip(keep, admission.statuses(decided, outcome, clock), strict=True):
             merged[index] = status
         code = admission.overall(merged, self.quota_mode) if outcome.admitted else Code.OVER_LIMIT
         return code, tuple(merged)
@@ -340,6 +430,7 @@ class Limiter:
         if error is None:
             self._failures, self._broken_until = 0, -math.inf
             self._answered_at = self.clock.now()
+            self._pay_back()
         else:
             self.telemetry.backend_error()
             if asked:
@@ -354,6 +445,8 @@ class Limiter:
             log.info("backend healthy again")
         else:
             log.error("backend unavailable: %s", error or type(error).__name__)
+            if self.local is not None:
+                self._alone()
 
 
 def _placed(request: Request, slots: Slots, rates: Decision | None) -> Decision:
