@@ -18,7 +18,7 @@ from fairlimit.core.matching import Matcher
 from fairlimit.core.parts import part, scaled, scaled_claims
 from fairlimit.core.plan import Plan, plan
 from fairlimit.errors import SettingsError, StoreUnavailable
-from fairlimit.limiter import BREAK_SECONDS, Limiter
+from fairlimit.limiter import BREAK_SECONDS, RETURN_GRACE, Limiter
 from fairlimit.quota import QuotaService
 from fairlimit.settings import FailureMode, Settings
 from fairlimit.store.base import Store
@@ -272,11 +272,43 @@ class TestBack:
         clock.advance(BREAK_SECONDS)  # the breaker opened: the store is asked again after
         assert await codes(limiter, ("client_id=y",), 1) == [OK]  # answered: pays back
         await limiter.close()  # waits for the write-back
-        assert limiter.local is not None and not limiter.local.active
+        assert limiter.local is not None and limiter.local.active  # for RETURN_GRACE
+        clock.advance(RETURN_GRACE)
+        await limiter.watch_backend()
+        assert not limiter.local.active
         direct = Limiter(loaded, store, clock)  # no switch, no local state
         assert await codes(direct, ("client_id=x",), 6) == [OK] * 5 + [OVER]
         at_cap = (await codes(direct, ("route=public", "user=u3"), 9)).count(OK)
         assert at_cap <= 9 - alone
+
+    async def test_for_a_while_back_the_part_still_bounds_each_replica(
+        self, store: Store, clock: FakeClock, tmp_path: Path
+    ) -> None:
+        """Both admitted their 5 of x's 10 alone. The first to be back is refused by its
+        part (its answer, charged by the store, even before its write-back is in), and so
+        is the second; once RETURN_GRACE has passed the store alone decides: x has had its
+        10 in this window, from the two together."""
+        switch = Switch(store)
+        loaded = load_text(tmp_path, CONFIG)
+        a, b = [Limiter(loaded, switch, clock, failure_mode=FailureMode.LOCAL,
+                        replicas=placed(me, other))
+                for me, other in (("a", "b"), ("b", "a"))]  # fmt: skip
+        switch.down = True
+        assert [await codes(r, ("client_id=x",), 5) for r in (a, b)] == [[OK] * 5] * 2
+        switch.down = False
+        clock.advance(BREAK_SECONDS)
+        assert await codes(a, ("client_id=x",), 1) == [OVER]  # b's 5 not in the store yet
+        await a.close()
+        assert await codes(a, ("client_id=x",), 2) == [OVER] * 2
+        assert await codes(a, ("client_id=y",), 6) == [OK] * 5 + [OVER]  # a's part of y
+        assert await codes(b, ("client_id=x",), 1) == [OVER]
+        await b.close()
+        clock.advance(RETURN_GRACE)
+        for replica in (a, b):
+            await replica.watch_backend()
+            assert replica.local is not None and not replica.local.active
+        assert [await codes(r, ("client_id=x",), 1) for r in (a, b)] == [[OVER]] * 2
+        assert await codes(a, ("client_id=y",), 6) == [OK] * 5 + [OVER]  # the store's rest
 
     async def test_a_write_back_that_fails_is_kept_for_the_next_answer(
         self, store: Store, clock: FakeClock, tmp_path: Path
@@ -295,8 +327,11 @@ class TestBack:
         assert limiter.local is not None and limiter.local.active and limiter.local.owes
         assert not limiter.backend_healthy  # the failed write-back says so
         switch.pings_only = False
-        assert await limiter.ping()
+        await limiter.watch_backend()  # pings, as the serve loop does every BREAK_SECONDS
         await limiter.close()
+        assert not limiter.local.owes and limiter.local.returned_at is not None
+        clock.advance(RETURN_GRACE)
+        await limiter.watch_backend()
         assert not limiter.local.active
         direct = Limiter(loaded, store, clock)
         assert await codes(direct, ("client_id=x",), 8) == [OK] * 7 + [OVER]
@@ -324,6 +359,8 @@ class TestBack:
             clock.advance(BREAK_SECONDS)
             await codes(limiter, ("client_id=x",), 1)
             await limiter.close()
+            clock.advance(RETURN_GRACE)
+            await codes(limiter, ("client_id=z",), 1)  # a request ends it too
             assert _values(reader)["fairlimit.backend.degraded"] == 0
         finally:
             provider.shutdown()
@@ -331,7 +368,7 @@ class TestBack:
         assert [r.levelno for r in alone] == [logging.WARNING, logging.INFO]
         assert "about 1/3 (place 1 of 3; 3 processes last seen" in alone[0].getMessage()
         assert "100 a window -> 34" in alone[0].getMessage()
-        assert "5 decisions made here, 4 admitted" in alone[1].getMessage()
+        assert "6 decisions made here, 4 admitted" in alone[1].getMessage()
 
 
 def _values(reader: InMemoryMetricReader) -> dict[str, float]:

@@ -11,7 +11,10 @@ come back - a spurious refusal, never an admission past a limit. If that release
 
 Under ``--failure-mode local`` a request the store cannot decide is decided by this process
 alone, to its part of every limit (store/degraded.py, core/parts.py), from the first
-failure until what it admitted meanwhile is written back into the store.
+failure on. Once the store answers again, what was admitted alone is written back into it,
+and for RETURN_GRACE seconds a request must be admitted both by this process's part and by
+the store: the other processes come back (and write back) a little later, and until they
+have, the store's counters miss what they admitted alone. Then the local state goes.
 """
 
 import asyncio
@@ -52,6 +55,7 @@ BREAK_AFTER = 3
 BREAK_QUIET = 0.1
 BREAK_SECONDS = 0.25
 PAY_ROUNDS = 4  # write-backs in a row, while more is decided locally as one goes
+RETURN_GRACE = 1.0  # seconds the local parts still bound admissions once the store is back
 
 
 class Clock(Protocol):
@@ -262,20 +266,43 @@ class Limiter:
 
     async def _admit(self, plan: Plan, now: float) -> tuple[Outcome, Plan] | None:
         """The store's outcome and the plan it decided; None when the store is down and the
-        failure mode is open. Under ``local`` a store that is down leaves the decision to
-        this process alone: the outcome of the plan scaled to its part."""
+        failure mode is open."""
         if not plan.counters:
             return Outcome(True, (), (), ()), plan
-        outcome = await self._store_call(self.store.admit(plan, now))
         local = self.local
-        if outcome is not None:
-            if local is not None:
-                local.saw(plan, outcome, now)
-            return outcome, plan
-        if local is None:
-            return None
-        self.telemetry.decided_locally()
-        return await self._alone().admit(plan, now)
+        if local is not None:
+            return await self._admit_local(local, plan, now)
+        outcome = await self._store_call(self.store.admit(plan, now))
+        return None if outcome is None else (outcome, plan)
+
+    async def _admit_local(
+        self, local: LocalLimits, plan: Plan, now: float
+    ) -> tuple[Outcome, Plan]:
+        """``_admit`` under ``--failure-mode local``: a store that is down leaves the
+        decision to this process alone (the outcome of the plan scaled to its part); one
+        that is back admits only what this process's part admits too, for RETURN_GRACE."""
+        checked = False
+        if local.returned_at is not None:
+            self._end_if_due(local, now)
+            if local.active:
+                refused = await local.check(plan, now)
+                if refused is not None:
+                    self.telemetry.decided_locally()
+                    return refused
+                checked = True
+        outcome = await self._store_call(self.store.admit(plan, now))
+        if outcome is None:
+            self.telemetry.decided_locally()
+            return await self._alone().admit(plan, now)
+        local.saw(plan, outcome, now)
+        if local.active and not checked and outcome.admitted:
+            # The answer that brought the store back: nothing is written back yet. Refused
+            # by the part, it stays charged in the store (once per return).
+            refused = await local.check(plan, now)
+            if refused is not None:
+                self.telemetry.decided_locally()
+                return refused
+        return outcome, plan
 
     def _alone(self) -> LocalLimits:
         """The local limits, begun (and logged) when this process was not yet alone."""
@@ -294,39 +321,56 @@ class Limiter:
             )  # fmt: skip
         return local
 
-    def _pay_back(self) -> None:
-        """The store answers again: write back what was decided alone (in the background,
-        one write-back at a time); the local state goes once it is all written."""
-        if self.local is None or not self.local.active:
-            return
-        if self._paying is not None and not self._paying.done():
-            return
-        self._paying = asyncio.get_running_loop().create_task(self._pay(self.local))
+    def _back(self, local: LocalLimits) -> None:
+        """The store answers again: the grace starts (once), and what was decided alone is
+        written back (in the background, one write-back at a time)."""
+        if local.returned_at is None:
+            local.returned_at = self.clock.now()
+        if self._paying is None or self._paying.done():
+            self._paying = asyncio.get_running_loop().create_task(self._pay(local))
 
     async def _pay(self, local: LocalLimits) -> None:
-        paid = 0
         for _ in range(PAY_ROUNDS):
             try:
-                done, failed = await local.pay(self.store, self.clock.now())
+                failed = await local.pay(self.store, self.clock.now())
             except Exception:  # a write-back must never take the server down
                 log.exception("writing back what was decided locally failed")
                 return
-            paid += done
             if failed is not None:
                 self._backend_state(failed)  # still away: alone still, owed kept
                 return
+            local.paid_at = self.clock.now()
             if not local.owes:
-                break
-        if local.owes:
-            return  # decided alone again meanwhile: the next answer pays the rest
-        seconds = self.clock.now() - local.since
+                return
+        # decided alone again meanwhile: the next answer pays the rest
+
+    def _end_if_due(self, local: LocalLimits, now: float) -> None:
+        """Drop the local state once the store has answered for RETURN_GRACE, everything
+        decided alone is written back, and no write-back is out."""
+        if local.returned_at is None or now < local.returned_at + RETURN_GRACE or local.owes:
+            return
+        if self._paying is not None and not self._paying.done():
+            return
         log.info(
             "backend back: limiting locally ended after %.1f s (%d decisions made here, %d "
-            "admitted; written back into the store under %d plans)",
-            seconds, local.decisions, local.admitted, paid,
+            "admitted; written back into the store under %d plans, %.2f s after it answered)",
+            now - local.since, local.decisions, local.admitted, local.paid,
+            local.paid_at - local.returned_at,
         )  # fmt: skip
         local.end()
         self.telemetry.degraded(False)
+
+    async def watch_backend(self) -> None:
+        """While this process limits alone: ping the store (so that it comes back as soon as
+        the store does, traffic or not), and drop the local state when that is due. The
+        serve loop calls it every BREAK_SECONDS."""
+        local = self.local
+        if local is None or not local.active:
+            return
+        if local.returned_at is None:
+            await self.ping()
+        else:
+            self._end_if_due(local, self.clock.now())
 
     async def close(self) -> None:
         """Let a write-back that is out finish (for at most a second)."""
@@ -430,9 +474,12 @@ class Limiter:
         if error is None:
             self._failures, self._broken_until = 0, -math.inf
             self._answered_at = self.clock.now()
-            self._pay_back()
+            if self.local is not None and self.local.active:
+                self._back(self.local)
         else:
             self.telemetry.backend_error()
+            if self.local is not None:
+                self.local.returned_at = None  # away again: alone, without the store
             if asked:
                 self._failures += 1
                 now = self.clock.now()

@@ -110,6 +110,9 @@ class LocalLimits:
         self.since = 0.0  # when this process started deciding alone
         self.decisions = 0  # decided here since then
         self.admitted = 0
+        self.returned_at: float | None = None  # when the store answered again (limiter's)
+        self.paid = 0  # plans written back since then
+        self.paid_at = 0.0  # when the last write-back was done (limiter's clock)
 
     @property
     def active(self) -> bool:
@@ -149,11 +152,13 @@ class LocalLimits:
         self._place = self.replicas.place()
         self._store = MemoryStore(seed=self._seed)
         self.since, self.decisions, self.admitted = now, 0, 0
+        self.returned_at, self.paid, self.paid_at = None, 0, now
 
     def end(self) -> None:
         """Drop the local state (the store is back and holds what was admitted here)."""
         self._store = None
         self._owed = {}
+        self.returned_at = None
 
     def part_of(self, limit: int) -> int:
         """This process's part of ``limit`` while active."""
@@ -169,6 +174,18 @@ class LocalLimits:
         self.decisions += 1
         self.admitted += outcome.admitted
         self._owe(plan, outcome.admitted, now)
+        return outcome, local
+
+    async def check(self, plan: Plan, now: float) -> tuple[Outcome, Plan] | None:
+        """While the store is back but the others may not be yet: None when ``plan`` fits in
+        this process's part (charged here, not owed: the store is asked next and charges
+        it), else the refusal (charged here as any refusal is)."""
+        assert self._store is not None
+        local = scaled(plan, *self._place)
+        outcome = await self._store.admit(local, now)
+        if outcome.admitted:
+            return None
+        self.decisions += 1
         return outcome, local
 
     def _owe(self, plan: Plan, admitted: bool, now: float) -> None:
@@ -197,10 +214,10 @@ class LocalLimits:
         if self._store is not None:
             await self._store.release(claims, now)
 
-    async def pay(self, store: Store, now: float) -> tuple[int, StoreUnavailable | None]:
+    async def pay(self, store: Store, now: float) -> StoreUnavailable | None:
         """Write what was charged here into ``store`` (the windows still running at
-        ``now``); returns how many plans were paid and the first failure. What a failed call
-        owed is owed again (with what is charged here meanwhile)."""
+        ``now``); returns the first failure. What a failed call owed is owed again (with
+        what is charged here meanwhile)."""
         owed, self._owed = self._owed, {}
         due = [(k, o, p) for k, o in owed.items() if (p := _payment(o, now)) is not None]
         token = DEADLINE.set(None)  # a background task: no caller's deadline bounds it
@@ -214,10 +231,10 @@ class LocalLimits:
             results = await asyncio.gather(*(one(p) for _, _, p in due), return_exceptions=True)
         finally:
             DEADLINE.reset(token)
-        paid, failed = 0, None
+        failed = None
         for (key, o, _), result in zip(due, results, strict=True):
             if result is None:
-                paid += 1
+                self.paid += 1
                 continue
             if not isinstance(result, StoreUnavailable):
                 raise result
@@ -227,4 +244,4 @@ class LocalLimits:
                 self._owed[key] = o
             else:
                 _merge(again, o)
-        return paid, failed
+        return failed
