@@ -185,7 +185,8 @@ class Telemetry:
             [self._degraded_now],
             "1",
             "1 while this process limits alone because the backend was unavailable "
-            "(--failure-mode local), until what it admitted is written back",
+            "(--failure-mode local), until what it admitted is written back and its part has "
+            "bounded it for a second more",
         )
         # Exported at 0 from the start: an alert on rate() needs the series before the first
         # incident, and a missing series reads as "no data", not as "never".
