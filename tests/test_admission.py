@@ -1,4 +1,4 @@
-"""Admission semantics of DESIGN.md section 4, on every backend with an injected clock."""
+"""Admission semantics of docs/semantics.md, on every backend with an injected clock."""
 
 import pytest
 

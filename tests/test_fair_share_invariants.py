@@ -1,4 +1,4 @@
-"""Fair allocation at a cap: the invariants I1-I7 of DESIGN.md section 5, on every backend."""
+"""Fair allocation at a cap: the invariants I1-I7 of docs/semantics.md, on every backend."""
 
 import pytest
 

@@ -132,7 +132,7 @@ def _glob(pattern: str, value: str) -> bool:
 
 
 def _reference(rules: tuple[Rule, ...], entries: list[tuple[str, str]]) -> Rule | None:
-    """The matching rule of DESIGN.md section 3, written as plainly as possible."""
+    """The matching rule of docs/semantics.md, written as plainly as possible."""
     found: Rule | None = None
     level = rules
     for key, value in entries:

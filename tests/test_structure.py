@@ -1,4 +1,4 @@
-"""The layering of STYLE.md, read from the imports.
+"""The layering of docs/architecture.md ("The layer order"), read from the imports.
 
 Every ``fairlimit`` import (absolute or relative, at module level, inside a function or under
 ``TYPE_CHECKING``) must point into the importer's own layer-package or a layer to its left:
@@ -136,7 +136,9 @@ class TestLayerOrder:
     def test_imports_point_left_in_the_layer_order(self, path: Path) -> None:
         """No module imports a layer to its right or a sibling package of its own layer."""
         found = [str(v) for v in violations(path)]
-        assert not found, "imports against the layer order (STYLE.md):\n" + "\n".join(found)
+        assert not found, "imports against the layer order (docs/architecture.md):\n" + "\n".join(
+            found
+        )
 
     def test_every_package_has_a_layer(self) -> None:
         """Each top-level module or package of fairlimit is placed in LAYERS."""
@@ -197,3 +199,33 @@ class TestLayering:
             for lib, owners in OWNERS.items():
                 if name == lib or name.startswith(lib + "."):
                     assert where in owners, f"{path.relative_to(PACKAGE)} imports {name}"
+
+
+REPOSITORY = PACKAGE.parents[1]
+OUTSIDE = ("DESIGN.md", "STYLE.md", "../shared")  # the team's notes beside the repository
+SKIPPED = {".git", ".venv", ".tools", "node_modules", "site", "__pycache__", ".pytest_cache"}
+
+
+def _text_files(root: Path) -> list[Path]:
+    found = []
+    for path in root.iterdir():
+        if path.name in SKIPPED or path.name.startswith(".mypy"):
+            continue
+        if path.is_dir():
+            found += _text_files(path)
+        elif path.suffix in {".py", ".md", ".yaml", ".yml", ".lua", ".sh", ".toml", ".json"}:
+            found.append(path)
+    return found
+
+
+class TestSelfContained:
+    def test_nothing_cites_a_file_outside_the_repository(self) -> None:
+        """The design the code and tests cite is in docs/: a reader of the repository has
+        nothing else (docs/semantics.md, docs/architecture.md, docs/fairness.md)."""
+        cited = [
+            f"{path.relative_to(REPOSITORY)}:{number}: {line.strip()}"
+            for path in _text_files(REPOSITORY)
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+            if any(name in line for name in OUTSIDE) and path.name != "test_structure.py"
+        ]
+        assert not cited, "\n".join(cited)

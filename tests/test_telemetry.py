@@ -60,8 +60,9 @@ descriptors:
         rate_limit: {unit: second, requests_per_unit: 5}
 """
 
-# DESIGN.md section 1 at a tenth of the scale: a 100/s bucket, one batch client at 500/s
-# retrying every 429 (once, to keep the test quick), nine interactive clients at 5/s each.
+# The problem in numbers of docs/semantics.md at a tenth of the scale: a 100/s bucket, one
+# batch client at 500/s retrying every 429 (once, to keep the test quick), nine interactive
+# clients at 5/s each.
 GLOBAL_BUCKET = """
 domain: edge
 descriptors:

@@ -10,7 +10,7 @@ Two sources feed one row per classified rule:
   starved clients the sum, λ the smallest finite level (the most contended one).
 - a global-bucket-only rule: no store state knows whom a shared counter served, so
   ``BucketWatch`` measures it on the request path. Its clients are named as a cap's are
-  (DESIGN.md section 3): the value a request carries one level below the bucket, here in
+  (docs/semantics.md, "Matching"): the value a request carries one level below the bucket, here in
   another descriptor of the same request, as Envoy sends ``(route)`` beside
   ``(route, client_id)``. Requests that name no client are not in the figures.
 

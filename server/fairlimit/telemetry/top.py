@@ -1,6 +1,6 @@
 """Who is the hog: the top clients of each cap by demand and by rejections, in bounded memory.
 
-A cap's client is named as in DESIGN.md section 3: the value a request carries one level
+A cap's client is named as in docs/semantics.md ("Matching"): the value a request carries one level
 below a ``fair_share`` cap; for a global-bucket-only rule, the value one level below the
 bucket in another descriptor of the same request (as ``fairness.BucketWatch`` names it). A
 client is identified with the cap *instance* above it (``edge/tenant=acme`` for a value-less
