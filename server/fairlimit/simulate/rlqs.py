@@ -22,8 +22,8 @@ from fairlimit.core.quota import Blanket, Strategy, TokenBucket
 from fairlimit.core.request import Request
 from fairlimit.core.rules import Loaded
 from fairlimit.quota import Abandon, Action, QuotaService, Usage
-from fairlimit.simulate.engine import _Run
 from fairlimit.simulate.report import ConfigResult
+from fairlimit.simulate.run import Run
 from fairlimit.simulate.scenario import RlqsModel, Scenario
 from fairlimit.store.base import Store
 
@@ -110,7 +110,7 @@ class SimEnvoy:
         await self.stream.report(self.domain, usages)
 
 
-class RlqsRun(_Run):
+class RlqsRun(Run):
     """One config's run with every client behind ``model.envoys`` RLQS Envoys."""
 
     def __init__(
