@@ -17,7 +17,7 @@ from fairlimit.config.watch import ConfigWatcher
 from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.extras import ResponseOptions
-from fairlimit.grpc_api.limits import Budgets
+from fairlimit.grpc_api.guards import Budgets
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer
 from fairlimit.grpc_api.tls import TlsFiles

@@ -13,7 +13,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.errors import RequestError, StoreUnavailable
-from fairlimit.grpc_api import limits
+from fairlimit.grpc_api import guards
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
 from fairlimit.grpc_api.extras import ResponseOptions, add_extras
 from fairlimit.grpc_api.rlqs import RLQS_SERVICE, QuotaServicer
@@ -84,13 +84,13 @@ class RateLimitServicer:
         limiter: Limiter,
         telemetry: Telemetry,
         options: ResponseOptions | None = None,
-        pool: limits.Pool | None = None,
-        reader: limits.Reader | None = None,
+        pool: guards.Pool | None = None,
+        reader: guards.Reader | None = None,
     ) -> None:
         self.limiter = limiter
-        budgets = limits.Budgets()
-        self.pool = pool or limits.Pool(RLS_KIND, budgets.rls, RLS_WHAT)
-        self.reader = reader or limits.Reader(budgets.read_timeout)
+        budgets = guards.Budgets()
+        self.pool = pool or guards.Pool(RLS_KIND, budgets.rls, RLS_WHAT)
+        self.reader = reader or guards.Reader(budgets.read_timeout)
         self.telemetry = telemetry  # spans and the latency metric; the limiter counts hits
         self._prepared: dict[bytes, _Kept] = {}
         self.options = options or ResponseOptions()
@@ -120,7 +120,7 @@ class RateLimitServicer:
         try:
             try:
                 payload = await self.reader.first(context, pool)
-            except limits.TooSlow as slow:
+            except guards.TooSlow as slow:
                 self.telemetry.refused(RLS_KIND, slow.why)
                 await context.abort(*self.reader.details(pool, slow))
             if payload is grpc.aio.EOF:
@@ -214,22 +214,22 @@ class GrpcServer:
         max_age: tuple[float | None, float | None] = (None, None),
         quota: QuotaService | None = None,
         *,
-        budgets: limits.Budgets | None = None,
+        budgets: guards.Budgets | None = None,
     ) -> None:
-        budgets = budgets or limits.Budgets()
+        budgets = budgets or guards.Budgets()
         # SO_REUSEPORT only where workers share the port on purpose: otherwise a second server
         # on a busy port must fail to bind rather than quietly take half of its connections.
-        server_options = [("grpc.so_reuseport", int(reuse_port)), *limits.server_options(budgets)]
+        server_options = [("grpc.so_reuseport", int(reuse_port)), *guards.server_options(budgets)]
         # upstream's GRPC_MAX_CONNECTION_AGE(_GRACE): clients reconnect (and re-resolve)
         for name, seconds in zip(("max_connection_age", "max_connection_age_grace"), max_age,
                                  strict=True):  # fmt: skip
             if seconds is not None:
                 server_options.append((f"grpc.{name}_ms", int(seconds * 1000)))
         self.server = grpc.aio.server(options=server_options)
-        self.reader = limits.Reader(budgets.read_timeout)
+        self.reader = guards.Reader(budgets.read_timeout)
         self._sweep: asyncio.Task[None] | None = None
         self.options = options or ResponseOptions()  # /json adds the same parts
-        rls_pool = limits.Pool(RLS_KIND, budgets.rls, RLS_WHAT)
+        rls_pool = guards.Pool(RLS_KIND, budgets.rls, RLS_WHAT)
         servicer = RateLimitServicer(limiter, telemetry, self.options, rls_pool, self.reader)
         self.server.add_generic_rpc_handlers((servicer.handler(),))  # first: the hot path
         self.quota = None if quota is None else QuotaServicer(quota)
@@ -246,13 +246,13 @@ class GrpcServer:
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
             reflection.aio.ReflectionServicer(names), other
         )
-        other_pool = limits.Pool("other", budgets.other, OTHER_WHAT)  # health and reflection
+        other_pool = guards.Pool("other", budgets.other, OTHER_WHAT)  # health and reflection
         guarded = [(handler, other_pool) for handler in other.handlers]
         if self.quota is not None:
-            rlqs_pool = limits.Pool("rlqs", budgets.rlqs, RLQS_WHAT)
+            rlqs_pool = guards.Pool("rlqs", budgets.rlqs, RLQS_WHAT)
             guarded.insert(0, (self.quota.handler(), rlqs_pool))
         self.server.add_generic_rpc_handlers(
-            [limits.Guarded(h, pool, self.reader, telemetry.refused) for h, pool in guarded]
+            [guards.Guarded(h, pool, self.reader, telemetry.refused) for h, pool in guarded]
         )
         pools = self.reader.pools = [rls_pool, *{id(p): p for _, p in guarded}.values()]
         telemetry.count_calls(lambda: [(pool.kind, pool.busy) for pool in pools])

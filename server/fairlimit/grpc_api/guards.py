@@ -23,18 +23,16 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit._proto.envoy.type.v3 import ratelimit_unit_pb2
 from fairlimit.core.request import MAX_DESCRIPTORS, MAX_ENTRIES, MAX_HITS, MAX_TEXT
 
-D = ratelimit_pb2.RateLimitDescriptor
-
 
 def largest_request() -> int:
     """The encoded size of the largest RateLimitRequest the request bounds admit (in ASCII
     text: 2,108,809 bytes). A larger message cannot be valid, so grpc may refuse it unread."""
     text = "x" * MAX_TEXT
-    entry = D.Entry(key=text, value=text)
-    override = D.RateLimitOverride(
+    entry = ratelimit_pb2.RateLimitDescriptor.Entry(key=text, value=text)
+    override = ratelimit_pb2.RateLimitDescriptor.RateLimitOverride(
         requests_per_unit=0xFFFFFFFF, unit=ratelimit_unit_pb2.RateLimitUnit.YEAR
     )
-    descriptor = D(entries=[entry] * MAX_ENTRIES, limit=override)
+    descriptor = ratelimit_pb2.RateLimitDescriptor(entries=[entry] * MAX_ENTRIES, limit=override)
     descriptor.hits_addend.value = MAX_HITS
     request = rls_pb2.RateLimitRequest(
         domain=text, descriptors=[descriptor] * MAX_DESCRIPTORS, hits_addend=MAX_HITS
