@@ -136,10 +136,10 @@ def unfolding_bound(
 ) -> list[list[Number]]:
     """Per sample (elapsed seconds s, cumulative demand per client by s, in time order):
     the most each client may have been admitted by s (see the module docstring)."""
-    best = [0 for _ in limits]
+    best: list[Number] = [0 for _ in limits]
     out: list[list[Number]] = []
     for elapsed, demand in samples:
-        part: Number = min(1, (Fraction(elapsed) + Fraction(slack)) / Fraction(window))
+        part: Number = min(Fraction(1), (Fraction(elapsed) + Fraction(slack)) / Fraction(window))
         open_part = capacity * (part if isinstance(capacity, int | Fraction) else float(part))
         fair = maxmin(demand, limits, weights, open_part)
         best = [max(b, f) for b, f in zip(best, fair, strict=True)]
