@@ -1,6 +1,7 @@
 """Shared fixtures: an injected clock, a store and limiters over every backend.
 
-Fixtures only; shared helpers (FakeClock, load_text, skip_or_fail, ...) live in helpers.py.
+Fixtures only (and the check that every test has a kind); shared helpers (FakeClock,
+load_text, skip_or_fail, ...) live in helpers.py.
 """
 
 import sys
@@ -78,3 +79,15 @@ def make_limiter(store: Store, clock: FakeClock, tmp_path: Path) -> Callable[...
         return Limiter(load_text(tmp_path, text), store, clock, **options)  # type: ignore[arg-type]
 
     return make
+
+
+KINDS = ("unit", "behaviour", "process")  # pyproject's markers: `-m unit` and so on
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test is of one kind, or `-m unit` (and the others) would quietly skip it."""
+    unmarked = sorted({item.nodeid.split("::")[0] for item in items
+                       if not any(item.get_closest_marker(kind) for kind in KINDS)})  # fmt: skip
+    if unmarked:
+        raise pytest.UsageError("tests without a kind marker (unit, behaviour or process): "
+                                + ", ".join(unmarked))  # fmt: skip

@@ -1,5 +1,6 @@
 """Counter and cap keys (core/keys.py): built and parsed in one place."""
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,6 +13,8 @@ from fairlimit.core.keys import (
     parse_counter_key,
 )
 from strategies import descriptor_keys
+
+pytestmark = pytest.mark.unit
 
 Parts = tuple[str, list[tuple[str, str]], int]
 

@@ -9,6 +9,8 @@ from hypothesis import given
 from fairlimit.core.fairshare import PeriodDemand, figures_of, level_of
 from strategies import periods
 
+pytestmark = pytest.mark.unit
+
 
 class TestPeriodDemand:
     def test_the_level_is_in_the_window_and_the_figures_in_the_period(self) -> None:

@@ -27,6 +27,8 @@ from fairlimit.store.redis.slots import ACQUIRE, SLOT_LAYOUTS, SlotLayout
 from fairness_cases import NESTED
 from helpers import desc, load_text, req
 
+pytestmark = pytest.mark.unit
+
 CONFIG = """
 domain: edge
 descriptors:

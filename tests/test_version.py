@@ -5,10 +5,13 @@ import re
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from fairlimit import __version__
 from servers import ROOT
+
+pytestmark = pytest.mark.process
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
