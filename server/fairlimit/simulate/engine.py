@@ -1,47 +1,10 @@
 """Traffic scenarios run through the real limiter on a simulated clock, config by config.
 
-The model, so that every figure can be checked by hand:
-
-- Time advances in ticks of ``tick`` seconds (a divisor of 1 s, so no tick straddles a
-  limiter window); the clock the ``Limiter`` reads is the tick's start, and scenario time 0
-  is a day boundary, so scenario seconds are the limiter's epoch-aligned windows.
-- A client at ``rate`` sends request n at ``start + n / rate`` while that is before ``stop``,
-  in each of its phases (``traffic``): evenly spread. Within a tick, attempts go in order of
-  those exact times; retries due in a tick go first (at its start); ties go in scenario order.
-- A request costs its client's ``cost`` in hits (request-level ``hits_addend``). A client with
-  ``charge: response`` sends a check with ``hits_addend: 0`` and, when it passes, the cost as
-  a second request, as Envoy's ``apply_on_stream_done`` does; its hits count as admitted when
-  the check passes, whatever the limiter says of the charge (the tokens were spent).
-- A rejected attempt with retries left is sent again ``backoff`` seconds later, and never in
-  the same tick (``backoff: 0`` means the next tick). Retries past the end are not sent.
-- Every config runs against the same traffic, with its own fresh ``MemoryStore`` (or a
-  fresh store from the caller's factory, ``run(..., store=...)``: Redis in the tests).
-- A client with ``request_duration`` models concurrency: each attempt carries a request id
-  (the domain's acquire key, as Envoy's request path sends it), and an admitted one is
-  released ``request_duration`` later, at the start of that tick (the stream-done call).
-  Such runs send every attempt alone: each has its own id, so none can be coalesced.
-
-One economy: once a client is rejected in a tick, the rest of its attempts in that tick
-(identical requests at the same instant) are sent through the limiter as one request whose
-``hits_addend`` is their number, at the tick's end: rejected, it moves no counter and
-records the same demand at each cap as they would have one by one, only later in the tick
-(fairness v3 counts demand at once, so the other clients of that tick see it after, not
-before, their own requests). Within an instant counters only grow and a fair-share bound
-mostly falls, but a cap's division remade in the tick (a request that finds the cap newly
-contended) may raise one: then the coalesced request is admitted whole and its attempts
-are not retried. A retry storm costs two limiter calls per client and tick, not thousands;
-the tests compare it with sending every attempt alone (within 1% of each client's hits).
-Clients whose cost varies or who charge after the response are always sent one request at
-a time.
-
-What is measured: per client and second the hits admitted; per window of every counter
-charged, the hits admitted there (``levels``: the cap checked at every level); per window
-of the root limit, demand, achievable and admitted; λ at the root cap each second.
-
-With an ``rlqs`` key each config runs a second time with the clients behind simulated RLQS
-Envoys (``rlqs``), under the same ticks.
-
-The scenario file is read by ``scenario``; the report is ``report`` (and ``plot``).
+The model (ticks, the order of attempts, costs, retries, the coalescing of a refused client's
+attempts in a tick, what is measured) is docs/fair-sharing.md's "How a run is simulated":
+every figure can be checked by hand against it. A config's run is ``run.Run``; with an
+``rlqs`` key each config runs again behind simulated RLQS Envoys (``rlqs``). The scenario
+file is read by ``scenario``; the report is ``report`` (and ``plot``).
 """
 
 import asyncio
