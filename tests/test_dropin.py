@@ -127,3 +127,22 @@ class TestImageCommand:
             assert (health[0], health[2]) == (200, b"OK")
             dump = http_get(f"http://127.0.0.1:{ports['debug']}/rlconfig")[2].decode()
             assert "edge/route=public/client_id: unit=DAY" in dump
+
+    def test_bin_ratelimit_ignores_its_arguments(self, tmp_path: Path) -> None:
+        """Envoy AI Gateway's Deployment passes a flag of its own (upstream's binary reads no
+        arguments): it serves, and says once that the arguments were ignored."""
+        ports = {name: free_port() for name in ("grpc", "http", "debug")}
+        env = {
+            "RUNTIME_ROOT": str(_layout(tmp_path)), "RUNTIME_SUBDIRECTORY": "ratelimit",
+            "GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(ports["grpc"]), "HOST": "127.0.0.1",
+            "PORT": str(ports["http"]), "DEBUG_HOST": "127.0.0.1",
+            "DEBUG_PORT": str(ports["debug"]),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }  # fmt: skip
+        flag = "--quotaRateLimitServiceHost=envoy-ai-gateway-ratelimit.envoy-gateway-system"
+        command = ["sh", str(COMMAND), flag]
+        with fairlimit_server(env=env, loopback_ports=False, serve=command) as server:
+            health = http_get(f"http://127.0.0.1:{ports['http']}/healthcheck")
+            assert (health[0], health[2]) == (200, b"OK")
+        ignored = [line for line in server.lines if "ignores its arguments" in line]
+        assert len(ignored) == 1 and flag in ignored[0]
