@@ -74,6 +74,12 @@ class TestConfigLayout:
             "true", "/ca", "cp")  # fmt: skip
         assert translate(env).warning() is None
 
+    def test_force_start_is_honoured(self) -> None:
+        """FORCE_START_WITHOUT_INITIAL_CONFIG (Envoy Gateway sets it): serve before xDS."""
+        env = {"CONFIG_TYPE": "GRPC_XDS_SOTW", "FORCE_START_WITHOUT_INITIAL_CONFIG": "true"}
+        out = translate(env)
+        assert out.values["force_start"] == "true" and out.warning() is None
+
     def test_unknown_config_type_is_refused(self) -> None:
         with pytest.raises(SettingsError, match="CONFIG_TYPE"):
             translate({"CONFIG_TYPE": "ETCD"})

@@ -1,8 +1,13 @@
 """The xDS config source (CONFIG_TYPE=GRPC_XDS_SOTW) against a management server of our own."""
 
 import asyncio
+import os
 import queue
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -12,13 +17,15 @@ import grpc
 import pytest
 from google.protobuf import any_pb2
 
+from envoy_proxy import http_get
 from fairlimit._proto.envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
 from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.xds import TYPE_URL, XdsConfigSource, XdsSettings, load_resources
-from servers import fairlimit_server
+from helpers import STARTUP_SECONDS
+from servers import ROOT, fairlimit_server
 
 pytestmark = pytest.mark.behaviour
 
@@ -181,3 +188,105 @@ class TestServing:
             assert requests[1].version_info == "7" and not requests[1].HasField("error_detail")
         finally:
             management.stop()
+
+
+def _xds_env(management: ManagementServer, **more: str) -> dict[str, str]:
+    return {"CONFIG_TYPE": "GRPC_XDS_SOTW",
+            "CONFIG_GRPC_XDS_SERVER_URL": f"127.0.0.1:{management.port}",
+            "CONFIG_GRPC_XDS_NODE_ID": "envoy-ratelimit", **more}  # fmt: skip
+
+
+def _codes(target: str, domain: str, calls: int) -> list[int]:
+    with grpc.insecure_channel(target) as channel:
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        request = rls_pb2.RateLimitRequest(
+            domain=domain, descriptors=[{"entries": [{"key": "client", "value": "c"}]}]
+        )
+        return [stub.ShouldRateLimit(request, timeout=5).overall_code for _ in range(calls)]
+
+
+def _metrics(admin_port: int) -> str:
+    return http_get(f"http://127.0.0.1:{admin_port}/metrics")[2].decode()
+
+
+class TestLoadCount:
+    def test_the_first_config_counts_once(self, management: ManagementServer) -> None:
+        """config_load_success is 1 after the first snapshot, 2 after the next."""
+        management.to_send.put(_response("1", _config("edge-config", "edge", 2)))
+        env = _xds_env(management, FAIRLIMIT_METRICS_COMPAT="true")
+        with fairlimit_server(env=env) as server:
+            assert "ratelimit_service_config_load_success 1\n" in _metrics(server.admin_port)
+            management.to_send.put(_response("2", _config("edge-config", "edge", 3)))
+            server.wait_for(r"config reloaded")
+            assert "ratelimit_service_config_load_success 2\n" in _metrics(server.admin_port)
+
+
+class TestForceStart:
+    """FORCE_START_WITHOUT_INITIAL_CONFIG=true, as Envoy Gateway sets it: serve at once,
+    before the management server has sent anything (it sends nothing until a Gateway with
+    a rate limit exists), and take the config when it comes."""
+
+    def test_serves_before_the_first_config_then_applies_it(
+        self, management: ManagementServer
+    ) -> None:
+        env = _xds_env(management, FORCE_START_WITHOUT_INITIAL_CONFIG="true",
+                       FAIRLIMIT_METRICS_COMPAT="true")  # fmt: skip
+        with fairlimit_server(env=env) as server:
+            health = http_get(f"http://127.0.0.1:{server.admin_port}/healthcheck")
+            assert (health[0], health[2]) == (200, b"OK")
+            assert _codes(server.target, "edge", 3) == [rls_pb2.RateLimitResponse.OK] * 3
+            assert "ratelimit_service_config_load_success 0\n" in _metrics(server.admin_port)
+            assert management.request().node.id == "envoy-ratelimit"  # it asked meanwhile
+            management.to_send.put(_response("1", _config("edge-config", "edge", 2)))
+            assert management.request().version_info == "1"  # the ACK: applied
+            codes = _codes(server.target, "edge", 3)
+            assert codes == [rls_pb2.RateLimitResponse.OK] * 2 + [
+                rls_pb2.RateLimitResponse.OVER_LIMIT]  # fmt: skip
+            assert "ratelimit_service_config_load_success 1\n" in _metrics(server.admin_port)
+
+    def test_ready_only_with_a_domain_when_asked(self, management: ManagementServer) -> None:
+        """With HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED too, /healthcheck says 500 until a
+        config with a domain has arrived, then 200: the ports are open from the start."""
+        env = _xds_env(management, FORCE_START_WITHOUT_INITIAL_CONFIG="true",
+                       HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED="true")  # fmt: skip
+        with fairlimit_server(env=env) as server:
+            url = f"http://127.0.0.1:{server.admin_port}/healthcheck"
+            assert http_get(url)[0] == 500
+            management.request()
+            management.to_send.put(_response("1", _config("edge-config", "edge", 2)))
+            assert management.request().version_info == "1"
+            deadline = time.monotonic() + STARTUP_SECONDS
+            while http_get(url)[0] != 200:  # readiness follows the apply on the loop
+                assert time.monotonic() < deadline, "".join(server.lines)
+                time.sleep(0.02)  # polls; asserts no duration
+
+
+class TestWaiting:
+    def test_sigterm_while_waiting_for_the_first_config_ends_it(
+        self, management: ManagementServer
+    ) -> None:
+        """Without force start it waits for the first config; a SIGTERM meanwhile (a probe
+        giving up, a rollout) ends it at once with 0, not after the grace period's SIGKILL."""
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "server"), **_xds_env(management)}
+        command = [sys.executable, "-m", "fairlimit", "serve", "--grpc-addr", "127.0.0.1:0",
+                   "--admin-addr", "127.0.0.1:0"]  # fmt: skip
+        process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            assert process.stderr is not None
+            lines = []
+            for line in process.stderr:  # ends at EOF should it exit early
+                lines.append(line)
+                if "waiting for the first config" in line:
+                    break
+            assert management.request().node.id == "envoy-ratelimit"
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(timeout=STARTUP_SECONDS)
+            rest = process.stderr.read()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            if process.stderr is not None:
+                process.stderr.close()
+        assert code == 0, "".join(lines) + rest
+        assert "stopped before serving" in rest and "Traceback" not in rest

@@ -184,6 +184,7 @@ class App:
         self._tasks: set[asyncio.Task[object]] = set()
         self._stopping = asyncio.Event()
         self._hurry = asyncio.Event()  # a second SIGTERM: no more drain delay
+        self._started = False  # the servers were started (not while waiting for xDS)
 
     def _admin(self, registry: CollectorRegistry | None) -> AdminServer:
         host, port = parse_address("--admin-addr", self.settings.admin_addr)
@@ -230,10 +231,18 @@ class App:
 
     async def start(self) -> None:
         if self.xds is not None:
-            # As upstream: serve only once the management server has sent a config.
-            log.info("waiting for the first config from xDS server %s", self.settings.xds_server)
+            # As upstream: serve only once the management server has sent a config, unless
+            # forced to start (FORCE_START_WITHOUT_INITIAL_CONFIG): then with none until then.
             self._spawn(self.xds.run())
-            await self.xds.applied.wait()
+            if self.settings.force_start:
+                log.info("serving before a first config from xDS server %s (force start)",
+                         self.settings.xds_server)  # fmt: skip
+            else:
+                log.info("waiting for the first config from xDS server %s",
+                         self.settings.xds_server)  # fmt: skip
+                if not await self._first_config(self.xds):
+                    return  # SIGTERM before any config: nothing was started
+        self._started = True
         await self.grpc.start()
         if self.admin is not None:
             await self.admin.start()
@@ -241,7 +250,8 @@ class App:
             await listener.start()
             log.info("serving %s:%d", listener.host, listener.port)
         await self._config_ready(self._has_config(self.limiter.loaded))
-        self.telemetry.config_load(True)
+        if self.xds is None:  # the xDS source counts each config it applies, the first too
+            self.telemetry.config_load(True)
         _log_loaded("config loaded", self.limiter.loaded)
         log.info("serving gRPC on %s (port %d)", self.settings.grpc_addr, self.grpc.port)
         if self.admin is not None:
@@ -260,6 +270,15 @@ class App:
         gc.collect()
         gc.freeze()
         self._spawn(self._drip_quota())
+
+    async def _first_config(self, xds: XdsConfigSource) -> bool:
+        """Wait for the management server's first config; False when asked to stop first."""
+        applied = asyncio.ensure_future(xds.applied.wait())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({applied, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (applied, stopping):
+            waiter.cancel()
+        return xds.applied.is_set()
 
     def _spawn(self, work: Coroutine[object, object, object]) -> None:
         task = asyncio.create_task(work)
@@ -359,6 +378,11 @@ class App:
         stopped accepting would fail them.
         """
         self._stopping.set()  # also when called without stop(): the refresh loop ends on it
+        if not self._started:  # stopped while waiting for a first xDS config
+            await self._stop_tasks()
+            await self.store.close()
+            log.info("stopped before serving")
+            return
         if self.admin is not None:
             self.admin.draining = True
         await self.grpc.set_serving(False)
@@ -372,15 +396,20 @@ class App:
         if self.xds is not None:
             self.xds.stop()
         await self.grpc.drain(DRAIN_SECONDS)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._stop_tasks()
         if self.admin is not None:
             await self.admin.stop()
         for listener in self.side:
             await listener.stop()
         await self.store.close()
         log.info("stopped")
+
+    async def _stop_tasks(self) -> None:
+        if self.xds is not None:
+            self.xds.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 def _log_loaded(what: str, loaded: Loaded) -> None:

@@ -73,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
         "--healthy-with-config", action="store_const", const=True,
         help="not ready (nor healthy) until a config with a domain is loaded",
     )  # fmt: skip
+    serve.add_argument(
+        "--force-start", action="store_const", const=True,
+        help="with xDS, serve at once instead of after the first config "
+        "(FORCE_START_WITHOUT_INITIAL_CONFIG)",
+    )  # fmt: skip
     serve.add_argument("--log-format", choices=["text", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this chain")

@@ -115,6 +115,9 @@ class Settings:
     xds_client_cert: Path | None = None
     xds_client_key: Path | None = None
     xds_server_san: str = ""  # the name to verify instead of the server URL's host
+    # upstream's FORCE_START_WITHOUT_INITIAL_CONFIG: with xDS, serve at once rather than
+    # after the management server's first config
+    force_start: bool = False
     unsupported_upstream: tuple[str, ...] = ()  # set upstream variables with no effect
 
     @classmethod
@@ -250,7 +253,7 @@ def check_tls_pair(cert: Path, key: Path) -> None:
 
 _FLAGS = frozenset({"strict", "shadow", "quota_mode", "merge_domains", "response_headers",
                     "response_metadata", "healthy_with_config", "metrics_compat",
-                    "xds_tls", "allow_empty_config"})  # fmt: skip
+                    "xds_tls", "allow_empty_config", "force_start"})  # fmt: skip
 _XDS_FILES = frozenset({"xds_server_ca", "xds_client_cert", "xds_client_key"})
 _NUMBERS = frozenset(
     {

@@ -29,7 +29,7 @@ QUIET = frozenset({
 
 # Recognised, and named in the startup warning when set: fairlimit has no equivalent.
 UNSUPPORTED = frozenset({
-    "GRPC_CLIENT_TLS_SAN", "FORCE_START_WITHOUT_INITIAL_CONFIG", "STATSD_HOST", "STATSD_PORT",
+    "GRPC_CLIENT_TLS_SAN", "STATSD_HOST", "STATSD_PORT",
     "USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS", "EXTRA_TAGS", "PROMETHEUS_MAPPER_YAML",
     "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "CACHE_KEY_PREFIX", "REDIS_PERSECOND",
     "REDIS_PERSECOND_SOCKET_TYPE", "REDIS_PERSECOND_TYPE", "REDIS_PERSECOND_URL",
@@ -56,6 +56,7 @@ _BOOLEANS = (
     ("LIMIT_RESPONSE_HEADERS_ENABLED", "response_headers"),
     ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "healthy_with_config"),
     ("USE_PROMETHEUS", "metrics_compat"),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", "force_start"),
 )  # fmt: skip
 _TEXT = (
     ("LIMIT_LIMIT_HEADER", "header_limit"), ("LIMIT_REMAINING_HEADER", "header_remaining"),
