@@ -217,7 +217,8 @@ class TestLoadCount:
         with fairlimit_server(env=env) as server:
             assert "ratelimit_service_config_load_success 1\n" in _metrics(server.admin_port)
             management.to_send.put(_response("2", _config("edge-config", "edge", 3)))
-            server.wait_for(r"config reloaded")
+            while management.request().version_info != "2":  # the ACK follows the apply
+                pass
             assert "ratelimit_service_config_load_success 2\n" in _metrics(server.admin_port)
 
 
