@@ -9,9 +9,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from envoy_proxy import envoy_in_front, http_get
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from redis_servers import RedisProcess
 from servers import fairlimit_server, free_port
 
@@ -108,6 +110,15 @@ class TestUpstreamDeployment:
         )
 
 
+def _charge(stub: Any, client: str, hits: int) -> tuple[int, int]:
+    entries = [{"key": "route", "value": "public"}, {"key": "client_id", "value": client}]
+    descriptor = {"entries": entries, "hits_addend": {"value": hits}}
+    answer = stub.ShouldRateLimit(
+        rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor]), timeout=5
+    )
+    return answer.overall_code, answer.statuses[0].limit_remaining
+
+
 class TestImageCommand:
     def test_bin_ratelimit_serves_upstreams_layout_over_the_images_config(
         self, tmp_path: Path
@@ -146,3 +157,24 @@ class TestImageCommand:
             assert (health[0], health[2]) == (200, b"OK")
         ignored = [line for line in server.lines if "ignores its arguments" in line]
         assert len(ignored) == 1 and flag in ignored[0]
+
+    def test_bin_ratelimit_charges_as_upstream(self, tmp_path: Path) -> None:
+        """Upstream's files cannot say charge_when_over_limit: under /bin/ratelimit a charge
+        past the limit (3 a day, +5 after the response) is counted, so the next check is
+        OVER_LIMIT, as upstream answers."""
+        ports = {name: free_port() for name in ("grpc", "http")}
+        env = {
+            "RUNTIME_ROOT": str(_layout(tmp_path)), "RUNTIME_SUBDIRECTORY": "ratelimit",
+            "GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(ports["grpc"]), "HOST": "127.0.0.1",
+            "PORT": str(ports["http"]), "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": "0",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }  # fmt: skip
+        command = ["sh", str(COMMAND)]
+        with (
+            fairlimit_server(env=env, loopback_ports=False, serve=command) as server,
+            grpc.insecure_channel(server.target) as channel,
+        ):
+            stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+            answers = [_charge(stub, "alice", hits) for hits in (0, 5, 0)]
+        ok, over = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
+        assert answers == [(ok, 3), (over, 0), (over, 0)]

@@ -52,6 +52,21 @@ class TestConfigLayout:
         env = {"RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit"}
         assert translate(env).values["config"] == "/data/ratelimit/config"
 
+    def test_upstreams_files_charge_as_upstream(self) -> None:
+        """Upstream's layout: a rule that does not say charge_when_over_limit counts every
+        hit, refused or not (upstream's files cannot say it)."""
+        env = {"RUNTIME_ROOT": "/data"}
+        assert translate(env).values["charge_when_over_limit"] == "true"
+        assert "charge_when_over_limit" not in translate({}).values
+
+    @pytest.mark.parametrize(("stop", "charge"), [("true", "false"), ("false", "true")])
+    def test_stop_cache_key_increment_switches_it(self, stop: str, charge: str) -> None:
+        """STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT is its upstream name, inverted; honoured,
+        so never in the warning."""
+        env = {"RUNTIME_ROOT": "/data", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": stop}
+        out = translate(env)
+        assert out.values["charge_when_over_limit"] == charge and out.warning() is None
+
     def test_no_runtime_variable_keeps_fairlimits_default(self) -> None:
         assert "config" not in translate({}).values
 
@@ -136,8 +151,3 @@ class TestWarning:
         env = {"USE_STATSD": "false", "RUNTIME_IGNOREDOTFILES": "true",
                "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "true"}  # fmt: skip
         assert translate(env).warning() is None
-
-    def test_turning_off_stop_increment_is_named(self) -> None:
-        """fairlimit never charges a rejected request: asking otherwise is not honoured."""
-        env = {"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "false"}
-        assert translate(env).unsupported == ["STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"]

@@ -291,3 +291,31 @@ class TestWaiting:
                 process.stderr.close()
         assert code == 0, "".join(lines) + rest
         assert "stopped before serving" in rest and "Traceback" not in rest
+
+
+class TestCharges:
+    """A RateLimitConfig cannot say charge_when_over_limit: pushed over xDS, every hit
+    counts, refused or not, as upstream counts it (Envoy Gateway's cost.response)."""
+
+    def test_a_charge_past_the_limit_is_counted(self, management: ManagementServer) -> None:
+        """1000/h charged +600 twice: the second is OVER_LIMIT with 0 left, and so is the
+        check (hits_addend 0) after it."""
+        hourly = RLC.RateLimitDescriptor(
+            key="client", rate_limit=RLC.RateLimitPolicy(unit=RLC.HOUR, requests_per_unit=1000)
+        )
+        config = RLC.RateLimitConfig(name="edge-config", domain="edge", descriptors=[hourly])
+        management.to_send.put(_response("1", config))
+        answers = []
+        with (
+            fairlimit_server(env=_xds_env(management)) as server,
+            grpc.insecure_channel(server.target) as channel,
+        ):
+            stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+            for hits in (600, 600, 0):
+                entries = [{"key": "client", "value": "c"}]
+                descriptor = {"entries": entries, "hits_addend": {"value": hits}}
+                request = rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor])
+                answer = stub.ShouldRateLimit(request, timeout=5)
+                answers.append((answer.overall_code, answer.statuses[0].limit_remaining))
+        ok, over = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
+        assert answers == [(ok, 400), (over, 0), (over, 0)]

@@ -94,7 +94,7 @@ def _xds_source(
     )
     return XdsConfigSource(
         xds, strict=settings.strict, merge_domains=settings.merge_domains, apply=apply,
-        reject=reject,
+        reject=reject, charge_over_limit=settings.charges_over_limit,
     )  # fmt: skip
 
 
@@ -121,13 +121,15 @@ class App:
             self.telemetry.upstream = UpstreamStats(settings.near_limit_ratio)
         self.xds = _xds_source(settings, self._apply, self._reject)
         loaded = (
-            assemble([], ())  # nothing until the management server sends the first set
+            # nothing until the management server sends the first set
+            assemble([], (), charge_over_limit=settings.charges_over_limit)
             if self.xds is not None
             else load(
                 settings.config,
                 strict=settings.strict,
                 merge_domains=settings.merge_domains,
                 allow_empty=settings.allow_empty_config,
+                charge_over_limit=settings.charges_over_limit,
             )
         )
         for line in loaded.warnings:
@@ -180,6 +182,7 @@ class App:
             allow_empty=settings.allow_empty_config,
             apply=self._apply,
             reject=self._reject,
+            charge_over_limit=settings.charges_over_limit,
         )
         self._tasks: set[asyncio.Task[object]] = set()
         self._stopping = asyncio.Event()

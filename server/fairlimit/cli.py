@@ -78,6 +78,12 @@ def _parser() -> argparse.ArgumentParser:
         help="with xDS, serve at once instead of after the first config "
         "(FORCE_START_WITHOUT_INITIAL_CONFIG)",
     )  # fmt: skip
+    serve.add_argument(
+        "--charge-when-over-limit", choices=["true", "false"],
+        help="what a rate_limit without charge_when_over_limit does: true, every hit counts, "
+        "refused or not (envoyproxy/ratelimit's; the default for xDS and under its "
+        "variables); false, a refused request consumes nothing (the default otherwise)",
+    )  # fmt: skip
     serve.add_argument("--log-format", choices=["text", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this chain")

@@ -127,7 +127,8 @@ def _rate_limit(problems: Problems, path: str, raw: object) -> RateLimit | None:
         return None
     _check_keys(problems, path, raw, RATE_LIMIT_KEYS)
     unlimited = _bool(problems, path, raw, "unlimited")
-    charge = _bool(problems, path, raw, "charge_when_over_limit")
+    said = raw.get("charge_when_over_limit") is not None
+    charge = _bool(problems, path, raw, "charge_when_over_limit") if said else None
     name = raw.get("name")
     name = str(name) if isinstance(name, str) else name
     if name is not None and not isinstance(name, str):
@@ -410,12 +411,13 @@ def _merge(first: Domain, later: Domain) -> tuple[Domain, list[str]]:
 
 def assemble(
     domains: Iterable[Domain], files: Sequence[Path], *, strict: bool = False,
-    merge_domains: bool = False,
+    merge_domains: bool = False, charge_over_limit: bool = False,
 ) -> Loaded:  # fmt: skip
     """Parsed domains -> the Loaded config, all or nothing (ConfigError, ConfigWarningError).
 
     Two sources of one domain are an error, unless ``merge_domains`` (upstream's
     MERGE_DOMAIN_CONFIG) adds the later one's descriptors to the first.
+    ``charge_over_limit``: what a limit that does not say ``charge_when_over_limit`` does.
     """
     by_name: dict[str, Domain] = {}
     lines: list[str] = []
@@ -433,7 +435,7 @@ def assemble(
             )
     if lines:
         raise ConfigError(lines)
-    config = Config.of(list(by_name.values()))
+    config = Config.of(list(by_name.values()), charge_over_limit)
     loaded = Loaded(
         config, tuple(classify(config)), tuple(files), tuple(concurrency.classify(config))
     )
@@ -469,8 +471,10 @@ def load(
     strict: bool = False,
     merge_domains: bool = False,
     allow_empty: bool = False,
+    charge_over_limit: bool = False,
 ) -> Loaded:
-    """Load every descriptor file under ``paths``, all or nothing.
+    """Load every descriptor file under ``paths``, all or nothing (``charge_over_limit``:
+    see ``assemble``).
 
     Raises ConfigUnreadable for paths that cannot be read at all, ConfigError for rule
     problems and for a config that limits nothing (a directory without descriptor files,
@@ -489,7 +493,10 @@ def load(
             lines.extend(exc.problems)
     if lines:
         raise (ConfigUnreadable if unreadable else ConfigError)(lines)
-    loaded = assemble(domains, files, strict=strict, merge_domains=merge_domains)
+    loaded = assemble(
+        domains, files, strict=strict, merge_domains=merge_domains,
+        charge_over_limit=charge_over_limit,
+    )  # fmt: skip
     empty = [] if allow_empty else _empty(paths, loaded.config)
     if empty:
         raise ConfigError(empty)

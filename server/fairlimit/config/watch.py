@@ -37,12 +37,14 @@ class ConfigWatcher:
         apply: Callable[[Loaded], None],
         reject: Callable[[ConfigError], None],
         debounce_ms: int = 300,
+        charge_over_limit: bool = False,
     ) -> None:
         self.paths = tuple(paths)  # loaded as given, so messages name files as at start
         self._watched = tuple(Path(p).absolute() for p in paths)  # events carry absolute paths
         self.strict = strict
         self.merge_domains = merge_domains
         self.allow_empty = allow_empty
+        self.charge_over_limit = charge_over_limit
         self._apply, self._reject = apply, reject
         self.debounce_ms = debounce_ms
         self._stop = asyncio.Event()
@@ -70,6 +72,7 @@ class ConfigWatcher:
                     strict=self.strict,
                     merge_domains=self.merge_domains,
                     allow_empty=self.allow_empty,
+                    charge_over_limit=self.charge_over_limit,
                 )
             except ConfigError as exc:
                 self._reject(exc)

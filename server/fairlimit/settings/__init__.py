@@ -118,6 +118,11 @@ class Settings:
     # upstream's FORCE_START_WITHOUT_INITIAL_CONFIG: with xDS, serve at once rather than
     # after the management server's first config
     force_start: bool = False
+    # What a rate limit that does not say charge_when_over_limit does: True, every hit
+    # counts, refused or not (upstream's); False, a refused request consumes nothing.
+    # None: True for xDS (a RateLimitConfig cannot say) and under upstream's variables
+    # (settings/upstream.py sets it), False for fairlimit's own files.
+    charge_when_over_limit: bool | None = None
     unsupported_upstream: tuple[str, ...] = ()  # set upstream variables with no effect
 
     @classmethod
@@ -131,6 +136,13 @@ class Settings:
             if value is not None:
                 raw[name] = value
         return base.override(upstream.values, upstream.sources).override(raw, "FAIRLIMIT_")
+
+    @property
+    def charges_over_limit(self) -> bool:
+        """Whether a limit that does not say charge_when_over_limit counts refused hits."""
+        if self.charge_when_over_limit is not None:
+            return self.charge_when_over_limit
+        return self.config_source == "xds"
 
     def upstream_warning(self) -> str | None:
         """The one startup warning naming set upstream variables that have no effect."""
@@ -253,7 +265,8 @@ def check_tls_pair(cert: Path, key: Path) -> None:
 
 _FLAGS = frozenset({"strict", "shadow", "quota_mode", "merge_domains", "response_headers",
                     "response_metadata", "healthy_with_config", "metrics_compat",
-                    "xds_tls", "allow_empty_config", "force_start"})  # fmt: skip
+                    "xds_tls", "allow_empty_config", "force_start",
+                    "charge_when_over_limit"})  # fmt: skip
 _XDS_FILES = frozenset({"xds_server_ca", "xds_client_cert", "xds_client_key"})
 _NUMBERS = frozenset(
     {

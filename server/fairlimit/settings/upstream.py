@@ -201,11 +201,10 @@ def _config(env: Mapping[str, str], out: Translation) -> None:
     if any(name in env for name in layout):
         root = env.get("RUNTIME_ROOT", "/srv/runtime_data/current")
         parts = [env.get("RUNTIME_SUBDIRECTORY", ""), env.get("RUNTIME_APPDIRECTORY", "config")]
-        out.set(
-            "config",
-            str(PurePosixPath(root, *[p for p in parts if p])),
-            "RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY",
-        )
+        source = "RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY"
+        out.set("config", str(PurePosixPath(root, *[p for p in parts if p])), source)
+        # upstream's files cannot say charge_when_over_limit: every hit counts, as there
+        out.set("charge_when_over_limit", "true", source)
 
 
 def _flags(env: Mapping[str, str], out: Translation) -> None:
@@ -228,9 +227,10 @@ def _stats(env: Mapping[str, str], out: Translation) -> None:
     # Asking for statsd explicitly is named, leaving it at its default is not.
     if "USE_STATSD" in env and go_bool("USE_STATSD", env["USE_STATSD"]):
         out.unsupported.append("USE_STATSD")
-    stop = env.get("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")
-    if stop is not None and not go_bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", stop):
-        out.unsupported.append("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")  # always on here
+    stop = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"
+    if stop in env:  # true: a refused request consumes nothing (upstream still counts the
+        # keys that went over: docs/migrating-from-envoy-ratelimit.md)
+        out.set("charge_when_over_limit", str(not go_bool(stop, env[stop])).lower(), stop)
 
 
 def _redis_hosts(env: Mapping[str, str]) -> tuple[str, str]:
