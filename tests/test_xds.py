@@ -1,6 +1,7 @@
 """The xDS config source (CONFIG_TYPE=GRPC_XDS_SOTW) against a management server of our own."""
 
 import asyncio
+import json
 import os
 import queue
 import signal
@@ -17,7 +18,8 @@ import grpc
 import pytest
 from google.protobuf import any_pb2
 
-from envoy_proxy import http_get
+from envoy_proxy import EnvoyProcess, envoy_on, http_get
+from envoy_proxy import bootstrap as envoy_bootstrap
 from fairlimit._proto.envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
@@ -25,7 +27,7 @@ from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.xds import TYPE_URL, XdsConfigSource, XdsSettings, load_resources
 from helpers import STARTUP_SECONDS
-from servers import ROOT, fairlimit_server
+from servers import ROOT, fairlimit_server, free_port
 
 pytestmark = pytest.mark.behaviour
 
@@ -319,3 +321,77 @@ class TestCharges:
                 answers.append((answer.overall_code, answer.statuses[0].limit_remaining))
         ok, over = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
         assert answers == [(ok, 400), (over, 0), (over, 0)]
+
+
+# examples/envoy/tokens.yaml (a check with hits_addend 0, then the response's x-tokens-used
+# charged at stream end) with the descriptors Envoy AI Gateway's QuotaPolicy sends: the
+# backend, then the model (there from ext_proc's dynamic metadata, here from headers).
+TOKENS = ROOT / "examples" / "envoy" / "tokens.yaml"
+AI_GATEWAY_EDITS = {
+    "domain: edge": "domain: ai-gateway-quota",
+    "generic_key: {descriptor_key: provider, descriptor_value: llm}":
+        "generic_key: {descriptor_key: backend_name, descriptor_value: default/testupstream}",
+    "request_headers: {header_name: x-tenant, descriptor_key: tenant}":
+        "request_headers: {header_name: x-ai-eg-model, descriptor_key: model_name_override}",
+    "headers: [{name: x-tenant, present_match: true}]":
+        "headers: [{name: x-ai-eg-model, present_match: true}]",
+}  # fmt: skip
+COMMAND = ROOT / "docker" / "ratelimit"
+
+
+def _quota_config(tokens_per_hour: int) -> Any:
+    """What Envoy AI Gateway's controller pushes for a QuotaPolicy's per-model default
+    bucket (mode Shared): backend, then model, quota_mode, per hour."""
+    model = RLC.RateLimitDescriptor(
+        key="model_name_override", value="quota-test-model", quota_mode=True,
+        rate_limit=RLC.RateLimitPolicy(unit=RLC.HOUR, requests_per_unit=tokens_per_hour),
+    )  # fmt: skip
+    backend = RLC.RateLimitDescriptor(
+        key="backend_name", value="default/testupstream", descriptors=[model]
+    )
+    return RLC.RateLimitConfig(
+        name="ai-gateway-quota", domain="ai-gateway-quota", descriptors=[backend]
+    )
+
+
+def _rls_calls(proxy: EnvoyProcess) -> int:
+    """Rate-limit calls Envoy has completed (its fairlimit cluster's finished requests)."""
+    _, _, body = http_get(f"http://127.0.0.1:{proxy.admin}/stats?format=json&filter=^cluster")
+    stats = {s["name"]: s.get("value", 0) for s in json.loads(body)["stats"] if "name" in s}
+    return int(stats.get("cluster.fairlimit.upstream_rq_completed", 0))
+
+
+class TestEnvoyAiGatewayQuota:
+    @pytest.mark.process
+    def test_a_models_token_quota_stops_the_next_call(
+        self, management: ManagementServer, tmp_path: Path
+    ) -> None:
+        """Envoy AI Gateway's quota e2e: 10 tokens an hour for the model; a call that used
+        20 passes (its check came first), the next gets 429. /bin/ratelimit with the
+        Deployment's environment and argument, the config pushed over xDS, a real Envoy."""
+        management.to_send.put(_response("1", _quota_config(10)))
+        port = free_port()
+        env = {
+            "LOG_LEVEL": "debug", "REDIS_SOCKET_TYPE": "tcp", "RUNTIME_ROOT": "/data",
+            "RUNTIME_SUBDIRECTORY": "ratelimit", "USE_STATSD": "false",
+            "CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_NODE_ID": "envoy-ai-gateway-ratelimit",
+            "CONFIG_GRPC_XDS_SERVER_URL": f"127.0.0.1:{management.port}",
+            "GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(port), "HOST": "127.0.0.1", "PORT": "0",
+            "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": "0",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }  # fmt: skip
+        command = ["sh", str(COMMAND), "--quotaRateLimitServiceHost=envoy-ai-gateway-ratelimit"]
+        text = envoy_bootstrap(TOKENS, AI_GATEWAY_EDITS)
+        with (
+            fairlimit_server(env=env, loopback_ports=False, serve=command) as server,
+            envoy_on(text, server.grpc_port, tmp_path) as proxy,
+        ):
+            ask = {"x-ai-eg-model": "quota-test-model", "x-simulated-tokens": "20"}
+            first = http_get(proxy.url, ask)
+            deadline = time.monotonic() + STARTUP_SECONDS
+            while _rls_calls(proxy) < 2:  # the check, then the charge after the response
+                assert time.monotonic() < deadline, "the charge never reached fairlimit"
+                time.sleep(0.02)  # polls Envoy's counter; asserts no duration
+            second = http_get(proxy.url, ask)
+        assert (first[0], first[1]["x-tokens-used"]) == (200, "20")
+        assert second[0] == 429
