@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -143,6 +144,45 @@ class TestServe:
         out = run("serve", env={"FAIRLIMIT_FAILURE_MODE": "maybe"})
         assert out.returncode == 2
         assert "FAIRLIMIT_FAILURE_MODE: expected open or closed, got 'maybe'" in out.stderr
+
+
+class TestBusyPort:
+    """A port another process holds: one line naming the address and what sets it, exit 2
+    (it was a 40-line traceback with the cause at the bottom)."""
+
+    @pytest.fixture
+    def taken(self) -> object:
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", 0))
+            holder.listen()
+            yield holder.getsockname()[1]
+
+    @pytest.mark.parametrize(
+        ("flag", "what", "names"),
+        [
+            ("--grpc-addr", "gRPC", "--grpc-addr, FAIRLIMIT_GRPC_ADDR or GRPC_HOST/GRPC_PORT"),
+            ("--admin-addr", "admin HTTP", "--admin-addr, FAIRLIMIT_ADMIN_ADDR or HOST/PORT"),
+        ],
+    )
+    def test_one_line_names_the_port_and_the_setting(
+        self, taken: int, flag: str, what: str, names: str
+    ) -> None:
+        ports = {"--grpc-addr": "127.0.0.1:0", "--admin-addr": "127.0.0.1:0"}
+        ports[flag] = f"127.0.0.1:{taken}"
+        out = run("serve", *[x for pair in ports.items() for x in pair])
+        assert out.returncode == 2
+        assert out.stderr.splitlines() == [
+            f"fairlimit: cannot listen for {what} on 127.0.0.1:{taken}: address already in "
+            f"use; set another with {names}"
+        ]
+
+    def test_upstreams_variables_too(self, taken: int) -> None:
+        """/bin/ratelimit's environment: the same line (its variables are in it)."""
+        env = {"GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "HOST": "127.0.0.1",
+               "PORT": str(taken), "DEBUG_PORT": "0"}  # fmt: skip
+        out = run("serve", env=env)
+        assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+        assert f"127.0.0.1:{taken}" in out.stderr and "HOST/PORT" in out.stderr
 
 
 def test_version() -> None:

@@ -6,6 +6,7 @@ import functools
 import gc
 import logging
 import signal
+import socket
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from fairlimit.admin import AdminServer, JsonCodec, SideListener
 from fairlimit.config.loader import assemble, load
 from fairlimit.config.watch import ConfigWatcher
 from fairlimit.core.rules import Loaded
-from fairlimit.errors import ConfigError
+from fairlimit.errors import ConfigError, SettingsError
 from fairlimit.grpc_api.extras import ResponseOptions
 from fairlimit.grpc_api.limits import Budgets
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
@@ -35,6 +36,57 @@ log = logging.getLogger("fairlimit")
 DRAIN_SECONDS = 5.0
 REFRESH_SECONDS = 5.0  # how often the fairness gauges are re-read from the store for OTLP
 DRIP_SECONDS = 0.2  # how often RLQS usage owed is paid into the counters (quota/usage.py)
+
+
+# What sets each listening address: named when it cannot be had.
+_SET_BY = {
+    "gRPC": "--grpc-addr, FAIRLIMIT_GRPC_ADDR or GRPC_HOST/GRPC_PORT",
+    "admin HTTP": "--admin-addr, FAIRLIMIT_ADMIN_ADDR or HOST/PORT",
+    "the debug port": "FAIRLIMIT_DEBUG_ADDR or DEBUG_HOST/DEBUG_PORT",
+    "metrics": "FAIRLIMIT_METRICS_ADDR or PROMETHEUS_ADDR",
+}
+
+
+def check_listen(what: str, address: str, reuse_port: bool = False) -> None:
+    """SettingsError, one line naming ``address`` and what sets it, when it cannot be
+    listened on now (a port another process holds, an address not of this host): bound
+    and let go at once, with the options the servers use, before any server is made."""
+    host, port = parse_address(what, address)
+    if port == 0:
+        return
+    fix = f"set another with {_SET_BY[what]}"
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise SettingsError(
+            f"cannot listen for {what} on {address}: {exc.strerror}; {fix}"
+        ) from None
+    for family, kind, proto, _, where in found:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(where)
+            except OSError as exc:
+                cause = (exc.strerror or str(exc)).lower()
+                raise SettingsError(
+                    f"cannot listen for {what} on {address}: {cause}; {fix}"
+                ) from None
+
+
+def _check_listeners(settings: Settings, worker: int) -> None:
+    if not settings.grpc_addr.startswith("unix:"):
+        check_listen("gRPC", settings.grpc_addr, reuse_port=settings.workers > 1)
+    if worker:
+        return  # the admin port and its side listeners are worker 0's
+    check_listen("admin HTTP", settings.admin_addr)
+    if settings.debug_addr is not None:
+        check_listen("the debug port", settings.debug_addr)
+    if settings.metrics_addr is not None:
+        check_listen("metrics", settings.metrics_addr)
 
 
 def _tls(settings: Settings) -> TlsFiles | None:
@@ -110,6 +162,7 @@ class App:
         worker: int = 0,
         metrics_dir: Path | None = None,
     ) -> None:
+        _check_listeners(settings, worker)  # before anything is made: one line, not a trace
         self.settings = settings
         self.worker = worker  # with --workers N, this process's index; admin HTTP in 0 only
         self.metrics_registry = metrics_registry
