@@ -178,3 +178,20 @@ class TestImageCommand:
             answers = [_charge(stub, "alice", hits) for hits in (0, 5, 0)]
         ok, over = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
         assert answers == [(ok, 3), (over, 0), (over, 0)]
+
+    def test_ignored_dotfiles_are_not_read(self, tmp_path: Path) -> None:
+        """RUNTIME_IGNOREDOTFILES=true (Envoy Gateway sets it): a broken dotfile ending in
+        .yaml next to the config neither stops startup nor loads."""
+        root = _layout(tmp_path)
+        (root / "ratelimit" / "config" / ".edge.yaml").write_text("domain: [broken\n")
+        ports = {name: free_port() for name in ("grpc", "http")}
+        env = {
+            "RUNTIME_ROOT": str(root), "RUNTIME_SUBDIRECTORY": "ratelimit",
+            "RUNTIME_IGNOREDOTFILES": "true", "GRPC_HOST": "127.0.0.1",
+            "GRPC_PORT": str(ports["grpc"]), "HOST": "127.0.0.1", "PORT": str(ports["http"]),
+            "DEBUG_PORT": "0",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }  # fmt: skip
+        with fairlimit_server(env=env, loopback_ports=False, serve=["sh", str(COMMAND)]):
+            health = http_get(f"http://127.0.0.1:{ports['http']}/healthcheck")
+            assert (health[0], health[2]) == (200, b"OK")

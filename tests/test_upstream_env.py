@@ -95,6 +95,9 @@ class TestConfigLayout:
         out = translate(env)
         assert out.values["force_start"] == "true" and out.warning() is None
 
+    def test_ignoring_dotfiles_is_honoured(self) -> None:
+        assert translate({"RUNTIME_IGNOREDOTFILES": "true"}).values["ignore_dotfiles"] == "true"
+
     def test_unknown_config_type_is_refused(self) -> None:
         with pytest.raises(SettingsError, match="CONFIG_TYPE"):
             translate({"CONFIG_TYPE": "ETCD"})

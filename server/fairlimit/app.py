@@ -183,6 +183,7 @@ class App:
                 merge_domains=settings.merge_domains,
                 allow_empty=settings.allow_empty_config,
                 charge_over_limit=settings.charges_over_limit,
+                ignore_dotfiles=settings.ignore_dotfiles,
             )
         )
         for line in loaded.warnings:
@@ -236,6 +237,7 @@ class App:
             apply=self._apply,
             reject=self._reject,
             charge_over_limit=settings.charges_over_limit,
+            ignore_dotfiles=settings.ignore_dotfiles,
         )
         self._tasks: set[asyncio.Task[object]] = set()
         self._stopping = asyncio.Event()

@@ -371,15 +371,23 @@ def parse_root(raw: Mapping[Any, Any], source: str) -> Domain:
     return Domain(domain, source, rules, acquire, release)
 
 
-def config_files(paths: Iterable[str | Path]) -> list[Path]:
-    """The descriptor files named by ``paths``: files as given, ``*.yaml``/``*.yml`` of dirs."""
+def config_files(paths: Iterable[str | Path], *, ignore_dotfiles: bool = False) -> list[Path]:
+    """The descriptor files named by ``paths``: files as given, ``*.yaml``/``*.yml`` of dirs
+    (those whose name starts with a dot left out when ``ignore_dotfiles``, upstream's
+    RUNTIME_IGNOREDOTFILES)."""
     files: list[Path] = []
     missing: list[str] = []
     for item in paths:
         path = Path(item)
         if path.is_dir():
             files.extend(
-                sorted(p for p in path.iterdir() if p.suffix in YAML_SUFFIXES and p.is_file())
+                sorted(
+                    p
+                    for p in path.iterdir()
+                    if p.suffix in YAML_SUFFIXES
+                    and not (ignore_dotfiles and p.name.startswith("."))
+                    and p.is_file()
+                )
             )
         elif path.is_file():
             files.append(path)
@@ -444,14 +452,14 @@ def assemble(
     return loaded
 
 
-def _empty(paths: Sequence[str | Path], config: Config) -> list[str]:
+def _empty(paths: Sequence[str | Path], config: Config, ignore_dotfiles: bool) -> list[str]:
     """Why ``config`` loaded from ``paths`` would switch limiting off: a directory given that
     holds no descriptor file (a ConfigMap whose key or ``..data`` link went), or not one
     rate or concurrency limit in the whole set."""
     lines = [
         f"{path}: (directory): no descriptor files (*.yaml, *.yml): {_ALLOW}"
         for path in map(Path, paths)
-        if path.is_dir() and not config_files([path])
+        if path.is_dir() and not config_files([path], ignore_dotfiles=ignore_dotfiles)
     ]
     limits = [
         rule
@@ -472,16 +480,17 @@ def load(
     merge_domains: bool = False,
     allow_empty: bool = False,
     charge_over_limit: bool = False,
+    ignore_dotfiles: bool = False,
 ) -> Loaded:
     """Load every descriptor file under ``paths``, all or nothing (``charge_over_limit``:
-    see ``assemble``).
+    see ``assemble``; ``ignore_dotfiles``: see ``config_files``).
 
     Raises ConfigUnreadable for paths that cannot be read at all, ConfigError for rule
     problems and for a config that limits nothing (a directory without descriptor files,
     or no limit anywhere) unless ``allow_empty``, and ConfigWarningError when ``strict``
     and any cap or bucket draws a warning.
     """
-    files = config_files(paths)
+    files = config_files(paths, ignore_dotfiles=ignore_dotfiles)
     domains: list[Domain] = []
     lines: list[str] = []
     unreadable = False
@@ -497,7 +506,7 @@ def load(
         domains, files, strict=strict, merge_domains=merge_domains,
         charge_over_limit=charge_over_limit,
     )  # fmt: skip
-    empty = [] if allow_empty else _empty(paths, loaded.config)
+    empty = [] if allow_empty else _empty(paths, loaded.config, ignore_dotfiles)
     if empty:
         raise ConfigError(empty)
     return loaded

@@ -38,6 +38,7 @@ class ConfigWatcher:
         reject: Callable[[ConfigError], None],
         debounce_ms: int = 300,
         charge_over_limit: bool = False,
+        ignore_dotfiles: bool = False,
     ) -> None:
         self.paths = tuple(paths)  # loaded as given, so messages name files as at start
         self._watched = tuple(Path(p).absolute() for p in paths)  # events carry absolute paths
@@ -45,6 +46,7 @@ class ConfigWatcher:
         self.merge_domains = merge_domains
         self.allow_empty = allow_empty
         self.charge_over_limit = charge_over_limit
+        self.ignore_dotfiles = ignore_dotfiles
         self._apply, self._reject = apply, reject
         self.debounce_ms = debounce_ms
         self._stop = asyncio.Event()
@@ -73,6 +75,7 @@ class ConfigWatcher:
                     merge_domains=self.merge_domains,
                     allow_empty=self.allow_empty,
                     charge_over_limit=self.charge_over_limit,
+                    ignore_dotfiles=self.ignore_dotfiles,
                 )
             except ConfigError as exc:
                 self._reject(exc)

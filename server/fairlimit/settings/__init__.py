@@ -123,6 +123,7 @@ class Settings:
     # None: True for xDS (a RateLimitConfig cannot say) and under upstream's variables
     # (settings/upstream.py sets it), False for fairlimit's own files.
     charge_when_over_limit: bool | None = None
+    ignore_dotfiles: bool = False  # upstream's RUNTIME_IGNOREDOTFILES: skip a dir's .* files
     unsupported_upstream: tuple[str, ...] = ()  # set upstream variables with no effect
 
     @classmethod
@@ -266,7 +267,7 @@ def check_tls_pair(cert: Path, key: Path) -> None:
 _FLAGS = frozenset({"strict", "shadow", "quota_mode", "merge_domains", "response_headers",
                     "response_metadata", "healthy_with_config", "metrics_compat",
                     "xds_tls", "allow_empty_config", "force_start",
-                    "charge_when_over_limit"})  # fmt: skip
+                    "charge_when_over_limit", "ignore_dotfiles"})  # fmt: skip
 _XDS_FILES = frozenset({"xds_server_ca", "xds_client_cert", "xds_client_key"})
 _NUMBERS = frozenset(
     {

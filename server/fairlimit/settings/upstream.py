@@ -17,7 +17,6 @@ from fairlimit.errors import SettingsError
 
 # Accepted with no setting behind them: fairlimit's behaviour already covers their purpose.
 QUIET = frozenset({
-    "RUNTIME_IGNOREDOTFILES",  # only *.yaml/*.yml directly in the directory are read
     "RUNTIME_WATCH_ROOT",  # the directory is watched; a symlink swap of the root is seen too
     "EXPIRATION_JITTER_MAX_SECONDS",  # keys expire with their window
     "REDIS_PIPELINE_WINDOW", "REDIS_PIPELINE_LIMIT", "REDIS_CLUSTER_PIPELINE_PARALLELISM",
@@ -57,6 +56,7 @@ _BOOLEANS = (
     ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "healthy_with_config"),
     ("USE_PROMETHEUS", "metrics_compat"),
     ("FORCE_START_WITHOUT_INITIAL_CONFIG", "force_start"),
+    ("RUNTIME_IGNOREDOTFILES", "ignore_dotfiles"),
 )  # fmt: skip
 _TEXT = (
     ("LIMIT_LIMIT_HEADER", "header_limit"), ("LIMIT_REMAINING_HEADER", "header_remaining"),
