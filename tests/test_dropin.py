@@ -195,3 +195,60 @@ class TestImageCommand:
         with fairlimit_server(env=env, loopback_ports=False, serve=["sh", str(COMMAND)]):
             health = http_get(f"http://127.0.0.1:{ports['http']}/healthcheck")
             assert (health[0], health[2]) == (200, b"OK")
+
+
+def _versioned(tmp_path: Path) -> tuple[Path, Path]:
+    """RUNTIME_ROOT ``current`` -> ``v1`` (3 a day), and a ``v2`` (1 a day) beside it, as a
+    deployment that swaps the whole runtime tree at once lays them out."""
+    for version, per_day in (("v1", 3), ("v2", 1)):
+        config = tmp_path / version / "ratelimit" / "config"
+        config.mkdir(parents=True)
+        text = (RUNTIME / "edge.yaml").read_text()
+        config.joinpath("edge.yaml").write_text(
+            text.replace("requests_per_unit: 3", f"requests_per_unit: {per_day}")
+        )
+    root = tmp_path / "current"
+    root.symlink_to(tmp_path / "v1")
+    return root, tmp_path / "v2"
+
+
+def _swap(root: Path, target: Path) -> None:
+    """Point the ``root`` symlink at ``target`` atomically (a new link renamed over it)."""
+    fresh = root.with_name(root.name + ".new")
+    fresh.symlink_to(target)
+    fresh.replace(root)
+
+
+def _root_env(root: Path, ports: dict[str, int], **more: str) -> dict[str, str]:
+    return {
+        "RUNTIME_ROOT": str(root), "RUNTIME_SUBDIRECTORY": "ratelimit",
+        "GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(ports["grpc"]), "HOST": "127.0.0.1",
+        "PORT": str(ports["http"]), "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": str(ports["debug"]),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", **more,
+    }  # fmt: skip
+
+
+class TestRuntimeRoot:
+    def test_a_swap_of_the_root_symlink_reloads(self, tmp_path: Path) -> None:
+        """RUNTIME_WATCH_ROOT (upstream's default, true): pointing RUNTIME_ROOT at another
+        tree loads that tree's config, with no SIGHUP."""
+        root, v2 = _versioned(tmp_path)
+        ports = {name: free_port() for name in ("grpc", "http", "debug")}
+        rlconfig = f"http://127.0.0.1:{ports['debug']}/rlconfig"
+        command = ["sh", str(COMMAND)]
+        with fairlimit_server(env=_root_env(root, ports), loopback_ports=False,
+                              serve=command) as server:  # fmt: skip
+            assert "unit=DAY requests_per_unit=3" in http_get(rlconfig)[2].decode()
+            _swap(root, v2)
+            server.wait_for(r"config reloaded")
+            assert "unit=DAY requests_per_unit=1" in http_get(rlconfig)[2].decode()
+
+    def test_not_watched_when_told_and_said_so(self, tmp_path: Path) -> None:
+        """RUNTIME_WATCH_ROOT=false (Envoy Gateway sets it), the root a symlink: one warning
+        at start says that a swap of it reloads nothing until SIGHUP."""
+        root, _ = _versioned(tmp_path)
+        ports = {name: free_port() for name in ("grpc", "http", "debug")}
+        env = _root_env(root, ports, RUNTIME_WATCH_ROOT="false")
+        with fairlimit_server(env=env, loopback_ports=False, serve=["sh", str(COMMAND)]) as server:
+            warned = server.wait_for(r"RUNTIME_WATCH_ROOT=false: (swapping it reloads nothing)")
+        assert warned == "swapping it reloads nothing"

@@ -95,6 +95,13 @@ class TestConfigLayout:
         out = translate(env)
         assert out.values["force_start"] == "true" and out.warning() is None
 
+    def test_the_root_is_watched_unless_told_not_to(self) -> None:
+        """RUNTIME_WATCH_ROOT: true by default (upstream's), false as Envoy Gateway sets it."""
+        values = translate({"RUNTIME_ROOT": "/srv/current"}).values
+        assert values["runtime_root"] == "/srv/current" and "watch_root" not in values
+        off = translate({"RUNTIME_ROOT": "/data", "RUNTIME_WATCH_ROOT": "false"}).values
+        assert off["watch_root"] == "false"
+
     def test_ignoring_dotfiles_is_honoured(self) -> None:
         assert translate({"RUNTIME_IGNOREDOTFILES": "true"}).values["ignore_dotfiles"] == "true"
 

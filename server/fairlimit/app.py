@@ -89,6 +89,23 @@ def _check_listeners(settings: Settings, worker: int) -> None:
         check_listen("metrics", settings.metrics_addr)
 
 
+def _roots(settings: Settings) -> tuple[Path, ...]:
+    """RUNTIME_ROOT when a swap of it is to reload (RUNTIME_WATCH_ROOT, upstream's default);
+    said once at start when it is a symlink whose swap will not be seen."""
+    root = settings.runtime_root
+    if root is None or settings.config_source != "file":
+        return ()
+    if settings.watch_root:
+        return (root,)
+    if root.is_symlink():
+        log.warning(
+            "RUNTIME_ROOT %s is a symlink and RUNTIME_WATCH_ROOT=false: swapping it reloads "
+            "nothing until SIGHUP (changes inside the config directory still do)",
+            root,
+        )
+    return ()
+
+
 def _tls(settings: Settings) -> TlsFiles | None:
     """The TLS files named by the settings (read at start and again when they change)."""
     if settings.tls_cert is None or settings.tls_key is None:
@@ -238,6 +255,7 @@ class App:
             reject=self._reject,
             charge_over_limit=settings.charges_over_limit,
             ignore_dotfiles=settings.ignore_dotfiles,
+            roots=_roots(settings),
         )
         self._tasks: set[asyncio.Task[object]] = set()
         self._stopping = asyncio.Event()

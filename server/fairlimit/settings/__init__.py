@@ -124,6 +124,10 @@ class Settings:
     # (settings/upstream.py sets it), False for fairlimit's own files.
     charge_when_over_limit: bool | None = None
     ignore_dotfiles: bool = False  # upstream's RUNTIME_IGNOREDOTFILES: skip a dir's .* files
+    # upstream's RUNTIME_ROOT (when its layout names the config) and RUNTIME_WATCH_ROOT: a
+    # swap of the root (a symlink) to another directory reloads the config
+    runtime_root: Path | None = None
+    watch_root: bool = True
     unsupported_upstream: tuple[str, ...] = ()  # set upstream variables with no effect
 
     @classmethod
@@ -267,7 +271,7 @@ def check_tls_pair(cert: Path, key: Path) -> None:
 _FLAGS = frozenset({"strict", "shadow", "quota_mode", "merge_domains", "response_headers",
                     "response_metadata", "healthy_with_config", "metrics_compat",
                     "xds_tls", "allow_empty_config", "force_start",
-                    "charge_when_over_limit", "ignore_dotfiles"})  # fmt: skip
+                    "charge_when_over_limit", "ignore_dotfiles", "watch_root"})  # fmt: skip
 _XDS_FILES = frozenset({"xds_server_ca", "xds_client_cert", "xds_client_key"})
 _NUMBERS = frozenset(
     {
@@ -301,7 +305,7 @@ def _convert(label: str, name: str, value: object) -> object:
     if isinstance(value, bool):
         return value
     text = str(value)
-    if name.startswith("tls_") or name in _XDS_FILES:
+    if name.startswith("tls_") or name in _XDS_FILES or name == "runtime_root":
         return Path(text) if text else None
     if name in _FLAGS:
         return _flag(label, text)

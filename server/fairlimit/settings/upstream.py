@@ -17,7 +17,6 @@ from fairlimit.errors import SettingsError
 
 # Accepted with no setting behind them: fairlimit's behaviour already covers their purpose.
 QUIET = frozenset({
-    "RUNTIME_WATCH_ROOT",  # the directory is watched; a symlink swap of the root is seen too
     "EXPIRATION_JITTER_MAX_SECONDS",  # keys expire with their window
     "REDIS_PIPELINE_WINDOW", "REDIS_PIPELINE_LIMIT", "REDIS_CLUSTER_PIPELINE_PARALLELISM",
     "LOCAL_CACHE_SIZE_IN_BYTES",  # the over-limit cache is always on (local_cache= entries)
@@ -205,6 +204,10 @@ def _config(env: Mapping[str, str], out: Translation) -> None:
         out.set("config", str(PurePosixPath(root, *[p for p in parts if p])), source)
         # upstream's files cannot say charge_when_over_limit: every hit counts, as there
         out.set("charge_when_over_limit", "true", source)
+        out.set("runtime_root", root, "RUNTIME_ROOT")
+        if "RUNTIME_WATCH_ROOT" in env:  # true (upstream's default): a swap of it reloads
+            watch = go_bool("RUNTIME_WATCH_ROOT", env["RUNTIME_WATCH_ROOT"])
+            out.set("watch_root", str(watch).lower(), "RUNTIME_WATCH_ROOT")
 
 
 def _flags(env: Mapping[str, str], out: Translation) -> None:
