@@ -74,6 +74,36 @@ class TestCheck:
         assert strict.returncode == 1
 
 
+class TestCheckMergesDomains:
+    """Two files of one domain: refused unless merged, as `serve` decides it (upstream's
+    MERGE_DOMAIN_CONFIG, FAIRLIMIT_MERGE_DOMAINS, or check's --merge-domains)."""
+
+    @pytest.fixture
+    def split(self, tmp_path: Path) -> Path:
+        for name, value in (("a.yaml", "public"), ("b.yaml", "private")):
+            tmp_path.joinpath(name).write_text(
+                "domain: edge\ndescriptors:\n"
+                f"  - key: route\n    value: {value}\n"
+                "    rate_limit: {unit: second, requests_per_unit: 10}\n"
+            )
+        return tmp_path
+
+    def test_refused_by_default(self, split: Path) -> None:
+        out = run("check", str(split))
+        assert out.returncode == 1 and "duplicate domain 'edge'" in out.stderr
+
+    @pytest.mark.parametrize(
+        "env", [{"MERGE_DOMAIN_CONFIG": "true"}, {"FAIRLIMIT_MERGE_DOMAINS": "true"}]
+    )
+    def test_merged_as_serve_merges_them(self, split: Path, env: dict[str, str]) -> None:
+        out = run("check", str(split), env=env)
+        assert out.returncode == 0, out.stderr
+        assert "2 files, 1 domains" in out.stdout
+
+    def test_merged_by_the_flag(self, split: Path) -> None:
+        assert run("check", "--merge-domains", str(split)).returncode == 0
+
+
 class TestServe:
     def test_rejected_first_load_refuses_to_start(self) -> None:
         """A bad config at start: FILE: PATH: message logged, exit 2."""

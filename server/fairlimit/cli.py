@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -136,6 +136,11 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("paths", nargs="+", metavar="PATH")
     check.add_argument("--strict", action="store_true", help="warnings are errors")
     check.add_argument("--format", choices=["text", "json"], default="text")
+    check.add_argument(
+        "--merge-domains", action="store_true",
+        help="merge files of one domain, as serve does under MERGE_DOMAIN_CONFIG or "
+        "FAIRLIMIT_MERGE_DOMAINS (both read here too)",
+    )  # fmt: skip
     simulate = sub.add_parser("simulate", help="run a traffic scenario on a simulated clock")
     simulate.add_argument("scenario", metavar="SCENARIO")
     simulate.add_argument(
@@ -254,9 +259,34 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
     }
 
 
+def _check_settings(environ: Mapping[str, str]) -> "Settings":
+    """The settings that decide how serve would load the files, read as serve reads them:
+    MERGE_DOMAIN_CONFIG and RUNTIME_IGNOREDOTFILES, then their FAIRLIMIT_* twins (the
+    others, addresses and backends, are no business of check's)."""
+    from fairlimit.settings import Settings
+    from fairlimit.settings.upstream import go_bool
+
+    values: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for upstream, name in (("MERGE_DOMAIN_CONFIG", "merge_domains"),
+                           ("RUNTIME_IGNOREDOTFILES", "ignore_dotfiles")):  # fmt: skip
+        own = f"FAIRLIMIT_{name.upper()}"
+        if own in environ:
+            values[name], sources[name] = environ[own], own
+        elif upstream in environ:
+            values[name] = str(go_bool(upstream, environ[upstream])).lower()
+            sources[name] = upstream
+    return Settings().override(values, sources)
+
+
 def _check(args: argparse.Namespace) -> int:
+    settings = _check_settings(os.environ)
     try:
-        loaded = load(args.paths)
+        loaded = load(
+            args.paths,
+            merge_domains=args.merge_domains or settings.merge_domains,
+            ignore_dotfiles=settings.ignore_dotfiles,
+        )
     except ConfigError as exc:
         code = EXIT_UNUSABLE if isinstance(exc, ConfigUnreadable) else EXIT_VIOLATION
         if args.format == "json":
