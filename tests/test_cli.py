@@ -176,6 +176,32 @@ class TestServe:
         assert "FAIRLIMIT_FAILURE_MODE: expected open or closed, got 'maybe'" in out.stderr
 
 
+class TestHelp:
+    def test_the_command_says_what_it_is(self) -> None:
+        """--help describes fairlimit to its user, not the module to its maintainers."""
+        out = run("--help")
+        assert out.returncode == 0
+        assert "Envoy-compatible gRPC rate-limit server" in out.stdout
+        assert "``" not in out.stdout and "Logging is set up" not in out.stdout
+
+    def test_every_serve_flag_says_what_it_does_and_its_default(self) -> None:
+        """Each option has help; those with a setting behind them show its default."""
+        from fairlimit.cli import _parser  # the parser itself: every option, none missed
+        from fairlimit.settings import Settings
+
+        (sub,) = [a for a in _parser()._actions if a.dest == "command"]
+        serve = sub.choices["serve"]  # type: ignore[index]
+        options = [a for a in serve._actions if a.dest != "help"]
+        assert [a.option_strings[0] for a in options if not a.help] == []
+        defaults = Settings()
+        for name in ("backend", "grpc_addr", "admin_addr", "workers", "log_level",
+                     "top_clients", "grpc_max_concurrent", "admin_json"):  # fmt: skip
+            (action,) = [a for a in options if a.dest == name]
+            assert f"(default {getattr(defaults, name)})" in action.help, name
+        text = run("serve", "--help").stdout
+        assert "FAIRLIMIT_GRPC_ADDR" in text and "/readyz" in text
+
+
 class TestBusyPort:
     """A port another process holds: one line naming the address and what sets it, exit 2
     (it was a 40-line traceback with the cause at the bottom)."""
