@@ -395,6 +395,10 @@ def _top(args: argparse.Namespace) -> int:
         return EXIT_UNUSABLE
     except KeyboardInterrupt:
         return EXIT_OK
+    except BrokenPipeError:  # `fairlimit top | head`: the reader has what it wanted
+        # what is still buffered would fail again at exit: stdout goes nowhere instead
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
