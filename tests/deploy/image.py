@@ -8,8 +8,8 @@ read-only, a tmpfs at /tmp, the config bind-mounted read-only, uid 65534, the im
 environment. The process runs under strace, so that every write it tries outside its tmpfs
 is seen, even one whose failure it swallows.
 
-Podman keeps its images, layers and state in a scratch directory of the test's, removed
-afterwards, not in /var/lib/containers. The mmdebstrap tarball is cached in .tools/image/
+Podman keeps its images, layers and state on a tmpfs of the test's, unmounted afterwards,
+not in /var/lib/containers. The mmdebstrap tarball is cached in .tools/image/
 (`rm -r .tools/image` makes it anew).
 """
 
@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,15 +49,17 @@ EG_UID = 65534  # the uid Envoy Gateway runs its rate-limit container as (the gi
 TRACED = "%file,bind,fchmod,fchown,fsetxattr,fremovexattr,ftruncate,fallocate"
 
 
-def base_tarball(mmdebstrap: str) -> Path:
-    """The Debian base as a tarball, made once per set of mmdebstrap arguments."""
+def base_tarball(mmdebstrap: str, tmpdir: Path) -> Path:
+    """The Debian base as a tarball, made once per set of mmdebstrap arguments (in tmpdir)."""
     key = hashlib.sha256(" ".join(MMDEBSTRAP).encode()).hexdigest()[:12]
     tarball = BASE_CACHE / f"debian-{SUITE}-{key}.tar"
     if not tarball.exists():
         BASE_CACHE.mkdir(parents=True, exist_ok=True)
         partial = tarball.with_suffix(".part")
         partial.unlink(missing_ok=True)  # what an interrupted run left
-        run([mmdebstrap, *MMDEBSTRAP[1:], str(partial)], timeout=900)
+        tmpdir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "TMPDIR": str(tmpdir)}
+        run([mmdebstrap, *MMDEBSTRAP[1:], str(partial)], timeout=900, env=env)
         partial.rename(tarball)
     return tarball
 
@@ -125,8 +128,23 @@ def unmount(point: Path) -> None:
         subprocess.run(["umount", "--lazy", str(point)], capture_output=True, check=False)
 
 
+@contextlib.contextmanager
+def scratch_tmpfs(prefix: str, size: str) -> Iterator[Path]:
+    """A new directory with a tmpfs on it, unmounted and removed on leaving.
+
+    Podman's storage is kept in one: its ~20,000 files took ~30 s to delete from this
+    machine's disk, and nothing on a tmpfs needs deleting.
+    """
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=700", "tmpfs", str(path)], 30)
+        yield path
+    finally:
+        remove_tree(path)
+
+
 def remove_tree(path: Path) -> None:
-    """Unmount whatever is mounted below ``path`` (podman's own binds too), then remove it."""
+    """Unmount whatever is mounted at or below ``path`` (podman's own binds too), remove it."""
     for point in mounts_under(path):
         unmount(point)
     left = mounts_under(path)
@@ -180,19 +198,25 @@ class Traced:
     trace: Path
     log: Path
 
-    def child(self, deadline: float) -> int:
-        """The pid strace runs (chroot, then what it execs); the deadline bounds the wait."""
+    def child(self, pattern: str, deadline: float) -> tuple[int, str]:
+        """The pid and command line of strace's child once it runs ``pattern``.
+
+        The child is chroot, which execs the command (/bin/ratelimit, a shell script that
+        execs python) in the same pid. strace also forks short-lived children of its own at
+        startup (probing what ptrace supports), so each child is looked at until one runs
+        the pattern, or strace exits, or the deadline passes.
+        """
         children = Path(f"/proc/{self.strace.pid}/task/{self.strace.pid}/children")
-        while time.monotonic() < deadline:
-            pids = []
+        seen: dict[int, str] = {}
+        while time.monotonic() < deadline and self.strace.poll() is None:
             with contextlib.suppress(OSError):
-                pids = children.read_text().split()
-            if pids:
-                return int(pids[0])
-            if self.strace.poll() is not None:
-                break
+                for pid in map(int, children.read_text().split()):
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    seen[pid] = cmdline.replace(b"\0", b" ").decode(errors="replace")
+                    if re.search(pattern, seen[pid]):
+                        return pid, seen[pid]
             time.sleep(0.02)
-        raise AssertionError(f"strace started no child:\n{self.output()}")
+        raise AssertionError(f"no child ran {pattern!r} (saw {seen}):\n{self.output()}")
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -264,15 +288,3 @@ def mounts_seen_by(pid: int) -> dict[str, tuple[str, set[str]]]:
         dash = fields.index("-")
         seen[fields[4]] = (fields[dash + 1], set(fields[5].split(",")))
     return seen
-
-
-def wait_for_exec(pid: int, pattern: str, deadline: float) -> str:
-    """The command line of ``pid`` once it matches ``pattern`` (chroot -> sh -> python)."""
-    cmdline = ""
-    while time.monotonic() < deadline:
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        if re.search(pattern, cmdline):
-            return cmdline
-        time.sleep(0.02)
-    raise AssertionError(f"pid {pid} never ran {pattern!r} (last: {cmdline!r})")
