@@ -138,6 +138,7 @@ def scratch_tmpfs(prefix: str, size: str) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=700", "tmpfs", str(path)], 30)
+        run(["mount", "--make-private", str(path)], 30)
         yield path
     finally:
         remove_tree(path)
@@ -163,6 +164,9 @@ def read_only_tree(source: Path, target: Path, binds: dict[str, Path]) -> Iterat
         target.mkdir()
         stack.callback(unmount, target)
         run(["mount", "--bind", str(source), str(target)], 30)
+        # Private: where / is a shared mount (systemd's default), a bind of it would pass the
+        # mounts made below on to its peers, the tmpfs at /tmp to the machine's own /tmp.
+        run(["mount", "--make-private", str(target)], 30)
         run(["mount", "-o", "remount,bind,ro", str(target)], 30)
         for inside, options, kind in (
             ("tmp", "size=64m,mode=1777,nosuid,nodev", "tmpfs"),
