@@ -152,6 +152,8 @@ class App:
             telemetry=QuotaTelemetry() if self.telemetry.enabled else QuotaTelemetry.off(),
             divide_gap=DRIP_SECONDS,  # a put-off division runs at the next drip
             tally=limiter.tally,  # RLS demand at caps counts in the RLQS division
+            max_buckets_per_stream=settings.rlqs_max_buckets_per_stream,
+            max_buckets=settings.rlqs_max_buckets,
         )
         reuse_port = settings.workers > 1  # the workers share the port (workers.py)
         self.grpc = GrpcServer(

@@ -95,6 +95,18 @@ def _parser() -> argparse.ArgumentParser:
         help="RLQS streams open at once; more get RESOURCE_EXHAUSTED (default 64)",
     )
     serve.add_argument(
+        "--rlqs-max-buckets-per-stream",
+        metavar="N",
+        help="RLQS buckets one stream may hold; a new one past it gets no assignment "
+        "(default 1000)",
+    )
+    serve.add_argument(
+        "--rlqs-max-buckets",
+        metavar="N",
+        help="RLQS buckets all streams together may hold; a new one past it gets no "
+        "assignment (default 10000)",
+    )
+    serve.add_argument(
         "--grpc-max-streams-per-connection",
         metavar="N",
         help="HTTP/2 streams one client connection may have open (default 16)",
