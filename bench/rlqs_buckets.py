@@ -231,6 +231,8 @@ async def wave(target: str, name: str, streams: int, buckets: int, per_report: i
         if len(arrived) == seen:
             break
     ended = arrived[-1] if arrived else time.monotonic()
+    # as the arrival left them: once streams close, their room goes to buckets refused before
+    took = len(assigned)
     rss_open = rss_mb(pid)
     await asyncio.gather(  # a periodic report: every bucket again
         *(send_all(call, f"{name}s{s}", each, per_report) for s, (call, _) in enumerate(calls))
@@ -241,7 +243,7 @@ async def wave(target: str, name: str, streams: int, buckets: int, per_report: i
             await call.done_writing()
     for _, reader in calls:
         await reader
-    return Wave(started, ended, each * streams, len(assigned), rss_open)
+    return Wave(started, ended, each * streams, took, rss_open)
 
 
 def percentile(values: list[float], q: float) -> float:

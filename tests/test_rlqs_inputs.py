@@ -279,7 +279,14 @@ class TestBucketCaps:
                 clients = [f"c{i}" for i in range(4000)]
                 assigned: list[set[str]] = []
                 stream.send(stream.encode(clients))
-                reader = threading.Thread(target=lambda: assigned.append(stream.receive()))
+
+                def receive() -> None:  # the assignments come in responses of 1000
+                    got: set[str] = set()
+                    while len(got) < len(clients):
+                        got |= stream.receive()
+                    assigned.append(got)
+
+                reader = threading.Thread(target=receive)
                 reader.start()
                 answered = 0
                 for _ in range(5000):  # bounded: ends when the assignments are in

@@ -32,6 +32,7 @@ from fairlimit.core.matching import Entry, Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.quota import (
+    STEP,
     Allocation,
     Blanket,
     CapClaim,
@@ -474,10 +475,12 @@ class QuotaService:
         # loop 50-120 ms in one go.
         totals: peers.Totals = {}
         for s in list(self.streams.values()):
-            held = s.buckets.items()
-            peers.add_held(totals, (peers.Held(s.domain, key, b.demand, s.interval)
-                                    for key, b in held if b.entries is not None))  # fmt: skip
-            await self._pause()
+            held = list(s.buckets.items())
+            for first in range(0, len(held), EXCHANGE_PART):
+                part = held[first : first + EXCHANGE_PART]
+                peers.add_held(totals, (peers.Held(s.domain, key, b.demand, s.interval)
+                                        for key, b in part if b.entries is not None))  # fmt: skip
+                await self._pause()
         summed = list(totals.values())
         parts = []
         for first in range(0, len(summed), EXCHANGE_PART):
@@ -675,7 +678,10 @@ class QuotaService:
         divided: set[BucketKey] | None = None if dirty is None else set()
         holders: list[Holder] = []
         for s in list(self.streams.values()):
-            for key, b in s.buckets.items():
+            # (no report changes a stream's buckets meanwhile; a close replaces them)
+            for n, (key, b) in enumerate(s.buckets.items(), 1):
+                if not n % STEP:
+                    yield
                 if dirty is not None and divided is not None:
                     if regions.of(key, b.target) not in dirty:
                         continue
@@ -711,6 +717,12 @@ class QuotaService:
                 if (new is not current and new != current) or key in renew:
                     held.assign(new)
                     actions.append(Assign(held.bucket, new, ttl))
+                    if len(actions) >= STEP:  # a response at a time, each one turn
+                        stream.send(actions)
+                        actions = []
+                        yield
+                        if self._closes != closes:
+                            return
             if actions:
                 stream.send(actions)
             yield
