@@ -40,6 +40,17 @@ descriptors:
         rate_limit: {unit: minute, requests_per_unit: 30}
 """
 
+# a per-minute limit far above the reports: what RLS finds left is what the drip paid
+MINUTE_LIMIT = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: minute, requests_per_unit: 1000}
+"""
+
 
 def bucket(client: str) -> dict[str, str]:
     return {"client_id": client, "route": "public"}
@@ -135,6 +146,37 @@ class TestSharedCounters:
             )
             passed += decision.code is Code.OK
         assert passed == 20
+
+    async def test_a_report_before_the_last_is_paid_pays_both_within_an_interval(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """A report of 100 (5 s interval), and 2.5 s later, half of it still owed, another
+        of 100: the 150 owed are paid over the next 5 s (30/s), all 200 in the counters by
+        7.5 s, none left owed. Paid at the rate of the new report alone (20/s), 50 would
+        trail every later report for good, and RLS would find a per-minute limit 50 short
+        of what RLQS let through."""
+        limiter = make_limiter(MINUTE_LIMIT)
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        clock.t = 1_700_000_040.0  # a minute starts: the 7.5 s of payments in one window
+        envoy = Envoy(service)
+        await envoy.report([("alice", 100, 0)])
+        await service.drip()
+        reported, paid = 100, []
+        for tick in range(1, 16):
+            clock.advance(0.5)
+            await service.drip()
+            paid.append(reported - service.ledger.owed)
+            if tick == 5:
+                await envoy.report([("alice", 100, 0)])
+                reported += 100
+                assert service.ledger.owed == pytest.approx(150)
+        assert paid == pytest.approx([10, 20, 30, 40, 50, 65, 80, 95, 110, 125, 140, 155, 170,
+                                      185, 200])  # fmt: skip
+        assert service.ledger.owed == 0
+        decision = await limiter.should_rate_limit(
+            req("edge", desc("route=public", "client_id=alice"))
+        )
+        assert decision.code is Code.OK and decision.statuses[0].limit_remaining == 1000 - 201
 
 
 @pytest.mark.parametrize("backend", ["memory"], indirect=True)
