@@ -51,6 +51,24 @@ descriptors:
         rate_limit: {unit: minute, requests_per_unit: 1000}
 """
 
+# a bucket's own limit (the tier's) below a cap whose client level has none
+TIERS = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {unit: second, requests_per_unit: 100}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        descriptors:
+          - key: tier
+            value: free
+            rate_limit: {unit: second, requests_per_unit: 10}
+          - key: tier
+            rate_limit: {unit: second, requests_per_unit: 1000}
+"""
+
 
 def bucket(client: str) -> dict[str, str]:
     return {"client_id": client, "route": "public"}
@@ -225,6 +243,38 @@ class TestAssignments:
         assert one.rate("a") == pytest.approx(50, abs=0.2)  # b asks 100/s, a 140/s: 50/50
         await steady(clock, [(two, [("b", 500, 0), ("c", 500, 0)])], rounds=2)
         assert one.rate("a") == pytest.approx(100 / 3, abs=0.2)
+
+    @pytest.mark.parametrize("envoys", [1, 2])
+    async def test_a_bucket_held_by_its_own_limit_leaves_the_cap_to_the_others(
+        self, make_limiter: LimiterFactory, clock: FakeClock, envoys: int
+    ) -> None:
+        """At the 100/s cap, a's bucket (tier free: 10/s of its own, no client limit) asks
+        80/s, b's 200/s, each from one Envoy or half from each of two: a is assigned its 10
+        and b the other 90, not the 50 a max-min over a's unusable 80 would leave it."""
+        limiter = make_limiter(TIERS)
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        fleet = [Envoy(service) for _ in range(envoys)]
+        usage = [("a", 50, 350), ("b", 450, 550)]  # 80/s and 200/s over 5 s
+        tiers = {"a": "free", "b": "paid"}
+
+        async def report() -> None:
+            for envoy in fleet:
+                lines = [Usage(bucket(c) | {"tier": tiers[c]}, a // envoys, d // envoys)
+                         for c, a, d in usage]  # fmt: skip
+                await envoy.stream.report("edge", lines)
+
+        await report()
+        for _ in range(3):
+            clock.advance(5.0)
+            await report()
+        rates = {"a": 0.0, "b": 0.0}
+        for envoy in fleet:
+            for client in rates:
+                action = next(a for a in reversed(envoy.actions) if a.bucket["client_id"] == client)
+                assert isinstance(action, Assign) and isinstance(action.strategy, TokenBucket)
+                rates[client] += action.strategy.rate
+        assert rates == {"a": pytest.approx(10, abs=0.2), "b": pytest.approx(90, abs=0.2)}
+        assert service.allocation.levels["edge/route=public#1"] == pytest.approx(90)
 
     async def test_a_quiet_client_under_a_per_minute_limit_is_still_assigned(
         self, make_limiter: LimiterFactory, clock: FakeClock
