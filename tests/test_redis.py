@@ -21,17 +21,18 @@ import pytest
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from fairlimit.core.admission import Code
 from fairlimit.core.fairshare import CapReport
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.request import Descriptor
 from fairlimit.errors import StoreUnavailable, UnsupportedBackend
-from fairlimit.limiter import BREAK_SECONDS
+from fairlimit.limiter import BREAK_SECONDS, Limiter
 from fairlimit.store import open_store
 from fairlimit.store.memory import MemoryStore
 from fairlimit.store.redis import RedisStore, parse_url
-from helpers import desc, load_text, req
+from helpers import FakeClock, desc, load_text, req
 from redis_servers import RedisClusterProcesses, RedisProcess, RedisSentinel, free_port
 from servers import ServerProcess
 
@@ -255,6 +256,34 @@ class TestLocalCache:
         assert per_period == [1, 1, 1]
 
 
+TTL_CONFIG = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {unit: minute, requests_per_unit: 100}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 10}
+  - key: route
+    value: pool
+    concurrency: {max_in_flight: 2, max_duration: 300}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        concurrency: {max_in_flight: 2, max_duration: 300}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3}
+"""
+
+
+async def _take(limiter: Limiter, client: str, rid: str) -> bool:
+    """One request in the concurrency pool (an acquire); True when admitted."""
+    request = req("edge", desc("route=pool", f"client_id={client}", f"request_id={rid}"))
+    return (await limiter.should_rate_limit(request)).code is Code.OK
+
+
 class TestKeys:
     """Redis-only: memory has no keys; Redis keys must expire and share slots per cap."""
 
@@ -277,6 +306,62 @@ class TestKeys:
             ttls = {key: client.pttl(key) for key in client.scan_iter("*")}
         assert len(ttls) > 10
         assert {k: t for k, t in ttls.items() if t <= 0} == {}
+
+    @pytest.mark.parametrize("clock", ["caller", "redis"])
+    async def test_each_key_lives_as_long_as_what_it_holds(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, tmp_path: Path,
+        clock: str,
+    ) -> None:  # fmt: skip
+        """Each key's TTL, read right after it was written, against what it must outlive: a
+        counter its window's end (a second of slack, a minute with the caller's clock, whose
+        windows Redis cannot see), a cap's rows and division STALE periods or two windows, a
+        concurrency pool's slots their max_duration (300 s) and a second, the refusals at a
+        cap DEMAND_MS, the RLQS demand reports twice their TTL. A TTL in the wrong unit (ms
+        for s) would lose slots still in flight a second after the last acquire: a 2-in-
+        flight cap would admit a third request 1.3 s later."""
+        from fairlimit.core import sharing
+        from fairlimit.core.units import window_start
+        from fairlimit.store.redis.keys import slot_groups
+
+        loaded = load_text(tmp_path, TTL_CONFIG)
+        store = await redis_store_factory(clock=clock)
+        limiter = Limiter(loaded, store, FakeClock(T0 + 0.5))
+        started = time.monotonic()
+        expected: dict[str, int] = {}  # key -> PTTL in ms just after it was written
+        slack = 60_000 if clock == "caller" else 1000
+        try:
+            for request in (desc("route=public", "client_id=a"), desc("user=u")):
+                plan = plan_of(limiter._active.matcher, request)
+                outcome = await store.admit(plan, T0 + 0.5)
+                assert outcome.admitted and outcome.now is not None
+                now = outcome.now  # the clock the script ran by: Redis TIME, or the caller's
+                (g,) = slot_groups(plan, "fairlimit:", False)
+                for name, c in zip(g.counter_keys, plan.counters, strict=True):
+                    expected[name] = int((window_start(c.window, now) + c.window - now) * 1000)
+                    expected[name] += slack
+                for kinds, i in zip(g.cap_keys, g.cap_share, strict=True):
+                    s = plan.shares[i]
+                    keep = max(2 * s.window + 1, sharing.STALE * s.period) * 1000
+                    expected[kinds["meta"]] = expected[kinds["rows"]] = int(keep)
+            for rid in ("r1", "r2"):
+                assert await _take(limiter, "a", rid)
+            assert not await _take(limiter, "a", "r3")  # the pool's cap: 2 in flight
+            await store.exchange_demand("me", "report", T0 + 0.5, 7.5)
+            expected["fairlimit:rlqs-demand"] = 15_000
+            with redis_server.client() as client:  # the registry is written in the background
+                await _until(lambda: bool(client.exists("fairlimit:caps")), "the cap registry")
+                expected["fairlimit:caps"] = 86_400_000
+                ttls = {key: client.pttl(key) for key in client.scan_iter("*")}
+            elapsed = int((time.monotonic() - started) * 1000) + 1
+        finally:
+            await store.close()
+        pools = {k: t for k, t in ttls.items() if re.match(r"fairlimit:\{[^}]*\}[sohw]:", k)}
+        assert {k[k.index("}") + 1] for k in pools} == set("sohw"), sorted(ttls)
+        for key in pools:
+            expected[key] = 1000 if key[key.index("}") + 1] == "w" else 301_000
+        assert {k: t for k, t in ttls.items() if k in expected} == {
+            k: pytest.approx(t - elapsed / 2, abs=elapsed / 2 + 2) for k, t in expected.items()
+        }
 
     async def test_a_cap_and_its_clients_share_one_slot(
         self, redis_cluster_store_factory: Factory, redis_cluster: RedisClusterProcesses,
