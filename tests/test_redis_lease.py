@@ -41,6 +41,8 @@ descriptors:
     descriptors:
       - key: client_id
         rate_limit: {unit: second, requests_per_unit: 100}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 100}
   - key: route
     value: shadowed
     shadow_mode: true
@@ -238,6 +240,42 @@ class TestPlainCounters:
             assert sum(first) + sum(rest) == LIMIT
         finally:
             await replicas[1].store.close()
+
+
+@pytest.mark.behaviour
+class TestWindows:
+    @pytest.mark.parametrize(("key", "window"), [("user", 1), ("client_id", 60)])
+    async def test_a_block_taken_late_in_a_window_serves_nothing_in_the_next(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, key: str, window: int
+    ) -> None:
+        """Two replicas, a plain limit of 100 a second (or a minute): 80 requests spread
+        over a window's last second (blocks are taken until its end), then 400 in the next
+        window's first second, and so on: every window admits its 80, then exactly its 100.
+        A block used past the end of the window that charged it (kept LEASE_TTL, or a whole
+        window, from when it was taken) would admit the next window's 100 on top."""
+        replicas, clock = await _replicas(tmp_path, lease_store_factory)
+        clock.t = (T0 // 60 + 1) * 60 - 1.0  # a second before a minute ends
+        admitted: dict[int, int] = {}
+        turn = 0
+        try:
+            for n in (80, 400, 80, 400, 400):
+                for _ in range(n):
+                    ok = await _ask_key(replicas[turn % 2], key, "w")
+                    turn += 1
+                    at = int(clock.t // window)
+                    admitted[at] = admitted.get(at, 0) + ok
+                    clock.advance(1 / n)
+        finally:
+            await _close(replicas)
+        if window == 1:
+            assert list(admitted.values()) == [80, 100, 80, 100, 100]
+        else:  # the last second of a minute, then the next minute's first four seconds
+            assert list(admitted.values()) == [80, 100]
+
+
+async def _ask_key(limiter: Limiter, key: str, value: str) -> bool:
+    decision = await limiter.should_rate_limit(req("edge", desc(f"{key}={value}")))
+    return decision.code is Code.OK
 
 
 def _row(redis_server: RedisProcess, limiter: Limiter, route: str, client: str) -> dict[str, float]:
