@@ -278,6 +278,55 @@ async def _ask_key(limiter: Limiter, key: str, value: str) -> bool:
     return decision.code is Code.OK
 
 
+@pytest.mark.behaviour
+class TestRequestHits:
+    async def test_a_block_leaves_room_for_the_request_that_takes_it(
+        self, tmp_path: Path, lease_store_factory: StoreFactory
+    ) -> None:
+        """90 of the 100 a minute are used (through a replica without leases); a leasing
+        replica's request of 10 hits, asking a first block, is admitted with none: the 10
+        left are its own. Sized as if they were still free, its block would hold 4 hits
+        past the limit, and its next 1-hit requests would take them: 104 admitted."""
+        plain = Limiter(load_text(tmp_path, CONFIG), await lease_store_factory(), FakeClock(T0))
+        (leasing,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        clock.t = T0
+        try:
+            for _ in range(9):
+                decision = await plain.should_rate_limit(req("edge", desc("client_id=h", hits=10)))
+                assert decision.code is Code.OK
+            decision = await leasing.should_rate_limit(req("edge", desc("client_id=h", hits=10)))
+            assert decision.code is Code.OK
+            more = [await _ask(leasing, "h") for _ in range(5)]
+            assert sum(more) == 0, f"{90 + 10 + sum(more)} admitted for a limit of {LIMIT}"
+            assert not [b for b in _leases(leasing).blocks.values() if b.room]
+        finally:
+            await _close([plain, leasing])
+
+    @pytest.mark.parametrize("hits", [3, 7, 10])
+    async def test_replicas_never_reserve_past_a_limit(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess,
+        hits: int,
+    ) -> None:  # fmt: skip
+        """Two replicas alternate requests of ``hits`` hits at a plain 100 a minute: after
+        every call the counter in Redis (what was admitted and what blocks hold) is within
+        the limit, and what both admitted is within it too."""
+        replicas, _ = await _replicas(tmp_path, lease_store_factory)
+        plan = make_plan(req("edge", desc("client_id=k")), replicas[0]._active.matcher)
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        admitted, counted = 0, []
+        try:
+            with redis_server.client() as client:
+                for i in range(40):
+                    request = req("edge", desc("client_id=k", hits=hits))
+                    ok = (await replicas[i % 2].should_rate_limit(request)).code is Code.OK
+                    admitted += hits * ok
+                    counted.append(int(client.hget(g.counter_keys[0], "n") or 0))
+        finally:
+            await _close(replicas)
+        assert max(counted) <= LIMIT and admitted <= LIMIT
+        assert admitted > LIMIT - 2 * hits  # what blocks strand is under two requests' hits
+
+
 def _row(redis_server: RedisProcess, limiter: Limiter, route: str, client: str) -> dict[str, float]:
     """The client's row at the route's cap, as Redis holds it (admitted and asked)."""
     request = req("edge", desc(f"route={route}", f"client_id={client}"))
@@ -330,10 +379,10 @@ class TestUnderACap:
     async def test_the_script_sizes_each_block_as_the_rule_says(
         self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
     ) -> None:
-        """admit.lua's block for each of 60 calls (two consumers, wants from 1 to 60, a
-        roomy cap and a plain counter of 100 a minute filling up) equals core.lease.size of
-        the call's own reply: the counters as they stood, the holders, the client's
-        admitted count and bound."""
+        """admit.lua's block for each of 60 calls (two consumers, wants from 1 to 60,
+        requests of 1 to 13 hits, a roomy cap and a plain counter of 100 a minute filling
+        up) equals core.lease.size of the call's own reply: the counters as they stood, the
+        holders, the client's admitted count and bound, each less the request's hits."""
         replicas, clock = await _replicas(tmp_path, lease_store_factory)
         try:
             sizes = []
@@ -342,7 +391,8 @@ class TestUnderACap:
                 store = _store(replica)
                 route = "roomy" if i % 3 == 0 else ""
                 entries = (f"route={route}", "client_id=z") if route else ("client_id=z",)
-                plan = make_plan(req("edge", desc(*entries)), replica._active.matcher)
+                hits = (1, 4, 9, 2, 13)[i % 5]  # a block leaves room for the request's own
+                plan = make_plan(req("edge", desc(*entries, hits=hits)), replica._active.matcher)
                 (g,) = slot_groups(plan, "fairlimit:", False)
                 consumer = _leases(replica).consumer
                 holders = []
