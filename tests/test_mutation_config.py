@@ -38,13 +38,13 @@ class TestWhatIsMutated:
         assert [_server_path(p) for p in MUTMUT["source_paths"]] == ["server/fairlimit"]
         assert 'ln -sfn "$root/server" "$work/src"' in SCRIPT
 
-    def test_core_config_and_store_each_have_modules_to_mutate(self) -> None:
+    def test_core_config_store_and_quota_each_have_modules_to_mutate(self) -> None:
         """Every only_mutate pattern matches Python files in the repository."""
         files = [str(p.relative_to(ROOT)) for p in (ROOT / "server").rglob("*.py")]
         for pattern in MUTMUT["only_mutate"]:
             assert fnmatch.filter(files, _server_path(pattern)), pattern
         packages = {_server_path(p).split("/")[2] for p in MUTMUT["only_mutate"]}
-        assert packages == {"core", "config", "store"}
+        assert packages == {"core", "config", "store", "quota"}
 
 
 class TestHowMutantsRun:
