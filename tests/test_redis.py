@@ -41,6 +41,7 @@ pytestmark = pytest.mark.behaviour
 T0 = 1_700_000_000.0
 # Far above any real answer, far below LONG_TIMEOUT: bounds a wait without timing it.
 OUTLAST = 10.0
+EPS = 1e-6  # Redis TIME's resolution
 LONG_TIMEOUT = 60.0
 
 
@@ -193,6 +194,40 @@ class TestOneClock:
             if _day_of(redis_server) == window:
                 break
         assert admitted == [True, True, True] + [False] * 5
+
+    async def test_every_script_runs_by_redis_time(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, tmp_path: Path
+    ) -> None:
+        """With clock=redis every script reads Redis TIME (clock.lua), whatever its caller
+        passes: admit.lua's clock, the expiry acquire.lua gives a slot (that clock plus
+        max_duration) and the end of demand.lua's report (plus its TTL) each lie between two
+        reads of TIME around the call (within a microsecond, for the float sums)."""
+        store = await redis_store_factory(clock="redis")
+        limiter = Limiter(load_text(tmp_path, TTL_CONFIG), store, FakeClock(T0 - 86400))
+        with redis_server.client() as client:
+
+            def now() -> float:
+                seconds, micros = client.time()
+                return seconds + micros / 1e6
+
+            try:
+                before = now()
+                outcome = await store.admit(plan_of(limiter._active.matcher, desc("user=u")), T0)
+                assert outcome.now is not None and before <= outcome.now <= now()
+                before = now()
+                assert await _take(limiter, "a", "r1")
+                after = now()
+                pools = list(client.scan_iter("fairlimit:*}s:*"))
+                assert len(pools) == 2  # the cap's and the client's
+                for key in pools:
+                    assert before - EPS <= client.zscore(key, "r1") - 300 <= after + EPS, key
+                before = now()
+                await store.exchange_demand("me", "report", T0, 7.5)
+                after = now()
+                until, _, report = client.hget("fairlimit:rlqs-demand", "me").partition("|")
+                assert report == "report" and before - EPS <= float(until) - 7.5 <= after + EPS
+            finally:
+                await store.close()
 
 
 class TestScriptCache:
