@@ -119,12 +119,14 @@ def noop(workdir: Path, name: str = "noop") -> tuple[Proc, int]:
     return proc, proc.grpc_port()
 
 
-def fairlimit(workdir: Path, name: str, backend: str, workers: int = 1) -> tuple[Proc, int]:
-    """``fairlimit serve`` with bench/bench.yaml; several workers share one port."""
+def fairlimit(workdir: Path, name: str, backend: str, workers: int = 1, *extra: str,
+              config: Path = BENCH / "bench.yaml") -> tuple[Proc, int]:  # fmt: skip
+    """``fairlimit serve`` with bench/bench.yaml (or ``config``) and ``extra`` flags; several
+    workers share one port."""
     port = free_port() if workers > 1 else 0  # workers need one known port to share
-    command = [sys.executable, "-m", "fairlimit", "serve", "--config", str(BENCH / "bench.yaml"),
+    command = [sys.executable, "-m", "fairlimit", "serve", "--config", str(config),
                "--backend", backend, "--grpc-addr", f"127.0.0.1:{port}",
-               "--admin-addr", "127.0.0.1:0", "--workers", str(workers)]  # fmt: skip
+               "--admin-addr", "127.0.0.1:0", "--workers", str(workers), *extra]  # fmt: skip
     proc = Proc(name, command, workdir)
     return proc, proc.grpc_port(workers)
 
@@ -136,10 +138,18 @@ class Redis:
         import redis  # the bench runs where fairlimit's dependencies are installed
 
         self.port = free_port()
-        command = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                   "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
-        self.proc = Proc("redis", command, workdir)
+        self._command = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                         "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
+        self._workdir = workdir
         self.client = redis.Redis(port=self.port, socket_timeout=5, decode_responses=True)
+        self.start()
+
+    def start(self) -> None:
+        """Start redis-server (again, on the same port: empty, as after a crash) and wait
+        until it answers."""
+        import redis
+
+        self.proc = Proc("redis", self._command, self._workdir)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -171,6 +181,11 @@ class Redis:
     def flush(self) -> None:
         self.client.flushall()
         self.client.config_resetstat()
+
+    def kill(self) -> None:
+        """SIGKILL: a crash (start() brings an empty one back)."""
+        self.proc.process.kill()
+        self.proc.process.wait(5)
 
     def stop(self) -> None:
         self.client.close()

@@ -7,8 +7,9 @@ RESOURCE_EXHAUSTED for as long as they stayed open.
 
 import asyncio
 import contextlib
+import functools
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
@@ -50,16 +51,21 @@ def _channel(target: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, [("grpc.use_local_subchannel_pool", 1)])
 
 
-async def _silence(release: asyncio.Event) -> AsyncIterator[bytes]:
-    """A request stream that sends headers and no message until ``release`` is set."""
+async def _silence(release: asyncio.Event, first: bytes | None = None) -> AsyncIterator[bytes]:
+    """A request stream that sends headers (and ``first``, if given), then nothing until
+    ``release`` is set."""
+    if first is not None:
+        yield first
     await release.wait()
-    if False:  # pragma: no cover  # an async generator that yields nothing
-        yield b""
 
 
 async def _code(call: "grpc.aio.Call") -> str:
     try:
-        await call
+        if hasattr(call, "__aiter__"):
+            async for _ in call:  # type: ignore[attr-defined]
+                pass
+        else:
+            await call
     except grpc.aio.AioRpcError as error:
         return str(error.code().name)
     return "OK"
@@ -72,56 +78,82 @@ async def _ask(target: str, n: int) -> list[str]:
         return [await _code(rls(REQUEST, timeout=1)) for _ in range(n)]
 
 
+def _samples(server: ServerProcess, name: str) -> list[tuple[dict[str, str], float]]:
+    url = f"http://127.0.0.1:{server.admin_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return [
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
+
+
+def _refused(server: ServerProcess, kind: str) -> dict[str, float]:
+    """fairlimit.rpc.refused for ``kind``, by reason."""
+    samples = _samples(server, "fairlimit_rpc_refused_total")
+    return {labels["reason"]: value for labels, value in samples if labels["kind"] == kind}
+
+
+def _in_progress(server: ServerProcess) -> dict[str, float]:
+    """fairlimit.rpc.in_progress by kind."""
+    samples = _samples(server, "fairlimit_rpc_in_progress")
+    return {labels["kind"]: value for labels, value in samples}
+
+
+async def _until(condition: Callable[[], bool], what: Callable[[], object]) -> None:
+    """Wait (10 s at most) until ``condition()`` holds; ``what()`` says what was seen."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"still {what()}")
+        await asyncio.sleep(0.02)
+
+
+KINDS = {RLS: "rls", RLQS: "rlqs", HEALTH: "other"}
 Stalled = tuple[list[grpc.aio.Channel], list["asyncio.Task[str]"]]
 
 
 async def _stalled(
-    target: str, method: str, count: int, release: asyncio.Event, channels: int
+    server: ServerProcess,
+    method: str,
+    count: int,
+    release: asyncio.Event,
+    *,
+    channels: int,
+    held: int,
+    first: bytes | None = None,
 ) -> Stalled:
-    """``count`` calls of ``method`` that send headers only, spread over ``channels``
-    connections; returns the channels and a task per call giving its final code."""
-    opened = [_channel(target) for _ in range(channels)]
+    """``count`` calls of ``method`` that send headers only (or ``first`` and no more),
+    spread over ``channels`` connections; returns once ``held`` calls of that kind are in
+    progress, with the channels and a task per call giving its final code."""
+    opened = [_channel(server.target) for _ in range(channels)]
     for channel in opened:
         await channel.channel_ready()
     tasks = []
     for i in range(count):
         channel = opened[i % channels]
-        if method == RLQS:
-            call: grpc.aio.Call = channel.stream_stream(method)(_silence(release), timeout=30)
-
-            async def finish(call: grpc.aio.Call = call) -> str:
-                try:
-                    async for _ in call:  # type: ignore[attr-defined]
-                        pass
-                except grpc.aio.AioRpcError as error:
-                    return str(error.code().name)
-                return "OK"
-
-            tasks.append(asyncio.create_task(finish()))
-        else:
-            call = channel.stream_unary(method)(_silence(release), timeout=30)
-            tasks.append(asyncio.create_task(_code(call)))
-    await asyncio.sleep(0.5)  # every call has reached the server
+        open_call = channel.stream_stream if method == RLQS else channel.stream_unary
+        call = open_call(method)(_silence(release, first), timeout=30)
+        tasks.append(asyncio.create_task(_code(call)))
+    kind = KINDS[method]
+    await _until(lambda: _in_progress(server).get(kind) == held, lambda: _in_progress(server))
     return opened, tasks
 
 
-async def _close(channels: list[grpc.aio.Channel], release: asyncio.Event) -> None:
+async def _close(
+    channels: list[grpc.aio.Channel], release: asyncio.Event, tasks: list["asyncio.Task[str]"]
+) -> list[str]:
+    """Let the stalled calls go on (those still open end their request stream), wait for
+    their codes, then close their connections."""
     release.set()
-    for channel in channels:
-        await channel.close()
-
-
-def _refused(server: ServerProcess, kind: str) -> dict[str, float]:
-    """fairlimit.rpc.refused for ``kind``, by reason, from the server's /metrics."""
-    url = f"http://127.0.0.1:{server.admin_port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    return {
-        sample.labels["reason"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "fairlimit_rpc_refused_total" and sample.labels.get("kind") == kind
-    }
+    try:
+        return await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    finally:
+        for channel in channels:
+            await channel.close()
 
 
 class TestBudgetsPerKind:
@@ -134,12 +166,12 @@ class TestBudgetsPerKind:
 
         async def scenario() -> list[str]:
             release = asyncio.Event()
-            streams, _ = await _stalled(server.target, RLQS, 40, release, channels=40)
-            checks, _ = await _stalled(server.target, HEALTH, 8, release, channels=8)
+            streams, waiting = await _stalled(server, RLQS, 40, release, channels=40, held=40)
+            checks, stalled = await _stalled(server, HEALTH, 8, release, channels=8, held=8)
             try:
                 return await _ask(server.target, 50)
             finally:
-                await _close(streams + checks, release)
+                await _close(streams + checks, release, waiting + stalled)
 
         try:
             codes = asyncio.run(scenario())
@@ -148,25 +180,23 @@ class TestBudgetsPerKind:
         assert codes == ["OK"] * 50
 
     def test_calls_beyond_a_kinds_budget_are_refused_naming_its_flag(self, tmp_path: Path) -> None:
-        """--rlqs-max-streams 3: a fourth stream is RESOURCE_EXHAUSTED at once, the message
-        names the flag; rate-limit calls are served meanwhile."""
-        server = _serve(tmp_path, "--rlqs-max-streams", "3", "--grpc-read-timeout", "60")
+        """--rlqs-max-streams 3, three streams that have reported: a fourth stream is
+        RESOURCE_EXHAUSTED at once, the message names the flag; rate-limit calls are served
+        meanwhile."""
+        server = _serve(tmp_path, "--rlqs-max-streams", "3")
 
         async def scenario() -> tuple[str, str, list[str]]:
             release = asyncio.Event()
-            streams, _ = await _stalled(server.target, RLQS, 3, release, channels=3)
+            streams, tasks = await _stalled(
+                server, RLQS, 3, release, channels=3, held=3, first=REPORT
+            )
             try:
                 async with _channel(server.target) as channel:
-                    call = channel.stream_stream(RLQS)(_silence(release), timeout=5)
-                    try:
-                        async for _ in call:
-                            pass
-                        refused = ("OK", "")
-                    except grpc.aio.AioRpcError as error:
-                        refused = (error.code().name, error.details() or "")
+                    call = channel.stream_stream(RLQS)(_silence(release, REPORT), timeout=5)
+                    refused = (await _code(call), await call.details() or "")
                 return (*refused, await _ask(server.target, 5))
             finally:
-                await _close(streams, release)
+                await _close(streams, release, tasks)
 
         try:
             code, detail, served = asyncio.run(scenario())
@@ -176,42 +206,74 @@ class TestBudgetsPerKind:
         assert "--rlqs-max-streams" in detail
         assert served == ["OK"] * 5
 
-    def test_one_connection_cannot_take_the_whole_budget(self, tmp_path: Path) -> None:
-        """40 stalled rate-limit calls on one connection: HTTP/2 lets 16 of them open
-        (--grpc-max-streams-per-connection), so calls on other connections are served."""
-        server = _serve(tmp_path, "--grpc-read-timeout", "60")
+    def test_one_connection_holds_at_most_its_stream_limit(self, tmp_path: Path) -> None:
+        """40 stalled rate-limit calls on one connection, under a budget of 100: HTTP/2
+        lets 16 of them open (--grpc-max-streams-per-connection); the rest wait at the
+        client."""
+        server = _serve(tmp_path, "--grpc-read-timeout", "60", "--grpc-max-concurrent", "100")
 
-        async def scenario() -> list[str]:
+        async def scenario() -> tuple[float, list[str]]:
             release = asyncio.Event()
-            hostile, _ = await _stalled(server.target, RLS, 40, release, channels=1)
+            hostile, tasks = await _stalled(server, RLS, 40, release, channels=1, held=16)
             try:
-                return await _ask(server.target, 20)
+                served = await _ask(server.target, 5)
+                return _in_progress(server)["rls"], served
             finally:
-                await _close(hostile, release)
+                await _close(hostile, release, tasks)
 
         try:
-            codes = asyncio.run(scenario())
+            held, served = asyncio.run(scenario())
         finally:
             server.stop()
-        assert codes == ["OK"] * 20
+        assert held == 16
+        assert served == ["OK"] * 5
 
 
 class TestReadDeadline:
+    def test_calls_waiting_for_their_message_give_their_place_to_new_calls(
+        self, tmp_path: Path
+    ) -> None:
+        """40 rate-limit calls that send headers only, each on its own connection, fill the
+        budget of 32 (a long read deadline): each new call takes the place of the one that
+        has waited longest for its message, which ends RESOURCE_EXHAUSTED. Real calls are
+        all served; the stalled ones left end INVALID_ARGUMENT when they close unsent (the
+        8 evictions come within milliseconds)."""
+        server = _serve(tmp_path, "--grpc-read-timeout", "60")
+
+        async def scenario() -> tuple[list[str], list[str]]:
+            release = asyncio.Event()
+            hostile, tasks = await _stalled(server, RLS, 40, release, channels=40, held=32)
+            evicted = functools.partial(_refused, server, "rls")
+            await _until(lambda: evicted().get("evicted") == 8, evicted)  # all 40 are in
+            try:
+                served = await _ask(server.target, 20)
+            finally:
+                codes = await _close(hostile, release, tasks)
+            return served, codes
+
+        try:
+            served, codes = asyncio.run(scenario())
+            counted = _refused(server, "rls")
+        finally:
+            server.stop()
+        assert served == ["OK"] * 20
+        # the first real call found the budget full: it took a place, then gave it back
+        assert sorted(codes) == ["INVALID_ARGUMENT"] * 31 + ["RESOURCE_EXHAUSTED"] * 9
+        assert counted == {"busy": 0, "evicted": 9}
+
     def test_calls_without_a_message_end_at_the_read_deadline(self, tmp_path: Path) -> None:
-        """40 rate-limit calls that send headers only, each on its own connection: those
-        past the budget of 32 are RESOURCE_EXHAUSTED at once, the rest end with
-        DEADLINE_EXCEEDED at --grpc-read-timeout (0.5 s); then calls are served again. The
-        refusals are counted by kind and reason."""
+        """40 rate-limit calls that send headers only, each on its own connection: 8 take
+        the places of the first 8, the other 32 end with DEADLINE_EXCEEDED at
+        --grpc-read-timeout (0.5 s); then calls are served again. Each is counted by kind
+        and reason."""
         server = _serve(tmp_path, "--grpc-read-timeout", "0.5")
 
         async def scenario() -> tuple[list[str], list[str]]:
             release = asyncio.Event()
-            hostile, tasks = await _stalled(server.target, RLS, 40, release, channels=40)
-            try:
-                codes = await asyncio.wait_for(asyncio.gather(*tasks), 10)
-                return codes, await _ask(server.target, 5)
-            finally:
-                await _close(hostile, release)
+            hostile, tasks = await _stalled(server, RLS, 40, release, channels=40, held=0)
+            codes = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+            await _close(hostile, release, [])
+            return codes, await _ask(server.target, 5)
 
         try:
             codes, after = asyncio.run(scenario())
@@ -220,7 +282,7 @@ class TestReadDeadline:
             server.stop()
         assert sorted(codes) == ["DEADLINE_EXCEEDED"] * 32 + ["RESOURCE_EXHAUSTED"] * 8
         assert after == ["OK"] * 5
-        assert counted == {"busy": 8, "read_timeout": 32}
+        assert counted == {"busy": 0, "evicted": 8, "read_timeout": 32}
 
     @pytest.mark.parametrize("method", [RLQS, HEALTH])
     def test_every_kind_of_call_has_the_read_deadline(self, tmp_path: Path, method: str) -> None:

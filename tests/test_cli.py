@@ -142,7 +142,7 @@ class TestServe:
         """A bad FAIRLIMIT_* value names the variable."""
         out = run("serve", env={"FAIRLIMIT_FAILURE_MODE": "maybe"})
         assert out.returncode == 2
-        assert "FAIRLIMIT_FAILURE_MODE: expected open or closed, got 'maybe'" in out.stderr
+        assert "FAIRLIMIT_FAILURE_MODE: expected open, closed or local, got 'maybe'" in out.stderr
 
 
 def test_version() -> None:

@@ -762,3 +762,63 @@ class TestReplicas:
         finally:
             codes = [opened.stop(), closed.stop()]
         assert codes == [0, 0]
+
+    def test_local_failure_mode_keeps_each_replica_to_its_part_and_heals(
+        self, redis_process: RedisProcess, tmp_path: Path
+    ) -> None:
+        """--failure-mode local --replicas 2, Redis killed: each server admits 5 of a
+        client's 10 a day, then OVER_LIMIT (not open's OK for all, nor closed's UNAVAILABLE);
+        a client Redis had admitted 2 of gets 4 more here. Redis back (empty: no
+        persistence): what was admitted alone is written back into it, and Redis decides
+        again (a fresh client gets its 10 from one server, not 5)."""
+        config = tmp_path / "own.yaml"
+        config.write_text(OWN_LIMIT_CONFIG)
+        url = redis_process.url + "?timeout=0.25"
+        args = ["--config", str(config), "--backend", url, "--failure-mode", "local",
+                "--replicas", "2"]  # fmt: skip
+        servers = [ServerProcess(args), ServerProcess(args)]
+        day = _day_of(redis_process)
+        try:
+            with (
+                grpc.insecure_channel(servers[0].target) as ch1,
+                grpc.insecure_channel(servers[1].target) as ch2,
+            ):
+                stubs = [rls_pb2_grpc.RateLimitServiceStub(ch1),
+                         rls_pb2_grpc.RateLimitServiceStub(ch2)]  # fmt: skip
+                assert [_ask_own(stubs[0], "seen") for _ in range(2)] == [OK, OK]
+                redis_process.stop()
+                alone = [[_ask_own(stub, "x") for _ in range(6)] for stub in stubs]
+                assert alone == [[OK] * 5 + [OVER]] * 2
+                assert [_ask_own(stubs[0], "seen") for _ in range(5)] == [OK] * 4 + [OVER]
+                for server in servers:
+                    server.wait_for("limiting locally until the backend is back")
+                redis_process.start()
+                for i, (server, stub) in enumerate(zip(servers, stubs, strict=True)):
+                    for _ in range(40):  # the breaker asks Redis again within BREAK_SECONDS
+                        _ask_own(stub, f"probe-{i}")
+                        if any("limiting locally ended" in line for line in server.lines):
+                            break
+                        time.sleep(BREAK_SECONDS / 4)
+                    server.wait_for("limiting locally ended")
+                assert [_ask_own(stub, "x") for stub in stubs] == [OVER, OVER]
+                fresh = [_ask_own(stubs[0], "fresh") for _ in range(11)]
+                assert fresh == [OK] * 10 + [OVER]
+        finally:
+            codes = [s.stop() for s in servers]
+        if _day_of(redis_process) != day:
+            pytest.skip("the run crossed UTC midnight (the day window)")
+        assert codes == [0, 0]
+
+
+OWN_LIMIT_CONFIG = """
+domain: edge
+descriptors:
+  - key: client_id
+    rate_limit: {unit: day, requests_per_unit: 10}
+"""
+
+
+def _ask_own(stub: rls_pb2_grpc.RateLimitServiceStub, client: str) -> int:
+    entries = [D.Entry(key="client_id", value=client)]
+    message = rls_pb2.RateLimitRequest(domain="edge", descriptors=[D(entries=entries)])
+    return int(stub.ShouldRateLimit(message, timeout=5).overall_code)

@@ -22,10 +22,11 @@ from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer
 from fairlimit.grpc_api.tls import TlsFiles
 from fairlimit.grpc_api.xds import XdsConfigSource, XdsSettings, XdsTls
-from fairlimit.limiter import Limiter
+from fairlimit.limiter import BREAK_SECONDS, Limiter
 from fairlimit.quota import QuotaService
 from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
+from fairlimit.store.degraded import Replicas
 from fairlimit.telemetry import Telemetry, pooled
 from fairlimit.telemetry.quota import QuotaTelemetry
 from fairlimit.telemetry.upstream import UpstreamStats
@@ -135,6 +136,9 @@ class App:
         for line in loaded.notes:
             log.info("%s", line)
         self.store = open_store(settings.backend)
+        # --failure-mode local: each process's part of a limit (store/degraded.py); the RLQS
+        # demand exchange says which processes share the store
+        replicas = Replicas(settings.replicas * settings.workers)
         self.limiter = Limiter(
             loaded,
             self.store,
@@ -142,6 +146,7 @@ class App:
             failure_mode=settings.failure_mode,
             telemetry=self.telemetry,
             quota_mode=settings.quota_mode,
+            replicas=replicas,
         )
         limiter = self.limiter
         self.quota = QuotaService(
@@ -152,6 +157,7 @@ class App:
             telemetry=QuotaTelemetry() if self.telemetry.enabled else QuotaTelemetry.off(),
             divide_gap=DRIP_SECONDS,  # a put-off division runs at the next drip
             tally=limiter.tally,  # RLS demand at caps counts in the RLQS division
+            replicas=replicas,
         )
         reuse_port = settings.workers > 1  # the workers share the port (workers.py)
         self.grpc = GrpcServer(
@@ -253,6 +259,8 @@ class App:
         if self.xds is None:
             self._spawn(self.watcher.run())
         self._spawn(self._refresh_fairness())
+        if self.limiter.local is not None:
+            self._spawn(self._watch_backend())
         if self.worker and self.metrics_dir is not None and self.metrics_registry is not None:
             self._spawn(self._share_metrics(self.metrics_registry, self.metrics_dir))
         # Everything made so far (modules, config, SDK, grpc) lives as long as the process:
@@ -305,6 +313,18 @@ class App:
                 log.exception("refreshing the fairness figures failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), REFRESH_SECONDS)
+
+    async def _watch_backend(self) -> None:
+        """--failure-mode local: while this process limits alone, ping the backend every
+        BREAK_SECONDS, so that it returns as soon as the backend does, with traffic or
+        without (its write-back is what the other processes' counts miss meanwhile)."""
+        while not self._stopping.is_set():  # ends on the stop event (see _refresh_fairness)
+            try:
+                await self.limiter.watch_backend()
+            except Exception:  # must never take the server down
+                log.exception("watching the backend failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), BREAK_SECONDS)
 
     async def _share_metrics(self, registry: CollectorRegistry, directory: Path) -> None:
         """Hand this worker's metrics to worker 0's /metrics until stopping, and once more."""
@@ -379,6 +399,7 @@ class App:
             await self.admin.stop()
         for listener in self.side:
             await listener.stop()
+        await self.limiter.close()  # a write-back of local decisions, when one is out
         await self.store.close()
         log.info("stopped")
 

@@ -58,7 +58,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-addr", metavar="HOST:PORT")
     serve.add_argument("--admin-addr", metavar="HOST:PORT")
     serve.add_argument("--strict", action="store_const", const=True)
-    serve.add_argument("--failure-mode", choices=["open", "closed"])
+    serve.add_argument(
+        "--failure-mode", choices=["open", "closed", "local"],
+        help="backend unavailable: answer OK (open, default), UNAVAILABLE (closed), or limit "
+        "alone to this process's part of every limit (local)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--replicas", metavar="N",
+        help="pods sharing the backend (--failure-mode local divides each limit by N x "
+        "--workers, or by the processes last seen when more); 0: those last seen",
+    )  # fmt: skip
     serve.add_argument("--shadow", action="store_const", const=True)
     serve.add_argument("--workers", metavar="N")
     serve.add_argument("--max-connection-age", metavar="SECONDS",

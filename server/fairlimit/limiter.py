@@ -8,8 +8,16 @@ a request refused by a rate holds no slot once it is answered. The window betwee
 steps (one store call) can only make a concurrent request see a slot taken that is about to
 come back - a spurious refusal, never an admission past a limit. If that release fails
 (backend gone) the slot expires after its rule's max_duration.
+
+Under ``--failure-mode local`` a request the store cannot decide is decided by this process
+alone, to its part of every limit (store/degraded.py, core/parts.py), from the first
+failure on. Once the store answers again, what was admitted alone is written back into it,
+and for RETURN_GRACE seconds a request must be admitted both by this process's part and by
+the store: the other processes come back (and write back) a little later, and until they
+have, the store's counters miss what they admitted alone. Then the local state goes.
 """
 
+import asyncio
 import logging
 import math
 import time
@@ -30,6 +38,7 @@ from fairlimit.errors import DeadlineExceeded, StoreUnavailable
 from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
 from fairlimit.store.deadline import DEADLINE
+from fairlimit.store.degraded import LocalLimits, Replicas
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.fairness import CapRow
 from fairlimit.telemetry.top import TopRow
@@ -45,6 +54,8 @@ _T = TypeVar("_T")
 BREAK_AFTER = 3
 BREAK_QUIET = 0.1
 BREAK_SECONDS = 0.25
+PAY_ROUNDS = 4  # write-backs in a row, while more is decided locally as one goes
+RETURN_GRACE = 1.0  # seconds the local parts still bound admissions once the store is back
 
 
 class Clock(Protocol):
@@ -111,6 +122,7 @@ class Limiter:
         failure_mode: FailureMode = FailureMode.OPEN,
         telemetry: Telemetry | None = None,
         quota_mode: bool = False,
+        replicas: Replicas | None = None,
     ) -> None:
         self._active = _Active(loaded, Matcher(loaded.config), declared(loaded.config))
         self.store = store
@@ -125,6 +137,10 @@ class Limiter:
         self.telemetry = telemetry or Telemetry.off()
         self.telemetry.use(loaded)
         self.tally = Tally()  # RLS demand at caps, while an RLQS division wants it
+        # --failure-mode local: the last counts seen, and the limits of this process alone
+        local = failure_mode is FailureMode.LOCAL
+        self.local = LocalLimits(replicas or Replicas()) if local else None
+        self._paying: asyncio.Task[None] | None = None  # the write-back, when out
 
     @property
     def loaded(self) -> Loaded:
@@ -194,6 +210,8 @@ class Limiter:
         held: SlotOutcome | None = None
         if slots.acquire:
             held = await self._store_call(self.store.acquire(slots.acquire, now))
+            if held is None and self.local is not None:
+                held = await self._alone().acquire(slots.acquire, now)
             if held is not None:
                 pools = [p for _, p in taken(slots.acquire)]
                 self.telemetry.slots.acquired(request.domain, pools, held)
@@ -207,6 +225,8 @@ class Limiter:
 
     async def _release(self, domain: str, claims: tuple[Claim, ...], now: float) -> None:
         """Give slots back; a failure is logged and left to the slots' expiry."""
+        if self.local is not None:
+            await self.local.release(claims, now)  # those taken alone, if any
         try:
             given = await self.store.release(claims, now)
         except StoreUnavailable as exc:
@@ -230,11 +250,13 @@ class Limiter:
         tally = self.tally
         if tally.on and plan.shares:
             tally.add(request, plan)  # RLS demand at caps, for the RLQS division
-        outcome = await self._admit(plan, now)
-        if outcome is None:
+        admitted = await self._admit(plan, now)
+        if admitted is None:
             open_statuses = _open_statuses(len(plan.descriptors))
             return Decision(Code.OK, open_statuses, True, time.perf_counter() - started)
-        statuses = admission.statuses(plan, outcome, now if outcome.now is None else outcome.now)
+        outcome, decided = admitted  # decided: the plan itself, or as scaled when alone
+        clock = now if outcome.now is None else outcome.now
+        statuses = admission.statuses(decided, outcome, clock)
         code = admission.overall(statuses, self.quota_mode)
         if code is Code.OK and Code.OVER_LIMIT in [s.code for s in statuses]:
             code, statuses = await self._without_quotas_over(request, statuses, now)
@@ -242,11 +264,122 @@ class Limiter:
         code = Code.OK if self.shadow else code
         return Decision(code, statuses, backend_seconds=time.perf_counter() - started)
 
-    async def _admit(self, plan: Plan, now: float) -> Outcome | None:
-        """The store's outcome; None when it is down and the failure mode is open."""
+    async def _admit(self, plan: Plan, now: float) -> tuple[Outcome, Plan] | None:
+        """The store's outcome and the plan it decided; None when the store is down and the
+        failure mode is open."""
         if not plan.counters:
-            return Outcome(True, (), (), ())
-        return await self._store_call(self.store.admit(plan, now))
+            return Outcome(True, (), (), ()), plan
+        local = self.local
+        if local is not None:
+            return await self._admit_local(local, plan, now)
+        outcome = await self._store_call(self.store.admit(plan, now))
+        return None if outcome is None else (outcome, plan)
+
+    async def _admit_local(
+        self, local: LocalLimits, plan: Plan, now: float
+    ) -> tuple[Outcome, Plan]:
+        """``_admit`` under ``--failure-mode local``: a store that is down leaves the
+        decision to this process alone (the outcome of the plan scaled to its part); one
+        that is back admits only what this process's part admits too, for RETURN_GRACE."""
+        checked = False
+        if local.returned_at is not None:
+            self._end_if_due(local, now)
+            if local.active:
+                refused = await local.check(plan, now)
+                if refused is not None:
+                    self.telemetry.decided_locally()
+                    return refused
+                checked = True
+        outcome = await self._store_call(self.store.admit(plan, now))
+        if outcome is None:
+            self.telemetry.decided_locally()
+            return await self._alone().admit(plan, now)
+        local.saw(plan, outcome, now)
+        if local.active and not checked and outcome.admitted:
+            # The answer that brought the store back: nothing is written back yet. Refused
+            # by the part, it stays charged in the store (once per return).
+            refused = await local.check(plan, now)
+            if refused is not None:
+                self.telemetry.decided_locally()
+                return refused
+        return outcome, plan
+
+    def _alone(self) -> LocalLimits:
+        """The local limits, begun (and logged) when this process was not yet alone."""
+        local = self.local
+        assert local is not None
+        if not local.active:
+            local.begin(self.clock.now())
+            self.telemetry.degraded(True)
+            processes, index = local.place
+            log.warning(
+                "limiting locally until the backend is back (--failure-mode local): this "
+                "process admits its part of every limit, about 1/%d (place %d of %d; %d "
+                "processes last seen, --replicas x --workers %d); e.g. 100 a window -> %d",
+                processes, index + 1, processes, len(local.replicas.seen),
+                local.replicas.configured, local.part_of(100),
+            )  # fmt: skip
+        return local
+
+    def _back(self, local: LocalLimits) -> None:
+        """The store answers again: the grace starts (once), and what was decided alone is
+        written back (in the background, one write-back at a time)."""
+        if local.returned_at is None:
+            local.returned_at = self.clock.now()
+        if self._paying is None or self._paying.done():
+            self._paying = asyncio.get_running_loop().create_task(self._pay(local))
+
+    async def _pay(self, local: LocalLimits) -> None:
+        for _ in range(PAY_ROUNDS):
+            try:
+                failed = await local.pay(self.store, self.clock.now())
+            except Exception:  # a write-back must never take the server down
+                log.exception("writing back what was decided locally failed")
+                return
+            if failed is not None:
+                self._backend_state(failed)  # still away: alone still, owed kept
+                return
+            local.paid_at = self.clock.now()
+            if not local.owes:
+                return
+        # decided alone again meanwhile: the next answer pays the rest
+
+    def _end_if_due(self, local: LocalLimits, now: float) -> None:
+        """Drop the local state once the store has answered for RETURN_GRACE, everything
+        decided alone is written back, and no write-back is out."""
+        if local.returned_at is None or now < local.returned_at + RETURN_GRACE or local.owes:
+            return
+        if self._paying is not None and not self._paying.done():
+            return
+        log.info(
+            "backend back: limiting locally ended after %.1f s (%d decisions made here, %d "
+            "admitted; written back into the store under %d plans, %.2f s after it answered)",
+            now - local.since, local.decisions, local.admitted, local.paid,
+            local.paid_at - local.returned_at,
+        )  # fmt: skip
+        local.end()
+        self.telemetry.degraded(False)
+
+    async def watch_backend(self) -> None:
+        """While this process limits alone: ping the store (so that it comes back as soon as
+        the store does, traffic or not), and drop the local state when that is due. The
+        serve loop calls it every BREAK_SECONDS."""
+        local = self.local
+        if local is None or not local.active:
+            return
+        if local.returned_at is None:
+            await self.ping()
+        else:
+            self._end_if_due(local, self.clock.now())
+
+    async def close(self) -> None:
+        """Let a write-back that is out finish (for at most a second)."""
+        paying = self._paying
+        if paying is not None and not paying.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(paying), 1.0)
+            except TimeoutError:
+                log.warning("what was decided locally was not all written back in time")
 
     async def _store_call(self, call: Awaitable[_T]) -> _T | None:
         """A store call's answer; None when the store is down and the failure mode is open.
@@ -292,12 +425,13 @@ class Limiter:
         keep = [i for i, s in enumerate(statuses) if s.code is not Code.OVER_LIMIT]
         rest = Request(request.domain, tuple(request.descriptors[i] for i in keep), request.hits)
         plan = make_plan(rest, self._active.matcher)
-        outcome = await self._admit(plan, now)
-        if outcome is None:
+        admitted = await self._admit(plan, now)
+        if admitted is None:
             return Code.OK, statuses  # failure-open, as for any request
+        outcome, decided = admitted
         clock = now if outcome.now is None else outcome.now
         merged = list(statuses)
-        for index, status in zip(keep, admission.statuses(plan, outcome, clock), strict=True):
+        for index, status in zip(keep, admission.statuses(decided, outcome, clock), strict=True):
             merged[index] = status
         code = admission.overall(merged, self.quota_mode) if outcome.admitted else Code.OVER_LIMIT
         return code, tuple(merged)
@@ -340,8 +474,12 @@ class Limiter:
         if error is None:
             self._failures, self._broken_until = 0, -math.inf
             self._answered_at = self.clock.now()
+            if self.local is not None and self.local.active:
+                self._back(self.local)
         else:
             self.telemetry.backend_error()
+            if self.local is not None:
+                self.local.returned_at = None  # away again: alone, without the store
             if asked:
                 self._failures += 1
                 now = self.clock.now()
@@ -354,6 +492,8 @@ class Limiter:
             log.info("backend healthy again")
         else:
             log.error("backend unavailable: %s", error or type(error).__name__)
+            if self.local is not None:
+                self._alone()
 
 
 def _placed(request: Request, slots: Slots, rates: Decision | None) -> Decision:

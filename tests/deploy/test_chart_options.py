@@ -2,7 +2,17 @@
 
 import pytest
 
-from .helpers import Helm, HelmError, Manifest, Values, container, find, one, pod_spec
+from .helpers import (
+    Helm,
+    HelmError,
+    Manifest,
+    Values,
+    container,
+    find,
+    flag_values,
+    one,
+    pod_spec,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -55,6 +65,17 @@ class TestRenderTimeRules:
         assert one(helm.template(values), "Deployment")["spec"]["replicas"] == 3
         hpa = helm.template({**values, "autoscaling": {"enabled": True}})
         assert find(hpa, "HorizontalPodAutoscaler")
+
+    def test_local_failure_mode_passes_the_pod_count(self, helm: Helm) -> None:
+        """failureMode local: --replicas is replicaCount, or minReplicas under an HPA (the
+        processes the others see count too); no --replicas otherwise."""
+        redis = {"backend": {"url": "redis://r:6379/0"}, "replicaCount": 3}
+        local = {**redis, "server": {"failureMode": "local", "workers": 2}}
+        pairs = flag_values(container(helm.template(local))["args"])
+        assert (pairs["--failure-mode"], pairs["--replicas"]) == ("local", "3")
+        scaled = helm.template({**local, "autoscaling": {"enabled": True, "minReplicas": 4}})
+        assert flag_values(container(scaled)["args"])["--replicas"] == "4"
+        assert "--replicas" not in container(helm.template(redis))["args"]
 
     def test_tls_without_a_secret_says_what_is_missing(self, helm: Helm) -> None:
         """tls.enabled with no tls.secretName is refused, naming the Secret's keys."""

@@ -82,7 +82,8 @@ def server_options(budgets: Budgets) -> list[tuple[str, int]]:
 
 
 class Pool:
-    """One kind of call's budget: how many are in progress, and what a refusal says."""
+    """One kind of call's budget: how many are in progress, and which of them are still
+    waiting for their message (those give their place to a new call when it is full)."""
 
     def __init__(self, kind: str, most: int, what: str) -> None:
         """``kind``: the metric's name for it (rls, rlqs, other); ``what``: the refusal's."""
@@ -90,10 +91,36 @@ class Pool:
         self.most = most
         self.busy = 0
         self.detail = f"{most} {what} in progress, the most at once"
+        self.evicted_detail = f"no request message yet, and {most} {what} in progress"
+        # calls waiting for their first message, oldest first, with their deadline
+        self.waiting: dict[asyncio.Task[Any], float] = {}
+        self.interrupted: dict[asyncio.Task[Any], str] = {}  # why: read_timeout, evicted
+
+    def admit(self) -> bool:
+        """Take a place for a new call; when the budget is full, the call that has waited
+        longest for its message gives up its place (a real client sends the message with
+        the headers: the waiting ones are stalled). False: every place serves a call."""
+        if self.busy >= self.most:
+            if not self.waiting:
+                return False
+            oldest = next(iter(self.waiting))
+            self.interrupt(oldest, "evicted")
+        self.busy += 1
+        return True
+
+    def interrupt(self, task: "asyncio.Task[Any]", why: str) -> None:
+        del self.waiting[task]
+        self.interrupted[task] = why
+        task.cancel()
 
 
 class TooSlow(Exception):
-    """The call's message did not arrive within the read deadline."""
+    """The call's message did not come in time: its deadline passed (``read_timeout``), or
+    a new call took its place in a full budget (``evicted``)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 class Reader:
@@ -107,25 +134,30 @@ class Reader:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self.detail = f"no request message within {timeout:g} s (--grpc-read-timeout)"
-        self._waiting: dict[asyncio.Task[Any], float] = {}
-        self._late: set[asyncio.Task[Any]] = set()
+        self.pools: list[Pool] = []
 
-    async def first(self, context: grpc.aio.ServicerContext) -> Any:
-        """The call's first message, or grpc.aio.EOF; TooSlow past the deadline."""
+    async def first(self, context: grpc.aio.ServicerContext, pool: Pool) -> Any:
+        """The call's first message, or grpc.aio.EOF; TooSlow when interrupted."""
         task = asyncio.current_task()
         if task is None:  # not on a task: cannot be interrupted, wait as long as it takes
             return await context.read()
-        self._waiting[task] = asyncio.get_running_loop().time() + self.timeout
+        pool.waiting[task] = asyncio.get_running_loop().time() + self.timeout
         try:
             return await context.read()
         except asyncio.CancelledError:
-            if task not in self._late:
+            why = pool.interrupted.pop(task, None)
+            if why is None:
                 raise
-            self._late.discard(task)
-            task.uncancel()  # interrupted by the sweep, not cancelled: the call goes on
-            raise TooSlow from None
+            task.uncancel()  # interrupted here, not cancelled: the call goes on to end
+            raise TooSlow(why) from None
         finally:
-            self._waiting.pop(task, None)
+            pool.waiting.pop(task, None)
+
+    def details(self, pool: Pool, slow: TooSlow) -> tuple[grpc.StatusCode, str]:
+        """The status a call interrupted while waiting for its message ends with."""
+        if slow.why == "evicted":
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, pool.evicted_detail
+        return grpc.StatusCode.DEADLINE_EXCEEDED, self.detail
 
     async def sweep(self) -> None:
         """Interrupt the calls past their deadline, for as long as the server runs."""
@@ -133,13 +165,12 @@ class Reader:
         while True:
             await asyncio.sleep(self.timeout / 4)
             now = loop.time()
-            for task in [t for t, deadline in self._waiting.items() if deadline <= now]:
-                del self._waiting[task]
-                self._late.add(task)
-                task.cancel()
+            for pool in self.pools:
+                for task in [t for t, deadline in pool.waiting.items() if deadline <= now]:
+                    pool.interrupt(task, "read_timeout")
 
 
-Refused = Callable[[str, str], None]  # kind, reason (busy, read_timeout)
+Refused = Callable[[str, str], None]  # kind, reason (busy, read_timeout, evicted)
 
 
 class Guarded(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc has no stubs
@@ -176,15 +207,14 @@ class Guarded(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc has no stub
         unary_request = not handler.request_streaming
 
         async def behaviour(_: object, context: grpc.aio.ServicerContext) -> Any:
-            if pool.busy >= pool.most:
+            if not pool.admit():
                 refused(pool.kind, "busy")
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, pool.detail)
-            pool.busy += 1
             try:
-                return await _serve(handler, original, unary_request, reader, context)
-            except TooSlow:
-                refused(pool.kind, "read_timeout")
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, reader.detail)
+                return await _serve(handler, original, unary_request, reader, pool, context)
+            except TooSlow as slow:
+                refused(pool.kind, slow.why)
+                await context.abort(*reader.details(pool, slow))
             finally:
                 pool.busy -= 1
 
@@ -205,10 +235,11 @@ async def _serve(
     original: Callable[..., Any],
     unary_request: bool,
     reader: Reader,
+    pool: Pool,
     context: grpc.aio.ServicerContext,
 ) -> Any:
     """Run ``original`` on the call's messages once the first is in (TooSlow before)."""
-    first = await reader.first(context)
+    first = await reader.first(context, pool)
     if first is grpc.aio.EOF:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
     result = original(first if unary_request else _rest(first, context), context)

@@ -114,16 +114,15 @@ class RateLimitServicer:
         extracted and no span is made: nothing would read either, and it costs ~15 µs a call.
         """
         pool = self.pool
-        if pool.busy >= pool.most:
+        if not pool.admit():
             self.telemetry.refused(RLS_KIND, "busy")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, pool.detail)
-        pool.busy += 1
         try:
             try:
-                payload = await self.reader.first(context)
-            except limits.TooSlow:
-                self.telemetry.refused(RLS_KIND, "read_timeout")
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, self.reader.detail)
+                payload = await self.reader.first(context, pool)
+            except limits.TooSlow as slow:
+                self.telemetry.refused(RLS_KIND, slow.why)
+                await context.abort(*self.reader.details(pool, slow))
             if payload is grpc.aio.EOF:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
             telemetry = self.telemetry
@@ -255,6 +254,8 @@ class GrpcServer:
         self.server.add_generic_rpc_handlers(
             [limits.Guarded(h, pool, self.reader, telemetry.refused) for h, pool in guarded]
         )
+        pools = self.reader.pools = [rls_pool, *{id(p): p for _, p in guarded}.values()]
+        telemetry.count_calls(lambda: [(pool.kind, pool.busy) for pool in pools])
         if tls is None:
             self.port = self.server.add_insecure_port(address)
         else:

@@ -41,6 +41,7 @@ from fairlimit.errors import StoreUnavailable
 from fairlimit.quota import peers
 from fairlimit.quota.usage import UsageLedger
 from fairlimit.store.base import Store
+from fairlimit.store.degraded import Replicas
 from fairlimit.telemetry.quota import QuotaFigures, QuotaTelemetry
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,7 @@ class QuotaService:
         divide_gap: float = 0.0,
         consumer: str | None = None,
         tally: Tally | None = None,
+        replicas: Replicas | None = None,
     ) -> None:
         self._loaded_source = loaded
         self.store = store
@@ -215,6 +217,8 @@ class QuotaService:
         self.peers: dict[str, peers.Report] = {}
         # RLS demand at caps: the limiter's tally (on while RLQS is in use), as rates
         self.tally = tally
+        # the processes an exchange saw, for --failure-mode local (store/degraded.py)
+        self.replicas = replicas
         self._rls: list[peers.PeerBucket] = []
         self._tallied_at: float | None = None
         self._remote = peers.remote_counts({})
@@ -320,6 +324,8 @@ class QuotaService:
             if self.peers and now - self._peers_seen_at >= peers.PEER_TTL:
                 self._take_peers({})
             return
+        if self.replicas is not None:
+            self.replicas.saw(self.consumer, texts)
         found: dict[str, peers.Report] = {}
         for consumer, text in texts.items():
             try:

@@ -26,6 +26,7 @@ class FailureMode(enum.Enum):
 
     OPEN = "open"  # answer OK when the backend is down, and count it
     CLOSED = "closed"  # answer UNAVAILABLE so Envoy's failure_mode_deny decides
+    LOCAL = "local"  # decide alone, to this process's part of every limit (store/degraded.py)
 
 
 def bundled_descriptors() -> Path:
@@ -61,6 +62,10 @@ class Settings:
     admin_addr: str = "127.0.0.1:8080"
     strict: bool = False
     failure_mode: FailureMode = FailureMode.OPEN
+    # Pods sharing the backend, for --failure-mode local: each process (pod x worker) keeps
+    # 1/(replicas x workers) of every limit, or 1/(processes last seen) when more; 0: only
+    # the processes last seen count.
+    replicas: int = 0
     shadow: bool = False
     workers: int = 1
     log_format: str = "text"
@@ -264,7 +269,8 @@ _NUMBERS = frozenset(
     }
 )
 _COUNTS = frozenset({"workers", "top_clients", "grpc_max_receive_bytes", "grpc_max_concurrent",
-                     "rlqs_max_streams", "grpc_max_streams_per_connection"})  # fmt: skip
+                     "rlqs_max_streams", "grpc_max_streams_per_connection",
+                     "replicas"})  # fmt: skip
 _LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "critical", "trace", "fatal", "panic")
 
 
@@ -302,5 +308,6 @@ def _convert(label: str, name: str, value: object) -> object:
         try:
             return FailureMode(text.lower())
         except ValueError:
-            raise SettingsError(f"{label}: expected open or closed, got {text!r}") from None
+            choices = "open, closed or local"
+            raise SettingsError(f"{label}: expected {choices}, got {text!r}") from None
     return text

@@ -165,9 +165,15 @@ def _claim(share: Share) -> ShareClaim:
 
 
 class MemoryStore:
-    """The default backend: state in this process only."""
+    """The default backend: state in this process only.
 
-    def __init__(self) -> None:
+    ``seed``: the count a counter starts a window at, by its key and the window's start
+    (0 without one): the local store of ``--failure-mode local`` starts each counter at what
+    the shared store last showed of it (store/degraded.py).
+    """
+
+    def __init__(self, seed: Callable[[str, int], int] | None = None) -> None:
+        self._seed = seed
         self._counters: dict[str, _Counter] = {}
         self._caps: dict[str, _Cap] = {}
         self._counter_deadlines: list[tuple[float, str]] = []
@@ -188,6 +194,8 @@ class MemoryStore:
         counter = self._counters.get(key)
         if counter is None or counter.start != start:
             counter = _Counter(start, window)
+            if self._seed is not None:
+                counter.count = self._seed(key, start)
             self._counters[key] = counter
             heapq.heappush(self._counter_deadlines, (start + window, key))
         return counter

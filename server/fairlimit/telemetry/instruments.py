@@ -9,7 +9,8 @@ rule past the near-limit ratio, 80% unless set, of its current limit), ``.within
 (attributes ``domain`` and ``rule``; never a client value): see ``fairness``; the ratios end
 in ``_ratio``, as Prometheus names unit-less ratios.
 Service: ``fairlimit.rpc.duration``, ``fairlimit.rpc.shed``, ``fairlimit.backend.errors``,
-``fairlimit.config.loads``.
+``fairlimit.rpc.failed_open``, ``fairlimit.rpc.decided_locally``, ``fairlimit.backend.degraded``
+(a gauge), ``fairlimit.config.loads``.
 
 Telemetry never fails a request: recording errors are caught, counted and logged once.
 """
@@ -177,12 +178,39 @@ class Telemetry:
             "{call}",
             "gRPC calls refused before their message was served, by kind (rate-limit calls, "
             "RLQS streams, other calls) and reason (busy: the kind's budget was full; "
+            "evicted: still waiting for its message, it gave its place to a new call; "
             "read_timeout: the message did not arrive within --grpc-read-timeout)",
+        )
+        self._in_progress: Callable[[], Iterable[tuple[str, int]]] = tuple
+        meter.create_observable_gauge(
+            "fairlimit.rpc.in_progress",
+            [self._calls_in_progress],
+            "{call}",
+            "gRPC calls in progress by kind (rls, rlqs, other), against the budgets "
+            "--grpc-max-concurrent and --rlqs-max-streams",
+        )
+        self._decided_locally = meter.create_counter(
+            "fairlimit.rpc.decided_locally",
+            "{call}",
+            "Calls decided by this process alone, to its part of every limit, because the "
+            "backend was unavailable (--failure-mode local)",
+        )
+        self._degraded = 0
+        meter.create_observable_gauge(
+            "fairlimit.backend.degraded",
+            [self._degraded_now],
+            "1",
+            "1 while this process limits alone because the backend was unavailable "
+            "(--failure-mode local), until what it admitted is written back and its part has "
+            "bounded it for a second more",
         )
         # Exported at 0 from the start: an alert on rate() needs the series before the first
         # incident, and a missing series reads as "no data", not as "never".
         self._failed_open.add(0)
         self._shed.add(0)
+        for kind in ("rls", "rlqs"):  # what FairlimitCallBudgetFull watches
+            self._refused.add(0, {"kind": kind, "reason": "busy"})
+        self._decided_locally.add(0)
         self._loads = meter.create_counter(
             "fairlimit.config.loads", "{load}", "Config loads, by result (success|failure)"
         )
@@ -285,9 +313,24 @@ class Telemetry:
         """A call of ``kind`` ended before its message was served (busy, read_timeout)."""
         self._safely(self._refused.add, 1, {"kind": kind, "reason": reason})
 
+    def count_calls(self, read: Callable[[], Iterable[tuple[str, int]]]) -> None:
+        """Where fairlimit.rpc.in_progress reads its figures: (kind, calls) pairs."""
+        self._in_progress = read
+
+    def _calls_in_progress(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(calls, {"kind": kind}) for kind, calls in self._in_progress()]
+
     def failed_open(self) -> None:
         """One call was answered OK unlimited: the backend failed and the mode is open."""
         self._safely(self._failed_open.add, 1)
+
+    def decided_locally(self) -> None:
+        """One call was decided by this process alone (--failure-mode local)."""
+        self._safely(self._decided_locally.add, 1)
+
+    def degraded(self, on: bool) -> None:
+        """This process limits alone from now on (``on``), or no longer."""
+        self._degraded = int(on)
 
     def config_load(self, ok: bool) -> None:
         self._safely(self._loads.add, 1, {"result": "success" if ok else "failure"})
@@ -372,6 +415,9 @@ class Telemetry:
             return out
 
         return observe
+
+    def _degraded_now(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(self._degraded)]
 
     def _modes(self, options: CallbackOptions) -> Iterable[Observation]:
         return [
