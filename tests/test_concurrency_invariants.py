@@ -11,10 +11,12 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from fairlimit.core.admission import Code
-from fairlimit.core.concurrency import Claim, SlotOutcome
+from fairlimit.core.concurrency import Claim, SlotOutcome, split
+from fairlimit.core.matching import Matcher
 from fairlimit.errors import StoreUnavailable
 from fairlimit.limiter import Limiter
 from fairlimit.settings import FailureMode
+from fairlimit.store.base import Store
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
 from helpers import FakeClock, LimiterFactory, desc, load_text, req
@@ -280,6 +282,26 @@ def _points(reader: InMemoryMetricReader) -> dict[tuple[str, str], float]:
                         rule = str((point.attributes or {})["rule"])
                         out[metric.name, rule] = point.value  # type: ignore[union-attr]
     return out
+
+
+class TestTheMomentOfExpiry:
+    async def test_a_release_when_its_slot_expires_is_late(
+        self, store: Store, tmp_path: Path, clock: FakeClock
+    ) -> None:  # the store's own calls, on every backend
+        """A slot expires at its acquire plus max_duration exactly: a release just before
+        gives it back, one at that moment gives nothing back (the slot has expired)."""
+        matcher = Matcher(load_text(tmp_path, CAPPED).config)
+
+        def claims(rid: str, done: bool = False) -> tuple[Claim, ...]:
+            entries = ("route=public", "client_id=a", f"request_{'done' if done else 'id'}={rid}")
+            slots = split(req("edge", desc(*entries)), matcher)
+            return slots.release if done else slots.acquire
+
+        start = clock.t
+        for rid in ("r0", "r1"):
+            assert (await store.acquire(claims(rid), start)).admitted
+        assert await store.release(claims("r0", done=True), start + 29.999) == (True, True)
+        assert await store.release(claims("r1", done=True), start + 30) == (False, False)
 
 
 class TestMetrics:

@@ -230,6 +230,28 @@ class TestOneClock:
                 await store.close()
 
 
+class TestDemandExchange:
+    """Redis-only: the RLQS demand reports of the processes on one store (demand.lua)."""
+
+    async def test_each_process_reads_the_others_live_reports(
+        self, redis_store_factory: Factory, redis_server: RedisProcess
+    ) -> None:
+        """a reports at T (for 7.5 s), b at T + 1: b reads a's report, a reads b's, neither
+        its own. At T + 7.5, a's report has ended: c reads only b's, and a's is gone from the
+        hash; a report again is read again."""
+        store = await redis_store_factory()
+        try:
+            assert await store.exchange_demand("a", "ra", T0, 7.5) == {}
+            assert await store.exchange_demand("b", "rb", T0 + 1, 7.5) == {"a": "ra"}
+            assert await store.exchange_demand("a", "ra2", T0 + 2, 5.5) == {"b": "rb"}
+            assert await store.exchange_demand("c", "rc", T0 + 7.5, 7.5) == {"b": "rb"}
+            with redis_server.client() as client:
+                assert sorted(client.hkeys("fairlimit:rlqs-demand")) == ["b", "c"]
+            assert await store.exchange_demand("a", "ra3", T0 + 8, 7.5) == {"b": "rb", "c": "rc"}
+        finally:
+            await store.close()
+
+
 class TestScriptCache:
     """Redis-only: the script lives in Redis's script cache, which a failover or SCRIPT
     FLUSH empties."""
@@ -397,6 +419,36 @@ class TestKeys:
         assert {k: t for k, t in ttls.items() if k in expected} == {
             k: pytest.approx(t - elapsed / 2, abs=elapsed / 2 + 2) for k, t in expected.items()
         }
+
+    async def test_slots_given_back_or_expired_leave_no_state(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, tmp_path: Path
+    ) -> None:
+        """At a concurrency cap, a's slot released and b's expired (reclaimed by the next
+        acquires), then those released: no pool key is left, not an owner, not a count of 0
+        (a client at 0 would still look like a holder at the cap)."""
+        clock = FakeClock(T0)
+        store = await redis_store_factory()
+        limiter = Limiter(load_text(tmp_path, TTL_CONFIG), store, clock)
+
+        async def done(client: str, rid: str) -> None:
+            request = req("edge", desc("route=pool", f"client_id={client}", f"request_done={rid}"))
+            assert (await limiter.should_rate_limit(request)).code is Code.OK
+
+        try:
+            with redis_server.client() as client:
+                assert await _take(limiter, "a", "r1") and await _take(limiter, "b", "r2")
+                assert client.hgetall("fairlimit:{edge/route=pool}h:edge/route=pool#inflight") == {
+                    "n:a": "1", "l:a": "2.0", "w:a": "1.0", "n:b": "1", "l:b": "2.0", "w:b": "1.0"
+                }  # fmt: skip
+                await done("a", "r1")
+                clock.advance(300)  # r2's max_duration
+                assert await _take(limiter, "a", "r3") and await _take(limiter, "b", "r4")
+                await done("a", "r3")
+                await done("b", "r4")
+                left = {k: client.type(k) for k in client.scan_iter("fairlimit:*}[sohw]:*")}
+        finally:
+            await store.close()
+        assert left == {}
 
     async def test_a_cap_and_its_clients_share_one_slot(
         self, redis_cluster_store_factory: Factory, redis_cluster: RedisClusterProcesses,
