@@ -88,3 +88,32 @@ class TestTheRedisStoresRun:
         changed["tool"]["mutmut"] = {**redis, "only_mutate": MUTMUT["only_mutate"]}
         assert changed == PYPROJECT
         assert "--redis" in SCRIPT and "--redis-config" in SCRIPT
+
+
+class TestTheLuaRunner:
+    """tests/mutate_lua.py: every script has its tests, and a mutant changes code only."""
+
+    def test_every_script_names_test_files_that_exist(self) -> None:
+        import mutate_lua
+
+        assert set(mutate_lua.TESTS) == set(mutate_lua.scripts())
+        for script, files in mutate_lua.TESTS.items():
+            assert files, script
+            for name in files:
+                assert (ROOT / name).is_file(), (script, name)
+        for test in mutate_lua.DESELECT:
+            assert (ROOT / test.split("::")[0]).is_file(), test
+
+    def test_mutants_leave_comments_strings_and_unary_minus_alone(self) -> None:
+        import mutate_lua
+
+        text = "local x = -a + b * 1000 -- a < b\nif s == 'a-b<c' and y then x = t[1] end"
+        found = {(m.line, m.old, m.new) for m in mutate_lua.mutants("t", text)}
+        assert found == {
+            (1, "+", "-"), (1, "*", "/"), (1, "1000", "1"),
+            (1, "local x = -a + b * 1000 -- a < b", ""),
+            (2, "==", "~="), (2, "and", "or"),
+            (2, "if s == 'a-b<c' and y then x = t[1] end", ""),
+        }  # fmt: skip
+        for m in mutate_lua.mutants("t", text):
+            assert m.apply(text) != text
