@@ -45,6 +45,18 @@ descriptors:
     concurrency: {max_in_flight: 2, max_duration: 10}
 """
 
+# a concurrency cap with no limit of the clients' own: only their fair bound holds them
+OPEN_CAP = """
+domain: edge
+descriptors:
+  - key: route
+    value: open
+    concurrency: {max_in_flight: 3}
+    fair_share: {active_clients: 3}
+    descriptors:
+      - key: client_id
+"""
+
 
 async def take(limiter: Limiter, client: str, rid: str, route: str = "public") -> bool:
     """One request-path call (acquire); True when admitted."""
@@ -222,6 +234,23 @@ class TestSeveralIdsInOnePool:
                       desc("route=public", "client_id=c", "request_id=c2"))  # fmt: skip
         assert (await limiter.should_rate_limit(request)).code is Code.OVER_LIMIT
         assert await take(limiter, "c", "c3")
+
+    async def test_two_ids_need_two_of_a_clients_fair_slots(
+        self, make_limiter: LimiterFactory
+    ) -> None:
+        """At a cap of 3 in flight (no limit per client), b filled it and a and c were
+        refused: with two slots free again, a's fair bound is one of the three, so a request
+        with two ids is refused; one id fits."""
+        limiter = make_limiter(OPEN_CAP)
+        assert all([await take(limiter, "b", f"b{i}", "open") for i in range(3)])
+        assert not await take(limiter, "c", "c0", "open")
+        assert not await take(limiter, "a", "a0", "open")
+        for rid in ("b1", "b2"):
+            await done(limiter, "b", rid, "open")
+        request = req("edge", desc("route=open", "client_id=a", "request_id=a1"),
+                      desc("route=open", "client_id=a", "request_id=a2"))  # fmt: skip
+        assert (await limiter.should_rate_limit(request)).code is Code.OVER_LIMIT
+        assert await take(limiter, "a", "a3", "open")
 
 
 class TestAllOrNothingWithRates:

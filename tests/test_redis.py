@@ -436,13 +436,16 @@ class TestKeys:
 
         try:
             with redis_server.client() as client:
+                held = "fairlimit:{edge/route=pool}h:edge/route=pool#inflight"
                 assert await _take(limiter, "a", "r1") and await _take(limiter, "b", "r2")
-                assert client.hgetall("fairlimit:{edge/route=pool}h:edge/route=pool#inflight") == {
+                assert client.hgetall(held) == {
                     "n:a": "1", "l:a": "2.0", "w:a": "1.0", "n:b": "1", "l:b": "2.0", "w:b": "1.0"
                 }  # fmt: skip
                 await done("a", "r1")
                 clock.advance(300)  # r2's max_duration
-                assert await _take(limiter, "a", "r3") and await _take(limiter, "b", "r4")
+                assert await _take(limiter, "a", "r3")  # reclaims r2 at the cap
+                assert client.hgetall(held) == {"n:a": "1", "l:a": "2.0", "w:a": "1.0"}
+                assert await _take(limiter, "b", "r4")
                 await done("a", "r3")
                 await done("b", "r4")
                 left = {k: client.type(k) for k in client.scan_iter("fairlimit:*}[sohw]:*")}
