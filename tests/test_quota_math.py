@@ -170,6 +170,14 @@ class TestCapBounds:
         assert out.levels[CAP] == math.inf
         assert out.strategies[(1, key_of("busy"))] == TokenBucket(25, 1000, 10)
 
+    def test_a_bucket_idle_on_two_envoys_claims_nothing_either(self) -> None:
+        """The same over two Envoys, each reporting 0: the bucket wants 0, not one request
+        a second per Envoy, and the cap stays uncontended."""
+        hs = [holder(s, "idle", 0, limit=100, own=100) for s in (1, 2)]
+        out = allocate([*hs, holder(1, "busy", 500, limit=100, own=100)])
+        assert out.levels[CAP] == math.inf
+        assert out.strategies[(1, key_of("busy"))] == TokenBucket(25, 1000, 10)
+
     def test_weights_scale_a_clients_share(self) -> None:
         """Two greedy clients of weights 3 and 1 under 100/s get 75/s and 25/s (the
         independent max-min solver agrees), each 0.25 s deep."""

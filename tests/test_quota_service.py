@@ -1,5 +1,6 @@
 """The RLQS use case (quota.py): streams, assignments, abandons, and counters shared with RLS."""
 
+import logging
 from collections.abc import Sequence
 
 import pytest
@@ -7,8 +8,10 @@ import pytest
 from fairlimit.core.admission import Code
 from fairlimit.core.bucket import bucket_key
 from fairlimit.core.quota import HEADROOM, HEADROOM_FLOOR, Blanket, TokenBucket
+from fairlimit.errors import StoreUnavailable
 from fairlimit.limiter import Limiter
 from fairlimit.quota import Abandon, Action, Assign, QuotaService, QuotaStream, Usage
+from fairlimit.store.memory import MemoryStore
 from helpers import FakeClock, LimiterFactory, desc, req
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
@@ -195,6 +198,31 @@ class TestSharedCounters:
             req("edge", desc("route=public", "client_id=alice"))
         )
         assert decision.code is Code.OK and decision.statuses[0].limit_remaining == 1000 - 201
+
+
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+class TestStoreDown:
+    async def test_a_payment_the_store_refuses_is_logged_and_dropped(
+        self, limiter: Limiter, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The store unavailable at a drip: the assignments go on, the payment is lost to
+        the counters (as RLS answers would be under --failure-mode open) with a warning
+        that says so and why, and the next drip does not pay it twice."""
+
+        class Down(MemoryStore):
+            async def admit(self, plan: object, now: float) -> object:
+                raise StoreUnavailable("redis: connection refused")
+
+        service = QuotaService(lambda: limiter.loaded, Down(), clock.now)
+        envoy = Envoy(service)
+        await envoy.report([("alice", 50, 0)])
+        envoy.stream.close()
+        with caplog.at_level(logging.WARNING, logger="fairlimit"):
+            await service.drip()
+        assert [r.getMessage() for r in caplog.records] == [
+            "RLQS usage not recorded: backend unavailable: redis: connection refused"
+        ]
+        assert service.ledger.owed == 0
 
 
 @pytest.mark.parametrize("backend", ["memory"], indirect=True)
