@@ -44,6 +44,13 @@ descriptors:
   - key: user
     rate_limit: {unit: second, requests_per_unit: 100}
   - key: route
+    value: minutely
+    rate_limit: {unit: minute, requests_per_unit: 6000000}
+    fair_share: {active_clients: 10}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 10000}
+  - key: route
     value: shadowed
     shadow_mode: true
     rate_limit: {unit: second, requests_per_unit: 100}
@@ -327,15 +334,19 @@ class TestRequestHits:
         assert admitted > LIMIT - 2 * hits  # what blocks strand is under two requests' hits
 
 
+_COUNTS = ("admitted", "asked", "period_admitted", "period_asked")
+
+
 def _row(redis_server: RedisProcess, limiter: Limiter, route: str, client: str) -> dict[str, float]:
-    """The client's row at the route's cap, as Redis holds it (admitted and asked)."""
+    """The client's row at the route's cap, as Redis holds it: admitted and asked in the
+    window and in the period."""
     request = req("edge", desc(f"route={route}", f"client_id={client}"))
     plan = make_plan(request, limiter._active.matcher)
     (g,) = slot_groups(plan, "fairlimit:", False)
     rows = g.cap_keys[0]["rows"]
     with redis_server.client() as client_:
-        raw = client_.hmget(rows, [f"{ROW_FIELDS[f]}:{client}" for f in ("admitted", "asked")])
-    return {f: float(v or 0) for f, v in zip(("admitted", "asked"), raw, strict=True)}
+        raw = client_.hmget(rows, [f"{ROW_FIELDS[f]}:{client}" for f in _COUNTS])
+    return {f: float(v or 0) for f, v in zip(_COUNTS, raw, strict=True)}
 
 
 @pytest.mark.behaviour
@@ -355,24 +366,32 @@ class TestUnderACap:
         finally:
             await _close([replica])
 
+    @pytest.mark.parametrize(("route", "also"), [("roomy", ""), ("minutely", ""),
+                                                 ("minutely", "user")])  # fmt: skip
     async def test_reserved_hits_are_demand_and_unused_ones_go_back(
-        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
-    ) -> None:
-        """While a block is out, the cap counts it as the client's demand and admissions;
-        once it expires, the next sweep gives back its unused hits: both come to what the
-        client really asked and was admitted."""
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess,
+        route: str, also: str,
+    ) -> None:  # fmt: skip
+        """While a block is out, the cap counts it as the client's demand and admissions,
+        in the window and in the period; once it expires, the next sweep gives back its
+        unused hits: all four come to what the client really asked and was admitted (a cap
+        of a second; one of a minute over a client level of a second; and that with a
+        plain per-second limit in the same request, its counter after the cap's)."""
         (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        descriptors = [desc(f"route={route}", "client_id=x")]
+        descriptors += [desc(f"{also}=x")] if also else []
         try:
             for _ in range(30):
-                assert await _ask(replica, "x", "roomy")
+                decision = await replica.should_rate_limit(req("edge", *descriptors))
+                assert decision.code is Code.OK
                 clock.advance(0.002)
             out = sum(b.room for b in _leases(replica).blocks.values())
             assert out > 0
-            row = _row(redis_server, replica, "roomy", "x")
-            assert row == {"admitted": 30 + out, "asked": 30 + out}
+            row = _row(redis_server, replica, route, "x")
+            assert row == dict.fromkeys(_COUNTS, 30 + out)
             clock.advance(lease.LEASE_TTL)
-            assert await _ask(replica, "y", "roomy")  # another plan: the sweep runs
-            assert _row(redis_server, replica, "roomy", "x") == {"admitted": 30, "asked": 30}
+            assert await _ask(replica, "y", route)  # another plan: the sweep runs
+            assert _row(redis_server, replica, route, "x") == dict.fromkeys(_COUNTS, 30)
         finally:
             await _close([replica])
 
