@@ -36,21 +36,51 @@ class TestReports:
         assert peers.decode(peers.encode(report)) == report
 
     @pytest.mark.parametrize(
-        "text",
+        ("text", "reason"),
         [
-            "[]",
-            '{"buckets": []}',
-            '{"buckets": [[1, 2]], "rls": []}',
-            '{"buckets": [["edge", [], -1, 1, 5]], "rls": []}',
-            '{"buckets": [["edge", [], 1, 0, 5]], "rls": []}',
-            '{"buckets": [["edge", [], 1, 1, 0]], "rls": []}',
-            '{"buckets": [["edge", [], "NaN", 1, 5]], "rls": []}',
-            '{"buckets": [["edge", ["k"], 1, 1, 5]], "rls": []}',
+            ("[]", "a demand report is a JSON object with lists buckets and rls"),
+            ('{"buckets": []}', "a demand report is a JSON object with lists buckets and rls"),
+            ('{"buckets": [[1, 2]], "rls": []}', "a demand report entry has 5 parts, not [1, 2]"),
+            ('{"buckets": [["edge", [], -1, 1, 5]], "rls": []}',
+             "a demand must be a finite rate >= 0, not -1"),
+            ('{"buckets": [["edge", [], 1, 0, 5]], "rls": []}',
+             "holders must be >= 1 and the interval > 0, not ['edge', [], 1, 0, 5]"),
+            ('{"buckets": [["edge", [], 1, 1, 0]], "rls": []}',
+             "holders must be >= 1 and the interval > 0, not ['edge', [], 1, 1, 0]"),
+            ('{"buckets": [["edge", [], "NaN", 1, 5]], "rls": []}',
+             "a demand must be a finite rate >= 0, not 'NaN'"),
+            ('{"buckets": [["edge", ["k"], 1, 1, 5]], "rls": []}',
+             "a bucket id is a list of [key, value] pairs, not ['k']"),
+            ('{"buckets": [["edge", "k=v", 1, 1, 5]], "rls": []}',
+             "a bucket id is a list of [key, value] pairs, not 'k=v'"),
+            ('{"buckets": [["edge", "", 1, 1, 5]], "rls": []}',
+             "a bucket id is a list of [key, value] pairs, not ''"),
+            ('{"buckets": [], "rls": [["edge", [["k"]], 1, 1, 5]]}',
+             "a bucket id is a list of [key, value] pairs, not [['k']]"),
         ],
-    )
-    def test_a_bad_report_is_refused_with_a_reason(self, text: str) -> None:
-        with pytest.raises(ValueError):
+    )  # fmt: skip
+    def test_a_bad_report_is_refused_with_a_reason(self, text: str, reason: str) -> None:
+        with pytest.raises(ValueError) as refused:
             peers.decode(text)
+        assert str(refused.value) == reason
+
+    @pytest.mark.parametrize("demand", [0, 0.5])
+    def test_an_idle_or_slow_bucket_is_a_demand(self, demand: float) -> None:
+        text = f'{{"buckets": [["edge", [["k", "v"]], {demand}, 1, 5]], "rls": []}}'
+        (bucket,) = peers.decode(text).buckets
+        assert (bucket.bucket, bucket.demand) == ((("k", "v"),), demand)
+
+    def test_rls_hits_are_rates_over_the_span_one_holder_each(self) -> None:
+        """Hits over the span since the last exchange (at least a millisecond), one holder
+        a bucket, an interval of the span but at least EXCHANGE_SECONDS; none for no hits."""
+        a, b, c = (bucket_key({"client_id": x}) for x in "abc")
+        counts = {("edge", a): 30, ("edge", b): 0, ("edge", c): 1}
+        assert peers.rls_demand(counts, 0.5) == [
+            peers.PeerBucket("edge", a, 60.0, 1, peers.EXCHANGE_SECONDS),
+            peers.PeerBucket("edge", c, 2.0, 1, peers.EXCHANGE_SECONDS),
+        ]
+        assert peers.rls_demand(counts, 4.0)[1] == peers.PeerBucket("edge", c, 0.25, 1, 4.0)
+        assert peers.rls_demand({("edge", a): 3}, 0.0)[0].demand == pytest.approx(3000)
 
     def test_a_summary_sums_the_streams_of_a_bucket(self) -> None:
         key = bucket_key({"client_id": "a"})
