@@ -170,6 +170,37 @@ class TestOnMemory:
         assert envoys[0].rate("greedy") == pytest.approx(50, abs=0.2)
 
 
+@pytest.mark.behaviour
+class TestOneBucketOnBothProcesses:
+    async def test_its_envoys_are_split_as_one_process_splits_them(self, tmp_path: Path) -> None:
+        """The greedy client's bucket on three Envoys, one on process 0 (100/s) and two on
+        process 1 (150/s each, nearly all denied), at its own bound of 50/s: each Envoy
+        gets the share of it one process holding all three streams gives (12.5, 18.75,
+        18.75): process 1's report counts its two streams' summed demand once, split between
+        them, and its holders stay apart from process 0's own stream."""
+        usage = [[("greedy", 10, 490)], [("greedy", 10, 740)], [("greedy", 10, 740)]]
+
+        async def rates(services: Sequence[QuotaService], on: Sequence[int]) -> list[float]:
+            clock = clocks[len(services)]
+            envoys = [Envoy(services[i]) for i in on]
+            for _ in range(6):
+                clock.advance(5.0 - 2 * peers.EXCHANGE_SECONDS)
+                for envoy, used in zip(envoys, usage, strict=True):
+                    await envoy.report(used)
+                for _ in range(2):
+                    clock.advance(peers.EXCHANGE_SECONDS)
+                    for service in services:
+                        await service.drip()
+            return [e.rate("greedy") for e in envoys]
+
+        clocks = {1: FakeClock(), 2: FakeClock()}
+        alone = await rates([_service(tmp_path, MemoryStore(), clocks[1], "alone")], [0, 0, 0])
+        shared = MemoryStore()
+        pair = [_service(tmp_path, shared, clocks[2], f"p{i}") for i in range(2)]
+        assert alone == pytest.approx([12.5, 18.7, 18.7], abs=0.1)
+        assert await rates(pair, [0, 1, 1]) == pytest.approx(alone, abs=0.1)
+
+
 @pytest.fixture
 def shared_redis(redis_server: RedisProcess) -> StoreFactory:
     """RedisStores on the standalone server, flushed once: the services share it."""
