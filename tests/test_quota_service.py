@@ -407,6 +407,60 @@ class TestDivisionGap:
         await service.drip()
         assert service.divisions == 3
 
+    async def test_a_new_bucket_on_a_second_stream_is_split_between_its_holders(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """Within the gap a bucket one stream holds already is subscribed by another: its
+        provisional assignment is its bound (alice's 50/s) split between the two, 25/s."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, divide_gap=0.2)
+        one, two = Envoy(service), Envoy(service)
+        await one.report([("alice", 1, 0)])
+        await two.report([("alice", 1, 0)])
+        assert service.divisions == 1
+        assert two.rate("alice") == pytest.approx(25)
+
+    async def test_a_known_bucket_reporting_within_the_gap_keeps_its_assignment(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """alice measured at 10/s is assigned 10 plus headroom; a report within the gap
+        renews that assignment, not her bound."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, divide_gap=0.2)
+        envoy = Envoy(service)
+        await steady(clock, [(envoy, [("alice", 50, 0)])])
+        assigned = envoy.rate("alice")
+        assert assigned == pytest.approx(10 * (1 + HEADROOM) + HEADROOM_FLOOR, abs=0.1)
+        divisions = service.divisions
+        clock.advance(0.1)
+        await envoy.report([("alice", 5, 0)])
+        assert service.divisions == divisions
+        assert envoy.rate("alice") == assigned
+
+    async def test_an_abandoned_bucket_does_not_hide_the_next_ones(
+        self, clock: FakeClock, limiter: Limiter
+    ) -> None:
+        """One report within the gap abandons x (idle for abandon_after) and subscribes y:
+        x is abandoned and y still gets its provisional assignment."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now,
+                               abandon_after=10, divide_gap=0.2)  # fmt: skip
+        envoy = Envoy(service)
+        await envoy.report([("x", 1, 0)])
+        clock.advance(9.95)
+        await envoy.report([("x", 0, 0)])
+        clock.advance(0.1)
+        await envoy.report([("x", 0, 0), ("y", 1, 0)])
+        assert isinstance(envoy.latest("x"), Abandon)
+        assert envoy.rate("y") == pytest.approx(50)
+
+    async def test_a_stream_closed_twice_is_closed_once(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, divide_gap=0.2)
+        envoy = Envoy(service)
+        await envoy.report([("alice", 1, 0)])
+        envoy.stream.close()
+        envoy.stream.close()
+        assert service.streams == {}
+
 
 TWO_CAPS = """
 domain: edge
