@@ -168,6 +168,25 @@ class TestSharedCounters:
             passed += decision.code is Code.OK
         assert passed == 20
 
+    async def test_a_single_request_reported_is_paid(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """One allowed request, dripped at once (nothing due yet) and over the interval:
+        it reaches the counter; a debt of one request is not taken for paid."""
+        limiter = make_limiter(MINUTE_LIMIT)
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        clock.t = 1_700_000_040.0  # a minute starts
+        envoy = Envoy(service)
+        await envoy.report([("alice", 1, 0)])
+        await service.drip()
+        for _ in range(10):
+            clock.advance(0.5)
+            await service.drip()
+        decision = await limiter.should_rate_limit(
+            req("edge", desc("route=public", "client_id=alice"))
+        )
+        assert decision.statuses[0].limit_remaining == 1000 - 2
+
     async def test_a_report_before_the_last_is_paid_pays_both_within_an_interval(
         self, make_limiter: LimiterFactory, clock: FakeClock
     ) -> None:
@@ -193,7 +212,7 @@ class TestSharedCounters:
                 assert service.ledger.owed == pytest.approx(150)
         assert paid == pytest.approx([10, 20, 30, 40, 50, 65, 80, 95, 110, 125, 140, 155, 170,
                                       185, 200])  # fmt: skip
-        assert service.ledger.owed == 0
+        assert service.ledger.owed == 0 and not service.ledger._debts  # paid off: forgotten
         decision = await limiter.should_rate_limit(
             req("edge", desc("route=public", "client_id=alice"))
         )
