@@ -76,12 +76,15 @@ class TestHowMutantsRun:
 
 class TestTheRedisStoresRun:
     def test_it_changes_only_what_is_mutated_and_which_tests_run(self) -> None:
-        """mutate.sh --redis reads pyproject with two settings changed: store/redis/ is
-        mutated, and each mutant runs the tests with "redis" in their id."""
+        """mutate.sh --redis reads pyproject with two settings changed: store/redis/ and
+        core/lease.py are mutated, and each mutant runs the tests with "redis" in their id."""
         text = (ROOT / "pyproject.toml").read_text()
         changed = tomllib.loads(mutation_tally.redis_config(text))
         redis: dict[str, Any] = changed["tool"]["mutmut"]
-        assert redis["only_mutate"] == ["src/fairlimit/store/redis/*"]
+        assert redis["only_mutate"] == [
+            "src/fairlimit/store/redis/*",
+            "src/fairlimit/core/lease.py",
+        ]
         args: list[str] = redis["pytest_add_cli_args"]
         assert args[args.index("-k") + 1] == "redis and not mutation_config"
         args[args.index("-k") + 1] = "not redis"
