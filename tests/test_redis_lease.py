@@ -279,6 +279,32 @@ class TestWindows:
         else:  # the last second of a minute, then the next minute's first four seconds
             assert list(admitted.values()) == [80, 100]
 
+    async def test_a_block_given_back_after_its_window_leaves_the_next_alone(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """Replica 0 takes a block at the roomy cap late in a second; in the next second
+        replica 1 admits the client, then replica 0's sweep gives its expired block back:
+        the unused hits went with the window they were charged in, so the client's row for
+        the new second still counts every hit admitted or held in it."""
+        replicas, clock = await _replicas(tmp_path, lease_store_factory)
+        clock.t = T0 + 0.7
+        try:
+            for _ in range(30):
+                assert await _ask(replicas[0], "x", "roomy")
+                clock.advance(0.002)
+            assert sum(b.room for b in _leases(replicas[0]).blocks.values()) > 0
+            clock.t = T0 + 1.05
+            for _ in range(5):
+                assert await _ask(replicas[1], "x", "roomy")
+            clock.t = T0 + 1.25  # past replica 0's next sweep
+            assert await _ask(replicas[0], "x", "roomy")
+            held = sum(b.room for r in replicas for b in _leases(r).blocks.values()
+                       if b.until > clock.t)  # fmt: skip
+            row = _row(redis_server, replicas[0], "roomy", "x")
+        finally:
+            await _close(replicas)
+        assert row["admitted"] == 5 + 1 + held
+
 
 async def _ask_key(limiter: Limiter, key: str, value: str) -> bool:
     decision = await limiter.should_rate_limit(req("edge", desc(f"{key}={value}")))
