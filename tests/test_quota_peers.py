@@ -3,6 +3,7 @@ over every Envoy's demand, as one service holding all the streams would; a proce
 stops reporting leaves the others' division after PEER_TTL. On memory (services sharing one
 store object) and on a real Redis (one RedisStore per service)."""
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -199,6 +200,61 @@ class TestOneBucketOnBothProcesses:
         pair = [_service(tmp_path, shared, clocks[2], f"p{i}") for i in range(2)]
         assert alone == pytest.approx([12.5, 18.7, 18.7], abs=0.1)
         assert await rates(pair, [0, 1, 1]) == pytest.approx(alone, abs=0.1)
+
+
+@pytest.mark.behaviour
+class TestPeersChanging:
+    async def test_a_peers_new_demand_is_divided_at_the_next_drip(self, tmp_path: Path) -> None:
+        """Process 0's Envoy holds the greedy client alone (50/s, its own limit); two more
+        greedy clients appear on process 1: process 0's next drips read them and push its
+        Envoy the smaller share, with no report of its own."""
+        shared, clock = MemoryStore(), FakeClock()
+        p0, p1 = (_service(tmp_path, shared, clock, f"p{i}") for i in range(2))
+        mine, theirs = Envoy(p0), Envoy(p1)
+        for _ in range(3):
+            clock.advance(5.0)
+            await mine.report([("greedy", 10, 490)])
+            await p0.drip()
+        assert mine.rate("greedy") == pytest.approx(50)
+        for _ in range(3):
+            clock.advance(5.0)
+            await theirs.report([("b", 10, 490), ("c", 10, 490)])
+            await p1.drip()
+        pushed = len(mine.actions)
+        for _ in range(2):
+            clock.advance(peers.EXCHANGE_SECONDS)
+            await p0.drip()
+        assert len(mine.actions) > pushed
+        assert mine.rate("greedy") == pytest.approx(100 / 3, abs=0.1)  # 100/s over three
+        assert p0.allocation.levels["edge/route=public#1"] == pytest.approx(100 / 3)
+
+    async def test_a_new_bucket_is_split_with_the_peers_holding_it(self, tmp_path: Path) -> None:
+        """Within process 0's division gap its Envoy subscribes a bucket process 1's Envoy
+        holds: the provisional assignment is the bound split between the two holders."""
+        shared, clock = MemoryStore(), FakeClock()
+        loaded = load_text(tmp_path, CONFIG, "p0.yaml")
+        p0 = QuotaService(lambda: loaded, shared, clock.now, consumer="p0", divide_gap=0.2)
+        p1 = _service(tmp_path, shared, clock, "p1")
+        theirs, mine = Envoy(p1), Envoy(p0)
+        await theirs.report([("alice", 1, 0)])
+        await p1.drip()  # its report handed in
+        await mine.report([("bob", 1, 0)])  # process 0 divides once, reading p1's report
+        await p0.drip()
+        assert p0.peers
+        await mine.report([("alice", 1, 0)])  # within the gap: provisional
+        assert mine.rate("alice") == pytest.approx(25)
+
+    async def test_an_unreadable_peer_report_is_logged_and_skipped(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        shared, clock = MemoryStore(), FakeClock()
+        await shared.exchange_demand("broken", "not json at all", clock.t, peers.PEER_TTL)
+        service = _service(tmp_path, shared, clock, "p0")
+        with caplog.at_level(logging.WARNING, logger="fairlimit"):
+            await service.exchange()
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert line.startswith("RLQS: the demand report of broken is unreadable: ")
+        assert service.peers == {}
 
 
 @pytest.fixture
