@@ -421,6 +421,30 @@ class TestUnderACap:
         finally:
             await _close([replica])
 
+    async def test_a_block_over_two_caps_goes_back_to_both(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """A request under two caps at once (the roomy and the minutely route): its block is
+        reserved at both, and its unused hits go back to both client rows."""
+        (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        both = req(
+            "edge", desc("route=roomy", "client_id=x"), desc("route=minutely", "client_id=x")
+        )
+        try:
+            for _ in range(30):
+                assert (await replica.should_rate_limit(both)).code is Code.OK
+                clock.advance(0.002)
+            out = sum(b.room for b in _leases(replica).blocks.values())
+            assert out > 0
+            for route in ("roomy", "minutely"):
+                assert _row(redis_server, replica, route, "x") == dict.fromkeys(_COUNTS, 30 + out)
+            clock.advance(lease.LEASE_TTL)
+            assert await _ask(replica, "y", "roomy")  # another plan: the sweep runs
+            for route in ("roomy", "minutely"):
+                assert _row(redis_server, replica, route, "x") == dict.fromkeys(_COUNTS, 30)
+        finally:
+            await _close([replica])
+
     async def test_the_script_sizes_each_block_as_the_rule_says(
         self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
     ) -> None:
