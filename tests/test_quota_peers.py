@@ -12,7 +12,7 @@ import pytest
 from fairlimit.core.admission import Code
 from fairlimit.core.bucket import bucket_key
 from fairlimit.limiter import Limiter
-from fairlimit.quota import QuotaService, peers
+from fairlimit.quota import QuotaService, Usage, peers
 from fairlimit.store.base import Store
 from fairlimit.store.memory import MemoryStore
 from helpers import FakeClock, desc, load_text, req
@@ -218,6 +218,8 @@ class TestPeersChanging:
         assert mine.rate("greedy") == pytest.approx(50)
         for _ in range(3):
             clock.advance(5.0)
+            # a bucket under a blanket rule first: it is no demand, and hides none
+            await theirs.stream.report("edge", [Usage({"health": "x"}, 5, 0)])
             await theirs.report([("b", 10, 490), ("c", 10, 490)])
             await p1.drip()
         pushed = len(mine.actions)
