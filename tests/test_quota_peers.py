@@ -293,6 +293,30 @@ WIDE = CONFIG.replace("requests_per_unit: 50}", "requests_per_unit: 80}")
 
 @pytest.mark.behaviour
 class TestRlsAtTheSameCap:
+    async def test_rls_demand_arriving_is_divided_at_the_next_drips(self, tmp_path: Path) -> None:
+        """The greedy client holds its own 80/s; RLS traffic of 30/s starts at the cap and
+        the Envoy reports nothing more: the drips that take the tally divide, and push it
+        the 70/s the RLS client leaves."""
+        clock = FakeClock()
+        loaded = load_text(tmp_path, WIDE, "arriving.yaml")
+        limiter = Limiter(loaded, MemoryStore(), clock)
+        service = QuotaService(lambda: loaded, limiter.store, clock.now, tally=limiter.tally)
+        envoy = Envoy(service)
+        for _ in range(3):
+            await envoy.report([("greedy", 350, 25)])
+            for _ in range(5):
+                clock.advance(1.0)
+                await service.drip()
+        assert envoy.rate("greedy") == pytest.approx(80, abs=0.2)
+        for _ in range(3):
+            for _ in range(30):
+                await limiter.should_rate_limit(
+                    req("edge", desc("route=public", "client_id=rls-client"))
+                )
+                clock.advance(1.0 / 30)
+            await service.drip()
+        assert envoy.rate("greedy") == pytest.approx(70, abs=1.0)
+
     async def test_rls_demand_lowers_the_rlqs_share(self, tmp_path: Path) -> None:
         """A cap of 100/s over clients of 80/s; an RLS client asking 30/s, an RLQS Envoy
         whose greedy client asks 75/s: the division counts both, so the greedy client is
