@@ -11,13 +11,14 @@ import pytest
 
 from fairlimit.core.admission import Code
 from fairlimit.core.bucket import bucket_key
+from fairlimit.core.quota import TokenBucket
 from fairlimit.limiter import Limiter
-from fairlimit.quota import QuotaService, Usage, peers
+from fairlimit.quota import Assign, QuotaService, Usage, peers
 from fairlimit.store.base import Store
 from fairlimit.store.memory import MemoryStore
 from helpers import FakeClock, desc, load_text, req
 from redis_servers import RedisProcess, StoreFactory, suite_url
-from test_quota_service import CONFIG, Envoy
+from test_quota_service import CONFIG, TWO_CAPS, Envoy
 
 MODEST = [f"modest-{i}" for i in range(4)]
 # Per Envoy and 5 s report: the greedy client 75/s, each modest one 7.4/s (two Envoys: 150/s
@@ -245,6 +246,36 @@ class TestPeersChanging:
         assert p0.peers
         await mine.report([("alice", 1, 0)])  # within the gap: provisional
         assert mine.rate("alice") == pytest.approx(25)
+
+    async def test_a_report_divides_its_region_with_the_peers_buckets_in_it(
+        self, tmp_path: Path
+    ) -> None:
+        """Two caps (two regions): process 1 holds a client under cap a and one under cap b
+        (100/s), process 0 one under cap b (100/s). Process 0's reports divide region b
+        alone, counting process 1's bucket there (listed after its cap-a bucket): cap b's
+        80/s is split 40/40, not left whole to process 0's client."""
+        shared, clock = MemoryStore(), FakeClock()
+        loaded = load_text(tmp_path, TWO_CAPS, "two.yaml")
+        p0, p1 = (QuotaService(lambda: loaded, shared, clock.now, consumer=f"p{i}")
+                  for i in range(2))  # fmt: skip
+        mine, theirs = Envoy(p0), Envoy(p1)
+
+        def usage(*buckets: tuple[str, str]) -> list[Usage]:
+            return [Usage({"route": r, "client_id": c}, 10, 490) for r, c in buckets]
+
+        for _ in range(4):
+            clock.advance(5.0 - 2 * peers.EXCHANGE_SECONDS)
+            await theirs.stream.report("edge", usage(("a", "a1"), ("b", "x")))
+            await mine.stream.report("edge", usage(("b", "y")))
+            for _ in range(2):
+                clock.advance(peers.EXCHANGE_SECONDS)
+                await p1.drip()
+                await p0.drip()
+        clock.advance(1.0)
+        await mine.stream.report("edge", usage(("b", "y")))
+        (assigned,) = [a for a in mine.actions[-1:] if isinstance(a, Assign)]
+        assert isinstance(assigned.strategy, TokenBucket)
+        assert assigned.strategy.rate == pytest.approx(40, abs=0.1)
 
     async def test_an_unreadable_peer_report_is_logged_and_skipped(
         self, tmp_path: Path, caplog: pytest.LogCaptureFixture
