@@ -122,6 +122,31 @@ class TestRule:
         (back,) = leases.expired(0.2 + lease.LEASE_TTL)
         assert back.room == 3 and not leases.blocks
 
+    def test_blocks_with_room_are_handed_back_expired_or_not(self, tmp_path: Path) -> None:
+        """What goes back: a replaced block with room, live or expired (once replaced no
+        sweep finds it); at a sweep the expired blocks with room, even one hit, the used-up
+        ones only forgotten; at shutdown every block with room."""
+        from fairlimit.core.admission import Outcome
+
+        matcher = Matcher(load_text(tmp_path, CONFIG).config)
+        plans = [make_plan(req("edge", desc(f"client_id={c}")), matcher) for c in "abcd"]
+        keys = [lease.shape(p) for p in plans]
+        granted = Outcome(True, (0,), (), (), T0)
+        leases = lease.Leases("c1", margin=0.0)
+        leases.keep(plans[0], keys[0], granted, 3, "a1", T0)
+        old = leases.keep(plans[0], keys[0], granted, 3, "a2", T0 + lease.LEASE_TTL + 0.01)
+        assert old is not None and old.ref == "a1"  # expired, with room: back
+        for plan, key, room in zip(plans[1:], keys[1:], (0, 1, 2), strict=True):
+            leases.keep(plan, key, granted, room, key[0], T0 + 0.5)
+        swept = leases.expired(T0 + 0.5 + lease.LEASE_TTL)
+        assert sorted(b.room for b in swept) == [1, 2, 3]
+        assert not leases.blocks
+        for plan, key, room in zip(plans, keys, (0, 1, 2, 5), strict=True):
+            leases.keep(plan, key, granted, room, key[0], T0 + 1)
+        leases.keep(plans[3], keys[3], granted, 4, "d2", T0 + 1.1)  # d's 5 handed back here
+        assert sorted(b.room for b in leases.unused()) == [1, 2, 4]
+        assert not leases.blocks
+
     def test_a_block_ends_with_the_first_window_it_spans(self, tmp_path: Path) -> None:
         """Granted 0.1 s before the second ends, a block is usable for 0.1 s, not its TTL."""
         matcher = Matcher(load_text(tmp_path, CONFIG).config)
@@ -361,6 +386,35 @@ class TestRequestHits:
 
 
 _COUNTS = ("admitted", "asked", "period_admitted", "period_asked")
+
+
+@pytest.mark.behaviour
+class TestGivingBack:
+    async def test_an_expired_block_replaced_before_the_sweep_goes_back(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """Plan b's block expires between two sweeps, and b's next request takes a new
+        block before the next sweep: the expired block's unused hits still go back (they
+        were left charged until the window ended), so the counter holds what was admitted
+        and what the live block holds, nothing more."""
+        (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        plan = make_plan(req("edge", desc("client_id=b")), replica._active.matcher)
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        try:
+            assert await _ask(replica, "a")  # the sweep runs now, next at +LEASE_TTL
+            clock.advance(0.1)
+            assert await _ask(replica, "b")  # b's block: until +0.35
+            clock.advance(0.16)
+            assert await _ask(replica, "a")  # the sweep runs (nothing expired), next at +0.51
+            clock.advance(0.1)  # b's block expired, the sweep not due
+            assert await _ask(replica, "b")
+            live = sum(b.room for b in _leases(replica).blocks.values()
+                       if b.until > clock.t and "edge/client_id=b#60" in b.ref.plan.counters[0].key)  # type: ignore[attr-defined]  # fmt: skip
+            with redis_server.client() as client:
+                count = int(client.hget(g.counter_keys[0], "n"))
+        finally:
+            await _close([replica])
+        assert count == 2 + live
 
 
 def _row(redis_server: RedisProcess, limiter: Limiter, route: str, client: str) -> dict[str, float]:
