@@ -147,6 +147,45 @@ class TestRule:
         assert sorted(b.room for b in leases.unused()) == [1, 2, 4]
         assert not leases.blocks
 
+    def test_a_block_stops_a_margin_before_its_window_ends(self, tmp_path: Path) -> None:
+        """Granted 0.1 s before the window ends, with a margin of 0.01 s: usable for 0.09 s."""
+        from fairlimit.core.admission import Outcome
+
+        matcher = Matcher(load_text(tmp_path, CONFIG).config)
+        plan = make_plan(req("edge", desc("user=u")), matcher)  # 100 a second
+        leases = lease.Leases("c1", margin=0.01)
+        key = lease.shape(plan)
+        leases.keep(plan, key, Outcome(True, (0,), (), (), T0 + 0.9), 5, None, 50.0)
+        assert leases.take(plan, key, 50.089) is not None
+        assert leases.take(plan, key, 50.09) is None
+
+    @pytest.mark.parametrize(
+        ("store_at", "used", "after", "want"),
+        [
+            (0.5, 10, 0.07, 29),  # 142.9/s over LEASE_SECONDS: 28.6
+            (0.9, 10, 0.03, 24),  # 333.3/s until the window ends, 0.07 s: 23.3
+            (0.99, 1, 0.005, 1),  # at least one hit
+            (0.2, 0, 0.1, 1),  # nothing used: one
+        ],
+    )
+    def test_the_next_want_is_the_rate_used_over_what_is_left(
+        self, tmp_path: Path, store_at: float, used: int, after: float, want: int
+    ) -> None:
+        """The next block asks for the rate its last block was used at, times the least of
+        LEASE_SECONDS and the time until the window ends by the store's clock (its grant
+        was at ``store_at`` into a second, on a consumer clock 1000.25 s behind)."""
+        from fairlimit.core.admission import Outcome
+
+        matcher = Matcher(load_text(tmp_path, CONFIG).config)
+        plan = make_plan(req("edge", desc("user=u")), matcher)  # windows of a second
+        leases = lease.Leases("c1", margin=0.0)
+        key = lease.shape(plan)
+        base = T0 - 1000.25 + store_at
+        leases.keep(plan, key, Outcome(True, (0,), (), (), T0 + store_at), 50, None, base)
+        for _ in range(used):
+            assert leases.take(plan, key, base) is not None
+        assert leases.want(plan, key, base + after) == want
+
     def test_a_block_ends_with_the_first_window_it_spans(self, tmp_path: Path) -> None:
         """Granted 0.1 s before the second ends, a block is usable for 0.1 s, not its TTL."""
         matcher = Matcher(load_text(tmp_path, CONFIG).config)
