@@ -77,6 +77,7 @@ class TestRule:
         assert not lease.eligible(plan(desc("route=shadowed", "client_id=a")))  # type: ignore[arg-type]
         uneven = plan(desc("client_id=a", hits=2), desc("route=roomy", "client_id=a", hits=3))
         assert not lease.eligible(uneven)  # type: ignore[arg-type]
+        assert not lease.eligible(plan(desc("nothing=here")))  # type: ignore[arg-type]
 
     def test_a_shape_names_the_counters_and_the_client_at_each_cap(self, tmp_path: Path) -> None:
         matcher = Matcher(load_text(tmp_path, CONFIG).config)
@@ -113,8 +114,10 @@ class TestRule:
         assert leases.keep(plan, key, granted, 2, None, 0.1) is None
         first, second = leases.take(plan, key, 0.11), leases.take(plan, key, 0.12)
         assert first is not None and second is not None
-        # each counter and the share as they stood before each request, its own hit counted
+        # each counter and the share as they stood before each request, its own hit counted,
+        # admitted at the store's clock (the grant's, moved on by the consumer's)
         assert (first.counts, first.shared, first.bounds) == ((6, 41), (6,), (30.0,))
+        assert first.admitted and first.now == pytest.approx(T0 + 0.11, abs=1e-6)
         assert (second.counts, second.shared) == ((7, 42), (7,))
         assert leases.take(plan, key, 0.13) is None  # used up
         leases.keep(plan, key, granted, 3, None, 0.2)
