@@ -27,6 +27,7 @@ from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.request import Descriptor
+from fairlimit.core.sharing import STALE
 from fairlimit.errors import StoreUnavailable, UnsupportedBackend
 from fairlimit.limiter import BREAK_SECONDS, Limiter
 from fairlimit.store import open_store
@@ -126,6 +127,32 @@ def _approx_report(report: CapReport) -> tuple[object, ...]:
 class TestParityWithMemory:
     """Redis-only: the Lua script is the second copy of the admission rule; here it is
     pinned to the reference (store/memory.py) outcome by outcome, on a random trace."""
+
+    @pytest.mark.parametrize("gap", [STALE - 1, STALE, STALE + 1])
+    async def test_a_row_back_after_a_long_silence_is_the_memory_stores(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher,
+        gap: int,
+    ) -> None:  # fmt: skip
+        """A client silent for STALE periods, one fewer or one more: its row's history and
+        mass (core/sharing._history: decayed up to STALE, gone past it) are memory's."""
+        from fairlimit.core.sharing import Row
+        from fairlimit.store.redis import script
+        from fairlimit.store.redis.keys import slot_groups
+
+        store, memory = await redis_store_factory(), MemoryStore()
+        plan = client_plan(matcher, "a")
+        try:
+            for t in (T0, T0 + 0.5, T0 + gap, T0 + gap + 1, T0 + gap + 2):
+                await store.admit(plan, t)
+                await memory.admit(plan, t)
+        finally:
+            await store.close()
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        with redis_server.client() as client:
+            flat = [x for kv in client.hgetall(g.cap_keys[0]["rows"]).items() for x in kv]
+        got: Row = script.rows_of(flat)["a"]
+        want: Row = memory._caps[plan.shares[0].cap].rows["a"]
+        assert (got.history, got.mass) == pytest.approx((want.history, want.mass))
 
     @pytest.mark.parametrize("backend", ["redis", "redis-cluster"])
     async def test_same_outcomes_as_the_memory_store(
