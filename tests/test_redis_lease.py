@@ -139,6 +139,9 @@ class TestRule:
         leases.keep(plans[0], keys[0], granted, 3, "a1", T0)
         old = leases.keep(plans[0], keys[0], granted, 3, "a2", T0 + lease.LEASE_TTL + 0.01)
         assert old is not None and old.ref == "a1"  # expired, with room: back
+        leases.keep(plans[1], keys[1], granted, 0, "b0", T0)
+        assert leases.keep(plans[1], keys[1], granted, 2, "b1", T0) is None  # used up: none
+        del leases.blocks[keys[1]]
         for plan, key, room in zip(plans[1:], keys[1:], (0, 1, 2), strict=True):
             leases.keep(plan, key, granted, room, key[0], T0 + 0.5)
         swept = leases.expired(T0 + 0.5 + lease.LEASE_TTL)
