@@ -154,6 +154,29 @@ class TestParityWithMemory:
         want: Row = memory._caps[plan.shares[0].cap].rows["a"]
         assert (got.history, got.mass) == pytest.approx((want.history, want.mass))
 
+    async def test_a_window_partly_seen_before_predicts_as_on_memory(
+        self, redis_store_factory: Factory, matcher: Matcher
+    ) -> None:
+        """At the per-minute admin cap (30, clients 20), a asks 26 times through the first
+        20 s of a minute and b 10 times; in the next minute their predictions (the part of
+        the last minute still inside the sliding one, core/sharing.predicted) give the
+        bounds memory gives."""
+        store, memory = await redis_store_factory(local_cache=0), MemoryStore()
+        start = (T0 // 60 + 1) * 60
+        trace = [(start + 0.8 * i, "a") for i in range(26)]
+        trace += [(start + 10 + i, "b") for i in range(10)]
+        trace.sort()
+        trace += [(start + 60 + t, c) for t in (1, 2, 3, 5, 9, 14) for c in "ab"]
+        try:
+            for t, client in trace:
+                plan = client_plan(matcher, client, "admin")
+                got, want = await store.admit(plan, t), await memory.admit(plan, t)
+                assert (got.admitted, got.counts, got.shared) == (
+                    want.admitted, want.counts, want.shared), (t - start, client)  # fmt: skip
+                assert got.bounds == pytest.approx(want.bounds), (t - start, client)
+        finally:
+            await store.close()
+
     @pytest.mark.parametrize("backend", ["redis", "redis-cluster"])
     async def test_same_outcomes_as_the_memory_store(
         self, backend: str, matcher: Matcher, request: pytest.FixtureRequest
