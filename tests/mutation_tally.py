@@ -46,10 +46,14 @@ def _row(module: str, mutants: int, counts: Counter[str]) -> str:
 
 
 # The two settings of pyproject's [tool.mutmut] that the Redis store's run changes: the
-# Python side of store/redis/ only, each mutant running the tests with "redis" in their id
-# (but test_mutation_config's: they check pyproject's own settings, not these).
+# Python side of store/redis/ and the leases it serves from (core/lease.py: only Redis
+# leases, so only the Redis tests reach it), each mutant running the tests with "redis" in
+# their id (but test_mutation_config's: they check pyproject's own settings, not these).
 WITH_REDIS = (
-    (r"^only_mutate = .*$", 'only_mutate = ["src/fairlimit/store/redis/*"]'),
+    (
+        r"^only_mutate = .*$",
+        'only_mutate = ["src/fairlimit/store/redis/*", "src/fairlimit/core/lease.py"]',
+    ),
     (r'"-k", "not redis"', '"-k", "redis and not mutation_config"'),
 )
 

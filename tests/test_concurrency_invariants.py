@@ -11,10 +11,12 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from fairlimit.core.admission import Code
-from fairlimit.core.concurrency import Claim, SlotOutcome
+from fairlimit.core.concurrency import Claim, SlotOutcome, split
+from fairlimit.core.matching import Matcher
 from fairlimit.errors import StoreUnavailable
 from fairlimit.limiter import Limiter
 from fairlimit.settings import FailureMode
+from fairlimit.store.base import Store
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
 from helpers import FakeClock, LimiterFactory, desc, load_text, req
@@ -41,6 +43,18 @@ descriptors:
   - key: client_id
     rate_limit: {unit: minute, requests_per_unit: 3}
     concurrency: {max_in_flight: 2, max_duration: 10}
+"""
+
+# a concurrency cap with no limit of the clients' own: only their fair bound holds them
+OPEN_CAP = """
+domain: edge
+descriptors:
+  - key: route
+    value: open
+    concurrency: {max_in_flight: 3}
+    fair_share: {active_clients: 3}
+    descriptors:
+      - key: client_id
 """
 
 
@@ -221,6 +235,23 @@ class TestSeveralIdsInOnePool:
         assert (await limiter.should_rate_limit(request)).code is Code.OVER_LIMIT
         assert await take(limiter, "c", "c3")
 
+    async def test_two_ids_need_two_of_a_clients_fair_slots(
+        self, make_limiter: LimiterFactory
+    ) -> None:
+        """At a cap of 3 in flight (no limit per client), b filled it and a and c were
+        refused: with two slots free again, a's fair bound is one of the three, so a request
+        with two ids is refused; one id fits."""
+        limiter = make_limiter(OPEN_CAP)
+        assert all([await take(limiter, "b", f"b{i}", "open") for i in range(3)])
+        assert not await take(limiter, "c", "c0", "open")
+        assert not await take(limiter, "a", "a0", "open")
+        for rid in ("b1", "b2"):
+            await done(limiter, "b", rid, "open")
+        request = req("edge", desc("route=open", "client_id=a", "request_id=a1"),
+                      desc("route=open", "client_id=a", "request_id=a2"))  # fmt: skip
+        assert (await limiter.should_rate_limit(request)).code is Code.OVER_LIMIT
+        assert await take(limiter, "a", "a3", "open")
+
 
 class TestAllOrNothingWithRates:
     async def test_a_concurrency_refusal_consumes_no_rate(
@@ -280,6 +311,26 @@ def _points(reader: InMemoryMetricReader) -> dict[tuple[str, str], float]:
                         rule = str((point.attributes or {})["rule"])
                         out[metric.name, rule] = point.value  # type: ignore[union-attr]
     return out
+
+
+class TestTheMomentOfExpiry:
+    async def test_a_release_when_its_slot_expires_is_late(
+        self, store: Store, tmp_path: Path, clock: FakeClock
+    ) -> None:  # the store's own calls, on every backend
+        """A slot expires at its acquire plus max_duration exactly: a release just before
+        gives it back, one at that moment gives nothing back (the slot has expired)."""
+        matcher = Matcher(load_text(tmp_path, CAPPED).config)
+
+        def claims(rid: str, done: bool = False) -> tuple[Claim, ...]:
+            entries = ("route=public", "client_id=a", f"request_{'done' if done else 'id'}={rid}")
+            slots = split(req("edge", desc(*entries)), matcher)
+            return slots.release if done else slots.acquire
+
+        start = clock.t
+        for rid in ("r0", "r1"):
+            assert (await store.acquire(claims(rid), start)).admitted
+        assert await store.release(claims("r0", done=True), start + 29.999) == (True, True)
+        assert await store.release(claims("r1", done=True), start + 30) == (False, False)
 
 
 class TestMetrics:

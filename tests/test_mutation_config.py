@@ -38,13 +38,13 @@ class TestWhatIsMutated:
         assert [_server_path(p) for p in MUTMUT["source_paths"]] == ["server/fairlimit"]
         assert 'ln -sfn "$root/server" "$work/src"' in SCRIPT
 
-    def test_core_config_and_store_each_have_modules_to_mutate(self) -> None:
+    def test_core_config_store_and_quota_each_have_modules_to_mutate(self) -> None:
         """Every only_mutate pattern matches Python files in the repository."""
         files = [str(p.relative_to(ROOT)) for p in (ROOT / "server").rglob("*.py")]
         for pattern in MUTMUT["only_mutate"]:
             assert fnmatch.filter(files, _server_path(pattern)), pattern
         packages = {_server_path(p).split("/")[2] for p in MUTMUT["only_mutate"]}
-        assert packages == {"core", "config", "store"}
+        assert packages == {"core", "config", "store", "quota"}
 
 
 class TestHowMutantsRun:
@@ -76,15 +76,47 @@ class TestHowMutantsRun:
 
 class TestTheRedisStoresRun:
     def test_it_changes_only_what_is_mutated_and_which_tests_run(self) -> None:
-        """mutate.sh --redis reads pyproject with two settings changed: store/redis/ is
-        mutated, and each mutant runs the tests with "redis" in their id."""
+        """mutate.sh --redis reads pyproject with two settings changed: store/redis/ and
+        core/lease.py are mutated, and each mutant runs the tests with "redis" in their id."""
         text = (ROOT / "pyproject.toml").read_text()
         changed = tomllib.loads(mutation_tally.redis_config(text))
         redis: dict[str, Any] = changed["tool"]["mutmut"]
-        assert redis["only_mutate"] == ["src/fairlimit/store/redis/*"]
+        assert redis["only_mutate"] == [
+            "src/fairlimit/store/redis/*",
+            "src/fairlimit/core/lease.py",
+        ]
         args: list[str] = redis["pytest_add_cli_args"]
         assert args[args.index("-k") + 1] == "redis and not mutation_config"
         args[args.index("-k") + 1] = "not redis"
         changed["tool"]["mutmut"] = {**redis, "only_mutate": MUTMUT["only_mutate"]}
         assert changed == PYPROJECT
         assert "--redis" in SCRIPT and "--redis-config" in SCRIPT
+
+
+class TestTheLuaRunner:
+    """tests/mutate_lua.py: every script has its tests, and a mutant changes code only."""
+
+    def test_every_script_names_test_files_that_exist(self) -> None:
+        import mutate_lua
+
+        assert set(mutate_lua.TESTS) == set(mutate_lua.scripts())
+        for script, files in mutate_lua.TESTS.items():
+            assert files, script
+            for name in files:
+                assert (ROOT / name).is_file(), (script, name)
+        for test in mutate_lua.DESELECT:
+            assert (ROOT / test.split("::")[0]).is_file(), test
+
+    def test_mutants_leave_comments_strings_and_unary_minus_alone(self) -> None:
+        import mutate_lua
+
+        text = "local x = -a + b * 1000 -- a < b\nif s == 'a-b<c' and y then x = t[1] end"
+        found = {(m.line, m.old, m.new) for m in mutate_lua.mutants("t", text)}
+        assert found == {
+            (1, "+", "-"), (1, "*", "/"), (1, "1000", "1"),
+            (1, "local x = -a + b * 1000 -- a < b", ""),
+            (2, "==", "~="), (2, "and", "or"),
+            (2, "if s == 'a-b<c' and y then x = t[1] end", ""),
+        }  # fmt: skip
+        for m in mutate_lua.mutants("t", text):
+            assert m.apply(text) != text

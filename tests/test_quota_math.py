@@ -170,6 +170,14 @@ class TestCapBounds:
         assert out.levels[CAP] == math.inf
         assert out.strategies[(1, key_of("busy"))] == TokenBucket(25, 1000, 10)
 
+    def test_a_bucket_idle_on_two_envoys_claims_nothing_either(self) -> None:
+        """The same over two Envoys, each reporting 0: the bucket wants 0, not one request
+        a second per Envoy, and the cap stays uncontended."""
+        hs = [holder(s, "idle", 0, limit=100, own=100) for s in (1, 2)]
+        out = allocate([*hs, holder(1, "busy", 500, limit=100, own=100)])
+        assert out.levels[CAP] == math.inf
+        assert out.strategies[(1, key_of("busy"))] == TokenBucket(25, 1000, 10)
+
     def test_weights_scale_a_clients_share(self) -> None:
         """Two greedy clients of weights 3 and 1 under 100/s get 75/s and 25/s (the
         independent max-min solver agrees), each 0.25 s deep."""
@@ -191,6 +199,44 @@ class TestCapBounds:
             (1, "a/x"): TokenBucket(2, 2, 10),
             (1, "a/y"): TokenBucket(2, 7, 10),
         }
+
+    @pytest.mark.parametrize("envoys", [1, 2])
+    def test_a_buckets_demand_counts_at_most_its_own_limit(self, envoys: int) -> None:
+        """At a 100/s cap, a (its own limit 10/s under an unlimited client level) wants 80/s
+        and b 200/s: a can use 10 of the cap, so b gets the other 90 (λ = 90), whether each
+        bucket is reported by one Envoy or split over two. Counting a's 80 at the cap would
+        hold b to 50 and leave 40/s of the cap unused."""
+
+        def bucket(client: str, own: float, demand: float) -> list[Holder]:
+            target = Target(None, own, (claim(client, limit=math.inf),))
+            return [Holder(s, key_of(client), target, demand / envoys, 0.5)
+                    for s in range(1, envoys + 1)]  # fmt: skip
+
+        out = allocate(bucket("a", 10, 80) + bucket("b", math.inf, 200))
+        assert out.levels[CAP] == pytest.approx(90)
+        streams = range(1, envoys + 1)
+        assert sum(rate(out, s, "b") for s in streams) == pytest.approx(90, abs=0.1 * envoys)
+        assert sum(rate(out, s, "a") for s in streams) == pytest.approx(10, abs=0.1 * envoys)
+
+    @pytest.mark.parametrize("envoys", [1, 2])
+    def test_a_clients_limit_is_split_by_demand_its_buckets_can_use(self, envoys: int) -> None:
+        """A client limited to 60/s at the cap wants 80/s on bucket x (its own limit 10/s)
+        and 20/s on y: x can use 10, so the 60 are split 10:20 (y bounded at 40/s, so
+        assigned its 20 and headroom; x held to its own 10), not 80:20 (y held to 12/s)."""
+        streams = range(1, envoys + 1)
+        wants = (("x", 10, 80), ("y", math.inf, 20))
+        hs = [Holder(s, key_of("a", path), Target(None, own, (claim("a", limit=60),)),
+                     demand / envoys, 0.5)
+              for path, own, demand in wants for s in streams]  # fmt: skip
+        out = allocate(hs)
+
+        def total(path: str) -> float:
+            found = (out.strategies[(s, key_of("a", path))] for s in streams)
+            return sum(t.rate for t in found if isinstance(t, TokenBucket))
+
+        assert total("x") == pytest.approx(10, abs=0.1 * envoys)
+        assert total("y") == pytest.approx(20 * (1 + HEADROOM) + envoys * HEADROOM_FLOOR,
+                                           abs=0.1 * envoys)  # fmt: skip
 
     def test_a_clients_limit_is_split_evenly_among_its_unmeasured_buckets(self) -> None:
         """Two unmeasured buckets without limits of their own want unbounded rates: the

@@ -1,6 +1,7 @@
 """The RLQS use case (quota.py): streams, assignments, abandons, and counters shared with RLS."""
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -9,8 +10,10 @@ import pytest
 from fairlimit.core.admission import Code
 from fairlimit.core.bucket import bucket_key
 from fairlimit.core.quota import HEADROOM, HEADROOM_FLOOR, Blanket, TokenBucket
+from fairlimit.errors import StoreUnavailable
 from fairlimit.limiter import Limiter
 from fairlimit.quota import Abandon, Action, Assign, QuotaService, QuotaStream, Usage
+from fairlimit.store.memory import MemoryStore
 from helpers import FakeClock, LimiterFactory, desc, load_text, req
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
@@ -40,6 +43,35 @@ descriptors:
     descriptors:
       - key: client_id
         rate_limit: {unit: minute, requests_per_unit: 30}
+"""
+
+# a per-minute limit far above the reports: what RLS finds left is what the drip paid
+MINUTE_LIMIT = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: minute, requests_per_unit: 1000}
+"""
+
+# a bucket's own limit (the tier's) below a cap whose client level has none
+TIERS = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {unit: second, requests_per_unit: 100}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        descriptors:
+          - key: tier
+            value: free
+            rate_limit: {unit: second, requests_per_unit: 10}
+          - key: tier
+            rate_limit: {unit: second, requests_per_unit: 1000}
 """
 
 
@@ -138,6 +170,81 @@ class TestSharedCounters:
             passed += decision.code is Code.OK
         assert passed == 20
 
+    async def test_a_single_request_reported_is_paid(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """One allowed request, dripped at once (nothing due yet) and over the interval:
+        it reaches the counter; a debt of one request is not taken for paid."""
+        limiter = make_limiter(MINUTE_LIMIT)
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        clock.t = 1_700_000_040.0  # a minute starts
+        envoy = Envoy(service)
+        await envoy.report([("alice", 1, 0)])
+        await service.drip()
+        for _ in range(10):
+            clock.advance(0.5)
+            await service.drip()
+        decision = await limiter.should_rate_limit(
+            req("edge", desc("route=public", "client_id=alice"))
+        )
+        assert decision.statuses[0].limit_remaining == 1000 - 2
+
+    async def test_a_report_before_the_last_is_paid_pays_both_within_an_interval(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """A report of 100 (5 s interval), and 2.5 s later, half of it still owed, another
+        of 100: the 150 owed are paid over the next 5 s (30/s), all 200 in the counters by
+        7.5 s, none left owed. Paid at the rate of the new report alone (20/s), 50 would
+        trail every later report for good, and RLS would find a per-minute limit 50 short
+        of what RLQS let through."""
+        limiter = make_limiter(MINUTE_LIMIT)
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        clock.t = 1_700_000_040.0  # a minute starts: the 7.5 s of payments in one window
+        envoy = Envoy(service)
+        await envoy.report([("alice", 100, 0)])
+        await service.drip()
+        reported, paid = 100, []
+        for tick in range(1, 16):
+            clock.advance(0.5)
+            await service.drip()
+            paid.append(reported - service.ledger.owed)
+            if tick == 5:
+                await envoy.report([("alice", 100, 0)])
+                reported += 100
+                assert service.ledger.owed == pytest.approx(150)
+        assert paid == pytest.approx([10, 20, 30, 40, 50, 65, 80, 95, 110, 125, 140, 155, 170,
+                                      185, 200])  # fmt: skip
+        assert service.ledger.owed == 0 and not service.ledger._debts  # paid off: forgotten
+        decision = await limiter.should_rate_limit(
+            req("edge", desc("route=public", "client_id=alice"))
+        )
+        assert decision.code is Code.OK and decision.statuses[0].limit_remaining == 1000 - 201
+
+
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+class TestStoreDown:
+    async def test_a_payment_the_store_refuses_is_logged_and_dropped(
+        self, limiter: Limiter, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The store unavailable at a drip: the assignments go on, the payment is lost to
+        the counters (as RLS answers would be under --failure-mode open) with a warning
+        that says so and why, and the next drip does not pay it twice."""
+
+        class Down(MemoryStore):
+            async def admit(self, plan: object, now: float) -> object:
+                raise StoreUnavailable("redis: connection refused")
+
+        service = QuotaService(lambda: limiter.loaded, Down(), clock.now)
+        envoy = Envoy(service)
+        await envoy.report([("alice", 50, 0)])
+        envoy.stream.close()
+        with caplog.at_level(logging.WARNING, logger="fairlimit"):
+            await service.drip()
+        assert [r.getMessage() for r in caplog.records] == [
+            "RLQS usage not recorded: backend unavailable: redis: connection refused"
+        ]
+        assert service.ledger.owed == 0
+
 
 @pytest.mark.parametrize("backend", ["memory"], indirect=True)
 class TestAssignments:
@@ -185,6 +292,38 @@ class TestAssignments:
         assert one.rate("a") == pytest.approx(50, abs=0.2)  # b asks 100/s, a 140/s: 50/50
         await steady(clock, [(two, [("b", 500, 0), ("c", 500, 0)])], rounds=2)
         assert one.rate("a") == pytest.approx(100 / 3, abs=0.2)
+
+    @pytest.mark.parametrize("envoys", [1, 2])
+    async def test_a_bucket_held_by_its_own_limit_leaves_the_cap_to_the_others(
+        self, make_limiter: LimiterFactory, clock: FakeClock, envoys: int
+    ) -> None:
+        """At the 100/s cap, a's bucket (tier free: 10/s of its own, no client limit) asks
+        80/s, b's 200/s, each from one Envoy or half from each of two: a is assigned its 10
+        and b the other 90, not the 50 a max-min over a's unusable 80 would leave it."""
+        limiter = make_limiter(TIERS)
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        fleet = [Envoy(service) for _ in range(envoys)]
+        usage = [("a", 50, 350), ("b", 450, 550)]  # 80/s and 200/s over 5 s
+        tiers = {"a": "free", "b": "paid"}
+
+        async def report() -> None:
+            for envoy in fleet:
+                lines = [Usage(bucket(c) | {"tier": tiers[c]}, a // envoys, d // envoys)
+                         for c, a, d in usage]  # fmt: skip
+                await envoy.stream.report("edge", lines)
+
+        await report()
+        for _ in range(3):
+            clock.advance(5.0)
+            await report()
+        rates = {"a": 0.0, "b": 0.0}
+        for envoy in fleet:
+            for client in rates:
+                action = next(a for a in reversed(envoy.actions) if a.bucket["client_id"] == client)
+                assert isinstance(action, Assign) and isinstance(action.strategy, TokenBucket)
+                rates[client] += action.strategy.rate
+        assert rates == {"a": pytest.approx(10, abs=0.2), "b": pytest.approx(90, abs=0.2)}
+        assert service.allocation.levels["edge/route=public#1"] == pytest.approx(90)
 
     async def test_a_quiet_client_under_a_per_minute_limit_is_still_assigned(
         self, make_limiter: LimiterFactory, clock: FakeClock
@@ -288,6 +427,60 @@ class TestDivisionGap:
         clock.advance(0.2)
         await service.drip()
         assert service.divisions == 3
+
+    async def test_a_new_bucket_on_a_second_stream_is_split_between_its_holders(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """Within the gap a bucket one stream holds already is subscribed by another: its
+        provisional assignment is its bound (alice's 50/s) split between the two, 25/s."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, divide_gap=0.2)
+        one, two = Envoy(service), Envoy(service)
+        await one.report([("alice", 1, 0)])
+        await two.report([("alice", 1, 0)])
+        assert service.divisions == 1
+        assert two.rate("alice") == pytest.approx(25)
+
+    async def test_a_known_bucket_reporting_within_the_gap_keeps_its_assignment(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """alice measured at 10/s is assigned 10 plus headroom; a report within the gap
+        renews that assignment, not her bound."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, divide_gap=0.2)
+        envoy = Envoy(service)
+        await steady(clock, [(envoy, [("alice", 50, 0)])])
+        assigned = envoy.rate("alice")
+        assert assigned == pytest.approx(10 * (1 + HEADROOM) + HEADROOM_FLOOR, abs=0.1)
+        divisions = service.divisions
+        clock.advance(0.1)
+        await envoy.report([("alice", 5, 0)])
+        assert service.divisions == divisions
+        assert envoy.rate("alice") == assigned
+
+    async def test_an_abandoned_bucket_does_not_hide_the_next_ones(
+        self, clock: FakeClock, limiter: Limiter
+    ) -> None:
+        """One report within the gap abandons x (idle for abandon_after) and subscribes y:
+        x is abandoned and y still gets its provisional assignment."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now,
+                               abandon_after=10, divide_gap=0.2)  # fmt: skip
+        envoy = Envoy(service)
+        await envoy.report([("x", 1, 0)])
+        clock.advance(9.95)
+        await envoy.report([("x", 0, 0)])
+        clock.advance(0.1)
+        await envoy.report([("x", 0, 0), ("y", 1, 0)])
+        assert isinstance(envoy.latest("x"), Abandon)
+        assert envoy.rate("y") == pytest.approx(50)
+
+    async def test_a_stream_closed_twice_is_closed_once(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, divide_gap=0.2)
+        envoy = Envoy(service)
+        await envoy.report([("alice", 1, 0)])
+        envoy.stream.close()
+        envoy.stream.close()
+        assert service.streams == {}
 
 
 TWO_CAPS = """

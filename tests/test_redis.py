@@ -21,17 +21,19 @@ import pytest
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from fairlimit.core.admission import Code
 from fairlimit.core.fairshare import CapReport
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.request import Descriptor
+from fairlimit.core.sharing import STALE
 from fairlimit.errors import StoreUnavailable, UnsupportedBackend
-from fairlimit.limiter import BREAK_SECONDS
+from fairlimit.limiter import BREAK_SECONDS, Limiter
 from fairlimit.store import open_store
 from fairlimit.store.memory import MemoryStore
 from fairlimit.store.redis import RedisStore, parse_url
-from helpers import desc, load_text, req
+from helpers import FakeClock, desc, load_text, req
 from redis_servers import RedisClusterProcesses, RedisProcess, RedisSentinel, free_port
 from servers import ServerProcess
 
@@ -40,6 +42,7 @@ pytestmark = pytest.mark.behaviour
 T0 = 1_700_000_000.0
 # Far above any real answer, far below LONG_TIMEOUT: bounds a wait without timing it.
 OUTLAST = 10.0
+EPS = 1e-6  # Redis TIME's resolution
 LONG_TIMEOUT = 60.0
 
 
@@ -125,6 +128,55 @@ class TestParityWithMemory:
     """Redis-only: the Lua script is the second copy of the admission rule; here it is
     pinned to the reference (store/memory.py) outcome by outcome, on a random trace."""
 
+    @pytest.mark.parametrize("gap", [STALE - 1, STALE, STALE + 1])
+    async def test_a_row_back_after_a_long_silence_is_the_memory_stores(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher,
+        gap: int,
+    ) -> None:  # fmt: skip
+        """A client silent for STALE periods, one fewer or one more: its row's history and
+        mass (core/sharing._history: decayed up to STALE, gone past it) are memory's."""
+        from fairlimit.core.sharing import Row
+        from fairlimit.store.redis import script
+        from fairlimit.store.redis.keys import slot_groups
+
+        store, memory = await redis_store_factory(), MemoryStore()
+        plan = client_plan(matcher, "a")
+        try:
+            for t in (T0, T0 + 0.5, T0 + gap, T0 + gap + 1, T0 + gap + 2):
+                await store.admit(plan, t)
+                await memory.admit(plan, t)
+        finally:
+            await store.close()
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        with redis_server.client() as client:
+            flat = [x for kv in client.hgetall(g.cap_keys[0]["rows"]).items() for x in kv]
+        got: Row = script.rows_of(flat)["a"]
+        want: Row = memory._caps[plan.shares[0].cap].rows["a"]
+        assert (got.history, got.mass) == pytest.approx((want.history, want.mass))
+
+    async def test_a_window_partly_seen_before_predicts_as_on_memory(
+        self, redis_store_factory: Factory, matcher: Matcher
+    ) -> None:
+        """At the per-minute admin cap (30, clients 20), a asks 26 times through the first
+        20 s of a minute and b 10 times; in the next minute their predictions (the part of
+        the last minute still inside the sliding one, core/sharing.predicted) give the
+        bounds memory gives."""
+        store, memory = await redis_store_factory(local_cache=0), MemoryStore()
+        start = (T0 // 60 + 1) * 60
+        trace = [(start + 0.8 * i, "a") for i in range(26)]
+        trace += [(start + 10 + i, "b") for i in range(10)]
+        trace.sort()
+        trace += [(start + 60 + t, c) for t in (1, 2, 3, 5, 9, 14) for c in "ab"]
+        try:
+            for t, client in trace:
+                plan = client_plan(matcher, client, "admin")
+                got, want = await store.admit(plan, t), await memory.admit(plan, t)
+                assert (got.admitted, got.counts, got.shared) == (
+                    want.admitted, want.counts, want.shared), (t - start, client)  # fmt: skip
+                assert got.bounds == pytest.approx(want.bounds), (t - start, client)
+        finally:
+            await store.close()
+
     @pytest.mark.parametrize("backend", ["redis", "redis-cluster"])
     async def test_same_outcomes_as_the_memory_store(
         self, backend: str, matcher: Matcher, request: pytest.FixtureRequest
@@ -193,6 +245,62 @@ class TestOneClock:
                 break
         assert admitted == [True, True, True] + [False] * 5
 
+    async def test_every_script_runs_by_redis_time(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, tmp_path: Path
+    ) -> None:
+        """With clock=redis every script reads Redis TIME (clock.lua), whatever its caller
+        passes: admit.lua's clock, the expiry acquire.lua gives a slot (that clock plus
+        max_duration) and the end of demand.lua's report (plus its TTL) each lie between two
+        reads of TIME around the call (within a microsecond, for the float sums)."""
+        store = await redis_store_factory(clock="redis")
+        limiter = Limiter(load_text(tmp_path, TTL_CONFIG), store, FakeClock(T0 - 86400))
+        with redis_server.client() as client:
+
+            def now() -> float:
+                seconds, micros = client.time()
+                return seconds + micros / 1e6
+
+            try:
+                before = now()
+                outcome = await store.admit(plan_of(limiter._active.matcher, desc("user=u")), T0)
+                assert outcome.now is not None and before <= outcome.now <= now()
+                before = now()
+                assert await _take(limiter, "a", "r1")
+                after = now()
+                pools = list(client.scan_iter("fairlimit:*}s:*"))
+                assert len(pools) == 2  # the cap's and the client's
+                for key in pools:
+                    assert before - EPS <= client.zscore(key, "r1") - 300 <= after + EPS, key
+                before = now()
+                await store.exchange_demand("me", "report", T0, 7.5)
+                after = now()
+                until, _, report = client.hget("fairlimit:rlqs-demand", "me").partition("|")
+                assert report == "report" and before - EPS <= float(until) - 7.5 <= after + EPS
+            finally:
+                await store.close()
+
+
+class TestDemandExchange:
+    """Redis-only: the RLQS demand reports of the processes on one store (demand.lua)."""
+
+    async def test_each_process_reads_the_others_live_reports(
+        self, redis_store_factory: Factory, redis_server: RedisProcess
+    ) -> None:
+        """a reports at T (for 7.5 s), b at T + 1: b reads a's report, a reads b's, neither
+        its own. At T + 7.5, a's report has ended: c reads only b's, and a's is gone from the
+        hash; a report again is read again."""
+        store = await redis_store_factory()
+        try:
+            assert await store.exchange_demand("a", "ra", T0, 7.5) == {}
+            assert await store.exchange_demand("b", "rb", T0 + 1, 7.5) == {"a": "ra"}
+            assert await store.exchange_demand("a", "ra2", T0 + 2, 5.5) == {"b": "rb"}
+            assert await store.exchange_demand("c", "rc", T0 + 7.5, 7.5) == {"b": "rb"}
+            with redis_server.client() as client:
+                assert sorted(client.hkeys("fairlimit:rlqs-demand")) == ["b", "c"]
+            assert await store.exchange_demand("a", "ra3", T0 + 8, 7.5) == {"b": "rb", "c": "rc"}
+        finally:
+            await store.close()
+
 
 class TestScriptCache:
     """Redis-only: the script lives in Redis's script cache, which a failover or SCRIPT
@@ -255,6 +363,34 @@ class TestLocalCache:
         assert per_period == [1, 1, 1]
 
 
+TTL_CONFIG = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {unit: minute, requests_per_unit: 100}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 10}
+  - key: route
+    value: pool
+    concurrency: {max_in_flight: 2, max_duration: 300}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        concurrency: {max_in_flight: 2, max_duration: 300}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 3}
+"""
+
+
+async def _take(limiter: Limiter, client: str, rid: str) -> bool:
+    """One request in the concurrency pool (an acquire); True when admitted."""
+    request = req("edge", desc("route=pool", f"client_id={client}", f"request_id={rid}"))
+    return (await limiter.should_rate_limit(request)).code is Code.OK
+
+
 class TestKeys:
     """Redis-only: memory has no keys; Redis keys must expire and share slots per cap."""
 
@@ -277,6 +413,95 @@ class TestKeys:
             ttls = {key: client.pttl(key) for key in client.scan_iter("*")}
         assert len(ttls) > 10
         assert {k: t for k, t in ttls.items() if t <= 0} == {}
+
+    @pytest.mark.parametrize("clock", ["caller", "redis"])
+    async def test_each_key_lives_as_long_as_what_it_holds(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, tmp_path: Path,
+        clock: str,
+    ) -> None:  # fmt: skip
+        """Each key's TTL, read right after it was written, against what it must outlive: a
+        counter its window's end (a second of slack, a minute with the caller's clock, whose
+        windows Redis cannot see), a cap's rows and division STALE periods or two windows, a
+        concurrency pool's slots their max_duration (300 s) and a second, the refusals at a
+        cap DEMAND_MS, the RLQS demand reports twice their TTL. A TTL in the wrong unit (ms
+        for s) would lose slots still in flight a second after the last acquire: a 2-in-
+        flight cap would admit a third request 1.3 s later."""
+        from fairlimit.core import sharing
+        from fairlimit.core.units import window_start
+        from fairlimit.store.redis.keys import slot_groups
+
+        loaded = load_text(tmp_path, TTL_CONFIG)
+        store = await redis_store_factory(clock=clock)
+        limiter = Limiter(loaded, store, FakeClock(T0 + 0.5))
+        started = time.monotonic()
+        expected: dict[str, int] = {}  # key -> PTTL in ms just after it was written
+        slack = 60_000 if clock == "caller" else 1000
+        try:
+            for request in (desc("route=public", "client_id=a"), desc("user=u")):
+                plan = plan_of(limiter._active.matcher, request)
+                outcome = await store.admit(plan, T0 + 0.5)
+                assert outcome.admitted and outcome.now is not None
+                now = outcome.now  # the clock the script ran by: Redis TIME, or the caller's
+                (g,) = slot_groups(plan, "fairlimit:", False)
+                for name, c in zip(g.counter_keys, plan.counters, strict=True):
+                    expected[name] = int((window_start(c.window, now) + c.window - now) * 1000)
+                    expected[name] += slack
+                for kinds, i in zip(g.cap_keys, g.cap_share, strict=True):
+                    s = plan.shares[i]
+                    keep = max(2 * s.window + 1, sharing.STALE * s.period) * 1000
+                    expected[kinds["meta"]] = expected[kinds["rows"]] = int(keep)
+            for rid in ("r1", "r2"):
+                assert await _take(limiter, "a", rid)
+            assert not await _take(limiter, "a", "r3")  # the pool's cap: 2 in flight
+            await store.exchange_demand("me", "report", T0 + 0.5, 7.5)
+            expected["fairlimit:rlqs-demand"] = 15_000
+            with redis_server.client() as client:  # the registry is written in the background
+                await _until(lambda: bool(client.exists("fairlimit:caps")), "the cap registry")
+                expected["fairlimit:caps"] = 86_400_000
+                ttls = {key: client.pttl(key) for key in client.scan_iter("*")}
+            elapsed = int((time.monotonic() - started) * 1000) + 1
+        finally:
+            await store.close()
+        pools = {k: t for k, t in ttls.items() if re.match(r"fairlimit:\{[^}]*\}[sohw]:", k)}
+        assert {k[k.index("}") + 1] for k in pools} == set("sohw"), sorted(ttls)
+        for key in pools:
+            expected[key] = 1000 if key[key.index("}") + 1] == "w" else 301_000
+        assert {k: t for k, t in ttls.items() if k in expected} == {
+            k: pytest.approx(t - elapsed / 2, abs=elapsed / 2 + 2) for k, t in expected.items()
+        }
+
+    async def test_slots_given_back_or_expired_leave_no_state(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, tmp_path: Path
+    ) -> None:
+        """At a concurrency cap, a's slot released and b's expired (reclaimed by the next
+        acquires), then those released: no pool key is left, not an owner, not a count of 0
+        (a client at 0 would still look like a holder at the cap)."""
+        clock = FakeClock(T0)
+        store = await redis_store_factory()
+        limiter = Limiter(load_text(tmp_path, TTL_CONFIG), store, clock)
+
+        async def done(client: str, rid: str) -> None:
+            request = req("edge", desc("route=pool", f"client_id={client}", f"request_done={rid}"))
+            assert (await limiter.should_rate_limit(request)).code is Code.OK
+
+        try:
+            with redis_server.client() as client:
+                held = "fairlimit:{edge/route=pool}h:edge/route=pool#inflight"
+                assert await _take(limiter, "a", "r1") and await _take(limiter, "b", "r2")
+                assert client.hgetall(held) == {
+                    "n:a": "1", "l:a": "2.0", "w:a": "1.0", "n:b": "1", "l:b": "2.0", "w:b": "1.0"
+                }  # fmt: skip
+                await done("a", "r1")
+                clock.advance(300)  # r2's max_duration
+                assert await _take(limiter, "a", "r3")  # reclaims r2 at the cap
+                assert client.hgetall(held) == {"n:a": "1", "l:a": "2.0", "w:a": "1.0"}
+                assert await _take(limiter, "b", "r4")
+                await done("a", "r3")
+                await done("b", "r4")
+                left = {k: client.type(k) for k in client.scan_iter("fairlimit:*}[sohw]:*")}
+        finally:
+            await store.close()
+        assert left == {}
 
     async def test_a_cap_and_its_clients_share_one_slot(
         self, redis_cluster_store_factory: Factory, redis_cluster: RedisClusterProcesses,

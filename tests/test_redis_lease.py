@@ -41,6 +41,15 @@ descriptors:
     descriptors:
       - key: client_id
         rate_limit: {unit: second, requests_per_unit: 100}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: route
+    value: minutely
+    rate_limit: {unit: minute, requests_per_unit: 6000000}
+    fair_share: {active_clients: 10}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 10000}
   - key: route
     value: shadowed
     shadow_mode: true
@@ -68,6 +77,7 @@ class TestRule:
         assert not lease.eligible(plan(desc("route=shadowed", "client_id=a")))  # type: ignore[arg-type]
         uneven = plan(desc("client_id=a", hits=2), desc("route=roomy", "client_id=a", hits=3))
         assert not lease.eligible(uneven)  # type: ignore[arg-type]
+        assert not lease.eligible(plan(desc("nothing=here")))  # type: ignore[arg-type]
 
     def test_a_shape_names_the_counters_and_the_client_at_each_cap(self, tmp_path: Path) -> None:
         matcher = Matcher(load_text(tmp_path, CONFIG).config)
@@ -104,14 +114,83 @@ class TestRule:
         assert leases.keep(plan, key, granted, 2, None, 0.1) is None
         first, second = leases.take(plan, key, 0.11), leases.take(plan, key, 0.12)
         assert first is not None and second is not None
-        # each counter and the share as they stood before each request, its own hit counted
+        # each counter and the share as they stood before each request, its own hit counted,
+        # admitted at the store's clock (the grant's, moved on by the consumer's)
         assert (first.counts, first.shared, first.bounds) == ((6, 41), (6,), (30.0,))
+        assert first.admitted and first.now == pytest.approx(T0 + 0.11, abs=1e-6)
         assert (second.counts, second.shared) == ((7, 42), (7,))
         assert leases.take(plan, key, 0.13) is None  # used up
         leases.keep(plan, key, granted, 3, None, 0.2)
         assert leases.take(plan, key, 0.2 + lease.LEASE_TTL) is None  # expired
         (back,) = leases.expired(0.2 + lease.LEASE_TTL)
         assert back.room == 3 and not leases.blocks
+
+    def test_blocks_with_room_are_handed_back_expired_or_not(self, tmp_path: Path) -> None:
+        """What goes back: a replaced block with room, live or expired (once replaced no
+        sweep finds it); at a sweep the expired blocks with room, even one hit, the used-up
+        ones only forgotten; at shutdown every block with room."""
+        from fairlimit.core.admission import Outcome
+
+        matcher = Matcher(load_text(tmp_path, CONFIG).config)
+        plans = [make_plan(req("edge", desc(f"client_id={c}")), matcher) for c in "abcd"]
+        keys = [lease.shape(p) for p in plans]
+        granted = Outcome(True, (0,), (), (), T0)
+        leases = lease.Leases("c1", margin=0.0)
+        leases.keep(plans[0], keys[0], granted, 3, "a1", T0)
+        old = leases.keep(plans[0], keys[0], granted, 3, "a2", T0 + lease.LEASE_TTL + 0.01)
+        assert old is not None and old.ref == "a1"  # expired, with room: back
+        leases.keep(plans[1], keys[1], granted, 0, "b0", T0)
+        assert leases.keep(plans[1], keys[1], granted, 2, "b1", T0) is None  # used up: none
+        del leases.blocks[keys[1]]
+        for plan, key, room in zip(plans[1:], keys[1:], (0, 1, 2), strict=True):
+            leases.keep(plan, key, granted, room, key[0], T0 + 0.5)
+        swept = leases.expired(T0 + 0.5 + lease.LEASE_TTL)
+        assert sorted(b.room for b in swept) == [1, 2, 3]
+        assert not leases.blocks
+        for plan, key, room in zip(plans, keys, (0, 1, 2, 5), strict=True):
+            leases.keep(plan, key, granted, room, key[0], T0 + 1)
+        leases.keep(plans[3], keys[3], granted, 4, "d2", T0 + 1.1)  # d's 5 handed back here
+        assert sorted(b.room for b in leases.unused()) == [1, 2, 4]
+        assert not leases.blocks
+
+    def test_a_block_stops_a_margin_before_its_window_ends(self, tmp_path: Path) -> None:
+        """Granted 0.1 s before the window ends, with a margin of 0.01 s: usable for 0.09 s."""
+        from fairlimit.core.admission import Outcome
+
+        matcher = Matcher(load_text(tmp_path, CONFIG).config)
+        plan = make_plan(req("edge", desc("user=u")), matcher)  # 100 a second
+        leases = lease.Leases("c1", margin=0.01)
+        key = lease.shape(plan)
+        leases.keep(plan, key, Outcome(True, (0,), (), (), T0 + 0.9), 5, None, 50.0)
+        assert leases.take(plan, key, 50.089) is not None
+        assert leases.take(plan, key, 50.09) is None
+
+    @pytest.mark.parametrize(
+        ("store_at", "used", "after", "want"),
+        [
+            (0.5, 10, 0.07, 29),  # 142.9/s over LEASE_SECONDS: 28.6
+            (0.9, 10, 0.03, 24),  # 333.3/s until the window ends, 0.07 s: 23.3
+            (0.99, 1, 0.005, 1),  # at least one hit
+            (0.2, 0, 0.1, 1),  # nothing used: one
+        ],
+    )
+    def test_the_next_want_is_the_rate_used_over_what_is_left(
+        self, tmp_path: Path, store_at: float, used: int, after: float, want: int
+    ) -> None:
+        """The next block asks for the rate its last block was used at, times the least of
+        LEASE_SECONDS and the time until the window ends by the store's clock (its grant
+        was at ``store_at`` into a second, on a consumer clock 1000.25 s behind)."""
+        from fairlimit.core.admission import Outcome
+
+        matcher = Matcher(load_text(tmp_path, CONFIG).config)
+        plan = make_plan(req("edge", desc("user=u")), matcher)  # windows of a second
+        leases = lease.Leases("c1", margin=0.0)
+        key = lease.shape(plan)
+        base = T0 - 1000.25 + store_at
+        leases.keep(plan, key, Outcome(True, (0,), (), (), T0 + store_at), 50, None, base)
+        for _ in range(used):
+            assert leases.take(plan, key, base) is not None
+        assert leases.want(plan, key, base + after) == want
 
     def test_a_block_ends_with_the_first_window_it_spans(self, tmp_path: Path) -> None:
         """Granted 0.1 s before the second ends, a block is usable for 0.1 s, not its TTL."""
@@ -240,15 +319,159 @@ class TestPlainCounters:
             await replicas[1].store.close()
 
 
+@pytest.mark.behaviour
+class TestWindows:
+    @pytest.mark.parametrize(("key", "window"), [("user", 1), ("client_id", 60)])
+    async def test_a_block_taken_late_in_a_window_serves_nothing_in_the_next(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, key: str, window: int
+    ) -> None:
+        """Two replicas, a plain limit of 100 a second (or a minute): 80 requests spread
+        over a window's last second (blocks are taken until its end), then 400 in the next
+        window's first second, and so on: every window admits its 80, then exactly its 100.
+        A block used past the end of the window that charged it (kept LEASE_TTL, or a whole
+        window, from when it was taken) would admit the next window's 100 on top."""
+        replicas, clock = await _replicas(tmp_path, lease_store_factory)
+        clock.t = (T0 // 60 + 1) * 60 - 1.0  # a second before a minute ends
+        admitted: dict[int, int] = {}
+        turn = 0
+        try:
+            for n in (80, 400, 80, 400, 400):
+                for _ in range(n):
+                    ok = await _ask_key(replicas[turn % 2], key, "w")
+                    turn += 1
+                    at = int(clock.t // window)
+                    admitted[at] = admitted.get(at, 0) + ok
+                    clock.advance(1 / n)
+        finally:
+            await _close(replicas)
+        if window == 1:
+            assert list(admitted.values()) == [80, 100, 80, 100, 100]
+        else:  # the last second of a minute, then the next minute's first four seconds
+            assert list(admitted.values()) == [80, 100]
+
+    async def test_a_block_given_back_after_its_window_leaves_the_next_alone(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """Replica 0 takes a block at the roomy cap late in a second; in the next second
+        replica 1 admits the client, then replica 0's sweep gives its expired block back:
+        the unused hits went with the window they were charged in, so the client's row for
+        the new second still counts every hit admitted or held in it."""
+        replicas, clock = await _replicas(tmp_path, lease_store_factory)
+        clock.t = T0 + 0.7
+        try:
+            for _ in range(30):
+                assert await _ask(replicas[0], "x", "roomy")
+                clock.advance(0.002)
+            assert sum(b.room for b in _leases(replicas[0]).blocks.values()) > 0
+            clock.t = T0 + 1.05
+            for _ in range(5):
+                assert await _ask(replicas[1], "x", "roomy")
+            clock.t = T0 + 1.25  # past replica 0's next sweep
+            assert await _ask(replicas[0], "x", "roomy")
+            held = sum(b.room for r in replicas for b in _leases(r).blocks.values()
+                       if b.until > clock.t)  # fmt: skip
+            row = _row(redis_server, replicas[0], "roomy", "x")
+        finally:
+            await _close(replicas)
+        assert row["admitted"] == row["period_admitted"] == 5 + 1 + held  # a period: 1 s
+
+
+async def _ask_key(limiter: Limiter, key: str, value: str) -> bool:
+    decision = await limiter.should_rate_limit(req("edge", desc(f"{key}={value}")))
+    return decision.code is Code.OK
+
+
+@pytest.mark.behaviour
+class TestRequestHits:
+    async def test_a_block_leaves_room_for_the_request_that_takes_it(
+        self, tmp_path: Path, lease_store_factory: StoreFactory
+    ) -> None:
+        """90 of the 100 a minute are used (through a replica without leases); a leasing
+        replica's request of 10 hits, asking a first block, is admitted with none: the 10
+        left are its own. Sized as if they were still free, its block would hold 4 hits
+        past the limit, and its next 1-hit requests would take them: 104 admitted."""
+        plain = Limiter(load_text(tmp_path, CONFIG), await lease_store_factory(), FakeClock(T0))
+        (leasing,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        clock.t = T0
+        try:
+            for _ in range(9):
+                decision = await plain.should_rate_limit(req("edge", desc("client_id=h", hits=10)))
+                assert decision.code is Code.OK
+            decision = await leasing.should_rate_limit(req("edge", desc("client_id=h", hits=10)))
+            assert decision.code is Code.OK
+            more = [await _ask(leasing, "h") for _ in range(5)]
+            assert sum(more) == 0, f"{90 + 10 + sum(more)} admitted for a limit of {LIMIT}"
+            assert not [b for b in _leases(leasing).blocks.values() if b.room]
+        finally:
+            await _close([plain, leasing])
+
+    @pytest.mark.parametrize("hits", [3, 7, 10])
+    async def test_replicas_never_reserve_past_a_limit(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess,
+        hits: int,
+    ) -> None:  # fmt: skip
+        """Two replicas alternate requests of ``hits`` hits at a plain 100 a minute: after
+        every call the counter in Redis (what was admitted and what blocks hold) is within
+        the limit, and what both admitted is within it too."""
+        replicas, _ = await _replicas(tmp_path, lease_store_factory)
+        plan = make_plan(req("edge", desc("client_id=k")), replicas[0]._active.matcher)
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        admitted, counted = 0, []
+        try:
+            with redis_server.client() as client:
+                for i in range(40):
+                    request = req("edge", desc("client_id=k", hits=hits))
+                    ok = (await replicas[i % 2].should_rate_limit(request)).code is Code.OK
+                    admitted += hits * ok
+                    counted.append(int(client.hget(g.counter_keys[0], "n") or 0))
+        finally:
+            await _close(replicas)
+        assert max(counted) <= LIMIT and admitted <= LIMIT
+        assert admitted > LIMIT - 2 * hits  # what blocks strand is under two requests' hits
+
+
+_COUNTS = ("admitted", "asked", "period_admitted", "period_asked")
+
+
+@pytest.mark.behaviour
+class TestGivingBack:
+    async def test_an_expired_block_replaced_before_the_sweep_goes_back(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """Plan b's block expires between two sweeps, and b's next request takes a new
+        block before the next sweep: the expired block's unused hits still go back (they
+        were left charged until the window ended), so the counter holds what was admitted
+        and what the live block holds, nothing more."""
+        (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        plan = make_plan(req("edge", desc("client_id=b")), replica._active.matcher)
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        try:
+            assert await _ask(replica, "a")  # the sweep runs now, next at +LEASE_TTL
+            clock.advance(0.1)
+            assert await _ask(replica, "b")  # b's block: until +0.35
+            clock.advance(0.16)
+            assert await _ask(replica, "a")  # the sweep runs (nothing expired), next at +0.51
+            clock.advance(0.1)  # b's block expired, the sweep not due
+            assert await _ask(replica, "b")
+            live = sum(b.room for b in _leases(replica).blocks.values()
+                       if b.until > clock.t and "edge/client_id=b#60" in b.ref.plan.counters[0].key)  # type: ignore[attr-defined]  # fmt: skip
+            with redis_server.client() as client:
+                count = int(client.hget(g.counter_keys[0], "n"))
+        finally:
+            await _close([replica])
+        assert count == 2 + live
+
+
 def _row(redis_server: RedisProcess, limiter: Limiter, route: str, client: str) -> dict[str, float]:
-    """The client's row at the route's cap, as Redis holds it (admitted and asked)."""
+    """The client's row at the route's cap, as Redis holds it: admitted and asked in the
+    window and in the period."""
     request = req("edge", desc(f"route={route}", f"client_id={client}"))
     plan = make_plan(request, limiter._active.matcher)
     (g,) = slot_groups(plan, "fairlimit:", False)
     rows = g.cap_keys[0]["rows"]
     with redis_server.client() as client_:
-        raw = client_.hmget(rows, [f"{ROW_FIELDS[f]}:{client}" for f in ("admitted", "asked")])
-    return {f: float(v or 0) for f, v in zip(("admitted", "asked"), raw, strict=True)}
+        raw = client_.hmget(rows, [f"{ROW_FIELDS[f]}:{client}" for f in _COUNTS])
+    return {f: float(v or 0) for f, v in zip(_COUNTS, raw, strict=True)}
 
 
 @pytest.mark.behaviour
@@ -268,34 +491,66 @@ class TestUnderACap:
         finally:
             await _close([replica])
 
+    @pytest.mark.parametrize(("route", "also"), [("roomy", ""), ("minutely", ""),
+                                                 ("minutely", "user")])  # fmt: skip
     async def test_reserved_hits_are_demand_and_unused_ones_go_back(
-        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
-    ) -> None:
-        """While a block is out, the cap counts it as the client's demand and admissions;
-        once it expires, the next sweep gives back its unused hits: both come to what the
-        client really asked and was admitted."""
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess,
+        route: str, also: str,
+    ) -> None:  # fmt: skip
+        """While a block is out, the cap counts it as the client's demand and admissions,
+        in the window and in the period; once it expires, the next sweep gives back its
+        unused hits: all four come to what the client really asked and was admitted (a cap
+        of a second; one of a minute over a client level of a second; and that with a
+        plain per-second limit in the same request, its counter after the cap's)."""
         (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        descriptors = [desc(f"route={route}", "client_id=x")]
+        descriptors += [desc(f"{also}=x")] if also else []
         try:
             for _ in range(30):
-                assert await _ask(replica, "x", "roomy")
+                decision = await replica.should_rate_limit(req("edge", *descriptors))
+                assert decision.code is Code.OK
                 clock.advance(0.002)
             out = sum(b.room for b in _leases(replica).blocks.values())
             assert out > 0
-            row = _row(redis_server, replica, "roomy", "x")
-            assert row == {"admitted": 30 + out, "asked": 30 + out}
+            row = _row(redis_server, replica, route, "x")
+            assert row == dict.fromkeys(_COUNTS, 30 + out)
+            clock.advance(lease.LEASE_TTL)
+            assert await _ask(replica, "y", route)  # another plan: the sweep runs
+            assert _row(redis_server, replica, route, "x") == dict.fromkeys(_COUNTS, 30)
+        finally:
+            await _close([replica])
+
+    async def test_a_block_over_two_caps_goes_back_to_both(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """A request under two caps at once (the roomy and the minutely route): its block is
+        reserved at both, and its unused hits go back to both client rows."""
+        (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        both = req(
+            "edge", desc("route=roomy", "client_id=x"), desc("route=minutely", "client_id=x")
+        )
+        try:
+            for _ in range(30):
+                assert (await replica.should_rate_limit(both)).code is Code.OK
+                clock.advance(0.002)
+            out = sum(b.room for b in _leases(replica).blocks.values())
+            assert out > 0
+            for route in ("roomy", "minutely"):
+                assert _row(redis_server, replica, route, "x") == dict.fromkeys(_COUNTS, 30 + out)
             clock.advance(lease.LEASE_TTL)
             assert await _ask(replica, "y", "roomy")  # another plan: the sweep runs
-            assert _row(redis_server, replica, "roomy", "x") == {"admitted": 30, "asked": 30}
+            for route in ("roomy", "minutely"):
+                assert _row(redis_server, replica, route, "x") == dict.fromkeys(_COUNTS, 30)
         finally:
             await _close([replica])
 
     async def test_the_script_sizes_each_block_as_the_rule_says(
         self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
     ) -> None:
-        """admit.lua's block for each of 60 calls (two consumers, wants from 1 to 60, a
-        roomy cap and a plain counter of 100 a minute filling up) equals core.lease.size of
-        the call's own reply: the counters as they stood, the holders, the client's
-        admitted count and bound."""
+        """admit.lua's block for each of 60 calls (two consumers, wants from 1 to 60,
+        requests of 1 to 13 hits, a roomy cap and a plain counter of 100 a minute filling
+        up) equals core.lease.size of the call's own reply: the counters as they stood, the
+        holders, the client's admitted count and bound, each less the request's hits."""
         replicas, clock = await _replicas(tmp_path, lease_store_factory)
         try:
             sizes = []
@@ -304,7 +559,8 @@ class TestUnderACap:
                 store = _store(replica)
                 route = "roomy" if i % 3 == 0 else ""
                 entries = (f"route={route}", "client_id=z") if route else ("client_id=z",)
-                plan = make_plan(req("edge", desc(*entries)), replica._active.matcher)
+                hits = (1, 4, 9, 2, 13)[i % 5]  # a block leaves room for the request's own
+                plan = make_plan(req("edge", desc(*entries, hits=hits)), replica._active.matcher)
                 (g,) = slot_groups(plan, "fairlimit:", False)
                 consumer = _leases(replica).consumer
                 holders = []

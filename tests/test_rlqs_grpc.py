@@ -1,7 +1,7 @@
 """RLQS over real gRPC streams: a server on loopback, clients through grpc.aio channels."""
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,13 +84,20 @@ async def stub(served: Served) -> AsyncIterator[rlqs_pb2_grpc.RateLimitQuotaServ
         yield rlqs_pb2_grpc.RateLimitQuotaServiceStub(channel)
 
 
-async def wait_for(predicate: object, what: str) -> None:
-    """Yield to the server until ``predicate()`` holds (bounded; no sleeping on a clock)."""
-    for _ in range(2000):
-        if predicate():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0)
-    pytest.fail(f"never happened: {what}")
+# Far above any real answer (a stream's end reaches the servicer in milliseconds), so a
+# wait fails only when the condition never comes, however loaded the machine.
+DEADLINE = 10.0
+
+
+async def wait_for(predicate: Callable[[], bool], what: str) -> None:
+    """Poll until ``predicate()`` holds, failing after DEADLINE seconds: the server's threads
+    hand a stream's end to the loop when they get to it, not within a count of loop turns."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + DEADLINE
+    while not predicate():
+        if loop.time() >= until:
+            pytest.fail(f"never happened within {DEADLINE} s: {what}")
+        await asyncio.sleep(0.005)
 
 
 class TestStream:

@@ -169,7 +169,8 @@ class Leases:
     ) -> Block | None:
         """Keep the block of ``granted`` hits the store reserved with ``outcome`` (its
         clock in ``outcome.now``); returns the block it replaces when that one still has
-        room (for the caller to give back)."""
+        room, expired or not (for the caller to give back: once replaced, no sweep finds
+        it)."""
         assert outcome.now is not None
         now = outcome.now
         until = base + min(_first_end(plan, now) - now - self.margin, LEASE_TTL)
@@ -178,7 +179,7 @@ class Leases:
         old = self.blocks.get(key)
         self.blocks[key] = Block(ref, until, granted, counts, shared, outcome.bounds, base,
                                  now - base)  # fmt: skip
-        if old is not None and old.room > 0 and base < old.until:
+        if old is not None and old.room > 0:
             return old
         return None
 
@@ -193,8 +194,9 @@ class Leases:
                 out.append(block)
         return out
 
-    def unused(self, base: float) -> list[Block]:
-        """Every live block with room left; forgets them all (to give back on shutdown)."""
-        out = [b for b in self.blocks.values() if b.room > 0 and base < b.until]
+    def unused(self) -> list[Block]:
+        """Every block with room left, expired or not (the sweep may not have reached it
+        yet); forgets them all (to give back on shutdown)."""
+        out = [b for b in self.blocks.values() if b.room > 0]
         self.blocks.clear()
         return out

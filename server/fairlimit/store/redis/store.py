@@ -361,7 +361,7 @@ class RedisStore:
         if self._leases is not None:
             try:
                 async with asyncio.timeout(max(self._options.timeout, 1.0)):
-                    await self._give_back(self._leases.unused(self._base(0.0)))
+                    await self._give_back(self._leases.unused())
             except TimeoutError:
                 log.warning("redis: unused lease blocks not given back in time")
         pending = list(self._tasks)
