@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
+from fairlimit.config.loader import load
 from fairlimit.core.admission import Code
 from fairlimit.core.request import Request
 from fairlimit.limiter import Limiter
+from fairlimit.store.base import Store
 from helpers import FakeClock, LimiterFactory, desc, load_text, req
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
@@ -104,3 +106,130 @@ class TestWithLeases:
         finally:
             await store.close()
         assert codes == [Code.OK, Code.OVER_LIMIT] and check.code is Code.OVER_LIMIT
+
+
+def upstream_limiter(text: str, store: Store, clock: FakeClock, tmp_path: Path) -> Limiter:
+    """A limiter whose rules charge as envoyproxy/ratelimit does unless they say otherwise
+    (``--charge-when-over-limit true``: xDS configs, upstream's environment)."""
+    path = tmp_path / "upstream.yaml"
+    path.write_text(text)
+    return Limiter(load([path], charge_over_limit=True), store, clock)
+
+
+HOURLY = """
+domain: edge
+descriptors:
+  - key: route
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+  - key: tokens
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: second
+    rate_limit: {unit: second, requests_per_unit: 20}
+  - key: small
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: big
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: other_quota
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: kept
+    rate_limit: {unit: hour, requests_per_unit: 10, charge_when_over_limit: false}
+"""
+
+
+def charge(key: str, hits: int) -> Request:
+    return req("edge", desc(f"{key}=x", hits=hits))
+
+
+async def check(limiter: Limiter, key: str) -> tuple[Code, int]:
+    out = await limiter.should_rate_limit(req("edge", desc(f"{key}=x", hits=0)))
+    return out.code, out.statuses[0].limit_remaining
+
+
+class TestUpstreamCharges:
+    """``charge_over_limit``: every hit counts, as in envoyproxy/ratelimit (its default,
+    STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false), on every backend."""
+
+    async def test_a_charge_past_the_limit_counts(
+        self, store: Store, clock: FakeClock, tmp_path: Path
+    ) -> None:
+        """1000/h charged +600 twice: the second is OVER_LIMIT and counted, so the next
+        check is OVER_LIMIT too (Envoy Gateway's cost.response)."""
+        limiter = upstream_limiter(HOURLY, store, clock, tmp_path)
+        first = await limiter.should_rate_limit(charge("route", 600))
+        second = await limiter.should_rate_limit(charge("route", 600))
+        assert (first.code, first.statuses[0].limit_remaining) == (Code.OK, 400)
+        assert (second.code, second.statuses[0].limit_remaining) == (Code.OVER_LIMIT, 0)
+        assert await check(limiter, "route") == (Code.OVER_LIMIT, 0)
+
+    async def test_a_token_quota_is_spent_by_the_response(
+        self, store: Store, clock: FakeClock, tmp_path: Path
+    ) -> None:
+        """Envoy AI Gateway: 10 tokens an hour, a check with 0 hits, then 20 tokens charged
+        after the response: the next check is OVER_LIMIT."""
+        limiter = upstream_limiter(HOURLY, store, clock, tmp_path)
+        assert await check(limiter, "tokens") == (Code.OK, 10)
+        await limiter.should_rate_limit(charge("tokens", 20))
+        assert await check(limiter, "tokens") == (Code.OVER_LIMIT, 0)
+
+    async def test_over_limit_says_nothing_is_left(
+        self, store: Store, clock: FakeClock, tmp_path: Path
+    ) -> None:
+        """20/s, +15 then +7: OVER_LIMIT with limit_remaining 0, as upstream answers."""
+        clock.t = 1_700_000_000.0  # a second's start: both in one window
+        limiter = upstream_limiter(HOURLY, store, clock, tmp_path)
+        await limiter.should_rate_limit(charge("second", 15))
+        refused = await limiter.should_rate_limit(charge("second", 7))
+        assert (refused.code, refused.statuses[0].limit_remaining) == (Code.OVER_LIMIT, 0)
+
+    async def test_every_descriptor_of_a_refused_request_is_charged(
+        self, store: Store, clock: FakeClock, tmp_path: Path
+    ) -> None:
+        """(small) is over, (big) is not: upstream still charges (big), every time, the
+        over-limit cache included (Redis answers a known-over counter locally)."""
+        limiter = upstream_limiter(HOURLY, store, clock, tmp_path)
+        both = req("edge", desc("small=x"), desc("big=x"))
+        codes = [(await limiter.should_rate_limit(both)).code for _ in range(4)]
+        assert codes == [Code.OK] + [Code.OVER_LIMIT] * 3
+        assert await check(limiter, "big") == (Code.OK, 96)
+
+    async def test_a_quota_over_with_others_in_is_charged_once(
+        self, store: Store, clock: FakeClock, tmp_path: Path
+    ) -> None:
+        """A quota_mode descriptor over its limit while another quota is not: the request
+        is OK, and each counter moves by its hits once."""
+        limiter = upstream_limiter(HOURLY, store, clock, tmp_path)
+        await limiter.should_rate_limit(charge("quota", 10))
+        parts = [desc("quota=x", hits=5), desc("other_quota=x", hits=5), desc("big=x", hits=5)]
+        answer = await limiter.should_rate_limit(req("edge", *parts))
+        assert answer.code is Code.OK
+        assert [s.code for s in answer.statuses] == [Code.OVER_LIMIT, Code.OK, Code.OK]
+        assert await check(limiter, "big") == (Code.OK, 95)
+        assert await check(limiter, "other_quota") == (Code.OK, 5)
+
+    async def test_a_rule_that_says_false_keeps_all_or_nothing(
+        self, store: Store, clock: FakeClock, tmp_path: Path
+    ) -> None:
+        """charge_when_over_limit: false on the rule wins: the refused charge consumes
+        nothing, and OVER_LIMIT carries what is still left."""
+        limiter = upstream_limiter(HOURLY, store, clock, tmp_path)
+        await limiter.should_rate_limit(charge("kept", 8))
+        refused = await limiter.should_rate_limit(charge("kept", 5))
+        assert (refused.code, refused.statuses[0].limit_remaining) == (Code.OVER_LIMIT, 2)
+        assert await check(limiter, "kept") == (Code.OK, 2)
+
+
+class TestFairlimitsDefault:
+    async def test_a_refused_charge_consumes_nothing(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """fairlimit's own default: +7 refused on 20/s after +15 leaves 5, and says so."""
+        clock.t = 1_700_000_000.0
+        limiter = make_limiter(HOURLY)
+        await limiter.should_rate_limit(charge("second", 15))
+        refused = await limiter.should_rate_limit(charge("second", 7))
+        assert (refused.code, refused.statuses[0].limit_remaining) == (Code.OVER_LIMIT, 5)
+        assert await check(limiter, "second") == (Code.OK, 5)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,36 @@ class TestCheck:
         lenient, strict = run("check", path), run("check", "--strict", path)
         assert f"warning: {path}: edge/route=export: global max_in_flight 10 <" in lenient.stdout
         assert strict.returncode == 1
+
+
+class TestCheckMergesDomains:
+    """Two files of one domain: refused unless merged, as `serve` decides it (upstream's
+    MERGE_DOMAIN_CONFIG, FAIRLIMIT_MERGE_DOMAINS, or check's --merge-domains)."""
+
+    @pytest.fixture
+    def split(self, tmp_path: Path) -> Path:
+        for name, value in (("a.yaml", "public"), ("b.yaml", "private")):
+            tmp_path.joinpath(name).write_text(
+                "domain: edge\ndescriptors:\n"
+                f"  - key: route\n    value: {value}\n"
+                "    rate_limit: {unit: second, requests_per_unit: 10}\n"
+            )
+        return tmp_path
+
+    def test_refused_by_default(self, split: Path) -> None:
+        out = run("check", str(split))
+        assert out.returncode == 1 and "duplicate domain 'edge'" in out.stderr
+
+    @pytest.mark.parametrize(
+        "env", [{"MERGE_DOMAIN_CONFIG": "true"}, {"FAIRLIMIT_MERGE_DOMAINS": "true"}]
+    )
+    def test_merged_as_serve_merges_them(self, split: Path, env: dict[str, str]) -> None:
+        out = run("check", str(split), env=env)
+        assert out.returncode == 0, out.stderr
+        assert "2 files, 1 domains" in out.stdout
+
+    def test_merged_by_the_flag(self, split: Path) -> None:
+        assert run("check", "--merge-domains", str(split)).returncode == 0
 
 
 class TestServe:
@@ -143,6 +174,71 @@ class TestServe:
         out = run("serve", env={"FAIRLIMIT_FAILURE_MODE": "maybe"})
         assert out.returncode == 2
         assert "FAIRLIMIT_FAILURE_MODE: expected open, closed or local, got 'maybe'" in out.stderr
+
+
+class TestHelp:
+    def test_the_command_says_what_it_is(self) -> None:
+        """--help describes fairlimit to its user, not the module to its maintainers."""
+        out = run("--help")
+        assert out.returncode == 0
+        assert "Envoy-compatible gRPC rate-limit server" in out.stdout
+        assert "``" not in out.stdout and "Logging is set up" not in out.stdout
+
+    def test_every_serve_flag_says_what_it_does_and_its_default(self) -> None:
+        """Each option has help; those with a setting behind them show its default."""
+        from fairlimit.cli import _parser  # the parser itself: every option, none missed
+        from fairlimit.settings import Settings
+
+        (sub,) = [a for a in _parser()._actions if a.dest == "command"]
+        serve = sub.choices["serve"]  # type: ignore[index]
+        options = [a for a in serve._actions if a.dest != "help"]
+        assert [a.option_strings[0] for a in options if not a.help] == []
+        defaults = Settings()
+        for name in ("backend", "grpc_addr", "admin_addr", "workers", "log_level",
+                     "top_clients", "grpc_max_concurrent", "admin_json"):  # fmt: skip
+            (action,) = [a for a in options if a.dest == name]
+            assert f"(default {getattr(defaults, name)})" in action.help, name
+        text = run("serve", "--help").stdout
+        assert "FAIRLIMIT_GRPC_ADDR" in text and "/readyz" in text
+
+
+class TestBusyPort:
+    """A port another process holds: one line naming the address and what sets it, exit 2
+    (it was a 40-line traceback with the cause at the bottom)."""
+
+    @pytest.fixture
+    def taken(self) -> object:
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", 0))
+            holder.listen()
+            yield holder.getsockname()[1]
+
+    @pytest.mark.parametrize(
+        ("flag", "what", "names"),
+        [
+            ("--grpc-addr", "gRPC", "--grpc-addr, FAIRLIMIT_GRPC_ADDR or GRPC_HOST/GRPC_PORT"),
+            ("--admin-addr", "admin HTTP", "--admin-addr, FAIRLIMIT_ADMIN_ADDR or HOST/PORT"),
+        ],
+    )
+    def test_one_line_names_the_port_and_the_setting(
+        self, taken: int, flag: str, what: str, names: str
+    ) -> None:
+        ports = {"--grpc-addr": "127.0.0.1:0", "--admin-addr": "127.0.0.1:0"}
+        ports[flag] = f"127.0.0.1:{taken}"
+        out = run("serve", *[x for pair in ports.items() for x in pair])
+        assert out.returncode == 2
+        assert out.stderr.splitlines() == [
+            f"fairlimit: cannot listen for {what} on 127.0.0.1:{taken}: address already in "
+            f"use; set another with {names}"
+        ]
+
+    def test_upstreams_variables_too(self, taken: int) -> None:
+        """/bin/ratelimit's environment: the same line (its variables are in it)."""
+        env = {"GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "HOST": "127.0.0.1",
+               "PORT": str(taken), "DEBUG_PORT": "0"}  # fmt: skip
+        out = run("serve", env=env)
+        assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+        assert f"127.0.0.1:{taken}" in out.stderr and "HOST/PORT" in out.stderr
 
 
 def test_version() -> None:

@@ -210,6 +210,29 @@ class TestLoading:
         assert (limit.name, limit.replaces) == ("health", ("per_ip",))
 
 
+class TestDotfiles:
+    """upstream's RUNTIME_IGNOREDOTFILES: a directory's files named with a leading dot."""
+
+    EDGE = (
+        "domain: edge\ndescriptors:\n"
+        "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+    )
+
+    def test_ignored_when_asked(self, tmp_path: Path) -> None:
+        """A dotfile ending in .yaml (an editor's or a sync tool's) is left out, and so
+        cannot stop the load."""
+        (tmp_path / "edge.yaml").write_text(self.EDGE)
+        (tmp_path / ".edge.yaml.swp.yaml").write_text("domain: [not, a, config\n")
+        loaded = load([tmp_path], ignore_dotfiles=True)
+        assert sorted(loaded.config.domains) == ["edge"]
+        assert [f.name for f in loaded.files] == ["edge.yaml"]
+
+    def test_read_by_default_as_upstream(self, tmp_path: Path) -> None:
+        (tmp_path / "edge.yaml").write_text(self.EDGE)
+        (tmp_path / ".other.yaml").write_text(self.EDGE.replace("edge", "other"))
+        assert sorted(load([tmp_path]).config.domains) == ["edge", "other"]
+
+
 class TestEmptyConfig:
     def test_a_directory_without_descriptor_files_is_refused_naming_it(
         self, tmp_path: Path

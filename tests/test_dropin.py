@@ -9,9 +9,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from envoy_proxy import envoy_in_front, http_get
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from redis_servers import RedisProcess
 from servers import fairlimit_server, free_port
 
@@ -108,6 +110,15 @@ class TestUpstreamDeployment:
         )
 
 
+def _charge(stub: Any, client: str, hits: int) -> tuple[int, int]:
+    entries = [{"key": "route", "value": "public"}, {"key": "client_id", "value": client}]
+    descriptor = {"entries": entries, "hits_addend": {"value": hits}}
+    answer = stub.ShouldRateLimit(
+        rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor]), timeout=5
+    )
+    return answer.overall_code, answer.statuses[0].limit_remaining
+
+
 class TestImageCommand:
     def test_bin_ratelimit_serves_upstreams_layout_over_the_images_config(
         self, tmp_path: Path
@@ -127,3 +138,117 @@ class TestImageCommand:
             assert (health[0], health[2]) == (200, b"OK")
             dump = http_get(f"http://127.0.0.1:{ports['debug']}/rlconfig")[2].decode()
             assert "edge/route=public/client_id: unit=DAY" in dump
+
+    def test_bin_ratelimit_ignores_its_arguments(self, tmp_path: Path) -> None:
+        """Envoy AI Gateway's Deployment passes a flag of its own (upstream's binary reads no
+        arguments): it serves, and says once that the arguments were ignored."""
+        ports = {name: free_port() for name in ("grpc", "http", "debug")}
+        env = {
+            "RUNTIME_ROOT": str(_layout(tmp_path)), "RUNTIME_SUBDIRECTORY": "ratelimit",
+            "GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(ports["grpc"]), "HOST": "127.0.0.1",
+            "PORT": str(ports["http"]), "DEBUG_HOST": "127.0.0.1",
+            "DEBUG_PORT": str(ports["debug"]),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }  # fmt: skip
+        flag = "--quotaRateLimitServiceHost=envoy-ai-gateway-ratelimit.envoy-gateway-system"
+        command = ["sh", str(COMMAND), flag]
+        with fairlimit_server(env=env, loopback_ports=False, serve=command) as server:
+            health = http_get(f"http://127.0.0.1:{ports['http']}/healthcheck")
+            assert (health[0], health[2]) == (200, b"OK")
+        ignored = [line for line in server.lines if "ignores its arguments" in line]
+        assert len(ignored) == 1 and flag in ignored[0]
+
+    def test_bin_ratelimit_charges_as_upstream(self, tmp_path: Path) -> None:
+        """Upstream's files cannot say charge_when_over_limit: under /bin/ratelimit a charge
+        past the limit (3 a day, +5 after the response) is counted, so the next check is
+        OVER_LIMIT, as upstream answers."""
+        ports = {name: free_port() for name in ("grpc", "http")}
+        env = {
+            "RUNTIME_ROOT": str(_layout(tmp_path)), "RUNTIME_SUBDIRECTORY": "ratelimit",
+            "GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(ports["grpc"]), "HOST": "127.0.0.1",
+            "PORT": str(ports["http"]), "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": "0",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }  # fmt: skip
+        command = ["sh", str(COMMAND)]
+        with (
+            fairlimit_server(env=env, loopback_ports=False, serve=command) as server,
+            grpc.insecure_channel(server.target) as channel,
+        ):
+            stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+            answers = [_charge(stub, "alice", hits) for hits in (0, 5, 0)]
+        ok, over = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
+        assert answers == [(ok, 3), (over, 0), (over, 0)]
+
+    def test_ignored_dotfiles_are_not_read(self, tmp_path: Path) -> None:
+        """RUNTIME_IGNOREDOTFILES=true (Envoy Gateway sets it): a broken dotfile ending in
+        .yaml next to the config neither stops startup nor loads."""
+        root = _layout(tmp_path)
+        (root / "ratelimit" / "config" / ".edge.yaml").write_text("domain: [broken\n")
+        ports = {name: free_port() for name in ("grpc", "http")}
+        env = {
+            "RUNTIME_ROOT": str(root), "RUNTIME_SUBDIRECTORY": "ratelimit",
+            "RUNTIME_IGNOREDOTFILES": "true", "GRPC_HOST": "127.0.0.1",
+            "GRPC_PORT": str(ports["grpc"]), "HOST": "127.0.0.1", "PORT": str(ports["http"]),
+            "DEBUG_PORT": "0",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }  # fmt: skip
+        with fairlimit_server(env=env, loopback_ports=False, serve=["sh", str(COMMAND)]):
+            health = http_get(f"http://127.0.0.1:{ports['http']}/healthcheck")
+            assert (health[0], health[2]) == (200, b"OK")
+
+
+def _versioned(tmp_path: Path) -> tuple[Path, Path]:
+    """RUNTIME_ROOT ``current`` -> ``v1`` (3 a day), and a ``v2`` (1 a day) beside it, as a
+    deployment that swaps the whole runtime tree at once lays them out."""
+    for version, per_day in (("v1", 3), ("v2", 1)):
+        config = tmp_path / version / "ratelimit" / "config"
+        config.mkdir(parents=True)
+        text = (RUNTIME / "edge.yaml").read_text()
+        config.joinpath("edge.yaml").write_text(
+            text.replace("requests_per_unit: 3", f"requests_per_unit: {per_day}")
+        )
+    root = tmp_path / "current"
+    root.symlink_to(tmp_path / "v1")
+    return root, tmp_path / "v2"
+
+
+def _swap(root: Path, target: Path) -> None:
+    """Point the ``root`` symlink at ``target`` atomically (a new link renamed over it)."""
+    fresh = root.with_name(root.name + ".new")
+    fresh.symlink_to(target)
+    fresh.replace(root)
+
+
+def _root_env(root: Path, ports: dict[str, int], **more: str) -> dict[str, str]:
+    return {
+        "RUNTIME_ROOT": str(root), "RUNTIME_SUBDIRECTORY": "ratelimit",
+        "GRPC_HOST": "127.0.0.1", "GRPC_PORT": str(ports["grpc"]), "HOST": "127.0.0.1",
+        "PORT": str(ports["http"]), "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": str(ports["debug"]),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", **more,
+    }  # fmt: skip
+
+
+class TestRuntimeRoot:
+    def test_a_swap_of_the_root_symlink_reloads(self, tmp_path: Path) -> None:
+        """RUNTIME_WATCH_ROOT (upstream's default, true): pointing RUNTIME_ROOT at another
+        tree loads that tree's config, with no SIGHUP."""
+        root, v2 = _versioned(tmp_path)
+        ports = {name: free_port() for name in ("grpc", "http", "debug")}
+        rlconfig = f"http://127.0.0.1:{ports['debug']}/rlconfig"
+        command = ["sh", str(COMMAND)]
+        with fairlimit_server(env=_root_env(root, ports), loopback_ports=False,
+                              serve=command) as server:  # fmt: skip
+            assert "unit=DAY requests_per_unit=3" in http_get(rlconfig)[2].decode()
+            _swap(root, v2)
+            server.wait_for(r"config reloaded")
+            assert "unit=DAY requests_per_unit=1" in http_get(rlconfig)[2].decode()
+
+    def test_not_watched_when_told_and_said_so(self, tmp_path: Path) -> None:
+        """RUNTIME_WATCH_ROOT=false (Envoy Gateway sets it), the root a symlink: one warning
+        at start says that a swap of it reloads nothing until SIGHUP."""
+        root, _ = _versioned(tmp_path)
+        ports = {name: free_port() for name in ("grpc", "http", "debug")}
+        env = _root_env(root, ports, RUNTIME_WATCH_ROOT="false")
+        with fairlimit_server(env=env, loopback_ports=False, serve=["sh", str(COMMAND)]) as server:
+            warned = server.wait_for(r"RUNTIME_WATCH_ROOT=false: (swapping it reloads nothing)")
+        assert warned == "swapping it reloads nothing"

@@ -2,6 +2,9 @@
 
 import io
 import json
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -9,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from fairlimit import topview
-from servers import ServerProcess, fairlimit_server, free_port
+from servers import ROOT, ServerProcess, fairlimit_server, free_port
 from test_cli import run
 
 pytestmark = pytest.mark.process
@@ -137,3 +140,31 @@ class TestUrl:
         assert topview.url_of("h:1", 2, "edge/route=public") == (
             "http://h:1/top?n=2&rule=edge%2Froute%3Dpublic"
         )
+
+
+class TestPipe:
+    """`fairlimit top | head`: the reader going away ends top quietly (no BrokenPipe
+    traceback), refreshing or --once."""
+
+    @pytest.mark.parametrize("once", [False, True])
+    def test_a_closed_pipe_ends_it_quietly(self, server: ServerProcess, once: bool) -> None:
+        addr = f"127.0.0.1:{server.admin_port}"
+        command = [sys.executable, "-m", "fairlimit", "top", "--admin-addr", addr,
+                   "--interval", "0.05", *(["--once"] if once else [])]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "server")}
+        process = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert process.stdout is not None and process.stderr is not None
+        try:
+            if not once:
+                process.stdout.readline()  # as head: one line, then gone
+            process.stdout.close()
+            code = process.wait(timeout=60)
+            errors = process.stderr.read()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            process.stderr.close()
+        assert (code, errors) == (0, "")

@@ -52,6 +52,21 @@ class TestConfigLayout:
         env = {"RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit"}
         assert translate(env).values["config"] == "/data/ratelimit/config"
 
+    def test_upstreams_files_charge_as_upstream(self) -> None:
+        """Upstream's layout: a rule that does not say charge_when_over_limit counts every
+        hit, refused or not (upstream's files cannot say it)."""
+        env = {"RUNTIME_ROOT": "/data"}
+        assert translate(env).values["charge_when_over_limit"] == "true"
+        assert "charge_when_over_limit" not in translate({}).values
+
+    @pytest.mark.parametrize(("stop", "charge"), [("true", "false"), ("false", "true")])
+    def test_stop_cache_key_increment_switches_it(self, stop: str, charge: str) -> None:
+        """STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT is its upstream name, inverted; honoured,
+        so never in the warning."""
+        env = {"RUNTIME_ROOT": "/data", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": stop}
+        out = translate(env)
+        assert out.values["charge_when_over_limit"] == charge and out.warning() is None
+
     def test_no_runtime_variable_keeps_fairlimits_default(self) -> None:
         assert "config" not in translate({}).values
 
@@ -73,6 +88,22 @@ class TestConfigLayout:
         assert (values["xds_tls"], values["xds_server_ca"], values["xds_server_san"]) == (
             "true", "/ca", "cp")  # fmt: skip
         assert translate(env).warning() is None
+
+    def test_force_start_is_honoured(self) -> None:
+        """FORCE_START_WITHOUT_INITIAL_CONFIG (Envoy Gateway sets it): serve before xDS."""
+        env = {"CONFIG_TYPE": "GRPC_XDS_SOTW", "FORCE_START_WITHOUT_INITIAL_CONFIG": "true"}
+        out = translate(env)
+        assert out.values["force_start"] == "true" and out.warning() is None
+
+    def test_the_root_is_watched_unless_told_not_to(self) -> None:
+        """RUNTIME_WATCH_ROOT: true by default (upstream's), false as Envoy Gateway sets it."""
+        values = translate({"RUNTIME_ROOT": "/srv/current"}).values
+        assert values["runtime_root"] == "/srv/current" and "watch_root" not in values
+        off = translate({"RUNTIME_ROOT": "/data", "RUNTIME_WATCH_ROOT": "false"}).values
+        assert off["watch_root"] == "false"
+
+    def test_ignoring_dotfiles_is_honoured(self) -> None:
+        assert translate({"RUNTIME_IGNOREDOTFILES": "true"}).values["ignore_dotfiles"] == "true"
 
     def test_unknown_config_type_is_refused(self) -> None:
         with pytest.raises(SettingsError, match="CONFIG_TYPE"):
@@ -130,8 +161,3 @@ class TestWarning:
         env = {"USE_STATSD": "false", "RUNTIME_IGNOREDOTFILES": "true",
                "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "true"}  # fmt: skip
         assert translate(env).warning() is None
-
-    def test_turning_off_stop_increment_is_named(self) -> None:
-        """fairlimit never charges a rejected request: asking otherwise is not honoured."""
-        env = {"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "false"}
-        assert translate(env).unsupported == ["STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"]

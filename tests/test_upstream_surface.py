@@ -66,6 +66,18 @@ class TestSettings:
         assert settings.config == (Path("/data/rl/config"),)
         assert settings.merge_domains
 
+    def test_charges_follow_upstream_where_the_config_cannot_say(self) -> None:
+        """Every hit counts for xDS and under upstream's layout; fairlimit's own files keep
+        "a refused request consumes nothing"; FAIRLIMIT_CHARGE_WHEN_OVER_LIMIT decides."""
+        xds = {"CONFIG_TYPE": "GRPC_XDS_SOTW"}
+        assert Settings.from_env(xds).charges_over_limit
+        assert Settings.from_env({"RUNTIME_ROOT": "/data"}).charges_over_limit
+        assert not Settings.from_env({}).charges_over_limit
+        off = {**xds, "FAIRLIMIT_CHARGE_WHEN_OVER_LIMIT": "false"}
+        assert not Settings.from_env(off).charges_over_limit
+        flag = Settings.from_env({}).override({"charge_when_over_limit": "true"})
+        assert flag.charges_over_limit
+
     def test_one_warning_names_every_unsupported_variable(self) -> None:
         settings = Settings.from_env({"EXTRA_TAGS": "a:b", "MEMCACHE_SRV": "x"})
         assert settings.upstream_warning() == (

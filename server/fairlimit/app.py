@@ -6,6 +6,7 @@ import functools
 import gc
 import logging
 import signal
+import socket
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from fairlimit.admin import AdminServer, JsonCodec, SideListener
 from fairlimit.config.loader import assemble, load
 from fairlimit.config.watch import ConfigWatcher
 from fairlimit.core.rules import Loaded
-from fairlimit.errors import ConfigError
+from fairlimit.errors import ConfigError, SettingsError
 from fairlimit.grpc_api.extras import ResponseOptions
 from fairlimit.grpc_api.guards import Budgets
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
@@ -36,6 +37,74 @@ log = logging.getLogger("fairlimit")
 DRAIN_SECONDS = 5.0
 REFRESH_SECONDS = 5.0  # how often the fairness gauges are re-read from the store for OTLP
 DRIP_SECONDS = 0.2  # how often RLQS usage owed is paid into the counters (quota/usage.py)
+
+
+# What sets each listening address: named when it cannot be had.
+_SET_BY = {
+    "gRPC": "--grpc-addr, FAIRLIMIT_GRPC_ADDR or GRPC_HOST/GRPC_PORT",
+    "admin HTTP": "--admin-addr, FAIRLIMIT_ADMIN_ADDR or HOST/PORT",
+    "the debug port": "FAIRLIMIT_DEBUG_ADDR or DEBUG_HOST/DEBUG_PORT",
+    "metrics": "FAIRLIMIT_METRICS_ADDR or PROMETHEUS_ADDR",
+}
+
+
+def check_listen(what: str, address: str, reuse_port: bool = False) -> None:
+    """SettingsError, one line naming ``address`` and what sets it, when it cannot be
+    listened on now (a port another process holds, an address not of this host): bound
+    and let go at once, with the options the servers use, before any server is made."""
+    host, port = parse_address(what, address)
+    if port == 0:
+        return
+    fix = f"set another with {_SET_BY[what]}"
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise SettingsError(
+            f"cannot listen for {what} on {address}: {exc.strerror}; {fix}"
+        ) from None
+    for family, kind, proto, _, where in found:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(where)
+            except OSError as exc:
+                cause = (exc.strerror or str(exc)).lower()
+                raise SettingsError(
+                    f"cannot listen for {what} on {address}: {cause}; {fix}"
+                ) from None
+
+
+def _check_listeners(settings: Settings, worker: int) -> None:
+    if not settings.grpc_addr.startswith("unix:"):
+        check_listen("gRPC", settings.grpc_addr, reuse_port=settings.workers > 1)
+    if worker:
+        return  # the admin port and its side listeners are worker 0's
+    check_listen("admin HTTP", settings.admin_addr)
+    if settings.debug_addr is not None:
+        check_listen("the debug port", settings.debug_addr)
+    if settings.metrics_addr is not None:
+        check_listen("metrics", settings.metrics_addr)
+
+
+def _roots(settings: Settings) -> tuple[Path, ...]:
+    """RUNTIME_ROOT when a swap of it is to reload (RUNTIME_WATCH_ROOT, upstream's default);
+    said once at start when it is a symlink whose swap will not be seen."""
+    root = settings.runtime_root
+    if root is None or settings.config_source != "file":
+        return ()
+    if settings.watch_root:
+        return (root,)
+    if root.is_symlink():
+        log.warning(
+            "RUNTIME_ROOT %s is a symlink and RUNTIME_WATCH_ROOT=false: swapping it reloads "
+            "nothing until SIGHUP (changes inside the config directory still do)",
+            root,
+        )
+    return ()
 
 
 def _tls(settings: Settings) -> TlsFiles | None:
@@ -95,7 +164,7 @@ def _xds_source(
     )
     return XdsConfigSource(
         xds, strict=settings.strict, merge_domains=settings.merge_domains, apply=apply,
-        reject=reject,
+        reject=reject, charge_over_limit=settings.charges_over_limit,
     )  # fmt: skip
 
 
@@ -111,6 +180,7 @@ class App:
         worker: int = 0,
         metrics_dir: Path | None = None,
     ) -> None:
+        _check_listeners(settings, worker)  # before anything is made: one line, not a trace
         self.settings = settings
         self.worker = worker  # with --workers N, this process's index; admin HTTP in 0 only
         self.metrics_registry = metrics_registry
@@ -122,13 +192,16 @@ class App:
             self.telemetry.upstream = UpstreamStats(settings.near_limit_ratio)
         self.xds = _xds_source(settings, self._apply, self._reject)
         loaded = (
-            assemble([], ())  # nothing until the management server sends the first set
+            # nothing until the management server sends the first set
+            assemble([], (), charge_over_limit=settings.charges_over_limit)
             if self.xds is not None
             else load(
                 settings.config,
                 strict=settings.strict,
                 merge_domains=settings.merge_domains,
                 allow_empty=settings.allow_empty_config,
+                charge_over_limit=settings.charges_over_limit,
+                ignore_dotfiles=settings.ignore_dotfiles,
             )
         )
         for line in loaded.warnings:
@@ -186,10 +259,14 @@ class App:
             allow_empty=settings.allow_empty_config,
             apply=self._apply,
             reject=self._reject,
+            charge_over_limit=settings.charges_over_limit,
+            ignore_dotfiles=settings.ignore_dotfiles,
+            roots=_roots(settings),
         )
         self._tasks: set[asyncio.Task[object]] = set()
         self._stopping = asyncio.Event()
         self._hurry = asyncio.Event()  # a second SIGTERM: no more drain delay
+        self._started = False  # the servers were started (not while waiting for xDS)
 
     def _admin(self, registry: CollectorRegistry | None) -> AdminServer:
         host, port = parse_address("--admin-addr", self.settings.admin_addr)
@@ -236,10 +313,18 @@ class App:
 
     async def start(self) -> None:
         if self.xds is not None:
-            # As upstream: serve only once the management server has sent a config.
-            log.info("waiting for the first config from xDS server %s", self.settings.xds_server)
+            # As upstream: serve only once the management server has sent a config, unless
+            # forced to start (FORCE_START_WITHOUT_INITIAL_CONFIG): then with none until then.
             self._spawn(self.xds.run())
-            await self.xds.applied.wait()
+            if self.settings.force_start:
+                log.info("serving before a first config from xDS server %s (force start)",
+                         self.settings.xds_server)  # fmt: skip
+            else:
+                log.info("waiting for the first config from xDS server %s",
+                         self.settings.xds_server)  # fmt: skip
+                if not await self._first_config(self.xds):
+                    return  # SIGTERM before any config: nothing was started
+        self._started = True
         await self.grpc.start()
         if self.admin is not None:
             await self.admin.start()
@@ -247,7 +332,8 @@ class App:
             await listener.start()
             log.info("serving %s:%d", listener.host, listener.port)
         await self._config_ready(self._has_config(self.limiter.loaded))
-        self.telemetry.config_load(True)
+        if self.xds is None:  # the xDS source counts each config it applies, the first too
+            self.telemetry.config_load(True)
         _log_loaded("config loaded", self.limiter.loaded)
         log.info("serving gRPC on %s (port %d)", self.settings.grpc_addr, self.grpc.port)
         if self.admin is not None:
@@ -268,6 +354,15 @@ class App:
         gc.collect()
         gc.freeze()
         self._spawn(self._drip_quota())
+
+    async def _first_config(self, xds: XdsConfigSource) -> bool:
+        """Wait for the management server's first config; False when asked to stop first."""
+        applied = asyncio.ensure_future(xds.applied.wait())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({applied, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (applied, stopping):
+            waiter.cancel()
+        return xds.applied.is_set()
 
     def _spawn(self, work: Coroutine[object, object, object]) -> None:
         task = asyncio.create_task(work)
@@ -379,6 +474,11 @@ class App:
         stopped accepting would fail them.
         """
         self._stopping.set()  # also when called without stop(): the refresh loop ends on it
+        if not self._started:  # stopped while waiting for a first xDS config
+            await self._stop_tasks()
+            await self.store.close()
+            log.info("stopped before serving")
+            return
         if self.admin is not None:
             self.admin.draining = True
         await self.grpc.set_serving(False)
@@ -392,9 +492,7 @@ class App:
         if self.xds is not None:
             self.xds.stop()
         await self.grpc.drain(DRAIN_SECONDS)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._stop_tasks()
         if self.admin is not None:
             await self.admin.stop()
         for listener in self.side:
@@ -402,6 +500,13 @@ class App:
         await self.limiter.close()  # a write-back of local decisions, when one is out
         await self.store.close()
         log.info("stopped")
+
+    async def _stop_tasks(self) -> None:
+        if self.xds is not None:
+            self.xds.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 def _log_loaded(what: str, loaded: Loaded) -> None:

@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,92 +48,125 @@ def _configure_logging(fmt: str, level: str = "info") -> None:
     logging.basicConfig(level=name, handlers=[handler], force=True)
 
 
+_DESCRIPTION = """\
+An Envoy-compatible gRPC rate-limit server: per-client buckets under fair, hierarchical
+caps, a drop-in for envoyproxy/ratelimit. `fairlimit serve` runs it; `fairlimit check`
+validates descriptor files first. Docs: docs/getting-started.md."""
+
+_SERVE = """\
+Serve Envoy's RateLimitService (gRPC) and the admin HTTP port (/healthz, /readyz,
+/metrics, /rlconfig, /top, POST /json). It is up when `curl -fs http://ADMIN/readyz`
+answers (ADMIN is --admin-addr). Every flag has an environment twin, FAIRLIMIT_ and the
+flag's name (--grpc-addr is FAIRLIMIT_GRPC_ADDR); envoyproxy/ratelimit's variables
+(GRPC_PORT, RUNTIME_ROOT, REDIS_URL, ...) are read too, below them."""
+
+
+def _serve_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from fairlimit.settings import Settings  # the defaults shown are the settings' own
+
+    d = Settings()
+    serve = sub.add_parser(
+        "serve", help="serve Envoy's RateLimitService", description=_SERVE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    add = serve.add_argument
+    add("--config", action="append", metavar="PATH",
+        help="a descriptor file, or a directory of *.yaml/*.yml; repeatable (default: the "
+        "bundled descriptors/)")  # fmt: skip
+    add("--backend", metavar="URL",
+        help=f"where counters live: memory://, redis://HOST:PORT, rediss://, "
+        f"redis+sentinel://, redis+cluster:// (default {d.backend})")  # fmt: skip
+    add("--grpc-addr", metavar="HOST:PORT",
+        help=f"gRPC listen address, or unix:PATH (default {d.grpc_addr})")  # fmt: skip
+    add("--admin-addr", metavar="HOST:PORT",
+        help=f"admin HTTP listen address (default {d.admin_addr})")  # fmt: skip
+    add("--strict", action="store_const", const=True,
+        help="refuse a config whose caps draw a warning (default: warn and load)")  # fmt: skip
+    add("--failure-mode", choices=["open", "closed", "local"],
+        help="while the backend is down: open answers OK, closed UNAVAILABLE, local "
+        f"limits alone to this process's part of every limit "
+        f"(default {d.failure_mode.value})")  # fmt: skip
+    add("--replicas", metavar="N",
+        help="pods sharing the backend (--failure-mode local divides each limit by N x "
+        f"--workers, or by the processes last seen when more); 0: those last seen "
+        f"(default {d.replicas})")  # fmt: skip
+    add("--shadow", action="store_const", const=True,
+        help="decide and count, but answer every call OK (default: off)")  # fmt: skip
+    add("--workers", metavar="N",
+        help=f"processes sharing the gRPC port; more than 1 needs a Redis backend "
+        f"(default {d.workers})")  # fmt: skip
+    add("--max-connection-age", metavar="SECONDS",
+        help="GOAWAY after this long, so clients rebalance (default: never)")  # fmt: skip
+    add("--max-connection-age-grace", metavar="SECONDS",
+        help="time calls in flight get after GOAWAY (default: unbounded)")  # fmt: skip
+    add("--allow-empty-config", action="store_const", const=True,
+        help="accept a config without any rate limit (default: refused)")  # fmt: skip
+    add("--healthy-with-config", action="store_const", const=True,
+        help="not ready (nor healthy) until a config with a domain is loaded "
+        "(default: off)")  # fmt: skip
+    add("--force-start", action="store_const", const=True,
+        help="with xDS, serve at once instead of after the first config "
+        "(FORCE_START_WITHOUT_INITIAL_CONFIG; default: off)")  # fmt: skip
+    add("--charge-when-over-limit", choices=["true", "false"],
+        help="what a rate_limit without charge_when_over_limit does: true, every hit "
+        "counts, refused or not (envoyproxy/ratelimit's); false, a refused request "
+        "consumes nothing (default: true for xDS and under envoyproxy/ratelimit's "
+        "variables, false otherwise)")  # fmt: skip
+    add("--log-format", choices=["text", "json"], help=f"(default {d.log_format})")
+    add("--log-level", choices=["debug", "info", "warning", "error"],
+        help=f"(default {d.log_level})")  # fmt: skip
+    add("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this chain (default: "
+        "plaintext)")  # fmt: skip
+    add("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    add("--tls-client-ca", metavar="PEM",
+        help="require client certificates signed by this CA (mTLS)")  # fmt: skip
+    add("--top-clients", metavar="K",
+        help=f"clients tracked per cap for /top and fairlimit top; 0: off "
+        f"(default {d.top_clients})")  # fmt: skip
+    add("--grpc-max-receive-bytes", metavar="N",
+        help=f"largest gRPC message; 0: the largest the request bounds admit "
+        f"(default {d.grpc_max_receive_bytes})")  # fmt: skip
+    add("--grpc-max-concurrent", metavar="N",
+        help=f"rate-limit calls at once; more get RESOURCE_EXHAUSTED "
+        f"(default {d.grpc_max_concurrent})")  # fmt: skip
+    add("--rlqs-max-streams", metavar="N",
+        help=f"RLQS streams open at once; more get RESOURCE_EXHAUSTED "
+        f"(default {d.rlqs_max_streams})")  # fmt: skip
+    add("--grpc-max-streams-per-connection", metavar="N",
+        help=f"HTTP/2 streams one client connection may have open "
+        f"(default {d.grpc_max_streams_per_connection})")  # fmt: skip
+    add("--grpc-read-timeout", metavar="SECONDS",
+        help=f"a call whose (first) message has not arrived by then ends with "
+        f"DEADLINE_EXCEEDED (default {d.grpc_read_timeout:g})")  # fmt: skip
+    add("--admin-json", choices=["loopback", "on", "off"],
+        help=f"who may POST /json, which spends real quota: loopback peers, anyone who "
+        f"reaches the admin port, or nobody (default {d.admin_json})")  # fmt: skip
+    add("--admin-timeout", metavar="SECONDS",
+        help=f"admin HTTP: the longest a client may take to send headers or a body "
+        f"(default {d.admin_timeout:g})")  # fmt: skip
+    add("--drain-delay", metavar="SECONDS",
+        help=f"on SIGTERM, answer this long while health says NOT_SERVING "
+        f"(default {d.drain_delay:g})")  # fmt: skip
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fairlimit", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="fairlimit", description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     parser.add_argument("--version", action="version", version=f"fairlimit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve Envoy's RateLimitService")
-    serve.add_argument("--config", action="append", metavar="PATH", help="file or directory")
-    serve.add_argument("--backend", help="memory:// (default), redis://, rediss://, ...")
-    serve.add_argument("--grpc-addr", metavar="HOST:PORT")
-    serve.add_argument("--admin-addr", metavar="HOST:PORT")
-    serve.add_argument("--strict", action="store_const", const=True)
-    serve.add_argument(
-        "--failure-mode", choices=["open", "closed", "local"],
-        help="backend unavailable: answer OK (open, default), UNAVAILABLE (closed), or limit "
-        "alone to this process's part of every limit (local)",
-    )  # fmt: skip
-    serve.add_argument(
-        "--replicas", metavar="N",
-        help="pods sharing the backend (--failure-mode local divides each limit by N x "
-        "--workers, or by the processes last seen when more); 0: those last seen",
-    )  # fmt: skip
-    serve.add_argument("--shadow", action="store_const", const=True)
-    serve.add_argument("--workers", metavar="N")
-    serve.add_argument("--max-connection-age", metavar="SECONDS",
-                       help="GOAWAY after this long (0: never), so clients rebalance")  # fmt: skip
-    serve.add_argument("--max-connection-age-grace", metavar="SECONDS",
-                       help="time calls in flight get after GOAWAY")  # fmt: skip
-    serve.add_argument(
-        "--allow-empty-config", action="store_const", const=True,
-        help="accept a config without any rate limit (refused by default)",
-    )  # fmt: skip
-    serve.add_argument(
-        "--healthy-with-config", action="store_const", const=True,
-        help="not ready (nor healthy) until a config with a domain is loaded",
-    )  # fmt: skip
-    serve.add_argument("--log-format", choices=["text", "json"])
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--tls-cert", metavar="PEM", help="serve gRPC over TLS with this chain")
-    serve.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
-    serve.add_argument("--tls-client-ca", metavar="PEM", help="require client certs (mTLS)")
-    serve.add_argument("--top-clients", metavar="K", help="clients tracked per cap for /top")
-    serve.add_argument(
-        "--grpc-max-receive-bytes",
-        metavar="N",
-        help="largest gRPC message (default 262144; 0: the largest the request bounds admit)",
-    )
-    serve.add_argument(
-        "--grpc-max-concurrent",
-        metavar="N",
-        help="rate-limit calls at once; more get RESOURCE_EXHAUSTED (default 32)",
-    )
-    serve.add_argument(
-        "--rlqs-max-streams",
-        metavar="N",
-        help="RLQS streams open at once; more get RESOURCE_EXHAUSTED (default 64)",
-    )
-    serve.add_argument(
-        "--grpc-max-streams-per-connection",
-        metavar="N",
-        help="HTTP/2 streams one client connection may have open (default 16)",
-    )
-    serve.add_argument(
-        "--grpc-read-timeout",
-        metavar="SECONDS",
-        help="a call whose (first) message has not arrived by then ends with "
-        "DEADLINE_EXCEEDED (default 1)",
-    )
-    serve.add_argument(
-        "--admin-json",
-        choices=["loopback", "on", "off"],
-        help="who may POST /json, which spends real quota: loopback peers (default), "
-        "anyone who reaches the admin port, or nobody",
-    )
-    serve.add_argument(
-        "--admin-timeout",
-        metavar="SECONDS",
-        help="admin HTTP: the longest a client may take to send headers or a body (10)",
-    )
-    serve.add_argument(
-        "--drain-delay",
-        metavar="SECONDS",
-        help="on SIGTERM, answer this long while health says NOT_SERVING",
-    )
+    _serve_parser(sub)
     check = sub.add_parser("check", help="validate and classify descriptor files")
     check.add_argument("paths", nargs="+", metavar="PATH")
     check.add_argument("--strict", action="store_true", help="warnings are errors")
-    check.add_argument("--format", choices=["text", "json"], default="text")
+    check.add_argument("--format", choices=["text", "json"], default="text",
+                       help="the report's form (default text)")  # fmt: skip
+    check.add_argument(
+        "--merge-domains", action="store_true",
+        help="merge files of one domain, as serve does under MERGE_DOMAIN_CONFIG or "
+        "FAIRLIMIT_MERGE_DOMAINS (both read here too)",
+    )  # fmt: skip
     simulate = sub.add_parser("simulate", help="run a traffic scenario on a simulated clock")
     simulate.add_argument("scenario", metavar="SCENARIO")
     simulate.add_argument(
@@ -142,7 +175,8 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--plot", metavar="OUT.png", help="draw admitted hits per group against the cap and λ"
     )
-    simulate.add_argument("--format", choices=["text", "json"], default="text")
+    simulate.add_argument("--format", choices=["text", "json"], default="text",
+                          help="the report's form (default text)")  # fmt: skip
     top = sub.add_parser("top", help="a live view of each cap's top clients (admin /top)")
     top.add_argument("--admin-addr", metavar="HOST:PORT", help="the server's admin address")
     top.add_argument("-n", type=int, default=10, metavar="N", help="clients per cap")
@@ -252,9 +286,34 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
     }
 
 
+def _check_settings(environ: Mapping[str, str]) -> "Settings":
+    """The settings that decide how serve would load the files, read as serve reads them:
+    MERGE_DOMAIN_CONFIG and RUNTIME_IGNOREDOTFILES, then their FAIRLIMIT_* twins (the
+    others, addresses and backends, are no business of check's)."""
+    from fairlimit.settings import Settings
+    from fairlimit.settings.upstream import go_bool
+
+    values: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for upstream, name in (("MERGE_DOMAIN_CONFIG", "merge_domains"),
+                           ("RUNTIME_IGNOREDOTFILES", "ignore_dotfiles")):  # fmt: skip
+        own = f"FAIRLIMIT_{name.upper()}"
+        if own in environ:
+            values[name], sources[name] = environ[own], own
+        elif upstream in environ:
+            values[name] = str(go_bool(upstream, environ[upstream])).lower()
+            sources[name] = upstream
+    return Settings().override(values, sources)
+
+
 def _check(args: argparse.Namespace) -> int:
+    settings = _check_settings(os.environ)
     try:
-        loaded = load(args.paths)
+        loaded = load(
+            args.paths,
+            merge_domains=args.merge_domains or settings.merge_domains,
+            ignore_dotfiles=settings.ignore_dotfiles,
+        )
     except ConfigError as exc:
         code = EXIT_UNUSABLE if isinstance(exc, ConfigUnreadable) else EXIT_VIOLATION
         if args.format == "json":
@@ -340,6 +399,10 @@ def _top(args: argparse.Namespace) -> int:
         print(f"fairlimit top: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:  # `fairlimit top | head`: the reader has what it wanted
+        # what is still buffered would fail again at exit: stdout goes nowhere instead
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
 
 

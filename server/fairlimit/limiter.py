@@ -259,7 +259,7 @@ class Limiter:
         statuses = admission.statuses(decided, outcome, clock)
         code = admission.overall(statuses, self.quota_mode)
         if code is Code.OK and Code.OVER_LIMIT in [s.code for s in statuses]:
-            code, statuses = await self._without_quotas_over(request, statuses, now)
+            code, statuses = await self._without_quotas_over(request, statuses, now, plan)
         self.telemetry.decided(request, statuses, now, plan)
         code = Code.OK if self.shadow else code
         return Decision(code, statuses, backend_seconds=time.perf_counter() - started)
@@ -414,15 +414,23 @@ class Limiter:
             raise exc
 
     async def _without_quotas_over(
-        self, request: Request, statuses: tuple[Status, ...], now: float
+        self, request: Request, statuses: tuple[Status, ...], now: float, first: Plan
     ) -> tuple[Code, tuple[Status, ...]]:
         """Charge a request whose only overs are some (not all) of its quota descriptors.
 
         The store admits all or nothing, so the request is charged again without the quota
         descriptors that were over; they keep their OVER_LIMIT status. Should something
-        else go over in between, the request is refused (and nothing is charged).
+        else go over in between, the request is refused (and nothing is charged). A
+        descriptor with a forced level (charge_when_over_limit) was charged by the refusal
+        already: it keeps its status too, and is not charged twice.
         """
-        keep = [i for i, s in enumerate(statuses) if s.code is not Code.OVER_LIMIT]
+        keep = [
+            i
+            for i, s in enumerate(statuses)
+            if s.code is not Code.OVER_LIMIT and not admission.forced(first, i)
+        ]
+        if not keep:
+            return admission.overall(statuses, self.quota_mode), statuses
         rest = Request(request.domain, tuple(request.descriptors[i] for i in keep), request.hits)
         plan = make_plan(rest, self._active.matcher)
         admitted = await self._admit(plan, now)

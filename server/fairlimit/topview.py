@@ -111,6 +111,7 @@ def run(
             frame = f"fairlimit top: cannot read {exc}\n"
         if once:
             out.write(frame)
+            out.flush()  # here, not at exit: a closed pipe is the caller's to see
             return 0
         out.write((CLEAR if out.isatty() else "\n") + frame)
         out.flush()

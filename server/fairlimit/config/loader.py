@@ -127,7 +127,8 @@ def _rate_limit(problems: Problems, path: str, raw: object) -> RateLimit | None:
         return None
     _check_keys(problems, path, raw, RATE_LIMIT_KEYS)
     unlimited = _bool(problems, path, raw, "unlimited")
-    charge = _bool(problems, path, raw, "charge_when_over_limit")
+    said = raw.get("charge_when_over_limit") is not None
+    charge = _bool(problems, path, raw, "charge_when_over_limit") if said else None
     name = raw.get("name")
     name = str(name) if isinstance(name, str) else name
     if name is not None and not isinstance(name, str):
@@ -370,15 +371,23 @@ def parse_root(raw: Mapping[Any, Any], source: str) -> Domain:
     return Domain(domain, source, rules, acquire, release)
 
 
-def config_files(paths: Iterable[str | Path]) -> list[Path]:
-    """The descriptor files named by ``paths``: files as given, ``*.yaml``/``*.yml`` of dirs."""
+def config_files(paths: Iterable[str | Path], *, ignore_dotfiles: bool = False) -> list[Path]:
+    """The descriptor files named by ``paths``: files as given, ``*.yaml``/``*.yml`` of dirs
+    (those whose name starts with a dot left out when ``ignore_dotfiles``, upstream's
+    RUNTIME_IGNOREDOTFILES)."""
     files: list[Path] = []
     missing: list[str] = []
     for item in paths:
         path = Path(item)
         if path.is_dir():
             files.extend(
-                sorted(p for p in path.iterdir() if p.suffix in YAML_SUFFIXES and p.is_file())
+                sorted(
+                    p
+                    for p in path.iterdir()
+                    if p.suffix in YAML_SUFFIXES
+                    and not (ignore_dotfiles and p.name.startswith("."))
+                    and p.is_file()
+                )
             )
         elif path.is_file():
             files.append(path)
@@ -410,12 +419,13 @@ def _merge(first: Domain, later: Domain) -> tuple[Domain, list[str]]:
 
 def assemble(
     domains: Iterable[Domain], files: Sequence[Path], *, strict: bool = False,
-    merge_domains: bool = False,
+    merge_domains: bool = False, charge_over_limit: bool = False,
 ) -> Loaded:  # fmt: skip
     """Parsed domains -> the Loaded config, all or nothing (ConfigError, ConfigWarningError).
 
     Two sources of one domain are an error, unless ``merge_domains`` (upstream's
     MERGE_DOMAIN_CONFIG) adds the later one's descriptors to the first.
+    ``charge_over_limit``: what a limit that does not say ``charge_when_over_limit`` does.
     """
     by_name: dict[str, Domain] = {}
     lines: list[str] = []
@@ -433,7 +443,7 @@ def assemble(
             )
     if lines:
         raise ConfigError(lines)
-    config = Config.of(list(by_name.values()))
+    config = Config.of(list(by_name.values()), charge_over_limit)
     loaded = Loaded(
         config, tuple(classify(config)), tuple(files), tuple(concurrency.classify(config))
     )
@@ -442,14 +452,14 @@ def assemble(
     return loaded
 
 
-def _empty(paths: Sequence[str | Path], config: Config) -> list[str]:
+def _empty(paths: Sequence[str | Path], config: Config, ignore_dotfiles: bool) -> list[str]:
     """Why ``config`` loaded from ``paths`` would switch limiting off: a directory given that
     holds no descriptor file (a ConfigMap whose key or ``..data`` link went), or not one
     rate or concurrency limit in the whole set."""
     lines = [
         f"{path}: (directory): no descriptor files (*.yaml, *.yml): {_ALLOW}"
         for path in map(Path, paths)
-        if path.is_dir() and not config_files([path])
+        if path.is_dir() and not config_files([path], ignore_dotfiles=ignore_dotfiles)
     ]
     limits = [
         rule
@@ -469,15 +479,18 @@ def load(
     strict: bool = False,
     merge_domains: bool = False,
     allow_empty: bool = False,
+    charge_over_limit: bool = False,
+    ignore_dotfiles: bool = False,
 ) -> Loaded:
-    """Load every descriptor file under ``paths``, all or nothing.
+    """Load every descriptor file under ``paths``, all or nothing (``charge_over_limit``:
+    see ``assemble``; ``ignore_dotfiles``: see ``config_files``).
 
     Raises ConfigUnreadable for paths that cannot be read at all, ConfigError for rule
     problems and for a config that limits nothing (a directory without descriptor files,
     or no limit anywhere) unless ``allow_empty``, and ConfigWarningError when ``strict``
     and any cap or bucket draws a warning.
     """
-    files = config_files(paths)
+    files = config_files(paths, ignore_dotfiles=ignore_dotfiles)
     domains: list[Domain] = []
     lines: list[str] = []
     unreadable = False
@@ -489,8 +502,11 @@ def load(
             lines.extend(exc.problems)
     if lines:
         raise (ConfigUnreadable if unreadable else ConfigError)(lines)
-    loaded = assemble(domains, files, strict=strict, merge_domains=merge_domains)
-    empty = [] if allow_empty else _empty(paths, loaded.config)
+    loaded = assemble(
+        domains, files, strict=strict, merge_domains=merge_domains,
+        charge_over_limit=charge_over_limit,
+    )  # fmt: skip
+    empty = [] if allow_empty else _empty(paths, loaded.config, ignore_dotfiles)
     if empty:
         raise ConfigError(empty)
     return loaded

@@ -1,9 +1,11 @@
 """The decision: whether a plan is admitted from counter values, and each descriptor's status.
 
 A request is all or nothing: it is admitted only if every counter and every fair-share
-claim it touches admits it, and only then does any counter move. The store applies this
-rule atomically (``store/memory.py`` in Python, ``store/redis/lua/admit.lua`` for Redis); this
-module says what the rule is (``core/plan.py`` says what a request charges).
+claim it touches admits it, and only then does any counter move, except its forced levels
+(``charge_when_over_limit``, or every level under upstream's semantics), which a refused
+request moves too. The store applies this rule atomically (``store/memory.py`` in Python,
+``store/redis/lua/admit.lua`` for Redis); this module says what the rule is
+(``core/plan.py`` says what a request charges).
 """
 
 import enum
@@ -42,6 +44,14 @@ def admits(
         if counter_over(c, n):
             return False
     return not any(share_over(s, a, b) for s, a, b in zip(plan.shares, shared, bounds, strict=True))
+
+
+def forced(plan: Plan, descriptor: int) -> bool:
+    """Whether a level of the plan's ``descriptor`` is charged even when refused."""
+    return any(
+        plan.counters[c.counter].force or (c.share is not None and plan.shares[c.share].force)
+        for c in plan.descriptors[descriptor].charges
+    )
 
 
 def below(plan: Plan) -> list[tuple[list[int], list[int]]]:
@@ -121,7 +131,9 @@ def _charge_view(plan: Plan, outcome: Outcome, charge: Charge) -> tuple[bool, bo
     """(over, shadow_over, remaining, fair limit) of one charge (one level of a descriptor)."""
     counter = plan.counters[charge.counter]
     before = outcome.counts[charge.counter]
-    charged = counter.hits if outcome.admitted else 0
+    # what is left after this request: a refused one moved only its forced levels
+    # (charge_when_over_limit), so an OVER_LIMIT there says 0 left, as upstream does
+    charged = counter.hits if outcome.admitted or counter.force else 0
     over = counter.limit < before + max(counter.hits, 1)
     remaining = counter.limit - before - charged
     fair = math.inf
@@ -131,7 +143,8 @@ def _charge_view(plan: Plan, outcome: Outcome, charge: Charge) -> tuple[bool, bo
         had = outcome.shared[charge.share]
         over = over or share_over(share, had, bound)
         if bound != math.inf:
-            remaining = min(remaining, math.floor(bound + _EPSILON) - had - charged)
+            claimed = share.hits if outcome.admitted or share.force else 0
+            remaining = min(remaining, math.floor(bound + _EPSILON) - had - claimed)
             fair = bound
     if counter.shadow:
         return False, over, max(0, remaining), fair

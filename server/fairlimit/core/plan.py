@@ -169,6 +169,7 @@ def _descriptor_plan(
     descriptor: Descriptor,
     match: Match | None,
     replaced: set[str],
+    charge_over: bool,
 ) -> DescriptorPlan:
     rule = match.rule if match else None
     limit = descriptor.limit or (rule.rate_limit if rule else None)
@@ -181,7 +182,8 @@ def _descriptor_plan(
     shared = match.shared if match is not None and descriptor.limit is None else ()
     paths = key_paths(request.domain, descriptor.entries, shared)
     hits = request.hits_for(descriptor)
-    force = limit is not None and limit.charge_when_over_limit
+    said = None if limit is None else limit.charge_when_over_limit
+    force = limit is not None and (charge_over if said is None else said)
     if charged:
         assert limit is not None
         shadow = rule is not None and rule.shadow_mode and descriptor.limit is None
@@ -205,8 +207,9 @@ def plan(request: Request, matcher: Matcher) -> Plan:
         if limit is not None and limit.replaces:
             replaced.update(limit.replaces)
     builder = _Builder()
+    charge_over = matcher.config.charge_over_limit
     plans = tuple(
-        _descriptor_plan(builder, request, d, m, replaced)
+        _descriptor_plan(builder, request, d, m, replaced, charge_over)
         for d, m in zip(request.descriptors, matches, strict=True)
     )
     return Plan(plans, tuple(builder.counters), tuple(builder.shares))

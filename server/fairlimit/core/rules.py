@@ -29,7 +29,8 @@ class RateLimit:
     replaces: tuple[str, ...] = ()
     # Usage reported after the response (Envoy's apply_on_stream_done): a charge is recorded
     # on every level it touches even when the answer is OVER_LIMIT (DESIGN section 4).
-    charge_when_over_limit: bool = False
+    # None: the rule does not say, and the config's ``charge_over_limit`` decides.
+    charge_when_over_limit: bool | None = None
     window: int = field(init=False, repr=False, compare=False)
     per_second: float = field(init=False, repr=False, compare=False)
 
@@ -115,10 +116,14 @@ class Config:
     """A whole loaded configuration: domains by name."""
 
     domains: Mapping[str, Domain]
+    # What a limit that does not say ``charge_when_over_limit`` does: False, a refused
+    # request consumes nothing (fairlimit's own); True, every hit counts, refused or not
+    # (envoyproxy/ratelimit's, for configs that cannot say: xDS, upstream's environment).
+    charge_over_limit: bool = False
 
     @classmethod
-    def of(cls, domains: list[Domain]) -> "Config":
-        return cls(MappingProxyType({d.name: d for d in domains}))
+    def of(cls, domains: list[Domain], charge_over_limit: bool = False) -> "Config":
+        return cls(MappingProxyType({d.name: d for d in domains}), charge_over_limit)
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,9 +95,13 @@ def config_root(config: Any) -> dict[str, object]:
 
 
 def load_resources(
-    resources: Sequence[Any], *, strict: bool = False, merge_domains: bool = False
-) -> Loaded:
-    """A response's resources -> the Loaded config, all or nothing (ConfigError)."""
+    resources: Sequence[Any], *, strict: bool = False, merge_domains: bool = False,
+    charge_over_limit: bool = True,
+) -> Loaded:  # fmt: skip
+    """A response's resources -> the Loaded config, all or nothing (ConfigError).
+
+    A RateLimitConfig cannot say ``charge_when_over_limit``: by default every hit counts,
+    refused or not, as upstream counts them (``charge_over_limit``)."""
     domains: list[Domain] = []
     problems: list[str] = []
     for index, resource in enumerate(resources):
@@ -111,7 +115,10 @@ def load_resources(
             problems.extend(exc.problems)
     if problems:
         raise ConfigError(problems)
-    return assemble(domains, (), strict=strict, merge_domains=merge_domains)
+    return assemble(
+        domains, (), strict=strict, merge_domains=merge_domains,
+        charge_over_limit=charge_over_limit,
+    )  # fmt: skip
 
 
 class XdsConfigSource:
@@ -125,9 +132,11 @@ class XdsConfigSource:
         merge_domains: bool,
         apply: Callable[[Loaded], None],
         reject: Callable[[ConfigError], None],
+        charge_over_limit: bool = True,
     ) -> None:
         self.settings = settings
         self.strict, self.merge_domains = strict, merge_domains
+        self.charge_over_limit = charge_over_limit
         self._apply, self._reject = apply, reject
         self._stop = asyncio.Event()
         self.applied = asyncio.Event()  # set once a first config was accepted
@@ -151,8 +160,9 @@ class XdsConfigSource:
         """Load ``response``; the ACK or NACK to send back."""
         try:
             loaded = load_resources(
-                response.resources, strict=self.strict, merge_domains=self.merge_domains
-            )
+                response.resources, strict=self.strict, merge_domains=self.merge_domains,
+                charge_over_limit=self.charge_over_limit,
+            )  # fmt: skip
         except ConfigError as exc:
             self._reject(exc)
             return self._request(response, "\n".join(exc.problems))

@@ -120,6 +120,19 @@ class Settings:
     xds_client_cert: Path | None = None
     xds_client_key: Path | None = None
     xds_server_san: str = ""  # the name to verify instead of the server URL's host
+    # upstream's FORCE_START_WITHOUT_INITIAL_CONFIG: with xDS, serve at once rather than
+    # after the management server's first config
+    force_start: bool = False
+    # What a rate limit that does not say charge_when_over_limit does: True, every hit
+    # counts, refused or not (upstream's); False, a refused request consumes nothing.
+    # None: True for xDS (a RateLimitConfig cannot say) and under upstream's variables
+    # (settings/upstream.py sets it), False for fairlimit's own files.
+    charge_when_over_limit: bool | None = None
+    ignore_dotfiles: bool = False  # upstream's RUNTIME_IGNOREDOTFILES: skip a dir's .* files
+    # upstream's RUNTIME_ROOT (when its layout names the config) and RUNTIME_WATCH_ROOT: a
+    # swap of the root (a symlink) to another directory reloads the config
+    runtime_root: Path | None = None
+    watch_root: bool = True
     unsupported_upstream: tuple[str, ...] = ()  # set upstream variables with no effect
 
     @classmethod
@@ -133,6 +146,13 @@ class Settings:
             if value is not None:
                 raw[name] = value
         return base.override(upstream.values, upstream.sources).override(raw, "FAIRLIMIT_")
+
+    @property
+    def charges_over_limit(self) -> bool:
+        """Whether a limit that does not say charge_when_over_limit counts refused hits."""
+        if self.charge_when_over_limit is not None:
+            return self.charge_when_over_limit
+        return self.config_source == "xds"
 
     def upstream_warning(self) -> str | None:
         """The one startup warning naming set upstream variables that have no effect."""
@@ -255,7 +275,8 @@ def check_tls_pair(cert: Path, key: Path) -> None:
 
 _FLAGS = frozenset({"strict", "shadow", "quota_mode", "merge_domains", "response_headers",
                     "response_metadata", "healthy_with_config", "metrics_compat",
-                    "xds_tls", "allow_empty_config"})  # fmt: skip
+                    "xds_tls", "allow_empty_config", "force_start",
+                    "charge_when_over_limit", "ignore_dotfiles", "watch_root"})  # fmt: skip
 _XDS_FILES = frozenset({"xds_server_ca", "xds_client_cert", "xds_client_key"})
 _NUMBERS = frozenset(
     {
@@ -290,7 +311,7 @@ def _convert(label: str, name: str, value: object) -> object:
     if isinstance(value, bool):
         return value
     text = str(value)
-    if name.startswith("tls_") or name in _XDS_FILES:
+    if name.startswith("tls_") or name in _XDS_FILES or name == "runtime_root":
         return Path(text) if text else None
     if name in _FLAGS:
         return _flag(label, text)

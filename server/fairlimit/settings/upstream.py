@@ -17,8 +17,6 @@ from fairlimit.errors import SettingsError
 
 # Accepted with no setting behind them: fairlimit's behaviour already covers their purpose.
 QUIET = frozenset({
-    "RUNTIME_IGNOREDOTFILES",  # only *.yaml/*.yml directly in the directory are read
-    "RUNTIME_WATCH_ROOT",  # the directory is watched; a symlink swap of the root is seen too
     "EXPIRATION_JITTER_MAX_SECONDS",  # keys expire with their window
     "REDIS_PIPELINE_WINDOW", "REDIS_PIPELINE_LIMIT", "REDIS_CLUSTER_PIPELINE_PARALLELISM",
     "LOCAL_CACHE_SIZE_IN_BYTES",  # the over-limit cache is always on (local_cache= entries)
@@ -29,7 +27,7 @@ QUIET = frozenset({
 
 # Recognised, and named in the startup warning when set: fairlimit has no equivalent.
 UNSUPPORTED = frozenset({
-    "GRPC_CLIENT_TLS_SAN", "FORCE_START_WITHOUT_INITIAL_CONFIG", "STATSD_HOST", "STATSD_PORT",
+    "GRPC_CLIENT_TLS_SAN", "STATSD_HOST", "STATSD_PORT",
     "USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS", "EXTRA_TAGS", "PROMETHEUS_MAPPER_YAML",
     "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "CACHE_KEY_PREFIX", "REDIS_PERSECOND",
     "REDIS_PERSECOND_SOCKET_TYPE", "REDIS_PERSECOND_TYPE", "REDIS_PERSECOND_URL",
@@ -56,6 +54,8 @@ _BOOLEANS = (
     ("LIMIT_RESPONSE_HEADERS_ENABLED", "response_headers"),
     ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "healthy_with_config"),
     ("USE_PROMETHEUS", "metrics_compat"),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", "force_start"),
+    ("RUNTIME_IGNOREDOTFILES", "ignore_dotfiles"),
 )  # fmt: skip
 _TEXT = (
     ("LIMIT_LIMIT_HEADER", "header_limit"), ("LIMIT_REMAINING_HEADER", "header_remaining"),
@@ -200,11 +200,14 @@ def _config(env: Mapping[str, str], out: Translation) -> None:
     if any(name in env for name in layout):
         root = env.get("RUNTIME_ROOT", "/srv/runtime_data/current")
         parts = [env.get("RUNTIME_SUBDIRECTORY", ""), env.get("RUNTIME_APPDIRECTORY", "config")]
-        out.set(
-            "config",
-            str(PurePosixPath(root, *[p for p in parts if p])),
-            "RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY",
-        )
+        source = "RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY"
+        out.set("config", str(PurePosixPath(root, *[p for p in parts if p])), source)
+        # upstream's files cannot say charge_when_over_limit: every hit counts, as there
+        out.set("charge_when_over_limit", "true", source)
+        out.set("runtime_root", root, "RUNTIME_ROOT")
+        if "RUNTIME_WATCH_ROOT" in env:  # true (upstream's default): a swap of it reloads
+            watch = go_bool("RUNTIME_WATCH_ROOT", env["RUNTIME_WATCH_ROOT"])
+            out.set("watch_root", str(watch).lower(), "RUNTIME_WATCH_ROOT")
 
 
 def _flags(env: Mapping[str, str], out: Translation) -> None:
@@ -227,9 +230,10 @@ def _stats(env: Mapping[str, str], out: Translation) -> None:
     # Asking for statsd explicitly is named, leaving it at its default is not.
     if "USE_STATSD" in env and go_bool("USE_STATSD", env["USE_STATSD"]):
         out.unsupported.append("USE_STATSD")
-    stop = env.get("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")
-    if stop is not None and not go_bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", stop):
-        out.unsupported.append("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")  # always on here
+    stop = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"
+    if stop in env:  # true: a refused request consumes nothing (upstream still counts the
+        # keys that went over: docs/migrating-from-envoy-ratelimit.md)
+        out.set("charge_when_over_limit", str(not go_bool(stop, env[stop])).lower(), stop)
 
 
 def _redis_hosts(env: Mapping[str, str]) -> tuple[str, str]:

@@ -62,14 +62,22 @@ class OverLimitCache:
             self._entries.pop(("c", c.key), None)
 
     def answer(self, plan: Plan, t: float) -> Outcome | None:
-        """A rejection from what is known, when a client's counter or claim is known over."""
-        over = False
+        """A rejection from what is known, when a client's counter or claim is known over.
+
+        A refusal still charges a forced level (charge_when_over_limit, every level under
+        upstream's semantics): only when each of them is known over, where a charge
+        changes no answer until the window ends, may it be answered here."""
+        if any(s.force for s in plan.shares):
+            return None
+        over = owed = False
         counts: list[int] = []
         for c in plan.counters:
             known = self.get(("c", c.key), t)
             counts.append(known[0] if known else 0)
-            over = over or (known is not None and known[2] and counter_over(c, known[0]))
-        if not over:
+            past = known is not None and known[2] and counter_over(c, known[0])
+            over = over or past
+            owed = owed or (c.force and not past)  # a charge Redis must see
+        if not over or owed:
             return None
         shared = tuple(0 for _ in plan.shares)
         bounds = tuple(s.client_limit for s in plan.shares)
@@ -80,7 +88,7 @@ class OverLimitCache:
         charged = outcome.admitted
         caps = {s.cap for s in plan.shares}
         for i, c in enumerate(plan.counters):
-            count = outcome.counts[i] + (c.hits if charged else 0)
+            count = outcome.counts[i] + (c.hits if charged or c.force else 0)
             over = not charged and c.key not in caps and counter_over(c, count)
             until = base + min(seen.counter_left[i], self._ttl)
             self.put(("c", c.key), until, count, 0.0, over)
