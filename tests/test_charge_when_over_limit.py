@@ -221,6 +221,34 @@ class TestUpstreamCharges:
         assert (refused.code, refused.statuses[0].limit_remaining) == (Code.OVER_LIMIT, 2)
         assert await check(limiter, "kept") == (Code.OK, 2)
 
+    async def test_a_descriptor_under_a_fair_share_cap_keeps_all_or_nothing(
+        self, store: Store, clock: FakeClock, tmp_path: Path
+    ) -> None:
+        """Under upstream's semantics a fair_share cap is still never charged by refusals:
+        a client over its own 5 an hour retries 20 times, and the cap of 10 still admits
+        the other client's 5 (charged when refused, the retries would have filled it)."""
+        limiter = upstream_limiter(CAPPED, store, clock, tmp_path)
+        for _ in range(25):
+            await limiter.should_rate_limit(req("edge", desc("route=api", "client=greedy")))
+        other = [
+            (await limiter.should_rate_limit(req("edge", desc("route=api", "client=calm")))).code
+            for _ in range(5)
+        ]
+        assert other == [Code.OK] * 5
+
+
+CAPPED = """
+domain: edge
+descriptors:
+  - key: route
+    value: api
+    rate_limit: {unit: hour, requests_per_unit: 10}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client
+        rate_limit: {unit: hour, requests_per_unit: 5}
+"""
+
 
 class TestFairlimitsDefault:
     async def test_a_refused_charge_consumes_nothing(

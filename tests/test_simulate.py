@@ -435,3 +435,21 @@ class TestPlot:
         code, out, err = _cli("simulate", str(path), "--plot", str(tmp_path / "out.png"))
         assert (code, out) == (2, "")
         assert "pip install 'fairlimit[plot]'" in err
+
+
+class TestTotalRow:
+    @pytest.mark.parametrize("name", ["on-off", "join-leave", "burst-at-zero"])
+    def test_admitted_per_second_is_the_runs_not_a_sum_of_rates(self, name: str) -> None:
+        """Clients on for part of the run (on/off cycles, joining, leaving, bursts): the
+        total's admitted/s is all admitted over the scenario's duration, within every
+        config's cap of 100/s, not the sum of each client's rate over its own active time
+        (280/s on on-off's 100/s cap)."""
+        code, out, _ = _cli("simulate", str(ROOT / "descriptors" / "scenarios" / f"{name}.yaml"))
+        assert code == 0
+        scenario = load_scenario(ROOT / "descriptors" / "scenarios" / f"{name}.yaml")
+        totals = [line.split() for line in out.splitlines() if line.startswith("total ")]
+        assert len(totals) == 2  # one per config
+        for cells in totals:
+            admitted, per_second = int(cells[3]), float(cells[6])
+            assert per_second == pytest.approx(admitted / scenario.duration, abs=0.05)
+            assert per_second <= 100.05

@@ -84,7 +84,7 @@ def _serve_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
         help="refuse a config whose caps draw a warning (default: warn and load)")  # fmt: skip
     add("--failure-mode", choices=["open", "closed", "local"],
         help="while the backend is down: open answers OK, closed UNAVAILABLE, local "
-        f"limits alone to this process's part of every limit "
+        "limits alone to this process's part of every limit "
         f"(default {d.failure_mode.value})")  # fmt: skip
     add("--replicas", metavar="N",
         help="pods sharing the backend (--failure-mode local divides each limit by N x "

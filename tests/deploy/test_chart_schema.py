@@ -1,6 +1,7 @@
 """values.schema.json: every value described, bad values rejected before Helm renders."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,22 @@ class TestChartDescriptors:
             "key": "client_id",
             "rate_limit": {"unit": "second", "requests_per_unit": 100},
         }
+
+
+class TestChartReadme:
+    def test_the_install_builds_the_image_it_installs(self) -> None:
+        """The image is in no registry: the README's first commands build it with the
+        chart's appVersion as tag, push it, and install the chart with that repository
+        (it installed fairlimit:0.1.0 with no build step)."""
+        chart = yaml.safe_load((CHART_README.parent / "Chart.yaml").read_text())
+        block = re.search(r"```sh\n(.*?)```", CHART_README.read_text(), re.S)
+        assert block is not None
+        text = block.group(1).replace("\\\n", " ")
+        built = re.search(r"docker build -t (\S+):(\S+) \.", text)
+        assert built is not None and built.group(2) == chart["appVersion"]
+        repository = built.group(1)
+        assert f"docker push {repository}:{chart['appVersion']}" in text
+        install = text.index("helm install")
+        assert built.start() < install and f"--set image.repository={repository}" in text
+        kind = "kind load docker-image " + f"{load_values()['image']['repository']}:"
+        assert kind + chart["appVersion"] in " ".join(CHART_README.read_text().split())

@@ -52,6 +52,24 @@ class TestReadme:
         ]
         assert (ROOT / ".ci" / "run").read_text().rstrip().endswith("exec bash tests/run.sh")
 
+    def test_names_python_the_admin_port_and_how_to_see_it_is_up(self) -> None:
+        """The prerequisite is pyproject's; the addresses are the settings' defaults; a
+        real server's /readyz answers what the README says it prints."""
+        from fairlimit.settings import Settings
+
+        text = " ".join(README.read_text().split())
+        wanted = re.search(
+            r'requires-python = ">=(\d+\.\d+)"', (ROOT / "pyproject.toml").read_text()
+        )
+        assert wanted is not None and f"Python {wanted.group(1)} or later" in text
+        defaults = Settings()
+        assert f"gRPC on `{defaults.grpc_addr}`" in text
+        assert f"admin HTTP port on `{defaults.admin_addr}`" in text
+        assert f"`curl -fs http://{defaults.admin_addr}/readyz` prints `ready`" in text
+        with fairlimit_server() as server:
+            status, _, body = http_get(f"http://127.0.0.1:{server.admin_port}/readyz")
+        assert (status, body) == (200, b"ready\n")
+
     def test_is_short_and_points_at_the_docs(self) -> None:
         """Under 100 lines; every docs page is linked from it."""
         text = README.read_text()

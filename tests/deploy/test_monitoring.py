@@ -1,6 +1,7 @@
 """examples/monitoring: the alert rules (promtool) and the dashboard, against real /metrics.
 
-promtool comes from Debian's `prometheus` package (tests/run.sh installs it).
+promtool comes from Debian's `prometheus` package (tests/run.sh takes it out into .tools/bin
+without installing the package, which would start a Prometheus server).
 """
 
 import json
@@ -50,7 +51,7 @@ descriptors:
 
 
 def promtool() -> str:
-    return require("promtool", "Debian package prometheus; bash tests/run.sh installs it")
+    return require("promtool", "from Debian's prometheus package; bash tests/run.sh extracts it")
 
 
 def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -76,6 +77,15 @@ def dashboard_exprs() -> list[str]:
 
 
 class TestAlertRules:
+    def test_run_sh_takes_promtool_without_installing_prometheus(self) -> None:
+        """tests/run.sh never apt-get installs `prometheus` (on a systemd machine that also
+        starts a Prometheus server): promtool is taken out of the downloaded package."""
+        text = (ROOT / "tests" / "run.sh").read_text()
+        assert "missing+=(prometheus)" not in text
+        assert not re.search(r"apt-get install[^\n]*prometheus", text)
+        assert "apt-get download -q prometheus" in text
+        assert "dpkg-deb -x" in text and "cp .tools/deb/root/usr/bin/promtool .tools/bin/" in text
+
     def test_promtool_checks_the_rules(self) -> None:
         """`promtool check rules` accepts alerts.yaml and the chart's copy."""
         for path in (ALERTS, CHART / "files" / "alerts.yaml"):

@@ -183,7 +183,11 @@ def _descriptor_plan(
     paths = key_paths(request.domain, descriptor.entries, shared)
     hits = request.hits_for(descriptor)
     said = None if limit is None else limit.charge_when_over_limit
-    force = limit is not None and (charge_over if said is None else said)
+    # The config-wide default is upstream's semantics for configs that cannot say otherwise;
+    # a descriptor under a fair_share cap is fairlimit's own, and a refused request there
+    # consumes nothing unless its rule says so (a cap charged by refusals is not shared).
+    under_cap = match is not None and any(r.fair_share is not None for r in match.trail[:-1])
+    force = limit is not None and (charge_over and not under_cap if said is None else said)
     if charged:
         assert limit is not None
         shadow = rule is not None and rule.shadow_mode and descriptor.limit is None

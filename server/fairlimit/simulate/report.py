@@ -226,11 +226,11 @@ def _rows(clients: Sequence[ClientResult]) -> list[ClientResult]:
     return rows
 
 
-def _table(config: ConfigResult, width: int, hits: bool) -> list[str]:
+def _table(config: ConfigResult, width: int, hits: bool, duration: float) -> list[str]:
     head: tuple[str, ...] = ("offered", "attempted", "admitted", "rejected", "success")
     head += ("admitted/s", "hits admitted") if hits else ("admitted/s",)
     lines = [f"{'client':<{width}}" + "".join(f"{h:>{11 if len(h) < 11 else 14}}" for h in head)]
-    for c in [*_rows(config.clients), _total(config.clients, "total")]:
+    for c in [*_rows(config.clients), _total(config.clients, "total", duration)]:
         cells = (c.offered, c.attempted, c.admitted, c.rejected)
         lines.append(
             f"{c.name:<{width}}"
@@ -241,9 +241,15 @@ def _table(config: ConfigResult, width: int, hits: bool) -> list[str]:
     return lines
 
 
-def _total(clients: Sequence[ClientResult], name: str) -> ClientResult:
+def _total(
+    clients: Sequence[ClientResult], name: str, duration: float | None = None
+) -> ClientResult:
+    """The sums of ``clients``; admitted/s is all admitted over ``duration`` (the run's),
+    or, without one, the sum of their rates (a group's, each over its own active time:
+    summed over clients active at different times it would pass the cap)."""
     offered = sum(c.offered for c in clients)
     admitted = sum(c.admitted for c in clients)
+    rate = sum(c.admitted_per_second for c in clients)
     return ClientResult(
         name,
         offered,
@@ -251,7 +257,7 @@ def _total(clients: Sequence[ClientResult], name: str) -> ClientResult:
         admitted,
         sum(c.rejected for c in clients),
         admitted / offered if offered else 1.0,
-        sum(c.admitted_per_second for c in clients),
+        admitted / duration if duration else rate,
         (),
         name,
         sum(c.offered_hits for c in clients),
@@ -277,7 +283,7 @@ def text(result: Result) -> str:
     width = max([6] + [len(r.name) for r in rows]) + 1
     hits = any(c.offered_hits != c.offered for cfg in result.configs for c in cfg.clients)
     for config in result.configs:
-        lines += ["", _heading(config), *_table(config, width, hits)]
+        lines += ["", _heading(config), *_table(config, width, hits, s.duration)]
         if config.cap is None:
             lines.append("no limit is shared by every client: no cap to check")
         lines += [
