@@ -10,6 +10,7 @@ response, for the QuotaPolicy's RateLimitConfig (fixtures/ai_gateway/ratelimit-c
 """
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from test_xds import ManagementServer
 pytestmark = pytest.mark.process
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ai_gateway"
+GUIDE = ROOT / "docs" / "envoy-gateway.md"
 COMMAND = ROOT / "docker" / "ratelimit"
 ARGUMENT = "--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system"
 CALLS = "cluster.ai_gateway_ratelimit_cluster.upstream_rq_completed"
@@ -125,3 +127,21 @@ class TestPerModelQuota:
         premium = {"x-api-tier": "premium"}
         calls = [ai_gateway.chat("quota-bucket-model", 30, premium) for _ in range(3)]
         assert calls == [200, 200, 429]
+
+
+class TestGuide:
+    def test_the_guides_deployment_is_the_tested_one(self) -> None:
+        """docs/envoy-gateway.md's Deployment: the command and variables run here (their
+        addresses aside)."""
+        blocks = re.findall(r"```yaml\n(.*?)```", GUIDE.read_text(), re.S)
+        (manifest,) = [b for b in blocks if "kind: Deployment" in b]
+        deployment = next(d for d in yaml.safe_load_all(manifest) if d["kind"] == "Deployment")
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert (container["command"], container["args"]) == (["/bin/ratelimit"], [ARGUMENT])
+        env = {e["name"]: e["value"] for e in container["env"]}
+        tested = deployment_env(18002, 6379, 8081)
+        addresses = {"REDIS_URL", "CONFIG_GRPC_XDS_SERVER_URL"}
+        loopback = {"GRPC_HOST", "HOST", "PORT", "DEBUG_HOST", "DEBUG_PORT", "PATH"}
+        assert env.keys() == tested.keys() - loopback
+        assert {k: v for k, v in env.items() if k not in addresses} == {
+            k: tested[k] for k in env.keys() - addresses}  # fmt: skip

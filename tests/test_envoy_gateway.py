@@ -37,6 +37,7 @@ from test_xds import ManagementServer
 pytestmark = pytest.mark.process
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envoy_gateway"
+GUIDE = ROOT / "docs" / "envoy-gateway.md"
 COMMAND = ROOT / "docker" / "ratelimit"
 NS = "gateway-conformance-infra"
 LISTENER = f"{NS}/same-namespace/http"  # the first Gateway's listener, and its domain
@@ -193,11 +194,14 @@ def gateway(
 
 
 @pytest.fixture(autouse=True)
-def _answered(gateway: Gateway) -> Iterator[None]:
-    """After each test: every call Envoy made was answered (none failed open)."""
+def _answered(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test on the gateway: every call Envoy made was answered (none failed
+    open)."""
     yield
-    assert gateway.proxy.stat("cluster.backend.ratelimit.error") == 0
-    assert gateway.proxy.stat("cluster.backend.ratelimit.failure_mode_allowed") == 0
+    if "gateway" in request.fixturenames:
+        proxy = request.getfixturevalue("gateway").proxy
+        assert proxy.stat("cluster.backend.ratelimit.error") == 0
+        assert proxy.stat("cluster.backend.ratelimit.failure_mode_allowed") == 0
 
 
 def _limit(answer: dict[str, str]) -> str | None:
@@ -371,3 +375,17 @@ class TestMerge:
         left = int(answer["x-ratelimit-remaining"])
         assert left == 40 - 25  # every request above counted, the refused ones too
         assert codes("/bar", left + 1) == [200] * left + [429]
+
+
+class TestGuide:
+    def test_it_names_every_variable_run_here_and_the_image_setting(self) -> None:
+        """docs/envoy-gateway.md's table has each of Envoy Gateway's variables the tests set;
+        its values file sets the image where Envoy Gateway's chart reads it."""
+        text = GUIDE.read_text()
+        loopback = {"GRPC_HOST", "GRPC_PORT", "HOST", "PORT", "DEBUG_HOST", "DEBUG_PORT", "PATH"}
+        names = deployment_env(18001, 6379, 19001, Path("/certs")).keys() - loopback
+        assert [name for name in sorted(names) if f"`{name}" not in text] == []
+        blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+        values = yaml.safe_load(next(b for b in blocks if b.startswith("# eg-fairlimit.yaml")))
+        kubernetes = values["config"]["envoyGateway"]["provider"]["kubernetes"]
+        assert kubernetes["rateLimitDeployment"]["container"]["image"]
