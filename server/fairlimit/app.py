@@ -231,6 +231,8 @@ class App:
             divide_gap=DRIP_SECONDS,  # a put-off division runs at the next drip
             tally=limiter.tally,  # RLS demand at caps counts in the RLQS division
             replicas=replicas,
+            max_buckets_per_stream=settings.rlqs_max_buckets_per_stream,
+            max_buckets=settings.rlqs_max_buckets,
         )
         reuse_port = settings.workers > 1  # the workers share the port (workers.py)
         self.grpc = GrpcServer(

@@ -132,6 +132,12 @@ def _serve_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     add("--rlqs-max-streams", metavar="N",
         help=f"RLQS streams open at once; more get RESOURCE_EXHAUSTED "
         f"(default {d.rlqs_max_streams})")  # fmt: skip
+    add("--rlqs-max-buckets-per-stream", metavar="N",
+        help=f"RLQS buckets one stream may hold; a new one past it gets no assignment "
+        f"(default {d.rlqs_max_buckets_per_stream})")  # fmt: skip
+    add("--rlqs-max-buckets", metavar="N",
+        help=f"RLQS buckets all streams together may hold; a new one past it gets no "
+        f"assignment (default {d.rlqs_max_buckets})")  # fmt: skip
     add("--grpc-max-streams-per-connection", metavar="N",
         help=f"HTTP/2 streams one client connection may have open "
         f"(default {d.grpc_max_streams_per_connection})")  # fmt: skip

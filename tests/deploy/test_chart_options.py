@@ -228,6 +228,8 @@ def _flag_values(docs: list[Manifest]) -> dict[str, str]:
 BUDGET_FLAGS = {
     "--grpc-max-concurrent": "grpc_max_concurrent",
     "--rlqs-max-streams": "rlqs_max_streams",
+    "--rlqs-max-buckets-per-stream": "rlqs_max_buckets_per_stream",
+    "--rlqs-max-buckets": "rlqs_max_buckets",
     "--grpc-max-streams-per-connection": "grpc_max_streams_per_connection",
     "--grpc-read-timeout": "grpc_read_timeout",
     "--grpc-max-receive-bytes": "grpc_max_receive_bytes",
@@ -248,6 +250,8 @@ class TestCallBudgets:
 
     def test_values_set_them(self, helm: Helm) -> None:
         limits = {"maxConcurrent": 100, "rlqsMaxStreams": 500, "streamsPerConnection": 50,
-                  "readTimeout": 2.5, "maxReceiveBytes": 1048576}  # fmt: skip
+                  "readTimeout": 2.5, "maxReceiveBytes": 1048576,
+                  "rlqsMaxBucketsPerStream": 2000, "rlqsMaxBuckets": 20000}  # fmt: skip
         flags = _flag_values(helm.template({"server": {"limits": limits}}))
-        assert [flags[f] for f in BUDGET_FLAGS] == ["100", "500", "50", "2.5", "1048576"]
+        assert [flags[f] for f in BUDGET_FLAGS] == ["100", "500", "2000", "20000", "50", "2.5",
+                                                    "1048576"]  # fmt: skip

@@ -4,11 +4,17 @@ import re
 
 import pytest
 
-from .helpers import ROOT, Helm
+from .helpers import DOCKERFILE, ROOT, Helm
+from .image import BASE_IMAGE, BUILD, CA_BUNDLE, EG_UID, MMDEBSTRAP
 
 pytestmark = pytest.mark.unit
 
 GUIDE = ROOT / "docs" / "deployment.md"
+
+
+def flat(text: str) -> str:
+    """Shell text with its line continuations joined and all whitespace runs one space."""
+    return " ".join(text.replace("\\\n", " ").split())
 
 
 class TestDeployDoc:
@@ -28,3 +34,17 @@ class TestDeployDoc:
         paths = set(re.findall(r"(?:examples|helm|docs)/[\w./-]+\w", GUIDE.read_text()))
         assert paths, "no paths found"
         assert [p for p in sorted(paths) if not (ROOT / p).exists()] == []
+
+    def test_podman_commands_are_the_ones_the_image_test_runs(self) -> None:
+        """The guide and the Dockerfile's header build as tests/deploy/test_image.py does."""
+        guide = GUIDE.read_text()
+        lines = DOCKERFILE.read_text().splitlines()
+        header = flat("\n".join(line.lstrip("#") for line in lines if line.startswith("#")))
+        commands = flat(guide)
+        for text in (commands, header):
+            assert " ".join([*MMDEBSTRAP[:-2], MMDEBSTRAP[-1]]) + " " in text
+            assert f"podman import /tmp/debian-bookworm.tar {BASE_IMAGE}" in text
+            assert "podman " + " ".join(BUILD) in text
+            assert f"-v {CA_BUNDLE}:{CA_BUNDLE}:ro" in text
+            assert f"--build-arg PYTHON_IMAGE={BASE_IMAGE}" in text
+        assert f'chroot --userspec={EG_UID}:{EG_UID} "$root" /bin/ratelimit' in guide

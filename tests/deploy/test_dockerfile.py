@@ -1,4 +1,4 @@
-"""The container recipe, read as Docker reads it (no Docker engine on this machine)."""
+"""The container recipe, read as Docker reads it (test_image.py builds it with podman)."""
 
 import json
 import re
@@ -37,7 +37,7 @@ def healthcheck_command(admin_port: int) -> list[str]:
 
 
 class TestDockerfile:
-    """The container recipe (not built here: no Docker engine on this machine)."""
+    """The container recipe as written (test_image.py builds and runs it)."""
 
     def test_multi_stage_on_python_3_11_slim_pinned_by_digest(self) -> None:
         """A builder and a runtime stage, both from python:3.11-slim pinned by its digest."""

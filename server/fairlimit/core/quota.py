@@ -27,7 +27,7 @@ only by raising their demand, which the next report turns into a new λ.
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -38,6 +38,7 @@ HEADROOM = 0.25  # of a below-bound bucket's demand, on top of it
 HEADROOM_FLOOR = 1.0  # requests/s added per Envoy, so a tiny demand can still grow
 FILL_SECONDS = 10  # Envoy reads fill_interval in whole seconds: 10 s gives 0.1/s steps
 SETTLE = 0.03  # a new rate within 3% of the one in force keeps the one in force
+STEP = 1000  # buckets (or holders) an ``allocation`` works through between its steps
 MAX_DEPTH_SECONDS = 1.0  # a below-bound bucket holds at most this much of its rate
 BOUND_DEPTH_SECONDS = 0.25  # a bucket at its bound holds this much of its rate
 
@@ -115,13 +116,15 @@ def _wants(holders: Sequence[Holder]) -> float:
 
 def _cap_bounds(
     buckets: dict[BucketKey, list[Holder]],
-) -> tuple[dict[BucketKey, float], dict[str, float]]:
-    """Each bucket's bound over its own limit and its caps; λ per cap."""
+) -> Generator[None, None, tuple[dict[BucketKey, float], dict[str, float]]]:
+    """Each bucket's bound over its own limit and its caps; λ per cap (in steps)."""
     wants: dict[BucketKey, float] = {}
     bounds: dict[BucketKey, float] = {}
     clients: dict[str, dict[str, list[BucketKey]]] = {}
     claims: dict[tuple[str, str], CapClaim] = {}
-    for key, hs in buckets.items():
+    for n, (key, hs) in enumerate(buckets.items(), 1):
+        if not n % STEP:
+            yield
         target = hs[0].target
         bounds[key] = target.limit
         if len(hs) == 1:  # _wants, for the common case of one stream
@@ -141,6 +144,7 @@ def _cap_bounds(
                 keys.append(key)
     levels: dict[str, float] = {}
     for cap, members in clients.items():
+        yield
         names = list(members)
         demand = [sum(wants[k] for k in members[c]) for c in names]
         spec = [claims[(cap, c)] for c in names]
@@ -224,18 +228,35 @@ def _bucket_strategies(holders: Sequence[Holder], bound: float) -> dict[int, tup
 
 def allocate(holders: Sequence[Holder]) -> Allocation:
     """Every holder's strategy from everyone's demand (see the module docstring)."""
+    steps = allocation(holders)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: Allocation = done.value
+            return result
+
+
+def allocation(holders: Sequence[Holder]) -> Generator[None, None, Allocation]:
+    """``allocate`` in steps of about STEP buckets (or holders, or a cap's water level),
+    so that a caller on an event loop can let it turn between them; returns the Allocation.
+    """
     buckets: dict[BucketKey, list[Holder]] = {}
     blanket: dict[tuple[int, BucketKey], Strategy] = {}
-    for holder in holders:
+    for n, holder in enumerate(holders, 1):
+        if not n % STEP:
+            yield
         if holder.target.blanket is not None:
             blanket[(holder.stream, holder.bucket)] = holder.target.blanket
         else:
             buckets.setdefault(holder.bucket, []).append(holder)
-    bounds, levels = _cap_bounds(buckets)
+    bounds, levels = yield from _cap_bounds(buckets)
     strategies = dict(blanket)
     headroom: dict[str, float] = {cap: 0.0 for cap in levels}
     extra: dict[tuple[int, BucketKey], float] = {}
-    for key, hs in buckets.items():
+    for n, (key, hs) in enumerate(buckets.items(), 1):
+        if not n % STEP:
+            yield
         bound = bounds[key]
         if bound <= 0:
             strategies.update({(h.stream, key): Blanket.DENY_ALL for h in hs})

@@ -26,7 +26,7 @@ by ``usage.py``). What a report does not carry: a bucket's first moments on anot
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fairlimit.core.bucket import BucketKey
@@ -58,8 +58,18 @@ class Report:
 def encode(report: Report) -> str:
     """A report as text: a JSON object whose ``buckets`` and ``rls`` are lists of [domain,
     [[key, value], ...], demand, holders, interval]."""
-    return json.dumps({"buckets": _rows(report.buckets), "rls": _rows(report.rls)},
-                      separators=(",", ":"))  # fmt: skip
+    return assemble([encode_rows(report.buckets)], report.rls)
+
+
+def encode_rows(buckets: Sequence[PeerBucket]) -> str:
+    """Some of a report's buckets, encoded (``assemble`` puts the parts together, so that
+    a report of thousands of buckets is encoded a part at a time)."""
+    return json.dumps(_rows(buckets), separators=(",", ":"))[1:-1]
+
+
+def assemble(parts: Iterable[str], rls: Sequence[PeerBucket]) -> str:
+    """The text of a report whose buckets were encoded in ``parts`` (``encode_rows``)."""
+    return f'{{"buckets":[{",".join(p for p in parts if p)}],"rls":[{encode_rows(rls)}]}}'
 
 
 def _rows(buckets: Iterable[PeerBucket]) -> list[list[object]]:
@@ -108,7 +118,16 @@ class Held:
 
 def summarise(held: Iterable[Held]) -> list[PeerBucket]:
     """This process's report: its streams' holds summed per (domain, bucket)."""
-    totals: dict[tuple[str, BucketKey], PeerBucket] = {}
+    totals: Totals = {}
+    add_held(totals, held)
+    return list(totals.values())
+
+
+Totals = dict[tuple[str, BucketKey], PeerBucket]
+
+
+def add_held(totals: Totals, held: Iterable[Held]) -> None:
+    """Sum ``held`` into ``totals`` (``summarise``, some streams at a time)."""
     for h in held:
         known = totals.get((h.domain, h.bucket))
         if known is None:
@@ -117,7 +136,6 @@ def summarise(held: Iterable[Held]) -> list[PeerBucket]:
         demand = None if known.demand is None or h.demand is None else known.demand + h.demand
         totals[(h.domain, h.bucket)] = PeerBucket(h.domain, h.bucket, demand, known.holders + 1,
                                                   max(known.interval, h.interval))  # fmt: skip
-    return list(totals.values())
 
 
 def remote_counts(peers: Mapping[str, Report]) -> dict[BucketKey, int]:

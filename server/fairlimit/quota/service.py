@@ -8,12 +8,22 @@ TTL); any other stream gets the assignments that changed. A bucket reported with
 for ``abandon_after`` seconds is abandoned; a closed stream's buckets leave the division at
 once. The other processes sharing the store take part in every division with their
 buckets' demand (``peers.py``).
+
+Inputs are bounded: a stream holds at most ``max_buckets_per_stream`` buckets and the process
+``max_buckets`` subscriptions (a stream's bucket); a new bucket past either is refused (no
+assignment, not tracked: see ``QuotaService.report``). Reports are taken one at a time,
+CHUNK lines at a time, and divisions and the peers' exchange in steps, pausing between
+them (``_pause``), so that RLS calls are answered while thousands of buckets arrive; and a
+closed stream leaves nothing behind.
 """
 
+import asyncio
+import gc
 import logging
 import math
+import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +32,7 @@ from fairlimit.core.matching import Entry, Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.quota import (
+    STEP,
     Allocation,
     Blanket,
     CapClaim,
@@ -30,7 +41,7 @@ from fairlimit.core.quota import (
     Strategy,
     Target,
     TokenBucket,
-    allocate,
+    allocation,
     provisional,
     settle,
 )
@@ -42,6 +53,7 @@ from fairlimit.quota import peers
 from fairlimit.quota.usage import UsageLedger
 from fairlimit.store.base import Store
 from fairlimit.store.degraded import Replicas
+from fairlimit.store.memory import trim_malloc
 from fairlimit.telemetry.quota import QuotaFigures, QuotaTelemetry
 
 log = logging.getLogger(__name__)
@@ -61,6 +73,36 @@ MAX_REPORTED = 2**32 - 1
 # Under a token bucket, a report counts as allowed at most what the bucket can have let
 # through since the last report, with this much slack (assignments change as they land).
 ALLOWED_SLACK = 2.0
+# At most this many buckets a stream, and subscriptions (a stream's bucket) a process
+# (--rlqs-max-buckets-per-stream, --rlqs-max-buckets). A division of one cap over
+# MAX_BUCKETS holders takes about 40 ms on the event loop (bench/quota_division.py), one
+# Envoy cannot take more than a tenth of a process's room, and 20,000 buckets on one stream
+# took 60 MB and stalled the server for seconds.
+MAX_BUCKETS_PER_STREAM = 1000
+MAX_BUCKETS = 10_000
+# A report is taken this many lines at a time, yielding to the event loop in between (a new
+# bucket costs about 30 µs: its descriptor, plan and target; a known one a few), and one
+# report at a time: twenty streams' reports side by side each ran a chunk in every turn of
+# the loop, and an RLS call waited for all of them (240 ms).
+CHUNK = 128
+# Once the subscriptions fall to a quarter of their high mark, and that mark was at least
+# this many, the next drip hands the freed memory back to the system (a full collection,
+# then malloc_trim), as the memory store does after a spike of clients.
+RELEASE_FROM = 1000
+# Between those steps, RLQS work pauses for PAUSE seconds once it has run for SLICE (in wall
+# time, since its last pause): an RLS call takes several turns of the event loop, and with
+# a step in every turn it waited for several steps. bench/rlqs_buckets.py, 20 streams
+# filling 10,000 buckets, RLS p99 during the arrival: 163-254 ms with 1 ms every 4 ms,
+# 80-103 ms with 2 ms every 2 ms, the arrival as long (the machine's CPU bounds it).
+SLICE = 0.002
+PAUSE = 0.002
+EXCHANGE_PART = 1000  # buckets of the peers' report encoded at a time (see exchange)
+# A close divides at once while this process holds at most this many subscriptions (remote
+# ones included: about 10 ms); beyond, in steps (_divide_yielding) in a task of its own: the
+# close of one of 20 streams holding 10,000 held the event loop 60-90 ms.
+SYNC_DIVISION = 2000
+# The caps a new bucket can be refused at, and the flags that set them.
+CAP_FLAGS = {"stream": "--rlqs-max-buckets-per-stream", "process": "--rlqs-max-buckets"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +189,9 @@ class QuotaStream:
         self._spacings: list[float] = []
         self._last: float | None = None
         self.warned = False  # a report past what it could have let through was logged
+        self.closed = False
+        self.refused = 0  # new buckets its last report had refused at a cap
+        self.told: set[str] = set()  # the caps (CAP_FLAGS) whose refusal was logged
 
     @property
     def last_report(self) -> float | None:
@@ -191,6 +236,8 @@ class QuotaService:
         consumer: str | None = None,
         tally: Tally | None = None,
         replicas: Replicas | None = None,
+        max_buckets_per_stream: int = MAX_BUCKETS_PER_STREAM,
+        max_buckets: int = MAX_BUCKETS,
     ) -> None:
         self._loaded_source = loaded
         self.store = store
@@ -206,6 +253,14 @@ class QuotaService:
         self._divided_at: float | None = None
         self._dirty = False
         self.streams: dict[int, QuotaStream] = {}
+        self.max_buckets_per_stream, self.max_buckets = max_buckets_per_stream, max_buckets
+        self.held = 0  # subscriptions: the buckets of every stream
+        self._high = 0  # the most held since the memory was last handed back
+        self._release = False  # the next drip hands the freed memory back
+        self._turn = asyncio.Lock()  # one report (or put-off division) at a time (see CHUNK)
+        self._closes = 0  # streams closed so far (a division in steps checks it)
+        self._paused_at = 0.0  # perf_counter() at the end of RLQS work's last pause
+        self._tasks: set[asyncio.Task[None]] = set()  # divisions put off by a close
         self.ledger = UsageLedger(store)
         self.allocation = Allocation({}, {}, {}, {})
         self._next = 0
@@ -242,15 +297,110 @@ class QuotaService:
         return stream
 
     def close(self, stream: QuotaStream) -> None:
-        if self.streams.pop(stream.ident, None) is not None:
-            self.ledger.pay_off(stream.ident)
-            self._changed = None
-            if self._due(self.now()):
-                self._divide(None, ())
-            else:
-                self._dirty = True
+        """The stream's buckets leave the division, and every index of them goes: its
+        assignments at once, its debts once paid (the next drip), the peers' report at the
+        next exchange."""
+        if self.streams.pop(stream.ident, None) is None:
+            return
+        stream.closed = True
+        self._closes += 1
+        self.ledger.pay_off(stream.ident)
+        strategies, extra = self.allocation.strategies, self.allocation.extra
+        for key in stream.buckets:
+            strategies.pop((stream.ident, key), None)
+            extra.pop((stream.ident, key), None)
+        self._dropped(len(stream.buckets))
+        stream.buckets = {}
+        self._figured = None
+        self._changed, self._dirty = None, True
+        if not self._due(self.now()):
+            return  # the next drip divides
+        if self.held + len(self._remote) <= SYNC_DIVISION:
+            self._divide(None, ())
+            return
+        try:
+            task = asyncio.get_running_loop().create_task(self._divide_put_off())
+        except RuntimeError:  # no event loop (a plain call): at once, then
+            self._divide(None, ())
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _divide_put_off(self) -> None:
+        """The division a close left to do, in steps, unless one came first."""
+        try:
+            async with self._turn:
+                if self._dirty and self._due(self.now()):
+                    await self._divide_yielding(None, ())
+        except Exception:  # a division must never take the server down
+            log.exception("RLQS: the division after a stream closed failed")
+
+    def _dropped(self, count: int) -> None:
+        """``count`` subscriptions went: after a large fall, the next drip hands the memory
+        back."""
+        self.held -= count
+        if self._high >= RELEASE_FROM and self.held * 4 < self._high:
+            self._release = True
+
+    def _release_memory(self) -> None:
+        """Hand the memory of the subscriptions gone back: Python's free lists emptied (a
+        freed object left in a 1 MiB arena pins it), then glibc's free pages."""
+        gc.collect()
+        trim_malloc()
+        self._high, self._release = self.held, False
+
+    async def _pause(self) -> None:
+        """Between two steps of RLQS work: let the event loop turn, and pause for PAUSE
+        once the work has run for SLICE (only the pace depends on the time read here)."""
+        if time.perf_counter() - self._paused_at < SLICE:
+            await asyncio.sleep(0)
+            return
+        await asyncio.sleep(PAUSE)
+        self._paused_at = time.perf_counter()
+
+    def _full(self, stream: QuotaStream) -> str | None:
+        """The cap (a CAP_FLAGS key) a new bucket of ``stream`` is refused at, if any."""
+        if len(stream.buckets) >= self.max_buckets_per_stream:
+            return "stream"
+        if self.held >= self.max_buckets:
+            return "process"
+        return None
+
+    def _refuse(self, stream: QuotaStream, refused: Mapping[str, int]) -> None:
+        """Count the new buckets a report had refused at each cap; log the first refusal of
+        each cap on the stream."""
+        stream.refused = sum(refused.values())
+        for cap, count in refused.items():
+            self.telemetry.refused(stream.domain, cap, count)
+            if cap in stream.told:
+                continue
+            stream.told.add(cap)
+            limit = self.max_buckets_per_stream if cap == "stream" else self.max_buckets
+            where = "buckets a stream" if cap == "stream" else "buckets over this process's streams"
+            log.warning("RLQS: stream %d (domain %r) reported new buckets past the cap of %d %s"
+                        " (%s): %d of this report refused; they get no assignment, so Envoy"
+                        " applies their no_assignment_behavior, and are taken when reported"
+                        " again with room. Logged once per stream; fairlimit.rlqs.refused_buckets"
+                        " counts each", stream.ident, stream.domain, limit, where,
+                        CAP_FLAGS[cap], count)  # fmt: skip
 
     async def report(self, stream: QuotaStream, domain: str, usages: Sequence[Usage]) -> None:
+        """Take one usage report, after those before it, CHUNK lines at a time (yielding to
+        the event loop between them; a stream closed meanwhile takes the rest no further).
+
+        A new bucket past a cap (``_full``) is refused: not tracked, its usage neither paid
+        nor counted, no assignment sent. Envoy then applies the bucket's
+        no_assignment_behavior and lists it in each periodic report, where it costs a
+        lookup, and is taken like any new bucket once the stream has room (an
+        AbandonAction would make Envoy forget it and report it afresh at its next request,
+        one report per request). The stream is not ended: that would drop what it holds,
+        and Envoy would reopen it and report the same buckets again."""
+        async with self._turn:
+            await self._report(stream, domain, usages)
+
+    async def _report(self, stream: QuotaStream, domain: str, usages: Sequence[Usage]) -> None:
+        if stream.closed:
+            return
         now = self.now()
         since = stream.last_report
         stream.observe(now)
@@ -258,9 +408,17 @@ class QuotaService:
         self._refresh_targets()
         reported: list[BucketKey] = []
         allowed = denied = 0  # as counted
-        for line in usages:
+        refused: dict[str, int] = {}
+        for n, line in enumerate(usages):
+            if n and not n % CHUNK:
+                await self._pause()
+                if stream.closed:
+                    return
             key = bucket_key(line.bucket)
             held = stream.buckets.get(key)
+            if held is None and (cap := self._full(stream)) is not None:
+                refused[cap] = refused.get(cap, 0) + 1
+                continue
             usage = bounded(line, None if held is None else held,
                             None if since is None else now - since)  # fmt: skip
             if usage is not line and not stream.warned:
@@ -271,6 +429,8 @@ class QuotaService:
             if held is None:
                 held = stream.buckets[key] = _Bucket(usage.bucket, now)
                 self._resolve(stream.domain, held)
+                self.held += 1
+                self._high = max(self._high, self.held)
             else:
                 held.measure(usage.allowed + usage.denied, now, stream.interval)
                 held.start_span()
@@ -281,13 +441,14 @@ class QuotaService:
                 owner = (stream.ident, key)
                 self.ledger.owe(owner, stream.domain, held.entries, usage.allowed, stream.interval)
             reported.append(key)
+        self._refuse(stream, refused)
         self.telemetry.reported(stream.domain, allowed, denied)
         # Only a periodic report lists every bucket; scanning on each subscription (a report
         # of one new bucket) would cost O(buckets) per new client.
         full = len(usages) >= len(stream.buckets)
         abandoned = self._abandon_idle(stream, now) if full else []
         if self._due(now):
-            self._divide(stream, reported, abandoned)
+            await self._divide_yielding(stream, reported, abandoned)
         else:
             self._provisional(stream, reported, abandoned)
 
@@ -296,10 +457,14 @@ class QuotaService:
         pay the reported usage that is due into the store's counters (see usage.py)."""
         await self.exchange()
         if self._dirty and self._due(self.now()):
-            self._divide(None, ())
+            async with self._turn:
+                if self._dirty and self._due(self.now()):
+                    await self._divide_yielding(None, ())
         if self._matcher is not None:
             self._refresh_targets()
             await self.ledger.drip(self.now(), self._matcher)
+        if self._release and not self._dirty:
+            self._release_memory()
 
     async def exchange(self) -> None:
         """Every EXCHANGE_SECONDS: hand the store this process's report, read the others'
@@ -310,13 +475,22 @@ class QuotaService:
             return
         self._exchanged_at = now
         self._take_tally(now)
-        held = [
-            peers.Held(s.domain, key, b.demand, s.interval)
-            for s in self.streams.values()
-            for key, b in s.buckets.items()
-            if b.entries is not None
-        ]
-        report = peers.encode(peers.Report(peers.summarise(held), self._rls))
+        # A stream, then EXCHANGE_PART buckets, at a time: a report of 10,000 held the event
+        # loop 50-120 ms in one go.
+        totals: peers.Totals = {}
+        for s in list(self.streams.values()):
+            held = list(s.buckets.items())
+            for first in range(0, len(held), EXCHANGE_PART):
+                part = held[first : first + EXCHANGE_PART]
+                peers.add_held(totals, (peers.Held(s.domain, key, b.demand, s.interval)
+                                        for key, b in part if b.entries is not None))  # fmt: skip
+                await self._pause()
+        summed = list(totals.values())
+        parts = []
+        for first in range(0, len(summed), EXCHANGE_PART):
+            parts.append(peers.encode_rows(summed[first : first + EXCHANGE_PART]))
+            await self._pause()
+        report = peers.assemble(parts, self._rls)
         try:
             texts = await self.store.exchange_demand(self.consumer, report, now, peers.PEER_TTL)
         except StoreUnavailable as exc:
@@ -328,6 +502,7 @@ class QuotaService:
             self.replicas.saw(self.consumer, texts)
         found: dict[str, peers.Report] = {}
         for consumer, text in texts.items():
+            await self._pause()
             try:
                 found[consumer] = peers.decode(text)
             except ValueError as exc:
@@ -339,6 +514,7 @@ class QuotaService:
         if found != self.peers:
             self.peers, self._remote = found, peers.remote_counts(found)
             self._dirty, self._changed = True, None
+            self._prune_remote()
 
     def _take_tally(self, now: float) -> None:
         """This process's RLS demand at caps since the last exchange, as rates; the tally
@@ -350,6 +526,7 @@ class QuotaService:
         rls = [] if since is None else peers.rls_demand(counts, now - since)
         if rls != self._rls:
             self._rls, self._dirty, self._changed = rls, True, None
+            self._prune_remote()
         self.tally.on = bool(self.streams or self.peers)
 
     def _remote_holders(self, dirty: set[object] | None) -> list[Holder]:
@@ -358,9 +535,7 @@ class QuotaService:
         of the ``dirty`` regions only, unless None)."""
         out: list[Holder] = []
         ident = 0
-        sources = [self._rls, *(r.buckets for r in self.peers.values()),
-                   *(r.rls for r in self.peers.values())]  # fmt: skip
-        for buckets in sources:
+        for buckets in self._remote_sources():
             for b in buckets:
                 target = self._remote_target(b.domain, b.bucket)
                 if target.blanket is not None:
@@ -372,6 +547,17 @@ class QuotaService:
                     ident -= 1
                     out.append(Holder(ident, b.bucket, target, part, b.interval))
         return out
+
+    def _remote_sources(self) -> list[list[peers.PeerBucket]]:
+        return [self._rls, *(r.buckets for r in self.peers.values()),
+                *(r.rls for r in self.peers.values())]  # fmt: skip
+
+    def _prune_remote(self) -> None:
+        """Forget the targets of remote buckets no longer reported (the remote buckets
+        churn: kept, the table would grow with every client ever seen)."""
+        live = {(b.domain, b.bucket) for source in self._remote_sources() for b in source}
+        if len(self._remote_targets) > 2 * len(live) + 64:
+            self._remote_targets = {k: t for k, t in self._remote_targets.items() if k in live}
 
     def _remote_target(self, domain: str, bucket: BucketKey) -> Target:
         found = self._remote_targets.get((domain, bucket))
@@ -389,6 +575,7 @@ class QuotaService:
             self.allocation.strategies.pop((stream.ident, key), None)
             self.allocation.extra.pop((stream.ident, key), None)
             out.append(Abandon(held.bucket))
+        self._dropped(len(idle))
         return out
 
     def _mark(self, key: BucketKey, target: Target) -> None:
@@ -456,8 +643,33 @@ class QuotaService:
         reported: Sequence[BucketKey],
         abandoned: Sequence[Action] = (),
     ) -> None:
+        """A division (``_division``) at once."""
+        for _ in self._division(reporter, reported, abandoned):
+            pass
+
+    async def _divide_yielding(
+        self,
+        reporter: QuotaStream | None,
+        reported: Sequence[BucketKey],
+        abandoned: Sequence[Action] = (),
+    ) -> None:
+        """A division (``_division``) yielding to the event loop between its steps: a
+        division of 10,000 subscriptions held the loop 45-85 ms in one go. Called with the
+        report turn held, so that no report or reload changes the buckets meanwhile."""
+        for _ in self._division(reporter, reported, abandoned):
+            await self._pause()
+
+    def _division(
+        self,
+        reporter: QuotaStream | None,
+        reported: Sequence[BucketKey],
+        abandoned: Sequence[Action],
+    ) -> Iterator[None]:
         """Re-divide the regions (caps and the buckets under them) that changed since the
-        last division; send the reporter its buckets and the others what changed."""
+        last division; send the reporter its buckets and the others what changed. Steps
+        between a stream's buckets gathered, the division itself and a stream's
+        assignments sent; a stream closing between them (its own division divides or is
+        due) ends the rest, as what is left was worked out with its buckets."""
         if self.peers or self._rls:
             self._refresh_targets()
         if reporter is not None:
@@ -466,20 +678,30 @@ class QuotaService:
                 if held is not None:
                     self._mark(key, held.target)
         changed, self._changed = self._changed, set()
+        closes = self._closes
         regions = self._regions
         dirty = None if changed is None else {regions.root(h) for h in changed}
         divided: set[BucketKey] | None = None if dirty is None else set()
         holders: list[Holder] = []
-        for s in self.streams.values():
-            for key, b in s.buckets.items():
+        for s in list(self.streams.values()):
+            # (no report changes a stream's buckets meanwhile; a close replaces them)
+            for n, (key, b) in enumerate(s.buckets.items(), 1):
+                if not n % STEP:
+                    yield
                 if dirty is not None and divided is not None:
                     if regions.of(key, b.target) not in dirty:
                         continue
                     divided.add(key)
                 holders.append(Holder(s.ident, key, b.target, b.demand, s.interval))
+            yield
         if self.peers or self._rls:
             holders += self._remote_holders(dirty)
-        part = allocate(holders)
+        if self._closes != closes:
+            return
+        part = yield from allocation(holders)
+        yield
+        if self._closes != closes:
+            return
         if divided is None:
             self.allocation = part
         else:
@@ -488,6 +710,8 @@ class QuotaService:
         self._divided_at, self._dirty = self.now(), False
         strategies = self.allocation.strategies
         for stream in list(self.streams.values()):
+            if self._closes != closes:
+                return
             renew = set(reported) if stream is reporter else set()
             actions: list[Action] = list(abandoned) if stream is reporter else []
             ident, ttl = stream.ident, stream.ttl
@@ -499,8 +723,15 @@ class QuotaService:
                 if (new is not current and new != current) or key in renew:
                     held.assign(new)
                     actions.append(Assign(held.bucket, new, ttl))
+                    if len(actions) >= STEP:  # a response at a time, each one turn
+                        stream.send(actions)
+                        actions = []
+                        yield
+                        if self._closes != closes:
+                            return
             if actions:
                 stream.send(actions)
+            yield
 
     def _merge(self, part: Allocation, holders: Sequence[Holder]) -> None:
         """Put the division of some regions into the allocation in force."""
@@ -517,6 +748,11 @@ class QuotaService:
         was assigned and reported, and each cap's water level and headroom."""
         return {
             "streams": [self._describe_stream(s) for s in self.streams.values()],
+            "buckets": {
+                "held": self.held,
+                "max_per_stream": self.max_buckets_per_stream,
+                "max": self.max_buckets,
+            },
             "caps": {
                 cap: {
                     "fair_share_level_per_second": None if math.isinf(level) else level,
@@ -532,6 +768,7 @@ class QuotaService:
             "domain": stream.domain,
             "reporting_interval_seconds": stream.interval,
             "assignment_ttl_seconds": stream.ttl,
+            "buckets_refused_in_last_report": stream.refused,
             "buckets": [
                 {
                     "bucket": dict(held.bucket),

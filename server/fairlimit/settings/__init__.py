@@ -98,6 +98,11 @@ class Settings:
     # the receive limit it bounds the memory a flood of maximal requests can take.
     grpc_max_concurrent: int = 32
     rlqs_max_streams: int = 64  # RLQS streams open at once (one per Envoy that uses RLQS)
+    # RLQS buckets one stream may hold, and subscriptions (a stream's bucket) all of this
+    # process's streams; a new bucket past either is refused (quota/service.py says why
+    # these defaults).
+    rlqs_max_buckets_per_stream: int = 1000
+    rlqs_max_buckets: int = 10_000
     grpc_max_streams_per_connection: int = 16  # HTTP/2 streams open on one connection
     grpc_read_timeout: float = 1.0  # seconds a call has to deliver its (first) message
     # On SIGTERM, seconds to keep answering while health says NOT_SERVING, before draining.
@@ -207,6 +212,8 @@ class Settings:
             raise SettingsError(f"--admin-timeout: must be above 0, got {self.admin_timeout}")
         for flag, count in (("--grpc-max-concurrent", self.grpc_max_concurrent),
                             ("--rlqs-max-streams", self.rlqs_max_streams),
+                            ("--rlqs-max-buckets-per-stream", self.rlqs_max_buckets_per_stream),
+                            ("--rlqs-max-buckets", self.rlqs_max_buckets),
                             ("--grpc-max-streams-per-connection",
                              self.grpc_max_streams_per_connection)):  # fmt: skip
             if count < 1:
@@ -291,7 +298,7 @@ _NUMBERS = frozenset(
 )
 _COUNTS = frozenset({"workers", "top_clients", "grpc_max_receive_bytes", "grpc_max_concurrent",
                      "rlqs_max_streams", "grpc_max_streams_per_connection",
-                     "replicas"})  # fmt: skip
+                     "replicas", "rlqs_max_buckets_per_stream", "rlqs_max_buckets"})  # fmt: skip
 _LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "critical", "trace", "fatal", "panic")
 
 

@@ -61,7 +61,7 @@ def _fix_mmap_threshold() -> None:
         mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
 
 
-def _trim_malloc() -> None:
+def trim_malloc() -> None:
     """glibc's malloc_trim(0): return free heap pages to the system."""
     trim = _glibc("malloc_trim")
     if trim is not None:
@@ -240,7 +240,7 @@ class MemoryStore:
         # pages, and a dict, which never gives back the table it grew to, is copied into
         # one of its live size. bench/memory.py measures the effect.
         gc.collect()
-        _trim_malloc()
+        trim_malloc()
         self._counters = dict(self._counters)
         self._high = len(self._counters)
 

@@ -4,9 +4,11 @@ Gauges (read from the last ``QuotaFigures`` the quota service hands in):
 ``fairlimit.rlqs.streams``, ``fairlimit.rlqs.buckets`` (subscriptions, one per stream and
 bucket), ``fairlimit.rlqs.assigned_rate`` (the token-bucket rates assigned, summed per
 domain) and ``fairlimit.rlqs.headroom`` (assigned above the grants, summed per domain).
-Counters: ``fairlimit.rlqs.reports`` and ``fairlimit.rlqs.requests`` (reported usage, by
-``result`` allowed|denied). Attributes are the domain and the result only, never a bucket's
-values. Recording never fails a stream.
+Counters: ``fairlimit.rlqs.reports``, ``fairlimit.rlqs.requests`` (reported usage, by
+``result`` allowed|denied) and ``fairlimit.rlqs.refused_buckets`` (new buckets a report had
+refused at a cap, by ``cap`` stream|process: a refused bucket counts at each report that
+lists it). Attributes are the domain, the result and the cap only, never a bucket's values.
+Recording never fails a stream.
 """
 
 import logging
@@ -58,6 +60,12 @@ class QuotaTelemetry:
         self._requests = meter.create_counter(
             "fairlimit.rlqs.requests", "{request}", "Requests Envoys reported, by result"
         )
+        self._refused = meter.create_counter(
+            "fairlimit.rlqs.refused_buckets",
+            "{bucket}",
+            "New buckets refused at a cap (stream: --rlqs-max-buckets-per-stream, process:"
+            " --rlqs-max-buckets); each report that lists one counts it",
+        )
 
     @property
     def figures(self) -> QuotaFigures:
@@ -76,6 +84,15 @@ class QuotaTelemetry:
             self._reports.add(1, {"domain": domain})
             self._requests.add(allowed, {"domain": domain, "result": "allowed"})
             self._requests.add(denied, {"domain": domain, "result": "denied"})
+        except Exception:
+            self._failed()
+
+    def refused(self, domain: str, cap: str, count: int) -> None:
+        """A report of a stream in ``domain`` had ``count`` new buckets refused at ``cap``."""
+        if not self.enabled:
+            return
+        try:
+            self._refused.add(count, {"domain": domain, "cap": cap})
         except Exception:
             self._failed()
 
