@@ -3,7 +3,11 @@
 conftest.py keeps only fixtures; test modules import what they share from here.
 """
 
+import base64
+import hashlib
+import hmac
 import importlib
+import json
 import os
 import shutil
 import textwrap
@@ -56,6 +60,19 @@ def load_text(tmp_path: Path, text: str, name: str = "test.yaml") -> Loaded:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))
     return load([path])
+
+
+def b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def hs256_jwt(claims: dict[str, object], key: bytes) -> str:
+    """A JWT of ``claims`` signed HS256 with ``key`` (stdlib only; Envoy's jwt_authn checks
+    it against the JWKS ``{"keys": [{"kty": "oct", "alg": "HS256", "k": b64url(key)}]}``)."""
+    header = b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    payload = b64url(json.dumps(claims).encode())
+    signature = hmac.new(key, f"{header}.{payload}".encode(), hashlib.sha256).digest()
+    return f"{header}.{payload}.{b64url(signature)}"
 
 
 def skip_or_fail(reason: str) -> NoReturn:

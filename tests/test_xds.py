@@ -97,6 +97,21 @@ class ManagementServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def request(self) -> Any:
         return self.received.get(timeout=20)
 
+    def push(self, version: str, *configs: Any) -> None:
+        """A snapshot: every resource, as the state of the world at ``version``."""
+        self.to_send.put(_response(version, *configs))
+
+    def acked(self, version: str) -> Any:
+        """The next request that ACKs ``version`` (those before it are passed over; a NACK
+        fails)."""
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            request = self.request()
+            assert not request.HasField("error_detail"), request.error_detail.message
+            if request.version_info == version:
+                return request
+        raise AssertionError(f"version {version} was never ACKed")
+
     def stop(self) -> None:
         self.server.stop(0)
 

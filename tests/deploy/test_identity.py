@@ -4,10 +4,7 @@ Every example must count a request that carries no identity (as one anonymous cl
 never let it through unlimited; one example runs end to end through a real Envoy.
 """
 
-import base64
 import copy
-import hashlib
-import hmac
 import json
 import ssl
 import subprocess
@@ -22,6 +19,7 @@ import pytest
 import yaml
 
 from envoy_proxy import envoy_on, http_get
+from helpers import b64url, hs256_jwt
 from servers import fairlimit_server
 
 from .helpers import ROOT, load_values
@@ -187,22 +185,15 @@ descriptors:
 """
 
 
-def b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 def token(sub: str, key: bytes = SECRET) -> str:
-    """An HS256 JWT for the example's issuer and audience (stdlib only)."""
-    header = b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
-    claims = {
+    """An HS256 JWT for the example's issuer and audience."""
+    claims: dict[str, object] = {
         "iss": "https://idp.example.com",
         "aud": "api.example.com",
         "sub": sub,
         "exp": int(time.time()) + 3600,
     }
-    payload = b64url(json.dumps(claims).encode())
-    signature = hmac.new(key, f"{header}.{payload}".encode(), hashlib.sha256).digest()
-    return f"{header}.{payload}.{b64url(signature)}"
+    return hs256_jwt(claims, key)
 
 
 def jwt_example_with_a_local_key() -> str:
