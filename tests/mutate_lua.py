@@ -309,9 +309,17 @@ class Workspace:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    """SIGTERM (and SIGINT, which a shell's background job ignores) end a run as Ctrl-C
+    does: through the ``finally`` that stops the tests' servers and removes the copy."""
+    raise KeyboardInterrupt
+
+
 def run(
     names: Sequence[str], sample: int | None, seed: int, budget: float | None, again: bool
 ) -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _interrupted)
     results = _load_results()
     deadline = None if budget is None else time.monotonic() + budget * 60
     space = Workspace()
