@@ -7,6 +7,7 @@ by the behaviour suite (test_admission.py, test_fair_share_invariants.py) on eve
 import asyncio
 import dataclasses
 import gc
+import math
 import os
 import random
 import re
@@ -174,6 +175,29 @@ class TestParityWithMemory:
                 assert (got.admitted, got.counts, got.shared) == (
                     want.admitted, want.counts, want.shared), (t - start, client)  # fmt: skip
                 assert got.bounds == pytest.approx(want.bounds), (t - start, client)
+        finally:
+            await store.close()
+
+    async def test_a_division_another_replica_is_computing_keeps_the_one_in_force(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
+    ) -> None:
+        """A cap's division is due, but another replica holds its lock (computing it): the
+        request is decided by the division in force, not handed back, not failed."""
+        from fairlimit.core.sharing import FORCES, SPLIT
+        from fairlimit.store.redis.keys import slot_groups
+
+        store = await redis_store_factory()
+        plan = client_plan(matcher, "a")
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        try:
+            assert (await store.admit(plan, T0)).admitted
+            later = T0 + 1.3  # a new period: the division is due
+            with redis_server.client() as client:
+                epoch = FORCES * math.floor(later * SPLIT / plan.shares[0].period)
+                client.set(g.cap_keys[0]["lock"], str(epoch), px=60_000)
+            trips = store.round_trips
+            assert (await store.admit(plan, later)).admitted
+            assert store.round_trips == trips + 1  # no hand-back
         finally:
             await store.close()
 
