@@ -11,6 +11,7 @@ repository's own scripts are never written, so an interrupted run leaves nothing
     python tests/mutate_lua.py run acquire demand      # some scripts
     python tests/mutate_lua.py run admit --sample 120 --seed 29 --budget 40
     python tests/mutate_lua.py run clock --again       # the survivors, after a new test
+    python tests/mutate_lua.py run admit --mutant admit:355:0:line   # one mutant again
     python tests/mutate_lua.py list admit              # the mutants, without running them
     python tests/mutate_lua.py results                 # the figures per script (markdown)
     python tests/mutate_lua.py results --survivors     # and each surviving mutant
@@ -309,9 +310,22 @@ class Workspace:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    """SIGTERM (and SIGINT, which a shell's background job ignores) end a run as Ctrl-C
+    does: through the ``finally`` that stops the tests' servers and removes the copy."""
+    raise KeyboardInterrupt
+
+
 def run(
-    names: Sequence[str], sample: int | None, seed: int, budget: float | None, again: bool
+    names: Sequence[str],
+    sample: int | None,
+    seed: int,
+    budget: float | None,
+    again: bool,
+    only: Sequence[str] = (),
 ) -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _interrupted)
     results = _load_results()
     deadline = None if budget is None else time.monotonic() + budget * 60
     space = Workspace()
@@ -322,6 +336,8 @@ def run(
             todo = [m for m in _chosen(script, mutants(script, text), sample, seed)
                     if _key(m, digest) not in results
                     or (again and results[_key(m, digest)]["verdict"] == "survived")]  # fmt: skip
+            if only:
+                todo = [m for m in mutants(script, text) if m.name in only]
             if not todo:
                 continue
             tests = TESTS[script]
@@ -408,6 +424,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, help="minutes after which no mutant starts")
     parser.add_argument("--survivors", action="store_true", help="results: list survivors")
     parser.add_argument("--again", action="store_true", help="run: try the survivors again")
+    parser.add_argument("--mutant", action="append", default=[], help="run: only this one")
     args = parser.parse_args()
     if args.command == "show":
         show(args.names[0])
@@ -425,7 +442,7 @@ def main() -> None:
             for m in _chosen(script, mutants(script, text), args.sample, args.seed):
                 print(f"{m.name}: {m.old.strip()!r} -> {m.new.strip()!r}")
         return
-    run(names, args.sample, args.seed, args.budget, args.again)
+    run(names, args.sample, args.seed, args.budget, args.again, args.mutant)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,23 @@ class TestChargeWhenOverLimit:
         assert (await limiter.should_rate_limit(over)).code is Code.OVER_LIMIT
         assert await remaining(limiter, "plain=x") == (Code.OK, 20)
 
+    async def test_a_refusal_by_another_descriptor_keeps_the_recorded_charge(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """A request whose plain descriptor is over is refused whole; its tenant's charge
+        (charge_when_over_limit) is recorded anyway, at the tenant and the cap above: on a
+        Redis Cluster the two sit in two slots, and the undo of the slot that charged
+        leaves those levels as charged."""
+        clock.t = 1_700_000_040.0
+        limiter = make_limiter(TOKENS)
+        assert (
+            await limiter.should_rate_limit(req("llm", desc("plain=x", hits=80)))
+        ).code is Code.OK
+        both = req("llm", desc("provider=openai", "tenant=t", hits=30), desc("plain=x", hits=50))
+        assert (await limiter.should_rate_limit(both)).code is Code.OVER_LIMIT
+        assert await remaining(limiter, "provider=openai", "tenant=t") == (Code.OK, 70)
+        assert await remaining(limiter, "plain=x") == (Code.OK, 20)
+
 
 TENANT_ONLY = """
 domain: llm

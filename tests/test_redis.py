@@ -7,6 +7,7 @@ by the behaviour suite (test_admission.py, test_fair_share_invariants.py) on eve
 import asyncio
 import dataclasses
 import gc
+import math
 import os
 import random
 import re
@@ -174,6 +175,29 @@ class TestParityWithMemory:
                 assert (got.admitted, got.counts, got.shared) == (
                     want.admitted, want.counts, want.shared), (t - start, client)  # fmt: skip
                 assert got.bounds == pytest.approx(want.bounds), (t - start, client)
+        finally:
+            await store.close()
+
+    async def test_a_division_another_replica_is_computing_keeps_the_one_in_force(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
+    ) -> None:
+        """A cap's division is due, but another replica holds its lock (computing it): the
+        request is decided by the division in force, not handed back, not failed."""
+        from fairlimit.core.sharing import FORCES, SPLIT
+        from fairlimit.store.redis.keys import slot_groups
+
+        store = await redis_store_factory()
+        plan = client_plan(matcher, "a")
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        try:
+            assert (await store.admit(plan, T0)).admitted
+            later = T0 + 1.3  # a new period: the division is due
+            with redis_server.client() as client:
+                epoch = FORCES * math.floor(later * SPLIT / plan.shares[0].period)
+                client.set(g.cap_keys[0]["lock"], str(epoch), px=60_000)
+            trips = store.round_trips
+            assert (await store.admit(plan, later)).admitted
+            assert store.round_trips == trips + 1  # no hand-back
         finally:
             await store.close()
 
@@ -581,6 +605,39 @@ class TestKeys:
 class TestSlotGroups:
     """Redis-only: only a Redis Cluster splits one request across slots, so only there must
     a rejected request undo what one slot group reserved."""
+
+    async def test_a_refusal_across_slots_keeps_the_recorded_charges(
+        self, redis_cluster_store_factory: Factory, redis_cluster: RedisClusterProcesses,
+        tmp_path: Path,
+    ) -> None:  # fmt: skip
+        """A request over two slots, refused by one: the other slot's undo takes back what
+        it charged but its charge_when_over_limit levels, whose charge stays recorded in
+        full at the counters and at the client's row at the cap."""
+        from fairlimit.core.sharing import ROW_FIELDS
+        from fairlimit.store.redis.keys import slot_groups
+        from test_charge_when_over_limit import TOKENS
+
+        matcher = Matcher(load_text(tmp_path, TOKENS).config)
+        store = await redis_cluster_store_factory(local_cache=0)
+        both = make_plan(req("llm", desc("provider=openai", "tenant=t", hits=30),
+                             desc("plain=x", hits=50)), matcher)  # fmt: skip
+        try:
+            plain = make_plan(req("llm", desc("plain=x", hits=80)), matcher)
+            assert (await store.admit(plain, T0)).admitted
+            assert not (await store.admit(both, T0)).admitted
+        finally:
+            await store.close()
+        (capped,) = [g for g in slot_groups(both, "fairlimit:", True) if g.caps]
+        found: dict[str, str] = {}
+        rows = capped.cap_keys[0]["rows"]
+        for node in redis_cluster.nodes:
+            with node.client() as client:
+                for key in client.scan_iter("*"):  # this node's keys only
+                    if key in capped.counter_keys:
+                        found[key] = client.hget(key, "n")
+                    elif key == rows:
+                        found["row"] = client.hget(rows, f"{ROW_FIELDS['admitted']}:t")
+        assert found == {**dict.fromkeys(capped.counter_keys, "30"), "row": "30"}
 
     async def test_a_rejected_request_across_slots_consumes_nothing(
         self, redis_cluster_store_factory: Factory, matcher: Matcher
