@@ -32,6 +32,8 @@ from helpers import FakeClock, LimiterFactory, desc, load_text, req
 from servers import fairlimit_server
 
 pytestmark = [pytest.mark.behaviour]
+DECIDED_OK = rls_pb2.RateLimitResponse.OK
+DECIDED_OVER = rls_pb2.RateLimitResponse.OVER_LIMIT
 
 FAST = """
 domain: edge
@@ -293,7 +295,8 @@ class TestBucketCaps:
                     if not reader.is_alive():
                         break
                     response = rls.ShouldRateLimit(call, timeout=30)
-                    assert response.overall_code == rls_pb2.RateLimitResponse.OK
+                    # answered with a decision: past its 50/s on a fast machine, OVER_LIMIT
+                    assert response.overall_code in (DECIDED_OK, DECIDED_OVER)
                     answered += 1
                 reader.join(60)
             finally:
