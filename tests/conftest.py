@@ -34,6 +34,8 @@ settings.register_profile(
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "server"))
+# helpers, servers, the exact solver...: the modules the tests share (tests/support/)
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from fairlimit.limiter import Limiter  # noqa: E402
 from fairlimit.store.base import Store  # noqa: E402
@@ -82,12 +84,28 @@ def make_limiter(store: Store, clock: FakeClock, tmp_path: Path) -> Callable[...
 
 
 KINDS = ("unit", "behaviour", "process")  # pyproject's markers: `-m unit` and so on
+# The folders under tests/, one per package of server/fairlimit (and e2e, deploy): each test
+# is also marked with its folder, so `-m quota` runs the tests of quota/ and nothing else.
+PACKAGES = ("admin", "app", "config", "core", "deploy", "e2e", "grpc_api", "limiter", "quota",
+            "settings", "simulate", "store", "telemetry")  # fmt: skip
+TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test is of one kind, or `-m unit` (and the others) would quietly skip it."""
-    unmarked = sorted({item.nodeid.split("::")[0] for item in items
-                       if not any(item.get_closest_marker(kind) for kind in KINDS)})  # fmt: skip
+    """Every test is of one kind and lives in one package's folder, or `-m unit` (and the
+    others) would quietly skip it; the folder becomes a marker too."""
+    unmarked, astray = set(), set()
+    for item in items:
+        if not any(item.get_closest_marker(kind) for kind in KINDS):
+            unmarked.add(item.nodeid.split("::")[0])
+        folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        if folder in PACKAGES:
+            item.add_marker(folder)
+        else:
+            astray.add(item.nodeid.split("::")[0])
     if unmarked:
         raise pytest.UsageError("tests without a kind marker (unit, behaviour or process): "
-                                + ", ".join(unmarked))  # fmt: skip
+                                + ", ".join(sorted(unmarked)))  # fmt: skip
+    if astray:
+        raise pytest.UsageError("tests outside a package folder of tests/ (" + ", ".join(PACKAGES)
+                                + "): " + ", ".join(sorted(astray)))  # fmt: skip

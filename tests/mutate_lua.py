@@ -60,31 +60,31 @@ COPIED = ("server", "tests", "descriptors", "examples", "pyproject.toml")
 # the first failure, so a killed mutant costs little). clock.lua is prepended to every
 # script: its mutants run every script's tests.
 _RATES = (
-    "tests/test_redis_script.py",
-    "tests/test_redis.py",
-    "tests/test_redis_lease.py",
-    "tests/test_admission.py",
-    "tests/test_fair_share_invariants.py",
-    "tests/test_charge_when_over_limit.py",
-    "tests/test_all_or_nothing.py",
-    "tests/test_quota_service.py",
-    "tests/test_telemetry.py",
-    "tests/test_upstream_keys.py",
-    "tests/test_fairness_scenarios.py",
-    "tests/test_fairness_cases.py",
-    "tests/test_backend_parity.py",
+    "tests/store/test_redis_script.py",
+    "tests/store/test_redis.py",
+    "tests/store/test_redis_lease.py",
+    "tests/core/test_admission.py",
+    "tests/limiter/test_fair_share_invariants.py",
+    "tests/limiter/test_charge_when_over_limit.py",
+    "tests/limiter/test_all_or_nothing.py",
+    "tests/quota/test_quota_service.py",
+    "tests/telemetry/test_telemetry.py",
+    "tests/limiter/test_upstream_keys.py",
+    "tests/limiter/test_fairness_scenarios.py",
+    "tests/simulate/test_fairness_cases.py",
+    "tests/store/test_backend_parity.py",
 )
 _SLOTS = (
-    "tests/test_redis_script.py",
-    "tests/test_redis.py",
-    "tests/test_concurrency_invariants.py",
-    "tests/test_telemetry.py",
+    "tests/store/test_redis_script.py",
+    "tests/store/test_redis.py",
+    "tests/limiter/test_concurrency_invariants.py",
+    "tests/telemetry/test_telemetry.py",
 )
 _DEMAND = (
-    "tests/test_redis.py",
-    "tests/test_quota_peers.py",
-    "tests/test_quota_service.py",
-    "tests/test_rlqs_inputs.py",
+    "tests/store/test_redis.py",
+    "tests/quota/test_quota_peers.py",
+    "tests/quota/test_quota_service.py",
+    "tests/quota/test_rlqs_inputs.py",
 )
 TESTS: dict[str, tuple[str, ...]] = {
     "admit": _RATES,
@@ -96,7 +96,9 @@ TESTS: dict[str, tuple[str, ...]] = {
 }
 # The slowest test of the rate suites runs a three-master cluster through a long Hypothesis
 # search (38 s unmutated); its standalone twin runs the same scripts.
-DESELECT = ("tests/test_backend_parity.py::TestBackendParity::test_memory_and_redis_cluster_agree",)
+DESELECT = (
+    "tests/store/test_backend_parity.py::TestBackendParity::test_memory_and_redis_cluster_agree",
+)
 PYTEST_ARGS = (
     *("-x", "-q", "-p", "no:cacheprovider", "-m", "not process"),
     *("-k", "redis and not mutation_config", "--hypothesis-profile=mutation"),

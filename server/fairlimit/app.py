@@ -402,7 +402,7 @@ class App:
         # Ends on the stop event, not only on cancellation: a cancel that lands inside a
         # Redis call may come out of redis-py as a timeout, which the store reports as
         # unavailable; the loop then went on for ever and a SIGTERM soon after start never
-        # finished draining (tests/test_workers.py kills a worker seconds after start).
+        # finished draining (tests/app/test_workers.py kills a worker seconds after start).
         while not self._stopping.is_set():
             try:
                 await self.limiter.refresh_fairness()

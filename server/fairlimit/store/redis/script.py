@@ -4,7 +4,7 @@ the argument builders, the reply parsers and the registration of the scripts.
 Each script takes KEYS as the counter keys, then for each cap the keys its layout names;
 ARGV as the layout's head, then for counters, caps and shares in turn: their number, then
 that many rows of the layout's fields. Each .lua file states the same layout in its opening
-comment; tests/test_redis_script.py checks the two against each other.
+comment; tests/store/test_redis_script.py checks the two against each other.
 """
 
 import dataclasses

@@ -2,7 +2,7 @@
 -- all or none (core/concurrency.py states the rule, store/slots.py is the reference;
 -- store/redis/slots.py calls this by EVALSHA and builds the arguments).
 --
--- The layout (slots.ACQUIRE states it too; tests/test_redis_script.py checks both agree):
+-- The layout (slots.ACQUIRE states it too; tests/store/test_redis_script.py checks both agree):
 -- KEYS  per pool: ids owner held want
 -- ARGV  head: now
 -- ARGV  per pool: request_id limit ttl client client_limit bound weight

@@ -4,7 +4,7 @@
 -- arguments and prepends the constants and the ROW and DIVISION field tables it generates
 -- from core/sharing.py, so neither is a hand-kept copy).
 --
--- The layout (script.ADMIT states it too; tests/test_redis_script.py checks both agree):
+-- The layout (script.ADMIT states it too; tests/store/test_redis_script.py checks both agree):
 -- KEYS  per counter: counter
 -- KEYS  per cap: meta rows lock
 -- ARGV  head: now may_lock lock_ms consumer want

@@ -2,7 +2,7 @@
 -- another group refused (store/redis/store.py, the two-phase admission across slots), or
 -- give back the unused hits of a lease block (core/lease.py; demand = "1").
 --
--- The layout (script.RELEASE states it too; tests/test_redis_script.py checks both agree):
+-- The layout (script.RELEASE states it too; tests/store/test_redis_script.py checks both agree):
 -- KEYS  per counter: counter
 -- KEYS  per cap: rows
 -- ARGV  head: now demand

@@ -2,7 +2,7 @@
 -- group (the stream-done call, or the undo of an acquire whose rates were refused;
 -- store/redis/slots.py calls this, store/slots.py is the reference).
 --
--- The layout (slots.RELEASE_SLOT states it too; tests/test_redis_script.py checks both agree):
+-- The layout (slots.RELEASE_SLOT states it too; tests/store/test_redis_script.py checks both agree):
 -- KEYS  per pool: ids owner held
 -- ARGV  head: now
 -- ARGV  per pool: request_id client

