@@ -26,17 +26,8 @@ from fairlimit.core.rules import Loaded
 from fairlimit.quota import QuotaService, QuotaStream, Usage
 from fairlimit.store.memory import MemoryStore
 
-CONFIG = """\
-domain: edge
-descriptors:
-  - key: route
-    value: public
-    rate_limit: {unit: second, requests_per_unit: 100000}
-    fair_share: {active_clients: 100}
-    descriptors:
-      - key: client_id
-        rate_limit: {unit: second, requests_per_unit: 50}
-"""
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = (ROOT / "descriptors" / "rlqs" / "many-clients.yaml").read_text()
 
 
 class Clock:

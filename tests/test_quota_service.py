@@ -14,7 +14,7 @@ from fairlimit.errors import StoreUnavailable
 from fairlimit.limiter import Limiter
 from fairlimit.quota import Abandon, Action, Assign, QuotaService, QuotaStream, Usage
 from fairlimit.store.memory import MemoryStore
-from helpers import FakeClock, LimiterFactory, desc, load_text, req
+from helpers import ROOT, FakeClock, LimiterFactory, desc, load_text, req
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
@@ -642,17 +642,8 @@ class TestBucketCaps:
         assert points == [({"domain": "edge", "cap": "stream"}, 4)]
 
 
-CAPPED_MANY = """
-domain: edge
-descriptors:
-  - key: route
-    value: public
-    rate_limit: {unit: second, requests_per_unit: 100000}
-    fair_share: {active_clients: 100}
-    descriptors:
-      - key: client_id
-        rate_limit: {unit: second, requests_per_unit: 50}
-"""
+# one cap of 100000/s over clients of 50/s: room for a thousand buckets and more
+CAPPED_MANY = (ROOT / "descriptors" / "rlqs" / "many-clients.yaml").read_text()
 
 
 @pytest.mark.parametrize("backend", ["memory"], indirect=True)
