@@ -7,13 +7,14 @@ import gc
 import logging
 import signal
 import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from fairlimit.admin import AdminServer, JsonCodec, SideListener
-from fairlimit.config.loader import assemble, load
+from fairlimit.config.loader import assemble
+from fairlimit.config.source import Apply, ConfigSource, Reject
 from fairlimit.config.watch import ConfigWatcher
 from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError, SettingsError
@@ -22,7 +23,7 @@ from fairlimit.grpc_api.guards import Budgets
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.grpc_api.servicer import GrpcServer
 from fairlimit.grpc_api.tls import TlsFiles
-from fairlimit.grpc_api.xds import XdsConfigSource, XdsSettings, XdsTls
+from fairlimit.grpc_api.xds import XdsConfigSource
 from fairlimit.limiter import BREAK_SECONDS, Limiter
 from fairlimit.quota import QuotaService
 from fairlimit.settings import Settings, parse_address
@@ -126,46 +127,85 @@ def _response_options(settings: Settings) -> ResponseOptions:
     )
 
 
-def _pairs(text: str, sep: str) -> list[tuple[str, str]]:
-    """``"a=1,b=2"`` (with ``sep`` between name and value) -> pairs; malformed items dropped."""
-    pairs = (item.partition(sep) for item in text.split(","))
-    return [(name.strip(), value.strip()) for name, found, value in pairs if found and name]
-
-
-def _xds_tls(settings: Settings) -> XdsTls | None:
-    """The TLS files for the management server, read once at start."""
-    if not settings.xds_tls:
-        return None
-
-    def read(path: Path | None) -> bytes | None:
-        return None if path is None else path.read_bytes()
-
-    return XdsTls(
-        read(settings.xds_server_ca),
-        read(settings.xds_client_cert),
-        read(settings.xds_client_key),
-        settings.xds_server_san or None,
+def _config_source(settings: Settings, apply: Apply, reject: Reject) -> ConfigSource:
+    """The files, or the xDS management server when CONFIG_TYPE=GRPC_XDS_SOTW asks for it."""
+    if settings.config_source == "xds":
+        return XdsConfigSource(
+            settings.xds, strict=settings.strict, merge_domains=settings.merge_domains,
+            apply=apply, reject=reject, charge_over_limit=settings.charges_over_limit,
+            allow_empty=settings.allow_empty_config,
+        )  # fmt: skip
+    return ConfigWatcher(
+        settings.config,
+        strict=settings.strict,
+        merge_domains=settings.merge_domains,
+        allow_empty=settings.allow_empty_config,
+        apply=apply,
+        reject=reject,
+        charge_over_limit=settings.charges_over_limit,
+        ignore_dotfiles=settings.ignore_dotfiles,
+        roots=_roots(settings),
     )
 
 
-def _xds_source(
-    settings: Settings, apply: Callable[[Loaded], None], reject: Callable[[ConfigError], None]
-) -> XdsConfigSource | None:
-    """The xDS config source when CONFIG_TYPE=GRPC_XDS_SOTW asks for it."""
-    if settings.config_source != "xds":
-        return None
-    xds = XdsSettings(
-        settings.xds_server,
-        settings.xds_node_id,
-        dict(_pairs(settings.xds_node_metadata, "=")),
-        tuple((name.lower(), value) for name, value in _pairs(settings.xds_headers, ":")),
-        settings.xds_retry,
-        _xds_tls(settings),
+def _telemetry(settings: Settings, given: Telemetry | None) -> Telemetry:
+    """``given`` (on the global providers cli.py installed), or one of our own; set up."""
+    telemetry = given or Telemetry(top_clients=settings.top_clients)
+    telemetry.near_limit_ratio = settings.near_limit_ratio
+    if settings.metrics_compat:
+        telemetry.upstream = UpstreamStats(settings.near_limit_ratio)
+    return telemetry
+
+
+def _limiter(
+    settings: Settings, loaded: Loaded, telemetry: Telemetry, replicas: Replicas
+) -> Limiter:
+    return Limiter(
+        loaded,
+        open_store(settings.backend),
+        shadow=settings.shadow,
+        failure_mode=settings.failure_mode,
+        telemetry=telemetry,
+        quota_mode=settings.quota_mode,
+        replicas=replicas,
     )
-    return XdsConfigSource(
-        xds, strict=settings.strict, merge_domains=settings.merge_domains, apply=apply,
-        reject=reject, charge_over_limit=settings.charges_over_limit,
-    )  # fmt: skip
+
+
+def _quota(
+    settings: Settings, limiter: Limiter, telemetry: Telemetry, replicas: Replicas
+) -> QuotaService:
+    return QuotaService(
+        lambda: limiter.loaded,
+        limiter.store,
+        limiter.clock.now,
+        shadow=settings.shadow,
+        telemetry=QuotaTelemetry() if telemetry.enabled else QuotaTelemetry.off(),
+        divide_gap=DRIP_SECONDS,  # a put-off division runs at the next drip
+        tally=limiter.tally,  # RLS demand at caps counts in the RLQS division
+        replicas=replicas,
+        max_buckets_per_stream=settings.rlqs_max_buckets_per_stream,
+        max_buckets=settings.rlqs_max_buckets,
+    )
+
+
+def _grpc(settings: Settings, limiter: Limiter, quota: QuotaService) -> GrpcServer:
+    return GrpcServer(
+        limiter,
+        limiter.telemetry,
+        settings.grpc_addr,
+        _tls(settings),
+        settings.workers > 1,  # reuse_port: the workers share the port (workers.py)
+        _response_options(settings),
+        (settings.max_connection_age, settings.max_connection_age_grace),
+        quota=quota,
+        budgets=Budgets(
+            rls=settings.grpc_max_concurrent,
+            rlqs=settings.rlqs_max_streams,
+            per_connection=settings.grpc_max_streams_per_connection,
+            read_timeout=settings.grpc_read_timeout,
+            max_receive=settings.grpc_max_receive_bytes,
+        ),
+    )
 
 
 class App:
@@ -185,90 +225,26 @@ class App:
         self.worker = worker  # with --workers N, this process's index; admin HTTP in 0 only
         self.metrics_registry = metrics_registry
         self.metrics_dir = metrics_dir  # with --workers N: where workers share their metrics
-        # the global providers cli.py installed
-        self.telemetry = telemetry or Telemetry(top_clients=settings.top_clients)
-        self.telemetry.near_limit_ratio = settings.near_limit_ratio
-        if settings.metrics_compat:
-            self.telemetry.upstream = UpstreamStats(settings.near_limit_ratio)
-        self.xds = _xds_source(settings, self._apply, self._reject)
-        loaded = (
-            # nothing until the management server sends the first set
-            assemble([], (), charge_over_limit=settings.charges_over_limit)
-            if self.xds is not None
-            else load(
-                settings.config,
-                strict=settings.strict,
-                merge_domains=settings.merge_domains,
-                allow_empty=settings.allow_empty_config,
-                charge_over_limit=settings.charges_over_limit,
-                ignore_dotfiles=settings.ignore_dotfiles,
-            )
-        )
-        for line in loaded.warnings:
-            log.warning("%s", line)
-        for line in loaded.notes:
-            log.info("%s", line)
-        self.store = open_store(settings.backend)
+        self.telemetry = _telemetry(settings, telemetry)
+        self.source = _config_source(settings, self._apply, self._reject)
+        loaded = self.source.initial()
+        self._count_initial = loaded is not None  # a source's later configs count themselves
+        if loaded is None:  # nothing until the source sends a first config
+            loaded = assemble([], (), charge_over_limit=settings.charges_over_limit)
+        _log_notes(loaded)
         # --failure-mode local: each process's part of a limit (store/degraded.py); the RLQS
         # demand exchange says which processes share the store
         replicas = Replicas(settings.replicas * settings.workers)
-        self.limiter = Limiter(
-            loaded,
-            self.store,
-            shadow=settings.shadow,
-            failure_mode=settings.failure_mode,
-            telemetry=self.telemetry,
-            quota_mode=settings.quota_mode,
-            replicas=replicas,
-        )
-        limiter = self.limiter
-        self.quota = QuotaService(
-            lambda: limiter.loaded,
-            self.store,
-            limiter.clock.now,
-            shadow=settings.shadow,
-            telemetry=QuotaTelemetry() if self.telemetry.enabled else QuotaTelemetry.off(),
-            divide_gap=DRIP_SECONDS,  # a put-off division runs at the next drip
-            tally=limiter.tally,  # RLS demand at caps counts in the RLQS division
-            replicas=replicas,
-            max_buckets_per_stream=settings.rlqs_max_buckets_per_stream,
-            max_buckets=settings.rlqs_max_buckets,
-        )
-        reuse_port = settings.workers > 1  # the workers share the port (workers.py)
-        self.grpc = GrpcServer(
-            self.limiter,
-            self.telemetry,
-            settings.grpc_addr,
-            _tls(settings),
-            reuse_port,
-            _response_options(settings),
-            (settings.max_connection_age, settings.max_connection_age_grace),
-            quota=self.quota,
-            budgets=Budgets(
-                rls=settings.grpc_max_concurrent,
-                rlqs=settings.rlqs_max_streams,
-                per_connection=settings.grpc_max_streams_per_connection,
-                read_timeout=settings.grpc_read_timeout,
-                max_receive=settings.grpc_max_receive_bytes,
-            ),
-        )
+        self.limiter = _limiter(settings, loaded, self.telemetry, replicas)
+        self.store = self.limiter.store
+        self.quota = _quota(settings, self.limiter, self.telemetry, replicas)
+        self.grpc = _grpc(settings, self.limiter, self.quota)
         self.admin = None if worker else self._admin(metrics_registry)
         self.side = [] if self.admin is None else self._side_listeners(self.admin)
-        self.watcher = ConfigWatcher(
-            settings.config,
-            strict=settings.strict,
-            merge_domains=settings.merge_domains,
-            allow_empty=settings.allow_empty_config,
-            apply=self._apply,
-            reject=self._reject,
-            charge_over_limit=settings.charges_over_limit,
-            ignore_dotfiles=settings.ignore_dotfiles,
-            roots=_roots(settings),
-        )
         self._tasks: set[asyncio.Task[object]] = set()
         self._stopping = asyncio.Event()
         self._hurry = asyncio.Event()  # a second SIGTERM: no more drain delay
-        self._started = False  # the servers were started (not while waiting for xDS)
+        self._started = False  # the servers were started (not while waiting for a config)
 
     def _admin(self, registry: CollectorRegistry | None) -> AdminServer:
         host, port = parse_address("--admin-addr", self.settings.admin_addr)
@@ -314,17 +290,15 @@ class App:
         await self.grpc.set_serving(ready)
 
     async def start(self) -> None:
-        if self.xds is not None:
-            # As upstream: serve only once the management server has sent a config, unless
-            # forced to start (FORCE_START_WITHOUT_INITIAL_CONFIG): then with none until then.
-            self._spawn(self.xds.run())
+        self._spawn(self.source.run())
+        if not self.source.applied.is_set():
+            # As upstream: serve only once the source has sent a config, unless forced to
+            # start (FORCE_START_WITHOUT_INITIAL_CONFIG): then with none until then.
             if self.settings.force_start:
-                log.info("serving before a first config from xDS server %s (force start)",
-                         self.settings.xds_server)  # fmt: skip
+                log.info("serving before a first config from %s (force start)", self.source.name)
             else:
-                log.info("waiting for the first config from xDS server %s",
-                         self.settings.xds_server)  # fmt: skip
-                if not await self._first_config(self.xds):
+                log.info("waiting for the first config from %s", self.source.name)
+                if not await self._first_config():
                     return  # SIGTERM before any config: nothing was started
         self._started = True
         await self.grpc.start()
@@ -334,7 +308,7 @@ class App:
             await listener.start()
             log.info("serving %s:%d", listener.host, listener.port)
         await self._config_ready(self._has_config(self.limiter.loaded))
-        if self.xds is None:  # the xDS source counts each config it applies, the first too
+        if self._count_initial:
             self.telemetry.config_load(True)
         _log_loaded("config loaded", self.limiter.loaded)
         log.info("serving gRPC on %s (port %d)", self.settings.grpc_addr, self.grpc.port)
@@ -344,27 +318,35 @@ class App:
             )
         else:
             log.info("worker %d: admin HTTP is served by worker 0 only", self.worker)
-        if self.xds is None:
-            self._spawn(self.watcher.run())
-        self._spawn(self._refresh_fairness())
+        self._spawn(self._every(REFRESH_SECONDS, self.limiter.refresh_fairness,
+                                "refreshing the fairness figures failed"))  # fmt: skip
         if self.limiter.local is not None:
-            self._spawn(self._watch_backend())
+            # --failure-mode local: while this process limits alone, ping the backend every
+            # BREAK_SECONDS, so that it returns as soon as the backend does, with traffic or
+            # without (its write-back is what the other processes' counts miss meanwhile)
+            self._spawn(self._every(BREAK_SECONDS, self.limiter.watch_backend,
+                                    "watching the backend failed"))  # fmt: skip
         if self.worker and self.metrics_dir is not None and self.metrics_registry is not None:
-            self._spawn(self._share_metrics(self.metrics_registry, self.metrics_dir))
+            # this worker's metrics for worker 0's /metrics, until stopping and once more
+            share = functools.partial(_share_metrics, self.metrics_registry, self.metrics_dir,
+                                      self.worker)  # fmt: skip
+            self._spawn(self._every(pooled.DUMP_SECONDS, share, "sharing metrics failed",
+                                    last=True))  # fmt: skip
         # Everything made so far (modules, config, SDK, grpc) lives as long as the process:
         # out of the collector's sight, a full collection no longer walks it mid-request.
         gc.collect()
         gc.freeze()
-        self._spawn(self._drip_quota())
+        self._spawn(self._every(DRIP_SECONDS, self.quota.drip,
+                                "paying RLQS usage into the counters failed"))  # fmt: skip
 
-    async def _first_config(self, xds: XdsConfigSource) -> bool:
-        """Wait for the management server's first config; False when asked to stop first."""
-        applied = asyncio.ensure_future(xds.applied.wait())
+    async def _first_config(self) -> bool:
+        """Wait for the source's first config; False when asked to stop first."""
+        applied = asyncio.ensure_future(self.source.applied.wait())
         stopping = asyncio.ensure_future(self._stopping.wait())
         await asyncio.wait({applied, stopping}, return_when=asyncio.FIRST_COMPLETED)
         for waiter in (applied, stopping):
             waiter.cancel()
-        return xds.applied.is_set()
+        return self.source.applied.is_set()
 
     def _spawn(self, work: Coroutine[object, object, object]) -> None:
         task = asyncio.create_task(work)
@@ -372,10 +354,7 @@ class App:
         task.add_done_callback(self._tasks.discard)
 
     def _apply(self, loaded: Loaded) -> None:
-        for line in loaded.warnings:
-            log.warning("%s", line)
-        for line in loaded.notes:
-            log.info("%s", line)
+        _log_notes(loaded)
         self.limiter.swap(loaded)
         self.telemetry.config_load(True)
         if self.admin is not None:
@@ -395,55 +374,28 @@ class App:
     def reload(self) -> None:
         """Reload the config now (SIGHUP), as a change on disk would (files only: the xDS
         management server pushes every change itself)."""
-        if self.xds is None:
-            self._spawn(self.watcher.reload())
+        self._spawn(self.source.reload())
 
-    async def _refresh_fairness(self) -> None:
-        # Ends on the stop event, not only on cancellation: a cancel that lands inside a
-        # Redis call may come out of redis-py as a timeout, which the store reports as
-        # unavailable; the loop then went on for ever and a SIGTERM soon after start never
-        # finished draining (tests/test_workers.py kills a worker seconds after start).
-        while not self._stopping.is_set():
-            try:
-                await self.limiter.refresh_fairness()
-            except Exception:  # a gauge refresh must never take the server down
-                log.exception("refreshing the fairness figures failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), REFRESH_SECONDS)
+    async def _every(
+        self, seconds: float, work: Callable[[], Awaitable[object]], failed: str,
+        *, last: bool = False,
+    ) -> None:  # fmt: skip
+        """Do ``work`` every ``seconds`` until stopping (and once more then, if ``last``);
+        a failure is logged as ``failed`` and never takes the server down.
 
-    async def _watch_backend(self) -> None:
-        """--failure-mode local: while this process limits alone, ping the backend every
-        BREAK_SECONDS, so that it returns as soon as the backend does, with traffic or
-        without (its write-back is what the other processes' counts miss meanwhile)."""
-        while not self._stopping.is_set():  # ends on the stop event (see _refresh_fairness)
+        Ends on the stop event, not only on cancellation: a cancel that lands inside a
+        Redis call may come out of redis-py as a timeout, which the store reports as
+        unavailable; a loop then went on for ever and a SIGTERM soon after start never
+        finished draining (tests/test_workers.py kills a worker seconds after start)."""
+        while last or not self._stopping.is_set():
             try:
-                await self.limiter.watch_backend()
-            except Exception:  # must never take the server down
-                log.exception("watching the backend failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), BREAK_SECONDS)
-
-    async def _share_metrics(self, registry: CollectorRegistry, directory: Path) -> None:
-        """Hand this worker's metrics to worker 0's /metrics until stopping, and once more."""
-        while True:
-            try:
-                pooled.dump(registry, directory, self.worker)
-            except OSError as exc:  # the parent's directory gone: it is stopping
-                log.debug("metrics not shared: %s", exc)
+                await work()
+            except Exception:
+                log.exception(failed)
             if self._stopping.is_set():
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), pooled.DUMP_SECONDS)
-
-    async def _drip_quota(self) -> None:
-        # Ends on the stop event, like the refresh loop (see there).
-        while not self._stopping.is_set():
-            try:
-                await self.quota.drip()
-            except Exception:  # the drip must never take the server down
-                log.exception("paying RLQS usage into the counters failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), DRIP_SECONDS)
+                await asyncio.wait_for(self._stopping.wait(), seconds)
 
     def stop(self) -> None:
         """Ask the serve loop to drain and exit; asked again, cut the drain delay short."""
@@ -490,9 +442,7 @@ class App:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._hurry.wait(), delay)
         log.info("draining: health NOT_SERVING, finishing in-flight calls")
-        self.watcher.stop()
-        if self.xds is not None:
-            self.xds.stop()
+        self.source.stop()
         await self.grpc.drain(DRAIN_SECONDS)
         await self._stop_tasks()
         if self.admin is not None:
@@ -504,11 +454,26 @@ class App:
         log.info("stopped")
 
     async def _stop_tasks(self) -> None:
-        if self.xds is not None:
-            self.xds.stop()
+        self.source.stop()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _share_metrics(registry: CollectorRegistry, directory: Path, worker: int) -> None:
+    """Hand this worker's metrics to worker 0's /metrics (pooled.py)."""
+    try:
+        pooled.dump(registry, directory, worker)
+    except OSError as exc:  # the parent's directory gone: it is stopping
+        log.debug("metrics not shared: %s", exc)
+
+
+def _log_notes(loaded: Loaded) -> None:
+    """A config's warnings and notes, as it is loaded or applied."""
+    for line in loaded.warnings:
+        log.warning("%s", line)
+    for line in loaded.notes:
+        log.info("%s", line)
 
 
 def _log_loaded(what: str, loaded: Loaded) -> None:
