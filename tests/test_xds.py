@@ -215,6 +215,28 @@ class TestStream:
         assert answer.error_detail.message == message
         assert len(applied) == 1 and [e.problems for e in rejected] == [[message]]
 
+    async def test_an_empty_first_set_is_not_a_first_config(
+        self, management: ManagementServer
+    ) -> None:
+        """A first snapshot that limits nothing is NACKed and leaves ``applied`` unset (the
+        app goes on waiting); the next one that limits is the first config."""
+        applied: list[Loaded] = []
+        settings = XdsSection(f"127.0.0.1:{management.port}", retry_seconds=0.1)
+        source = XdsConfigSource(settings, strict=False, merge_domains=False,
+                                 apply=applied.append, reject=lambda _: None)  # fmt: skip
+        running = asyncio.ensure_future(source.run())
+        try:
+            await asyncio.to_thread(management.request)
+            management.to_send.put(_response("1"))
+            nack = await asyncio.to_thread(management.request)
+            assert nack.HasField("error_detail") and not source.applied.is_set()
+            management.to_send.put(_response("2", _config("a", "edge", 5)))
+            await asyncio.to_thread(management.acked, "2")
+            assert source.applied.is_set() and len(applied) == 1
+        finally:
+            source.stop()
+            await running
+
 
 class TestServing:
     def test_fairlimit_serves_what_the_management_server_pushes(
