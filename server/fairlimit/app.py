@@ -13,6 +13,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from fairlimit.admin import AdminServer, JsonCodec, SideListener
+from fairlimit.admin.rlqs import rlqs_report
 from fairlimit.config.loader import assemble
 from fairlimit.config.source import Apply, ConfigSource, Reject
 from fairlimit.config.watch import ConfigWatcher
@@ -262,7 +263,7 @@ class App:
             registry,
             healthy_with_config=self.settings.healthy_with_config,
             upstream_metrics=None if upstream is None else upstream.render,
-            rlqs=self.quota.describe,
+            rlqs=functools.partial(rlqs_report, self.quota),
             timeout=self.settings.admin_timeout,
             json_from=self.settings.admin_json,
         )
