@@ -1,4 +1,7 @@
-"""Composition root: settings -> config -> store -> limiter -> servers, and the serve loop."""
+"""Composition root: settings -> config -> store -> limiter -> servers, and the serve loop.
+
+``build.py`` makes each part from the settings; here they are held, started and stopped.
+"""
 
 import asyncio
 import contextlib
@@ -6,7 +9,6 @@ import functools
 import gc
 import logging
 import signal
-import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 
@@ -14,199 +16,21 @@ from prometheus_client import CollectorRegistry
 
 from fairlimit.admin import AdminServer, JsonCodec, SideListener
 from fairlimit.admin.rlqs import rlqs_report
+from fairlimit.app import build
+from fairlimit.app.build import DRIP_SECONDS
 from fairlimit.config.loader import assemble
-from fairlimit.config.source import Apply, ConfigSource, Reject
-from fairlimit.config.watch import ConfigWatcher
 from fairlimit.core.rules import Loaded
-from fairlimit.errors import ConfigError, SettingsError
-from fairlimit.grpc_api.extras import ResponseOptions
-from fairlimit.grpc_api.guards import Budgets
+from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
-from fairlimit.grpc_api.servicer import GrpcServer
-from fairlimit.grpc_api.tls import TlsFiles
-from fairlimit.grpc_api.xds import XdsConfigSource
-from fairlimit.limiter import BREAK_SECONDS, Limiter
-from fairlimit.quota import QuotaService
+from fairlimit.limiter import BREAK_SECONDS
 from fairlimit.settings import Settings, parse_address
-from fairlimit.store import open_store
 from fairlimit.store.degraded import Replicas
 from fairlimit.telemetry import Telemetry, pooled
-from fairlimit.telemetry.quota import QuotaTelemetry
-from fairlimit.telemetry.upstream import UpstreamStats
 
 log = logging.getLogger("fairlimit")
 
 DRAIN_SECONDS = 5.0
 REFRESH_SECONDS = 5.0  # how often the fairness gauges are re-read from the store for OTLP
-DRIP_SECONDS = 0.2  # how often RLQS usage owed is paid into the counters (quota/usage.py)
-
-
-# What sets each listening address: named when it cannot be had.
-_SET_BY = {
-    "gRPC": "--grpc-addr, FAIRLIMIT_GRPC_ADDR or GRPC_HOST/GRPC_PORT",
-    "admin HTTP": "--admin-addr, FAIRLIMIT_ADMIN_ADDR or HOST/PORT",
-    "the debug port": "FAIRLIMIT_DEBUG_ADDR or DEBUG_HOST/DEBUG_PORT",
-    "metrics": "FAIRLIMIT_METRICS_ADDR or PROMETHEUS_ADDR",
-}
-
-
-def check_listen(what: str, address: str, reuse_port: bool = False) -> None:
-    """SettingsError, one line naming ``address`` and what sets it, when it cannot be
-    listened on now (a port another process holds, an address not of this host): bound
-    and let go at once, with the options the servers use, before any server is made."""
-    host, port = parse_address(what, address)
-    if port == 0:
-        return
-    fix = f"set another with {_SET_BY[what]}"
-    try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise SettingsError(
-            f"cannot listen for {what} on {address}: {exc.strerror}; {fix}"
-        ) from None
-    for family, kind, proto, _, where in found:
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if reuse_port:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:
-                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                probe.bind(where)
-            except OSError as exc:
-                cause = (exc.strerror or str(exc)).lower()
-                raise SettingsError(
-                    f"cannot listen for {what} on {address}: {cause}; {fix}"
-                ) from None
-
-
-def _check_listeners(settings: Settings, worker: int) -> None:
-    if not settings.grpc_addr.startswith("unix:"):
-        check_listen("gRPC", settings.grpc_addr, reuse_port=settings.workers > 1)
-    if worker:
-        return  # the admin port and its side listeners are worker 0's
-    check_listen("admin HTTP", settings.admin_addr)
-    if settings.debug_addr is not None:
-        check_listen("the debug port", settings.debug_addr)
-    if settings.metrics_addr is not None:
-        check_listen("metrics", settings.metrics_addr)
-
-
-def _roots(settings: Settings) -> tuple[Path, ...]:
-    """RUNTIME_ROOT when a swap of it is to reload (RUNTIME_WATCH_ROOT, upstream's default);
-    said once at start when it is a symlink whose swap will not be seen."""
-    root = settings.runtime_root
-    if root is None or settings.config_source != "file":
-        return ()
-    if settings.watch_root:
-        return (root,)
-    if root.is_symlink():
-        log.warning(
-            "RUNTIME_ROOT %s is a symlink and RUNTIME_WATCH_ROOT=false: swapping it reloads "
-            "nothing until SIGHUP (changes inside the config directory still do)",
-            root,
-        )
-    return ()
-
-
-def _tls(settings: Settings) -> TlsFiles | None:
-    """The TLS files named by the settings (read at start and again when they change)."""
-    if settings.tls_cert is None or settings.tls_key is None:
-        return None
-    return TlsFiles(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
-
-
-def _response_options(settings: Settings) -> ResponseOptions:
-    """upstream's optional response parts, as the settings ask for them."""
-    return ResponseOptions(
-        headers=settings.response_headers,
-        limit_header=settings.header_limit,
-        remaining_header=settings.header_remaining,
-        reset_header=settings.header_reset,
-        metadata=settings.response_metadata,
-        quota_all=settings.quota_mode,
-    )
-
-
-def _config_source(settings: Settings, apply: Apply, reject: Reject) -> ConfigSource:
-    """The files, or the xDS management server when CONFIG_TYPE=GRPC_XDS_SOTW asks for it."""
-    if settings.config_source == "xds":
-        return XdsConfigSource(
-            settings.xds, strict=settings.strict, merge_domains=settings.merge_domains,
-            apply=apply, reject=reject, charge_over_limit=settings.charges_over_limit,
-            allow_empty=settings.allow_empty_config,
-        )  # fmt: skip
-    return ConfigWatcher(
-        settings.config,
-        strict=settings.strict,
-        merge_domains=settings.merge_domains,
-        allow_empty=settings.allow_empty_config,
-        apply=apply,
-        reject=reject,
-        charge_over_limit=settings.charges_over_limit,
-        ignore_dotfiles=settings.ignore_dotfiles,
-        roots=_roots(settings),
-    )
-
-
-def _telemetry(settings: Settings, given: Telemetry | None) -> Telemetry:
-    """``given`` (on the global providers cli.py installed), or one of our own; set up."""
-    telemetry = given or Telemetry(top_clients=settings.top_clients)
-    telemetry.near_limit_ratio = settings.near_limit_ratio
-    if settings.metrics_compat:
-        telemetry.upstream = UpstreamStats(settings.near_limit_ratio)
-    return telemetry
-
-
-def _limiter(
-    settings: Settings, loaded: Loaded, telemetry: Telemetry, replicas: Replicas
-) -> Limiter:
-    return Limiter(
-        loaded,
-        open_store(settings.backend),
-        shadow=settings.shadow,
-        failure_mode=settings.failure_mode,
-        telemetry=telemetry,
-        quota_mode=settings.quota_mode,
-        replicas=replicas,
-    )
-
-
-def _quota(
-    settings: Settings, limiter: Limiter, telemetry: Telemetry, replicas: Replicas
-) -> QuotaService:
-    return QuotaService(
-        lambda: limiter.loaded,
-        limiter.store,
-        limiter.clock.now,
-        shadow=settings.shadow,
-        telemetry=QuotaTelemetry() if telemetry.enabled else QuotaTelemetry.off(),
-        divide_gap=DRIP_SECONDS,  # a put-off division runs at the next drip
-        tally=limiter.tally,  # RLS demand at caps counts in the RLQS division
-        replicas=replicas,
-        max_buckets_per_stream=settings.rlqs_max_buckets_per_stream,
-        max_buckets=settings.rlqs_max_buckets,
-    )
-
-
-def _grpc(settings: Settings, limiter: Limiter, quota: QuotaService) -> GrpcServer:
-    return GrpcServer(
-        limiter,
-        limiter.telemetry,
-        settings.grpc_addr,
-        _tls(settings),
-        settings.workers > 1,  # reuse_port: the workers share the port (workers.py)
-        _response_options(settings),
-        (settings.max_connection_age, settings.max_connection_age_grace),
-        quota=quota,
-        budgets=Budgets(
-            rls=settings.grpc_max_concurrent,
-            rlqs=settings.rlqs_max_streams,
-            per_connection=settings.grpc_max_streams_per_connection,
-            read_timeout=settings.grpc_read_timeout,
-            max_receive=settings.grpc_max_receive_bytes,
-        ),
-    )
 
 
 class App:
@@ -221,13 +45,13 @@ class App:
         worker: int = 0,
         metrics_dir: Path | None = None,
     ) -> None:
-        _check_listeners(settings, worker)  # before anything is made: one line, not a trace
+        build.check_listeners(settings, worker)  # before anything is made: one line, not a trace
         self.settings = settings
         self.worker = worker  # with --workers N, this process's index; admin HTTP in 0 only
         self.metrics_registry = metrics_registry
         self.metrics_dir = metrics_dir  # with --workers N: where workers share their metrics
-        self.telemetry = _telemetry(settings, telemetry)
-        self.source = _config_source(settings, self._apply, self._reject)
+        self.telemetry = build.telemetry(settings, telemetry)
+        self.source = build.config_source(settings, self._apply, self._reject)
         loaded = self.source.initial()
         self._count_initial = loaded is not None  # a source's later configs count themselves
         if loaded is None:  # nothing until the source sends a first config
@@ -236,10 +60,10 @@ class App:
         # --failure-mode local: each process's part of a limit (store/degraded.py); the RLQS
         # demand exchange says which processes share the store
         replicas = Replicas(settings.replicas * settings.workers)
-        self.limiter = _limiter(settings, loaded, self.telemetry, replicas)
+        self.limiter = build.limiter(settings, loaded, self.telemetry, replicas)
         self.store = self.limiter.store
-        self.quota = _quota(settings, self.limiter, self.telemetry, replicas)
-        self.grpc = _grpc(settings, self.limiter, self.quota)
+        self.quota = build.quota(settings, self.limiter, self.telemetry, replicas)
+        self.grpc = build.grpc(settings, self.limiter, self.quota)
         self.admin = None if worker else self._admin(metrics_registry)
         self.side = [] if self.admin is None else self._side_listeners(self.admin)
         self._tasks: set[asyncio.Task[object]] = set()
