@@ -1,6 +1,6 @@
 """CPU time of a cap's division for N clients: core.sharing.divide (fairness v3: λ and the
-sums every request then updates in O(1)) next to core.fairshare.level_of (v1's bare λ) on
-the same machine. python bench/fairness_level.py [N]
+sums every request then updates in O(1)) next to v1's bare λ (``level_of``: the water level
+of the period's demand) on the same machine. python bench/fairness_level.py [N]
 
 CPU time (process_time), not wall time: on a shared machine wall time measures the others.
 """
@@ -14,8 +14,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
-from fairlimit.core.fairshare import PeriodDemand, level_of
+from fairlimit.core.fairshare import PeriodDemand, water_level
 from fairlimit.core.sharing import Clock, Row, divide
+
+
+def level_of(period: PeriodDemand) -> float:
+    """v1's λ: the water level of the period's demand, in the cap's window."""
+    demands = [d * period.scale for d in period.demands]
+    return water_level(demands, period.limits, period.weights, period.capacity)
 
 
 def main() -> None:

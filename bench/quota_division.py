@@ -26,17 +26,8 @@ from fairlimit.core.rules import Loaded
 from fairlimit.quota import QuotaService, QuotaStream, Usage
 from fairlimit.store.memory import MemoryStore
 
-CONFIG = """\
-domain: edge
-descriptors:
-  - key: route
-    value: public
-    rate_limit: {unit: second, requests_per_unit: 100000}
-    fair_share: {active_clients: 100}
-    descriptors:
-      - key: client_id
-        rate_limit: {unit: second, requests_per_unit: 50}
-"""
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = (ROOT / "descriptors" / "rlqs" / "many-clients.yaml").read_text()
 
 
 class Clock:
@@ -80,7 +71,7 @@ def _loaded(caps: int) -> Loaded:
         return load([str(path)])
 
 
-async def _measured(n: int, caps: int) -> tuple[Clock, list[QuotaStream]]:
+async def _measured(n: int, caps: int) -> tuple[Clock, QuotaService, list[QuotaStream]]:
     """Two Envoys holding the n clients spread over ``caps`` caps, each client's demand
     measured (three reports each)."""
     loaded = _loaded(caps)
@@ -93,36 +84,36 @@ async def _measured(n: int, caps: int) -> tuple[Clock, list[QuotaStream]]:
     for round_ in range(3):
         clock.t += 5.0
         for envoy in envoys:
-            await envoy.report("edge", _usage(n, round_, caps))
-    return clock, envoys
+            await service.report(envoy, "edge", _usage(n, round_, caps))
+    return clock, service, envoys
 
 
-async def _timed(stream: QuotaStream, usage: list[Usage]) -> float:
+async def _timed(service: QuotaService, stream: QuotaStream, usage: list[Usage]) -> float:
     """CPU seconds of one report."""
     started = time.process_time()
-    await stream.report("edge", usage)
+    await service.report(stream, "edge", usage)
     return time.process_time() - started
 
 
 async def subscribe(n: int) -> float:
     """CPU ms of the report of one new bucket, next to n clients under CAPS caps."""
-    clock, envoys = await _measured(n, CAPS)
+    clock, service, envoys = await _measured(n, CAPS)
     times = []
     for k in range(5):
         clock.t += 1.0  # past the division gap
         usage = [Usage({"route": "r0", "client_id": f"new-{k}"}, 1, 0)]
-        times.append(await _timed(envoys[0], usage))
+        times.append(await _timed(service, envoys[0], usage))
     return statistics.median(times) * 1000
 
 
 async def measure(n: int) -> float:
     """CPU ms of a periodic report of n clients under one cap, beside a second Envoy's."""
-    clock, envoys = await _measured(n, 1)
+    clock, service, envoys = await _measured(n, 1)
     times = []
     for round_ in range(3, 8):
         clock.t += 5.0
-        await envoys[1].report("edge", _usage(n, round_))
-        times.append(await _timed(envoys[0], _usage(n, round_)))
+        await service.report(envoys[1], "edge", _usage(n, round_))
+        times.append(await _timed(service, envoys[0], _usage(n, round_)))
     return statistics.median(times) * 1000
 
 

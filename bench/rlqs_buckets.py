@@ -53,19 +53,12 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2  # noqa: E402
 
 RLS = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 RLQS = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
-CONFIG = """\
-domain: edge
-descriptors:
-  - key: route
-    value: public
-    rate_limit: {unit: second, requests_per_unit: 100000}
-    fair_share: {active_clients: 100}
-    descriptors:
-      - key: client_id
-        rate_limit: {unit: second, requests_per_unit: 50}
+# the RLQS clients' cap, and a rule of its own for the RLS calls measured meanwhile
+RLS_RULE = """\
   - key: k
     rate_limit: {unit: second, requests_per_unit: 1000000}
 """
+CONFIG = (ROOT / "descriptors" / "rlqs" / "many-clients.yaml").read_text() + RLS_RULE
 Reports = rlqs_pb2.RateLimitQuotaUsageReports
 DEADLINE = 2.0  # seconds an RLS call may take before it counts as failed
 MAX_SECONDS = 300.0  # the pacer stops by itself after this long

@@ -143,7 +143,8 @@ async def running(tmp_path: Path) -> AsyncIterator[tuple[App, Client, InMemoryMe
     provider = MeterProvider(metric_readers=[reader])
     settings = Settings(config=(tmp_path,), grpc_addr="127.0.0.1:0", admin_addr="127.0.0.1:0")
     app = App(settings, telemetry=Telemetry(provider, TracerProvider()))
-    app.watcher.debounce_ms = 50
+    assert isinstance(app.source, ConfigWatcher)  # the files are the source
+    app.source.debounce_ms = 50
     await app.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}") as channel:
         client = Client(rls_pb2_grpc.RateLimitServiceStub(channel))
@@ -170,10 +171,12 @@ class TestLiveReload:
         await client.until((200, None))
         write(tmp_path, "extra.yaml", EXTRA)  # add
         await client.until((200, 7))
-        reloads = app.watcher.reloads
+        watcher = app.source
+        assert isinstance(watcher, ConfigWatcher)
+        reloads = watcher.reloads
         write(tmp_path, "edge.yaml", BROKEN)  # refused: the old limits stay
         deadline = time.monotonic() + WAIT
-        while app.watcher.reloads == reloads:
+        while watcher.reloads == reloads:
             assert time.monotonic() < deadline, "the broken file was never noticed"
             await asyncio.sleep(0.01)
         seen = len(client.seen)

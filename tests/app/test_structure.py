@@ -191,6 +191,18 @@ class TestLayering:
             allowed = name.startswith(("fairlimit.core", "fairlimit.errors"))
             assert allowed or top in sys.stdlib_module_names, f"{path.name} imports {name}"
 
+    def test_a_quota_stream_does_not_know_the_service(self) -> None:
+        """quota/stream.py is a stream's state: the service reads and updates it, and it
+        never calls the service back (it imports nothing else of quota/)."""
+        names = _imports(PACKAGE / "quota" / "stream.py")
+        assert not [n for n in names if n.startswith("fairlimit.quota")]
+
+    def test_the_config_source_interface_knows_no_source(self) -> None:
+        """config/source.py, the one interface the app holds, imports neither the files'
+        watcher, the loader nor xDS: the sources import it."""
+        names = _imports(PACKAGE / "config" / "source.py")
+        assert not [n for n in names if n.startswith(("fairlimit.config", "fairlimit.grpc"))]
+
     @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
     def test_wire_and_backend_libraries_stay_with_their_owners(self, path: Path) -> None:
         """grpc, the generated code and redis are imported only by their owning package."""

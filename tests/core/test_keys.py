@@ -6,12 +6,12 @@ from hypothesis import strategies as st
 
 from fairlimit.core.keys import (
     counter_key,
-    descriptor_key,
     escape,
     key_path,
     key_paths,
     parse_counter_key,
 )
+from oracles import descriptor_key
 from strategies import descriptor_keys
 
 pytestmark = pytest.mark.unit

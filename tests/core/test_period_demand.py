@@ -6,7 +6,8 @@ import math
 import pytest
 from hypothesis import given
 
-from fairlimit.core.fairshare import PeriodDemand, figures_of, level_of
+from fairlimit.core.fairshare import PeriodDemand, figures_of
+from oracles import level_of
 from strategies import periods
 
 pytestmark = pytest.mark.unit

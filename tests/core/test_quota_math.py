@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from fairlimit.core.bucket import BucketKey, bucket_key, entries_for
-from fairlimit.core.fairshare import grants
 from fairlimit.core.quota import (
     HEADROOM,
     HEADROOM_FLOOR,
@@ -23,6 +22,7 @@ from fairlimit.core.quota import (
 from fairlimit.core.rules import Domain
 from helpers import load_text
 from maxmin import maxmin
+from oracles import grants
 
 pytestmark = pytest.mark.unit
 

@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fairlimit.core.fairshare import fairness_figures, grants, jain_index, water_level
+from fairlimit.core.fairshare import fairness_figures, jain_index, water_level
 from maxmin import INF, maxmin
 from maxmin import level as exact_level
+from oracles import grants
 
 pytestmark = pytest.mark.unit
 

@@ -20,7 +20,8 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
 from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError
-from fairlimit.grpc_api.xds import TYPE_URL, XdsConfigSource, XdsSettings, load_resources
+from fairlimit.grpc_api.xds import TYPE_URL, XdsConfigSource, load_resources
+from fairlimit.settings.xds import XdsSection
 from helpers import STARTUP_SECONDS
 from servers import ROOT, fairlimit_server, free_port
 from xds_server import ManagementServer, response
@@ -62,14 +63,30 @@ class TestResources:
                                 .resources))  # fmt: skip
         assert caught.value.problems == ["a: (file): config file cannot have empty domain"]
 
+    def test_a_set_that_limits_nothing_is_refused_unless_allowed(self) -> None:
+        """No resource, or rules that limit nothing (unlimited), is refused like an empty
+        config directory, naming the management server; --allow-empty-config takes it."""
+        unlimited = RLC.RateLimitDescriptor(key="client", rate_limit=RLC.RateLimitPolicy(
+            unlimited=True))  # fmt: skip
+        only = RLC.RateLimitConfig(name="a", domain="edge", descriptors=[unlimited])
+        for resources in ([], list(response("1", only).resources)):
+            with pytest.raises(ConfigError) as caught:
+                load_resources(resources, origin="xDS server cp:18000")
+            assert caught.value.problems == [
+                "xDS server cp:18000: (config): no rate limit in any domain: a config without"
+                " limits turns the limiter off; --allow-empty-config accepts it"
+            ]
+            loaded = load_resources(resources, allow_empty=True)
+            assert list(loaded.config.domains) == ([] if not resources else ["edge"])
+
 
 class TestStream:
     async def test_apply_and_ack_then_nack_a_bad_set(self, management: ManagementServer) -> None:
         """v1 is applied and ACKed; a v2 with a duplicate domain is NACKed, v1 stays."""
         applied: list[Loaded] = []
         rejected: list[ConfigError] = []
-        settings = XdsSettings(f"127.0.0.1:{management.port}", "node-7", {"zone": "eu"},
-                               (("x-token", "t"),), retry_seconds=0.1)  # fmt: skip
+        settings = XdsSection(f"127.0.0.1:{management.port}", "node-7", (("zone", "eu"),),
+                              (("x-token", "t"),), retry_seconds=0.1)  # fmt: skip
         source = XdsConfigSource(settings, strict=False, merge_domains=False,
                                  apply=applied.append, reject=rejected.append)  # fmt: skip
         running = asyncio.ensure_future(source.run())
@@ -87,6 +104,61 @@ class TestStream:
             assert (nack.version_info, nack.response_nonce) == ("1", "n2")
             assert "duplicate domain 'edge'" in nack.error_detail.message
             assert len(applied) == 1 and len(rejected) == 1
+        finally:
+            source.stop()
+            await running
+
+    @pytest.mark.parametrize("allow_empty", [False, True])
+    async def test_an_empty_set_is_nacked_and_the_running_config_stays(
+        self, management: ManagementServer, allow_empty: bool
+    ) -> None:
+        """v1 limits; an empty v2 (every resource gone) is NACKed naming the server and the
+        flag, and v1 stays; with allow_empty it is applied and ACKed."""
+        applied: list[Loaded] = []
+        rejected: list[ConfigError] = []
+        settings = XdsSection(f"127.0.0.1:{management.port}", retry_seconds=0.1)
+        source = XdsConfigSource(settings, strict=False, merge_domains=False,
+                                 apply=applied.append, reject=rejected.append,
+                                 allow_empty=allow_empty)  # fmt: skip
+        running = asyncio.ensure_future(source.run())
+        try:
+            await asyncio.to_thread(management.request)
+            management.to_send.put(response("1", _config("a", "edge", 5)))
+            await asyncio.to_thread(management.acked, "1")
+            management.to_send.put(response("2"))
+            answer = await asyncio.to_thread(management.request)
+        finally:
+            source.stop()
+            await running
+        if allow_empty:
+            assert answer.version_info == "2" and not answer.HasField("error_detail")
+            assert [sorted(x.config.domains) for x in applied] == [["edge"], []]
+            return
+        assert (answer.version_info, source.version) == ("1", "1")
+        message = (f"xDS server 127.0.0.1:{management.port}: (config): no rate limit in any"
+                   " domain: a config without limits turns the limiter off;"
+                   " --allow-empty-config accepts it")  # fmt: skip
+        assert answer.error_detail.message == message
+        assert len(applied) == 1 and [e.problems for e in rejected] == [[message]]
+
+    async def test_an_empty_first_set_is_not_a_first_config(
+        self, management: ManagementServer
+    ) -> None:
+        """A first snapshot that limits nothing is NACKed and leaves ``applied`` unset (the
+        app goes on waiting); the next one that limits is the first config."""
+        applied: list[Loaded] = []
+        settings = XdsSection(f"127.0.0.1:{management.port}", retry_seconds=0.1)
+        source = XdsConfigSource(settings, strict=False, merge_domains=False,
+                                 apply=applied.append, reject=lambda _: None)  # fmt: skip
+        running = asyncio.ensure_future(source.run())
+        try:
+            await asyncio.to_thread(management.request)
+            management.to_send.put(response("1"))
+            nack = await asyncio.to_thread(management.request)
+            assert nack.HasField("error_detail") and not source.applied.is_set()
+            management.to_send.put(response("2", _config("a", "edge", 5)))
+            await asyncio.to_thread(management.acked, "2")
+            assert source.applied.is_set() and len(applied) == 1
         finally:
             source.stop()
             await running
@@ -163,6 +235,29 @@ class TestLoadCount:
             while management.request().version_info != "2":  # the ACK follows the apply
                 pass
             assert "ratelimit_service_config_load_success 2\n" in _metrics(server.admin_port)
+
+
+class TestEmptySet:
+    def test_a_pushed_set_without_limits_is_refused_and_the_limits_stay(
+        self, management: ManagementServer
+    ) -> None:
+        """As for the files: an empty snapshot after v1 is NACKed, counted as a failed
+        load, /readyz says the previous config is kept, and v1 goes on limiting."""
+        management.to_send.put(response("1", _config("edge-config", "edge", 2)))
+        env = _xds_env(management, FAIRLIMIT_METRICS_COMPAT="true")
+        with fairlimit_server(env=env) as server:
+            management.acked("1")
+            management.to_send.put(response("2"))
+            nack = management.request()
+            status, _, ready = http_get(f"http://127.0.0.1:{server.admin_port}/readyz")
+            metrics = _metrics(server.admin_port)
+            codes = _codes(server.target, "edge", 3)
+        assert nack.response_nonce == "n2" and nack.version_info == "1"
+        assert "(config): no rate limit in any domain" in nack.error_detail.message
+        assert status == 200 and b"last reload rejected, previous config kept" in ready
+        assert "ratelimit_service_config_load_error 1\n" in metrics
+        ok, over = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
+        assert codes == [ok, ok, over]
 
 
 class TestForceStart:

@@ -3,7 +3,7 @@
 import pytest
 
 from fairlimit.core.admission import Code
-from fairlimit.core.fairshare import grants, jain_index
+from fairlimit.core.fairshare import jain_index
 from fairlimit.store.base import Store
 from fairness_cases import (  # NESTED: route 1000/s > tenant 600/s > user 200/s
     NESTED,
@@ -11,6 +11,7 @@ from fairness_cases import (  # NESTED: route 1000/s > tenant 600/s > user 200/s
 )
 from fairness_scenarios import bound_excess, run
 from helpers import FakeClock, LimiterFactory, desc, req
+from oracles import grants
 from traffic import drive
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]

@@ -167,7 +167,7 @@ class TestOnMemory:
         for _ in range(int(peers.PEER_TTL / peers.EXCHANGE_SECONDS) + 2):
             clock.advance(peers.EXCHANGE_SECONDS)
             await services[0].drip()
-        assert not services[0].peers
+        assert not services[0].remote.peers
         await _run(services[:1], envoys[:1], clock)  # its own reports measured again
         assert envoys[0].rate("greedy") == pytest.approx(50, abs=0.2)
 
@@ -220,7 +220,7 @@ class TestPeersChanging:
         for _ in range(3):
             clock.advance(5.0)
             # a bucket under a blanket rule first: it is no demand, and hides none
-            await theirs.stream.report("edge", [Usage({"health": "x"}, 5, 0)])
+            await theirs.service.report(theirs.stream, "edge", [Usage({"health": "x"}, 5, 0)])
             await theirs.report([("b", 10, 490), ("c", 10, 490)])
             await p1.drip()
         pushed = len(mine.actions)
@@ -243,7 +243,7 @@ class TestPeersChanging:
         await p1.drip()  # its report handed in
         await mine.report([("bob", 1, 0)])  # process 0 divides once, reading p1's report
         await p0.drip()
-        assert p0.peers
+        assert p0.remote.peers
         await mine.report([("alice", 1, 0)])  # within the gap: provisional
         assert mine.rate("alice") == pytest.approx(25)
 
@@ -265,14 +265,14 @@ class TestPeersChanging:
 
         for _ in range(4):
             clock.advance(5.0 - 2 * peers.EXCHANGE_SECONDS)
-            await theirs.stream.report("edge", usage(("a", "a1"), ("b", "x")))
-            await mine.stream.report("edge", usage(("b", "y")))
+            await theirs.service.report(theirs.stream, "edge", usage(("a", "a1"), ("b", "x")))
+            await mine.service.report(mine.stream, "edge", usage(("b", "y")))
             for _ in range(2):
                 clock.advance(peers.EXCHANGE_SECONDS)
                 await p1.drip()
                 await p0.drip()
         clock.advance(1.0)
-        await mine.stream.report("edge", usage(("b", "y")))
+        await mine.service.report(mine.stream, "edge", usage(("b", "y")))
         (assigned,) = [a for a in mine.actions[-1:] if isinstance(a, Assign)]
         assert isinstance(assigned.strategy, TokenBucket)
         assert assigned.strategy.rate == pytest.approx(40, abs=0.1)
@@ -287,7 +287,7 @@ class TestPeersChanging:
             await service.exchange()
         (line,) = [r.getMessage() for r in caplog.records]
         assert line.startswith("RLQS: the demand report of broken is unreadable: ")
-        assert service.peers == {}
+        assert service.remote.peers == {}
 
 
 @pytest.fixture

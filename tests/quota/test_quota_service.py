@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fairlimit.admin.rlqs import rlqs_report
 from fairlimit.core.admission import Code
 from fairlimit.core.bucket import bucket_key
 from fairlimit.core.quota import HEADROOM, HEADROOM_FLOOR, Blanket, TokenBucket
@@ -14,7 +15,7 @@ from fairlimit.errors import StoreUnavailable
 from fairlimit.limiter import Limiter
 from fairlimit.quota import Abandon, Action, Assign, QuotaService, QuotaStream, Usage
 from fairlimit.store.memory import MemoryStore
-from helpers import FakeClock, LimiterFactory, desc, load_text, req
+from helpers import ROOT, FakeClock, LimiterFactory, desc, load_text, req
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
@@ -84,6 +85,7 @@ class Envoy:
 
     def __init__(self, service: QuotaService) -> None:
         self.actions: list[Action] = []
+        self.service = service
         self.stream: QuotaStream = service.open(self.actions.extend)
 
     def latest(self, client: str) -> Assign | Abandon:
@@ -96,7 +98,8 @@ class Envoy:
         return action.strategy.rate
 
     async def report(self, usage: Sequence[tuple[str, int, int]], domain: str = "edge") -> None:
-        await self.stream.report(domain, [Usage(bucket(c), a, d) for c, a, d in usage])
+        lines = [Usage(bucket(c), a, d) for c, a, d in usage]
+        await self.service.report(self.stream, domain, lines)
 
 
 @pytest.fixture
@@ -160,7 +163,7 @@ class TestSharedCounters:
         drip, so RLS admits 20 more, not 50."""
         envoy = Envoy(service)
         await envoy.report([("alice", 80, 0)])
-        envoy.stream.close()
+        envoy.service.close(envoy.stream)
         await service.drip()
         passed = 0
         for _ in range(30):
@@ -237,7 +240,7 @@ class TestStoreDown:
         service = QuotaService(lambda: limiter.loaded, Down(), clock.now)
         envoy = Envoy(service)
         await envoy.report([("alice", 50, 0)])
-        envoy.stream.close()
+        envoy.service.close(envoy.stream)
         with caplog.at_level(logging.WARNING, logger="fairlimit"):
             await service.drip()
         assert [r.getMessage() for r in caplog.records] == [
@@ -276,7 +279,7 @@ class TestAssignments:
         one, two = Envoy(service), Envoy(service)
         await steady(clock, [(one, [("a", 300, 400)]), (two, [("b", 300, 400), ("c", 300, 400)])])
         assert two.rate("b") == pytest.approx(100 / 3, abs=0.2)
-        one.stream.close()
+        one.service.close(one.stream)
         assert two.rate("b") == pytest.approx(50, abs=0.2)
         assert len(service.streams) == 1
 
@@ -310,7 +313,7 @@ class TestAssignments:
             for envoy in fleet:
                 lines = [Usage(bucket(c) | {"tier": tiers[c]}, a // envoys, d // envoys)
                          for c, a, d in usage]  # fmt: skip
-                await envoy.stream.report("edge", lines)
+                await envoy.service.report(envoy.stream, "edge", lines)
 
         await report()
         for _ in range(3):
@@ -358,7 +361,7 @@ class TestAssignments:
         """unlimited -> ALLOW_ALL; a zero limit -> DENY_ALL; no matching rule -> ALLOW_ALL."""
         envoy = Envoy(service)
         buckets = [{"health": "x"}, {"tenant": "blocked"}, {"nothing": "here"}]
-        await envoy.stream.report("edge", [Usage(b, 1, 0) for b in buckets])
+        await envoy.service.report(envoy.stream, "edge", [Usage(b, 1, 0) for b in buckets])
         got = {tuple(a.bucket.items()): a.strategy for a in envoy.actions if isinstance(a, Assign)}
         assert got == {
             (("health", "x"),): Blanket.ALLOW_ALL,
@@ -373,7 +376,7 @@ class TestAssignments:
         service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, shadow=True)
         envoy = Envoy(service)
         await envoy.report([("alice", 50, 0)])
-        envoy.stream.close()
+        envoy.service.close(envoy.stream)
         await service.drip()
         assert envoy.latest("alice").strategy is Blanket.ALLOW_ALL  # type: ignore[union-attr]
         decision = await limiter.should_rate_limit(
@@ -422,7 +425,7 @@ class TestDivisionGap:
         clock.advance(0.2)
         await two.report([("b", 1, 0)])
         assert one.rate("a") == pytest.approx(50)
-        two.stream.close()
+        two.service.close(two.stream)
         assert service.divisions == 2
         clock.advance(0.2)
         await service.drip()
@@ -478,8 +481,8 @@ class TestDivisionGap:
         service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, divide_gap=0.2)
         envoy = Envoy(service)
         await envoy.report([("alice", 1, 0)])
-        envoy.stream.close()
-        envoy.stream.close()
+        envoy.service.close(envoy.stream)
+        envoy.service.close(envoy.stream)
         assert service.streams == {}
 
 
@@ -532,7 +535,7 @@ class TestIncrementalDivision:
             usages = [Usage(b, rnd.randint(0, 400), rnd.randint(0, 100)) for b in chosen]
             for box in sent:
                 box.clear()
-            await stream.report("edge", usages)
+            await service.report(stream, "edge", usages)
             routes = {b.get("route") for b in chosen}
             if routes == {"a"}:  # the others hear nothing of cap b
                 for i, box in enumerate(sent):
@@ -563,7 +566,7 @@ def held_counts(service: QuotaService) -> dict[str, int]:
             i > 0 and i not in streams for i, _ in service.allocation.strategies
         ),
         "debts": len(service.ledger._debts),
-        "remote targets": len(service._remote_targets),
+        "remote targets": len(service.remote.targets),
     }
 
 
@@ -607,7 +610,7 @@ class TestBucketCaps:
         await one.report([("a0", 1, 0), ("a1", 1, 0)])
         await two.report([("b0", 1, 0)])
         assert two.actions == [] and two.stream.refused == 1
-        one.stream.close()
+        one.service.close(one.stream)
         clock.advance(5.0)
         await two.report([("b0", 1, 0)])
         assert two.rate("b0") == pytest.approx(50) and two.stream.refused == 0
@@ -642,17 +645,8 @@ class TestBucketCaps:
         assert points == [({"domain": "edge", "cap": "stream"}, 4)]
 
 
-CAPPED_MANY = """
-domain: edge
-descriptors:
-  - key: route
-    value: public
-    rate_limit: {unit: second, requests_per_unit: 100000}
-    fair_share: {active_clients: 100}
-    descriptors:
-      - key: client_id
-        rate_limit: {unit: second, requests_per_unit: 50}
-"""
+# one cap of 100000/s over clients of 50/s: room for a thousand buckets and more
+CAPPED_MANY = (ROOT / "descriptors" / "rlqs" / "many-clients.yaml").read_text()
 
 
 @pytest.mark.parametrize("backend", ["memory"], indirect=True)
@@ -712,10 +706,10 @@ class TestChunkedReports:
         task = asyncio.create_task(big.report([(f"b{i}", 5, 0) for i in range(600)]))
         for _ in range(turns):
             await asyncio.sleep(0)
-        other.stream.close()
+        other.service.close(other.stream)
         for _ in range(turns):
             await asyncio.sleep(0)
-        big.stream.close()
+        big.service.close(big.stream)
         await task
         clock.advance(5.0)
         await service.drip()
@@ -753,7 +747,7 @@ class TestMemoryOnClose:
         counts = held_counts(service)
         assert counts["held"] == counts["strategies"] == 600
         assert counts["extra"] == counts["debts"] == 600
-        one.stream.close()
+        one.service.close(one.stream)
         assert one.stream.buckets == {}
         counts = held_counts(service)
         assert counts["held"] == counts["strategies"] == counts["extra"] == 300
@@ -761,12 +755,12 @@ class TestMemoryOnClose:
         clock.advance(1.0)
         await service.drip()
         assert held_counts(service)["debts"] == 300
-        two.stream.close()
+        two.service.close(two.stream)
         clock.advance(1.0)
         await service.drip()
         assert set(held_counts(service).values()) == {0}
-        assert service.describe()["streams"] == [] and service.describe()["caps"] == {}
-        assert dict(service._figures().buckets) == {}
+        assert rlqs_report(service)["streams"] == [] and rlqs_report(service)["caps"] == {}
+        assert dict(service.telemetry.figures.buckets) == {}
 
 
 class TestRemoteTargets:
@@ -793,7 +787,7 @@ class TestRemoteTargets:
         clock.advance(5.0)
         await envoy_b.report([("b0", 20, 0)])  # divided with A's buckets
         assert held_counts(b)["remote targets"] >= 200
-        envoy_a.stream.close()
+        envoy_a.service.close(envoy_a.stream)
         for _ in range(2):
             clock.advance(peers.EXCHANGE_SECONDS)
             await a.drip()

@@ -25,7 +25,7 @@ from fairlimit.core.quota import UINT32_MAX, token_bucket
 from fairlimit.grpc_api.servicer import GrpcServer
 from fairlimit.limiter import Limiter
 from fairlimit.quota import QuotaService, Usage
-from fairlimit.quota.service import MAX_REPORTED
+from fairlimit.quota.stream import MAX_REPORTED
 from fairlimit.store.base import Store
 from fairlimit.telemetry import Telemetry
 from helpers import FakeClock, LimiterFactory, desc, load_text, req
@@ -119,13 +119,13 @@ class TestHugeCounts:
         store: Store = limiter.store
         quota = QuotaService(lambda: limiter.loaded, store, clock.now)
         stream = quota.open(lambda actions: None)
-        await stream.report("edge", [Usage({"route": "public", "client_id": c}, 1, 0)
-                                     for c in ("liar", "honest")])  # fmt: skip
+        await quota.report(stream, "edge", [Usage({"route": "public", "client_id": c}, 1, 0)
+                                            for c in ("liar", "honest")])  # fmt: skip
         clock.advance(5.0)
         huge = 2**64 - 1
         lines = [Usage({"route": "public", "client_id": "liar"}, huge, 0),
                  Usage({"route": "public", "client_id": "honest"}, 500, 0)]  # fmt: skip
-        await stream.report("edge", lines)
+        await quota.report(stream, "edge", lines)
         for _ in range(40):  # the drip pays the reports over the interval after them
             clock.advance(0.2)
             await quota.drip()
@@ -151,9 +151,9 @@ class TestBoundedCounts:
         number through, so only the uint32 bound applies; under the bucket alone, twice its
         rate over the span and its depth."""
         from fairlimit.core.quota import Blanket, TokenBucket
-        from fairlimit.quota.service import _Bucket, bounded
+        from fairlimit.quota.stream import Subscription, bounded
 
-        held = _Bucket({"client_id": "a"}, 0.0)
+        held = Subscription({"client_id": "a"}, 0.0)
         held.assign(TokenBucket(5, 50, 10))
         line = Usage({"client_id": "a"}, 10**6, 0)
         assert bounded(line, held, 5.0).allowed == 2 * (5 * 5 + 5)

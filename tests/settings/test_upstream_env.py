@@ -1,9 +1,13 @@
 """envoyproxy/ratelimit's environment variables read as aliases of fairlimit's settings."""
 
+from pathlib import Path
+
 import pytest
 
 from fairlimit.errors import SettingsError
+from fairlimit.settings import Settings
 from fairlimit.settings.upstream import go_duration, translate
+from fairlimit.settings.xds import XdsSection, XdsTlsFiles
 
 pytestmark = pytest.mark.unit
 
@@ -78,6 +82,19 @@ class TestConfigLayout:
         assert translate(env).values == {
             "config_source": "xds", "xds_server": "cp:18000", "xds_node_id": "rl",
             "xds_headers": "a:b", "xds_retry": "0.5"}  # fmt: skip
+
+    def test_the_xds_section_comes_typed(self) -> None:
+        """Settings.xds: the node metadata and headers as pairs (header names in lower
+        case, items without a separator dropped, as upstream drops them), TLS as paths."""
+        env = {"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "cp:18000",
+               "CONFIG_GRPC_XDS_NODE_METADATA": "zone=eu, rack = r1 ,bare,=x",
+               "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "X-Token:t,Other: o:p,bare",
+               "CONFIG_GRPC_XDS_SERVER_USE_TLS": "true",
+               "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": "/ca"}  # fmt: skip
+        assert Settings.from_env(env).xds == XdsSection(
+            "cp:18000", "default", (("zone", "eu"), ("rack", "r1")),
+            (("x-token", "t"), ("other", "o:p")), 3.0, XdsTlsFiles(Path("/ca")))  # fmt: skip
+        assert Settings.from_env({"CONFIG_TYPE": "GRPC_XDS_SOTW"}).xds.tls is None
 
     def test_xds_over_mtls(self) -> None:
         env = {"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_USE_TLS": "true",

@@ -22,7 +22,6 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit.admin import AdminServer, JsonCodec
 from fairlimit.core.admission import Code
 from fairlimit.core.fairshare import CapReport, FairnessFigures
-from fairlimit.core.keys import descriptor_key
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.errors import StoreUnavailable
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
@@ -33,6 +32,7 @@ from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.fairness import CapTable
 from helpers import FakeClock, LimiterFactory, desc, load_text, req
+from oracles import descriptor_key
 from traffic import drive
 
 JSON_CODEC = JsonCodec(request_from_json, response_to_json)  # as app.py passes it

@@ -6,6 +6,7 @@ editors and Kubernetes ConfigMap updates replace files (rename, symlink swap) ra
 write them in place, and a watch on the old inode would miss that. A burst of changes is
 debounced into one reload. Whether a reload is accepted is the caller's business: ``apply``
 gets the new ``Loaded``, ``reject`` gets the ConfigError, and the running config stays.
+The watcher is the files' ``ConfigSource`` (``config/source.py``).
 
 ``roots`` (upstream's RUNTIME_ROOT under RUNTIME_WATCH_ROOT): paths, usually symlinks, whose
 swap to another directory is a change too. Each is looked at every ROOT_SECONDS (its own
@@ -17,12 +18,13 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import watchfiles
 
 from fairlimit.config.loader import load
+from fairlimit.config.source import Apply, Reject
 from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError
 
@@ -42,7 +44,8 @@ def _lead(root: Path) -> tuple[str, int, int] | None:
 
 
 class ConfigWatcher:
-    """Reloads on file changes (``run``) and on demand (``reload``, for SIGHUP)."""
+    """Loads at start (``initial``), reloads on file changes (``run``) and on demand
+    (``reload``, for SIGHUP)."""
 
     def __init__(
         self,
@@ -51,14 +54,16 @@ class ConfigWatcher:
         strict: bool,
         merge_domains: bool = False,
         allow_empty: bool = False,
-        apply: Callable[[Loaded], None],
-        reject: Callable[[ConfigError], None],
+        apply: Apply,
+        reject: Reject,
         debounce_ms: int = 300,
         charge_over_limit: bool = False,
         ignore_dotfiles: bool = False,
         roots: Sequence[Path] = (),
     ) -> None:
         self.paths = tuple(paths)  # loaded as given, so messages name files as at start
+        self.name = ", ".join(str(p) for p in self.paths)
+        self.applied = asyncio.Event()  # set by ``initial``: the files have a config at start
         self._watched = tuple(Path(p).absolute() for p in paths)  # events carry absolute paths
         self.strict = strict
         self.merge_domains = merge_domains
@@ -83,20 +88,28 @@ class ConfigWatcher:
             changed == p or (p.is_dir() and p in changed.parents) for p in self._watched
         )
 
+    def _load(self) -> Loaded:
+        return load(
+            self.paths,
+            strict=self.strict,
+            merge_domains=self.merge_domains,
+            allow_empty=self.allow_empty,
+            charge_over_limit=self.charge_over_limit,
+            ignore_dotfiles=self.ignore_dotfiles,
+        )
+
+    def initial(self) -> Loaded:
+        """The config at start, loaded now (ConfigError when refused: nothing to keep)."""
+        loaded = self._load()
+        self.applied.set()
+        return loaded
+
     async def reload(self) -> bool:
         """Load every configured path now; True when the new config was applied."""
         async with self._lock:
             self.reloads += 1
             try:  # in a thread: reading and parsing must not stall the requests on the loop
-                loaded = await asyncio.to_thread(
-                    load,
-                    self.paths,
-                    strict=self.strict,
-                    merge_domains=self.merge_domains,
-                    allow_empty=self.allow_empty,
-                    charge_over_limit=self.charge_over_limit,
-                    ignore_dotfiles=self.ignore_dotfiles,
-                )
+                loaded = await asyncio.to_thread(self._load)
             except ConfigError as exc:
                 self._reject(exc)
                 return False

@@ -4,9 +4,9 @@ The level λ solves ``sum_i min(d_i, L_i, λ·w_i) = C``; it is infinite when ev
 demand fits under the cap. Water-filling sorts clients by ``min(d_i, L_i) / w_i`` and raises
 one level: O(n log n), run once per period per cap, never per request.
 
-Every store and the telemetry of global buckets turn a finished period into λ and figures
-the same way: ``PeriodDemand`` -> ``level_of`` and ``figures_of``. A store reports each
-cap instance as a ``CapReport``.
+Every store and the telemetry of global buckets turn a finished period into its figures
+the same way: ``PeriodDemand`` -> ``figures_of``. A store reports each cap instance as a
+``CapReport``.
 """
 
 import math
@@ -39,17 +39,6 @@ def water_level(
         else:
             return level
     return INFINITE  # unreachable when sum(wants) > capacity; kept total for safety
-
-
-def grants(
-    demands: Sequence[float],
-    limits: Sequence[float],
-    weights: Sequence[float],
-    capacity: float,
-) -> list[float]:
-    """What each client receives under the water level: min(d_i, L_i, λ·w_i)."""
-    level = water_level(demands, limits, weights, capacity)
-    return [min(d, lim, level * w) for d, lim, w in zip(demands, limits, weights, strict=True)]
 
 
 def jain_index(shares: Sequence[float]) -> float:
@@ -140,13 +129,6 @@ class PeriodDemand:
             [limits[c] for c in clients] if limits is not None else [INFINITE] * n,
             [weights[c] for c in clients] if weights is not None else [1.0] * n,
         )
-
-
-def level_of(period: PeriodDemand) -> float:
-    """λ for the next period, in the cap's window: the level that shares this period's demand."""
-    scale = period.scale
-    demands = [d * scale for d in period.demands]
-    return water_level(demands, period.limits, period.weights, period.capacity)
 
 
 def figures_of(period: PeriodDemand) -> FairnessFigures:

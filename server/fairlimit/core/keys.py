@@ -53,19 +53,13 @@ def counter_key(path: str, window: int) -> str:
     return f"{path}#{window}"
 
 
-def descriptor_key(domain: str, entries: Sequence[Entry], window: int) -> str:
-    """The store key of the counter for all of ``entries`` in a window of ``window`` seconds."""
-    paths = key_paths(domain, entries)
-    return counter_key(paths[-1] if paths else escape(domain), window)
-
-
 def key_path(key: str) -> str:
     """The path of a counter key (the part before ``#window``); the key itself if it has none."""
     return key.rpartition("#")[0] or key
 
 
 def parse_counter_key(key: str) -> tuple[str, tuple[Entry, ...]] | None:
-    """(domain, entries) of a key made by ``descriptor_key``; None for any other text."""
+    """(domain, entries) of the counter key of a whole descriptor; None for any other text."""
     body, sep, window = key.rpartition("#")
     if not sep or not window.isdigit():
         return None

@@ -23,6 +23,9 @@ requests count: a throttled client's demand stays visible). Per bucket, ``D = su
 So the assigned rates of a cap's buckets sum to at most ``C + H``, ``H`` the headroom of the
 buckets below their bound (0 when every client is at its share), and they use the headroom
 only by raising their demand, which the next report turns into a new λ.
+
+What governs a bucket (its ``Target``: its own limit and the caps above it) comes from the
+plan of one request in it (``target_of``), as RLS would charge it.
 """
 
 import enum
@@ -33,6 +36,7 @@ from typing import NamedTuple
 
 from fairlimit.core.bucket import BucketKey
 from fairlimit.core.fairshare import water_level
+from fairlimit.core.plan import Plan
 
 HEADROOM = 0.25  # of a below-bound bucket's demand, on top of it
 HEADROOM_FLOOR = 1.0  # requests/s added per Envoy, so a tiny demand can still grow
@@ -349,3 +353,37 @@ def settle(current: Strategy | None, new: Strategy) -> Strategy:
     if not (isinstance(current, TokenBucket) and isinstance(new, TokenBucket)):
         return new
     return current if abs(new.rate - current.rate) <= SETTLE * current.rate else new
+
+
+def most(strategy: Strategy) -> tuple[float, int]:
+    """(rate, depth): the most ``strategy`` lets through; a blanket rule, without bound."""
+    if isinstance(strategy, TokenBucket):
+        return strategy.rate, strategy.max_tokens
+    return math.inf, 0
+
+
+def target_of(plan: Plan) -> Target:
+    """What governs a bucket, from the plan of one request in it: its own limit (per
+    second) and the fair-share caps above it; shadow-mode levels restrict nothing."""
+    dplan = plan.descriptors[0]
+    if dplan.unlimited or not dplan.charges:
+        return Target(Blanket.ALLOW_ALL)
+    limit = math.inf
+    caps: list[CapClaim] = []
+    for charge in dplan.charges:
+        counter = plan.counters[charge.counter]
+        if charge.share is None:
+            if not counter.shadow:
+                limit = min(limit, counter.limit / counter.window)
+            continue
+        share = plan.shares[charge.share]
+        if share.shadow:
+            continue
+        per = share.window
+        caps.append(CapClaim(share.cap, share.client, share.capacity / per,
+                             share.client_limit / per, share.weight))  # fmt: skip
+    if limit <= 0 or any(c.capacity <= 0 for c in caps):
+        return Target(Blanket.DENY_ALL)
+    if math.isinf(limit) and not caps:
+        return Target(Blanket.ALLOW_ALL)
+    return Target(None, limit, tuple(caps))

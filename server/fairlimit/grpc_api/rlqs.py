@@ -92,7 +92,7 @@ class QuotaServicer:
         finally:
             self._outboxes.discard(outbox)
             reader.cancel()
-            stream.close()
+            self.quota.close(stream)
         if failure:
             await context.abort(*failure[0])
 
@@ -107,7 +107,7 @@ class QuotaServicer:
         try:
             async for payload in requests:
                 message = rlqs_pb2.RateLimitQuotaUsageReports.FromString(payload)
-                await stream.report(message.domain, usages_from_proto(message))
+                await self.quota.report(stream, message.domain, usages_from_proto(message))
         except DecodeError as exc:
             failure.append((grpc.StatusCode.INVALID_ARGUMENT, f"malformed usage report: {exc}"))
         except asyncio.CancelledError:

@@ -3,14 +3,17 @@
 ``CONFIG_TYPE=GRPC_XDS_SOTW``: one ADS stream (state of the world) asking for
 ``RateLimitConfig`` resources, one per domain. Each response is the whole configuration: it
 is loaded all or nothing like the files, then ACKed (its version and nonce echoed), or NACKed
-with the problems as the error detail while the running config stays. A lost stream is
-reopened after a pause, and the management server sends the current set again.
+with the problems as the error detail while the running config stays (a set that limits
+nothing too, unless ``--allow-empty-config``). A lost stream is reopened after a pause, and
+the management server sends the current set again. ``XdsConfigSource`` is xDS's
+``ConfigSource`` (``config/source.py``).
 """
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,26 +22,16 @@ from google.protobuf import json_format
 from fairlimit._proto.envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from fairlimit._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
 from fairlimit.config.loader import assemble, parse_root
+from fairlimit.config.source import Apply, Reject, empty_problems
 from fairlimit.config.yaml_text import Plain
 from fairlimit.core.rules import Domain, Loaded
 from fairlimit.errors import ConfigError
+from fairlimit.settings.xds import XdsSection, XdsTlsFiles
 
 log = logging.getLogger(__name__)
 
 TYPE_URL = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig"
 _INVALID_ARGUMENT = 3  # google.rpc.Code of a NACK's error detail
-
-
-@dataclass(frozen=True, slots=True)
-class XdsSettings:
-    """Where the management server is and who we are to it."""
-
-    target: str  # host:port
-    node_id: str = "default"
-    node_metadata: Mapping[str, str] = field(default_factory=dict)
-    headers: tuple[tuple[str, str], ...] = ()  # sent with the stream (authorization, ...)
-    retry_seconds: float = 3.0
-    tls: "XdsTls | None" = None  # None: plaintext
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +42,16 @@ class XdsTls:
     client_cert: bytes | None = None
     client_key: bytes | None = None
     server_name: str | None = None  # the name to verify instead of the target's host
+
+    @classmethod
+    def read(cls, files: XdsTlsFiles) -> "XdsTls":
+        """The files' contents, read now (once, at start)."""
+
+        def read(path: Path | None) -> bytes | None:
+            return None if path is None else path.read_bytes()
+
+        return cls(read(files.server_ca), read(files.client_cert), read(files.client_key),
+                   files.server_name)  # fmt: skip
 
     def channel(self, target: str) -> grpc.aio.Channel:
         credentials = grpc.ssl_channel_credentials(
@@ -96,9 +99,10 @@ def config_root(config: Any) -> dict[str, object]:
 
 def load_resources(
     resources: Sequence[Any], *, strict: bool = False, merge_domains: bool = False,
-    charge_over_limit: bool = True,
+    charge_over_limit: bool = True, allow_empty: bool = False, origin: str = "xDS",
 ) -> Loaded:  # fmt: skip
-    """A response's resources -> the Loaded config, all or nothing (ConfigError).
+    """A response's resources -> the Loaded config, all or nothing (ConfigError); a set that
+    limits nothing is refused, naming ``origin``, unless ``allow_empty``.
 
     A RateLimitConfig cannot say ``charge_when_over_limit``: by default every hit counts,
     refused or not, as upstream counts them (``charge_over_limit``)."""
@@ -115,10 +119,14 @@ def load_resources(
             problems.extend(exc.problems)
     if problems:
         raise ConfigError(problems)
-    return assemble(
+    loaded = assemble(
         domains, (), strict=strict, merge_domains=merge_domains,
         charge_over_limit=charge_over_limit,
     )  # fmt: skip
+    empty = [] if allow_empty else empty_problems(loaded.config, origin)
+    if empty:
+        raise ConfigError(empty)
+    return loaded
 
 
 class XdsConfigSource:
@@ -126,21 +134,32 @@ class XdsConfigSource:
 
     def __init__(
         self,
-        settings: XdsSettings,
+        settings: XdsSection,
         *,
         strict: bool,
         merge_domains: bool,
-        apply: Callable[[Loaded], None],
-        reject: Callable[[ConfigError], None],
+        apply: Apply,
+        reject: Reject,
         charge_over_limit: bool = True,
+        allow_empty: bool = False,
     ) -> None:
         self.settings = settings
+        self.name = f"xDS server {settings.target}"
+        self.tls = None if settings.tls is None else XdsTls.read(settings.tls)
         self.strict, self.merge_domains = strict, merge_domains
-        self.charge_over_limit = charge_over_limit
+        self.charge_over_limit, self.allow_empty = charge_over_limit, allow_empty
         self._apply, self._reject = apply, reject
         self._stop = asyncio.Event()
         self.applied = asyncio.Event()  # set once a first config was accepted
         self.version = ""  # the version last applied, echoed in NACKs
+
+    def initial(self) -> None:
+        """None: nothing until the management server sends the first set."""
+        return None
+
+    async def reload(self) -> bool:
+        """Nothing to do: the management server pushes every change itself."""
+        return False
 
     def _node(self) -> dict[str, object]:
         return {"id": self.settings.node_id, "metadata": dict(self.settings.node_metadata)}
@@ -161,7 +180,8 @@ class XdsConfigSource:
         try:
             loaded = load_resources(
                 response.resources, strict=self.strict, merge_domains=self.merge_domains,
-                charge_over_limit=self.charge_over_limit,
+                charge_over_limit=self.charge_over_limit, allow_empty=self.allow_empty,
+                origin=self.name,
             )  # fmt: skip
         except ConfigError as exc:
             self._reject(exc)
@@ -206,7 +226,7 @@ class XdsConfigSource:
                 continue
 
     def _channel(self) -> grpc.aio.Channel:
-        tls = self.settings.tls
+        tls = self.tls
         target = self.settings.target
         return grpc.aio.insecure_channel(target) if tls is None else tls.channel(target)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fairlimit.errors import SettingsError
 from fairlimit.settings.upstream import boolean, translate, unsupported_warning
+from fairlimit.settings.xds import XdsSection, XdsTlsFiles, pairs
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -158,6 +159,17 @@ class Settings:
         if self.charge_when_over_limit is not None:
             return self.charge_when_over_limit
         return self.config_source == "xds"
+
+    @property
+    def xds(self) -> XdsSection:
+        """The xDS settings, typed (CONFIG_TYPE=GRPC_XDS_SOTW)."""
+        tls = None
+        if self.xds_tls:
+            name = self.xds_server_san or None
+            tls = XdsTlsFiles(self.xds_server_ca, self.xds_client_cert, self.xds_client_key, name)
+        headers = tuple((name.lower(), value) for name, value in pairs(self.xds_headers, ":"))
+        return XdsSection(self.xds_server, self.xds_node_id, pairs(self.xds_node_metadata, "="),
+                          headers, self.xds_retry, tls)  # fmt: skip
 
     def upstream_warning(self) -> str | None:
         """The one startup warning naming set upstream variables that have no effect."""

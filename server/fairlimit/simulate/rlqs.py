@@ -72,6 +72,7 @@ class SimEnvoy:
         self.buckets: dict[BucketKey, _Local] = {}
         self.next_report: float | None = None
         self.reports = 0
+        self.quota = quota
         self.stream = quota.open(self._apply)
 
     def _apply(self, actions: Sequence[Action]) -> None:
@@ -94,7 +95,7 @@ class SimEnvoy:
         if self.next_report is None:
             self.next_report = now + self.interval
         self.reports += 1
-        await self.stream.report(self.domain, [Usage(bucket, 1, 0)])
+        await self.quota.report(self.stream, self.domain, [Usage(bucket, 1, 0)])
         return True
 
     async def tick(self, now: float) -> None:
@@ -107,7 +108,7 @@ class SimEnvoy:
             usages.append(Usage(local.bucket, local.allowed, local.denied))
             local.allowed = local.denied = 0
         self.reports += 1
-        await self.stream.report(self.domain, usages)
+        await self.quota.report(self.stream, self.domain, usages)
 
 
 class RlqsRun(Run):

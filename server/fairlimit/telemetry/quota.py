@@ -1,6 +1,7 @@
 """RLQS instruments: streams, buckets, assigned rates and reported usage.
 
-Gauges (read from the last ``QuotaFigures`` the quota service hands in):
+Gauges (``QuotaFigures``, worked out from the state the quota service publishes when they are
+read, at most once a FIGURES_SECONDS, so that no division pays for them):
 ``fairlimit.rlqs.streams``, ``fairlimit.rlqs.buckets`` (subscriptions, one per stream and
 bucket), ``fairlimit.rlqs.assigned_rate`` (the token-bucket rates assigned, summed per
 domain) and ``fairlimit.rlqs.headroom`` (assigned above the grants, summed per domain).
@@ -19,8 +20,14 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, MeterProvider, NoOpMeterProvider, Observation
 
 from fairlimit import __version__
+from fairlimit.core.quota import Strategy, TokenBucket
 
 log = logging.getLogger(__name__)
+
+FIGURES_SECONDS = 1.0  # the figures are worked out again at most this often (a full scan)
+# Per stream: its domain, and each of its buckets' strategy in force and headroom (its part
+# of the assigned rate above the grants).
+Streams = Iterable[tuple[str, Iterable[tuple[Strategy | None, float]]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,15 +40,37 @@ class QuotaFigures:
     headroom: Mapping[str, float] = field(default_factory=dict)  # by domain
 
 
+def figures_of(streams: Streams) -> QuotaFigures:
+    """The figures of ``streams``: subscriptions, and the token-bucket rates assigned and
+    their headroom, summed per domain (a blanket rule assigns no rate)."""
+    count = 0
+    buckets: dict[str, int] = {}
+    rates: dict[str, float] = {}
+    headroom: dict[str, float] = {}
+    for domain, held in streams:
+        count += 1
+        subscriptions = 0
+        for strategy, extra in held:
+            subscriptions += 1
+            if not isinstance(strategy, TokenBucket):
+                continue
+            rates[domain] = rates.get(domain, 0.0) + strategy.rate
+            headroom[domain] = headroom.get(domain, 0.0) + extra
+        buckets[domain] = buckets.get(domain, 0) + subscriptions
+    return QuotaFigures(count, buckets, rates, headroom)
+
+
 class QuotaTelemetry:
     """The RLQS instruments; one per process (or per test)."""
 
     def __init__(self, meter_provider: MeterProvider | None = None, *, enabled: bool = True):
         self.enabled = enabled
         self.errors = 0
-        # Where the figures come from when they are read (the quota service sets it), so
-        # that no division pays for them: read by the gauges at each collection.
-        self.source: Callable[[], QuotaFigures] | None = None
+        # The state the figures are worked out from, and the clock that paces it (the quota
+        # service publishes both); the last figures and when they were worked out.
+        self._source: Callable[[], Streams] | None = None
+        self._now: Callable[[], float] = lambda: 0.0
+        self._figured: tuple[float, QuotaFigures] | None = None
         meter = metrics.get_meter("fairlimit", __version__, meter_provider)
         gauges: tuple[tuple[str, str, str, Callable[[], Iterable[Observation]]], ...] = (
             ("streams", "{stream}", "Open RLQS streams", self._streams),
@@ -67,10 +96,25 @@ class QuotaTelemetry:
             " --rlqs-max-buckets); each report that lists one counts it",
         )
 
+    def publish(self, source: Callable[[], Streams], now: Callable[[], float]) -> None:
+        """The gauges read ``source`` (at most once a FIGURES_SECONDS of ``now``)."""
+        self._source, self._now, self._figured = source, now, None
+
+    def stale(self) -> None:
+        """The state changed at once (a stream closed): the next read works it out again."""
+        self._figured = None
+
     @property
     def figures(self) -> QuotaFigures:
         """The figures as the state stands (none without a quota service)."""
-        return self.source() if self.source is not None else QuotaFigures()
+        if self._source is None:
+            return QuotaFigures()
+        now = self._now()
+        if self._figured is not None and now - self._figured[0] < FIGURES_SECONDS:
+            return self._figured[1]
+        figures = figures_of(self._source())
+        self._figured = (now, figures)
+        return figures
 
     @classmethod
     def off(cls) -> "QuotaTelemetry":

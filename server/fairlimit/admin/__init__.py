@@ -1,4 +1,7 @@
-"""HTTP admin endpoints (aiohttp, on the serve loop): health, metrics, config, ``POST /json``."""
+"""HTTP admin endpoints (aiohttp, on the serve loop): health, metrics, config, ``POST /json``.
+
+``rlqs.py``: the RLQS state as plain data, for the ``rlqs`` part of /rlconfig.
+"""
 
 import asyncio
 import ipaddress
