@@ -123,6 +123,7 @@ def _response_options(settings: Settings) -> ResponseOptions:
         reset_header=settings.header_reset,
         metadata=settings.response_metadata,
         quota_all=settings.quota_mode,
+        rule_names=settings.names_rules,
     )
 
 

@@ -43,7 +43,7 @@ def request_from_proto(message: rls_pb2.RateLimitRequest) -> Request:
     return Request(message.domain, tuple(descriptors), message.hits_addend)
 
 
-def _add_status(response: rls_pb2.RateLimitResponse, status: Status) -> None:
+def _add_status(response: rls_pb2.RateLimitResponse, status: Status, names: bool) -> None:
     out = response.statuses.add(  # built in place: no message copied into the list
         code=_CODES[status.code], limit_remaining=min(status.limit_remaining, 0xFFFFFFFF)
     )
@@ -52,8 +52,11 @@ def _add_status(response: rls_pb2.RateLimitResponse, status: Status) -> None:
         current = out.current_limit
         current.requests_per_unit = limit.requests_per_unit
         current.unit = _PROTO_UNITS[limit.unit]
-        if limit.name:
-            current.name = limit.name
+        # Envoy writes the name into X-RateLimit-Limit's quota policy (;name="..."): the
+        # limit's own name when it has one (as upstream), else the rule's when ``names``
+        name = limit.name or (status.name if names else None)
+        if name:
+            current.name = name
     reset = status.duration_until_reset
     if reset > 0:
         seconds = math.floor(reset)
@@ -62,9 +65,10 @@ def _add_status(response: rls_pb2.RateLimitResponse, status: Status) -> None:
         duration.nanos = int((reset - seconds) * 1e9)
 
 
-def response_to_proto(decision: Decision) -> rls_pb2.RateLimitResponse:
-    """The RateLimitResponse Envoy reads its verdict and X-RateLimit headers from."""
+def response_to_proto(decision: Decision, names: bool = False) -> rls_pb2.RateLimitResponse:
+    """The RateLimitResponse Envoy reads its verdict and X-RateLimit headers from;
+    ``names``: a limit without a name of its own is named by its rule."""
     response = rls_pb2.RateLimitResponse(overall_code=_CODES[decision.code])
     for status in decision.statuses:
-        _add_status(response, status)
+        _add_status(response, status, names)
     return response
