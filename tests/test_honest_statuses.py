@@ -17,6 +17,7 @@ from fairlimit.core.units import Unit
 from fairlimit.grpc_api.convert import response_to_proto
 from fairlimit.grpc_api.extras import ResponseOptions, add_extras
 from fairlimit.limiter import Decision
+from fairlimit.settings import Settings
 from fairness_cases import flat_config
 from helpers import desc, load_text, req
 
@@ -181,3 +182,15 @@ class TestMetadata:
         assert [s["code"] for s in fields["statuses"]] == ["OVER_LIMIT", "OK"]
         assert fields["reported"] == {"code": "OK", "name": "ai/backend", "limit": 10,
                                             "window": 60, "remaining": 7, "reset": 30}  # fmt: skip
+
+
+class TestRuleNamesSetting:
+    def test_on_for_fairlimits_files_off_for_xds_and_upstreams_layout(self) -> None:
+        """Off where upstream's exact response is expected (Envoy Gateway's conformance
+        reads X-RateLimit-Limit whole); a flag or FAIRLIMIT_RULE_NAMES says otherwise."""
+        assert Settings().names_rules
+        assert not Settings(config_source="xds").names_rules
+        assert not Settings.from_env({"RUNTIME_ROOT": "/srv/runtime_data/current"}).names_rules
+        env = {"RUNTIME_ROOT": "/srv", "FAIRLIMIT_RULE_NAMES": "true"}
+        assert Settings.from_env(env).names_rules
+        assert not Settings().override({"rule_names": "false"}).names_rules

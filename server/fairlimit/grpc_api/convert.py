@@ -44,9 +44,12 @@ def request_from_proto(message: rls_pb2.RateLimitRequest) -> Request:
 
 
 def _add_status(response: rls_pb2.RateLimitResponse, status: Status, names: bool) -> None:
-    out = response.statuses.add(  # built in place: no message copied into the list
-        code=_CODES[status.code], limit_remaining=min(status.limit_remaining, 0xFFFFFFFF)
-    )
+    # An OVER_LIMIT status says 0 left, as upstream's: Envoy writes X-RateLimit-* from the
+    # status with the least left, which must be the one that refused (a request of 5 hits
+    # refused with 2 left would lose to another descriptor's 1). The 2 stay in the metadata.
+    remaining = 0 if status.code is Code.OVER_LIMIT else min(status.limit_remaining, 0xFFFFFFFF)
+    # built in place: no message copied into the list
+    out = response.statuses.add(code=_CODES[status.code], limit_remaining=remaining)
     limit = status.current_limit
     if limit is not None:
         current = out.current_limit
