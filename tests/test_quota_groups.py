@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fairlimit.admin import config_report
 from fairlimit.errors import ConfigError
 from helpers import LimiterFactory, desc, load_text, req
 
@@ -107,6 +108,10 @@ class TestValidation:
             f"{source}: ai/region: quota_group must be a non-empty string, not ['a', 'b']",
         ]
 
-    def test_a_group_is_read_onto_the_rule(self, tmp_path: Path) -> None:
-        rules = load_text(tmp_path, GROUPS).config.domains["ai"].rules
+    def test_a_group_is_read_onto_the_rule_and_shown(self, tmp_path: Path) -> None:
+        """On the rule, and in the admin's JSON view of the config (/rlconfig)."""
+        loaded = load_text(tmp_path, GROUPS)
+        rules = loaded.config.domains["ai"].rules
         assert [r.quota_group for r in rules] == ["tenant", "model", None]
+        shown = config_report(loaded, ())["domains"][0]["descriptors"]
+        assert [d.get("quota_group") for d in shown] == ["tenant", "model", None]
