@@ -112,6 +112,10 @@ def _serve_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
         "counts, refused or not (envoyproxy/ratelimit's); false, a refused request "
         "consumes nothing (default: true for xDS and under envoyproxy/ratelimit's "
         "variables, false otherwise)")  # fmt: skip
+    add("--rule-names", choices=["true", "false"],
+        help="name each status by its rule (Envoy's quota policy name=), add "
+        "RateLimit-Policy and RateLimit headers and the fairlimit metadata (default: false "
+        "for xDS and under envoyproxy/ratelimit's layout, true otherwise)")  # fmt: skip
     add("--log-format", choices=["text", "json"], help=f"(default {d.log_format})")
     add("--log-level", choices=["debug", "info", "warning", "error"],
         help=f"(default {d.log_level})")  # fmt: skip

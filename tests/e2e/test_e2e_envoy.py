@@ -37,6 +37,10 @@ class TestThroughEnvoy:
                 assert first["x-ratelimit-remaining"] == "4"
                 assert last["x-ratelimit-remaining"] == "0"
                 assert 0 < int(last["x-ratelimit-reset"]) <= 60
+                # the 429 names the rule that refused it and its limit
+                assert (
+                    last["x-ratelimit-limit"] == '5, 5;w=60;name="edge/route=e2e-minute/client_id"'
+                )
                 return
             raise AssertionError("three attempts straddled minute boundaries")
 

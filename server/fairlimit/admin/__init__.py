@@ -254,6 +254,8 @@ def _rule(
     for flag in ("quota_mode", "value_to_metric", "share_threshold"):
         if getattr(rule, flag):
             out[flag] = True
+    if rule.quota_group is not None:
+        out["quota_group"] = rule.quota_group
     if rule.metadata:
         out["metadata"] = dict(rule.metadata)
     if rule.fair_share is not None:

@@ -112,6 +112,7 @@ def response_options(settings: Settings) -> ResponseOptions:
         reset_header=settings.header_reset,
         metadata=settings.response_metadata,
         quota_all=settings.quota_mode,
+        rule_names=settings.names_rules,
     )
 
 

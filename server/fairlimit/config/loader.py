@@ -40,7 +40,8 @@ from fairlimit.errors import ConfigError, ConfigUnreadable, ConfigWarningError
 ROOT_KEYS = frozenset({"domain", "descriptors", "request_id_keys"})
 DESCRIPTOR_KEYS = frozenset(
     {"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "fair_share",
-     "quota_mode", "value_to_metric", "share_threshold", "metadata", "concurrency"}
+     "quota_mode", "value_to_metric", "share_threshold", "metadata", "concurrency",
+     "quota_group"}
 )  # fmt: skip
 CONCURRENCY_KEYS = frozenset({"max_in_flight", "max_duration"})
 REQUEST_ID_KEYS = frozenset({"acquire", "release"})
@@ -264,6 +265,20 @@ def _metadata(problems: Problems, path: str, raw: object) -> Mapping[str, object
     return MappingProxyType(typed(raw))
 
 
+def _quota_group(problems: Problems, path: str, raw: Mapping[str, Any]) -> str | None:
+    """The rule's quota group: a name, only on a quota_mode rule (else it groups nothing)."""
+    group = raw.get("quota_group")
+    if group is None:
+        return None
+    if not isinstance(group, str) or not group:
+        problems.add(path, f"quota_group must be a non-empty string, not {_shown(group)}")
+        return None
+    if raw.get("quota_mode") is None or as_bool(raw["quota_mode"]) is not True:
+        problems.add(path, "quota_group needs quota_mode: true on the same descriptor")
+        return None
+    return str(group)
+
+
 def _share_threshold(problems: Problems, path: str, raw: Mapping[str, Any], value: str | None,
                      ) -> bool:  # fmt: skip
     shared = _bool(problems, path, raw, "share_threshold")
@@ -310,6 +325,7 @@ def _descriptor(problems: Problems, parent: str, index: int, raw: object) -> Rul
         share_threshold=_share_threshold(problems, path, raw, text),
         metadata=_metadata(problems, path, raw.get("metadata")),
         concurrency=slots,
+        quota_group=_quota_group(problems, path, raw),
     )
 
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fairlimit.core.keys import key_path
 from fairlimit.core.plan import Charge, Counter, DescriptorPlan, Plan, Share
 from fairlimit.core.rules import RateLimit, Rule
 from fairlimit.core.units import seconds_until_reset
@@ -117,7 +118,7 @@ class Outcome:
 
 @dataclass(slots=True)  # not frozen: built per request (see Outcome)
 class Status:
-    """One descriptor's answer, ready for Envoy's X-RateLimit headers."""
+    """One descriptor's answer: the level that denied it, else the one closest to its limit."""
 
     code: Code
     current_limit: RateLimit | None
@@ -125,10 +126,26 @@ class Status:
     duration_until_reset: float
     rule: Rule | None = None
     shadowed: bool = False  # over a shadow-mode limit, answered OK
+    # what the limit reported is: the rule's path (the cap's, when the cap's own total is the
+    # level reported), or the descriptor's key path for an override no rule matched
+    name: str | None = None
 
 
-def _charge_view(plan: Plan, outcome: Outcome, charge: Charge) -> tuple[bool, bool, int, float]:
-    """(over, shadow_over, remaining, fair limit) of one charge (one level of a descriptor)."""
+@dataclass(slots=True)  # not frozen: built per request (see Outcome)
+class _Level:
+    """What one level of a descriptor reports."""
+
+    over: bool
+    shadow_over: bool
+    remaining: int
+    reset: int
+    limit: RateLimit
+    name: str
+
+
+def _level(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, charge: Charge, now: float
+           ) -> _Level:  # fmt: skip
+    """One charge (one level of a descriptor) as a status would report it."""
     counter = plan.counters[charge.counter]
     before = outcome.counts[charge.counter]
     # what is left after this request: a refused one moved only its forced levels
@@ -136,46 +153,55 @@ def _charge_view(plan: Plan, outcome: Outcome, charge: Charge) -> tuple[bool, bo
     charged = counter.hits if outcome.admitted or counter.force else 0
     over = counter.limit < before + max(counter.hits, 1)
     remaining = counter.limit - before - charged
-    fair = math.inf
+    leaf = dplan.charges[0].limit
+    limit, name = leaf, _name(dplan, charge, counter.key)
     if charge.share is not None:
         share = plan.shares[charge.share]
         bound = outcome.bounds[charge.share]
         had = outcome.shared[charge.share]
         over = over or share_over(share, had, bound)
+        limit = charge.limit  # the cap's total, unless the client's share is the tighter
         if bound != math.inf:
             claimed = share.hits if outcome.admitted or share.force else 0
-            remaining = min(remaining, math.floor(bound + _EPSILON) - had - claimed)
-            fair = bound
+            room = math.floor(bound + _EPSILON) - had - claimed
+            if room <= remaining:  # the client's share holds it: named by the client's rule
+                remaining, limit = room, _effective_limit(leaf, charge, bound)
+                name = name if dplan.rule is None else dplan.rule.path
+    reset = seconds_until_reset(counter.window, now)
     if counter.shadow:
-        return False, over, max(0, remaining), fair
-    return over, False, max(0, remaining), fair
+        return _Level(False, over, max(0, remaining), reset, limit, name)
+    return _Level(over, False, max(0, remaining), reset, limit, name)
+
+
+def _name(dplan: DescriptorPlan, charge: Charge, key: str) -> str:
+    """The rule a level reports: a cap's own, or the descriptor's matched rule (an
+    override's too); an override no rule matched is named by its descriptor's key path."""
+    rule = charge.rule if charge.share is not None else dplan.rule
+    return key_path(key) if rule is None else rule.path
 
 
 def _effective_limit(leaf: RateLimit, charge: Charge, fair: float) -> RateLimit:
-    if fair == math.inf or fair / charge.limit.window >= leaf.per_second:
+    """The client's bound at a cap as a limit in the cap's unit, when tighter than its own."""
+    if fair == math.inf:
         return leaf
-    return RateLimit(math.floor(fair + _EPSILON), charge.limit.unit, name=leaf.name)
+    whole = math.floor(fair + _EPSILON)
+    if whole / charge.limit.window >= leaf.per_second:
+        return leaf
+    return RateLimit(whole, charge.limit.unit, name=leaf.name)
 
 
 def _status(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, now: float) -> Status:
-    """A charged descriptor's status: the tightest level's remaining and reset."""
-    over = shadowed = False
-    leaf = effective = dplan.charges[0].limit
-    best_remaining, reset = -1, 0
-    for charge in dplan.charges:
-        lv_over, lv_shadow, remaining, fair = _charge_view(plan, outcome, charge)
-        over, shadowed = over or lv_over, shadowed or lv_shadow
-        window = plan.counters[charge.counter].window
-        if best_remaining < 0 or remaining < best_remaining:
-            best_remaining, reset = remaining, seconds_until_reset(window, now)
-        elif remaining == best_remaining:  # run out together: the client waits for both
-            reset = max(reset, seconds_until_reset(window, now))
-        if fair != math.inf:
-            candidate = _effective_limit(leaf, charge, fair)
-            if candidate.per_second < effective.per_second:
-                effective = candidate
-    code = Code.OVER_LIMIT if over else Code.OK
-    return Status(code, effective, best_remaining, reset, dplan.rule, shadowed)
+    """A charged descriptor's status: the level that denied it (the least left of those
+    over), else the level with the least left; levels run out together wait for the last.
+    Limit, remaining and name all come from that one level, so a 429 names what refused."""
+    levels = [_level(plan, outcome, dplan, charge, now) for charge in dplan.charges]
+    denying = [lv for lv in levels if lv.over]
+    shadowed = any(lv.shadow_over for lv in levels)
+    # the least left; of levels tied there, the tightest (a share below the own limit)
+    chosen = min(denying or levels, key=lambda lv: (lv.remaining, lv.limit.per_second))
+    reset = max(lv.reset for lv in denying or levels if lv.remaining == chosen.remaining)
+    code = Code.OVER_LIMIT if denying else Code.OK
+    return Status(code, chosen.limit, chosen.remaining, reset, dplan.rule, shadowed, chosen.name)
 
 
 def statuses(plan: Plan, outcome: Outcome, now: float) -> tuple[Status, ...]:
@@ -200,18 +226,50 @@ def is_quota(status: Status, quota_all: bool) -> bool:
     return quota_all or (rule is not None and rule.quota_mode and status.current_limit is not None)
 
 
-def overall(statuses_: Sequence[Status], quota_all: bool) -> Code:
-    """OVER_LIMIT when an ordinary descriptor is over, or every quota descriptor is, else OK.
+def _group(status: Status) -> str:
+    """The quota group of a quota descriptor's status ("" for the implicit one)."""
+    rule = status.rule
+    return "" if rule is None or rule.quota_group is None else rule.quota_group
 
-    A quota descriptor (``quota_mode``) over its limit fails the request only together with
-    all the others of the request, as envoyproxy/ratelimit decides.
+
+def refusing(statuses_: Sequence[Status], quota_all: bool) -> list[Status]:
+    """The statuses that refuse the request, in order: every ordinary descriptor over,
+    then the members of each quota group whose members are all over (empty: it passes).
+
+    Quota descriptors (``quota_mode``) of one ``quota_group`` pass when any of them passes,
+    and every group must pass; those without a group are one group, as envoyproxy/ratelimit
+    decides (a request fails only when every one of its quota descriptors is over).
     """
-    quotas = quotas_over = 0
+    out: list[Status] = []
+    groups: dict[str, list[Status]] | None = None
     for status in statuses_:
-        over = status.code is Code.OVER_LIMIT
         if is_quota(status, quota_all):
-            quotas += 1
-            quotas_over += over
-        elif over:
-            return Code.OVER_LIMIT
-    return Code.OVER_LIMIT if quotas and quotas == quotas_over else Code.OK
+            if groups is None:
+                groups = {}
+            groups.setdefault(_group(status), []).append(status)
+        elif status.code is Code.OVER_LIMIT:
+            out.append(status)
+    for members in (groups or {}).values():
+        if all(m.code is Code.OVER_LIMIT for m in members):
+            out.extend(members)
+    return out
+
+
+def overall(statuses_: Sequence[Status], quota_all: bool) -> Code:
+    """OVER_LIMIT when an ordinary descriptor is over, or every quota descriptor of a
+    quota group is (``refusing``), else OK."""
+    return Code.OVER_LIMIT if refusing(statuses_, quota_all) else Code.OK
+
+
+def reported(statuses_: Sequence[Status], quota_all: bool) -> Status | None:
+    """The status a response's headers and metadata describe: on a refusal, the one that
+    refused (the first ordinary descriptor over, else the least left of a quota group all
+    over); else the least left of those not over (a quota descriptor over in a group that
+    passed refused nothing). None when no status has a limit."""
+    refused = [s for s in refusing(statuses_, quota_all) if s.current_limit is not None]
+    if refused:
+        ordinary = [s for s in refused if not is_quota(s, quota_all)]
+        return ordinary[0] if ordinary else min(refused, key=lambda s: s.limit_remaining)
+    limited = [s for s in statuses_ if s.current_limit is not None]
+    passed = [s for s in limited if s.code is Code.OK] or limited
+    return min(passed, key=lambda s: s.limit_remaining) if passed else None

@@ -79,9 +79,10 @@ def eligible(plan: Plan) -> bool:
 
 
 def shape(plan: Plan) -> tuple[str, ...]:
-    """What identifies a plan's blocks: its counters' keys and its clients at their caps
-    (the hits of a request are not part of it)."""
-    keys = [c.key for c in plan.counters]
+    """What identifies a plan's blocks: its counters' keys and limits, and its clients at
+    their caps (the hits of a request are not part of it). The limit is part of it: a block
+    sized under one limit must not admit a request that overrides it with a smaller one."""
+    keys = [f"{c.key}@{c.limit}" for c in plan.counters]
     for s in plan.shares:
         keys.append(s.cap)
         keys.append(s.client)

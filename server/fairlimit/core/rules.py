@@ -89,6 +89,9 @@ class Rule:
     value_to_metric: bool = False
     share_threshold: bool = False
     metadata: Mapping[str, object] | None = None
+    # fairlimit's: the quota descriptors of one group pass when any of them passes, and
+    # every group must pass (None: the implicit group of upstream's quota_mode)
+    quota_group: str | None = None
 
     @property
     def is_wildcard(self) -> bool:

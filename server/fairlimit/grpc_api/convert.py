@@ -43,17 +43,23 @@ def request_from_proto(message: rls_pb2.RateLimitRequest) -> Request:
     return Request(message.domain, tuple(descriptors), message.hits_addend)
 
 
-def _add_status(response: rls_pb2.RateLimitResponse, status: Status) -> None:
-    out = response.statuses.add(  # built in place: no message copied into the list
-        code=_CODES[status.code], limit_remaining=min(status.limit_remaining, 0xFFFFFFFF)
-    )
+def _add_status(response: rls_pb2.RateLimitResponse, status: Status, names: bool) -> None:
+    # An OVER_LIMIT status says 0 left, as upstream's: Envoy writes X-RateLimit-* from the
+    # status with the least left, which must be the one that refused (a request of 5 hits
+    # refused with 2 left would lose to another descriptor's 1). The 2 stay in the metadata.
+    remaining = 0 if status.code is Code.OVER_LIMIT else min(status.limit_remaining, 0xFFFFFFFF)
+    # built in place: no message copied into the list
+    out = response.statuses.add(code=_CODES[status.code], limit_remaining=remaining)
     limit = status.current_limit
     if limit is not None:
         current = out.current_limit
         current.requests_per_unit = limit.requests_per_unit
         current.unit = _PROTO_UNITS[limit.unit]
-        if limit.name:
-            current.name = limit.name
+        # Envoy writes the name into X-RateLimit-Limit's quota policy (;name="..."): the
+        # limit's own name when it has one (as upstream), else the rule's when ``names``
+        name = limit.name or (status.name if names else None)
+        if name:
+            current.name = name
     reset = status.duration_until_reset
     if reset > 0:
         seconds = math.floor(reset)
@@ -62,9 +68,10 @@ def _add_status(response: rls_pb2.RateLimitResponse, status: Status) -> None:
         duration.nanos = int((reset - seconds) * 1e9)
 
 
-def response_to_proto(decision: Decision) -> rls_pb2.RateLimitResponse:
-    """The RateLimitResponse Envoy reads its verdict and X-RateLimit headers from."""
+def response_to_proto(decision: Decision, names: bool = False) -> rls_pb2.RateLimitResponse:
+    """The RateLimitResponse Envoy reads its verdict and X-RateLimit headers from;
+    ``names``: a limit without a name of its own is named by its rule."""
     response = rls_pb2.RateLimitResponse(overall_code=_CODES[decision.code])
     for status in decision.statuses:
-        _add_status(response, status)
+        _add_status(response, status, names)
     return response

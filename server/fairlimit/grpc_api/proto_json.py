@@ -23,7 +23,7 @@ def response_to_json(
     decision: Decision, body: bytes | str = b"", options: ResponseOptions | None = None
 ) -> str:
     """The RateLimitResponse Envoy would get for the request ``body``, in proto3 JSON."""
-    response = response_to_proto(decision)
+    response = response_to_proto(decision, options is not None and options.rule_names)
     if options is not None and options.any:
         request = json_format.Parse(body, rls_pb2.RateLimitRequest())  # parsed once already
         add_extras(response, request, decision.statuses, options)

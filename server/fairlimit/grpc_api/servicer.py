@@ -177,7 +177,7 @@ class RateLimitServicer:
                 code = grpc.StatusCode.INTERNAL
             return code, str(exc) or type(exc).__name__
         span.set_attribute("ratelimit.backend_seconds", decision.backend_seconds)
-        response = response_to_proto(decision)
+        response = response_to_proto(decision, self.options.rule_names)
         if self.options.any:
             add_extras(response, request, decision.statuses, self.options)
         return response

@@ -134,6 +134,11 @@ class Settings:
     # None: True for xDS (a RateLimitConfig cannot say) and under upstream's variables
     # (settings/upstream.py sets it), False for fairlimit's own files.
     charge_when_over_limit: bool | None = None
+    # Whether statuses are named by their rule (current_limit.name, so Envoy's quota policy
+    # says name="<rule>"), with RateLimit-Policy/RateLimit headers and the fairlimit metadata.
+    # None: off for xDS and under upstream's layout (upstream's exact response: Envoy
+    # Gateway's conformance tests read X-RateLimit-Limit whole), on for fairlimit's files.
+    rule_names: bool | None = None
     ignore_dotfiles: bool = False  # upstream's RUNTIME_IGNOREDOTFILES: skip a dir's .* files
     # upstream's RUNTIME_ROOT (when its layout names the config) and RUNTIME_WATCH_ROOT: a
     # swap of the root (a symlink) to another directory reloads the config
@@ -152,6 +157,13 @@ class Settings:
             if value is not None:
                 raw[name] = value
         return base.override(upstream.values, upstream.sources).override(raw, "FAIRLIMIT_")
+
+    @property
+    def names_rules(self) -> bool:
+        """Whether statuses and the optional response parts name their rule."""
+        if self.rule_names is not None:
+            return self.rule_names
+        return self.config_source != "xds"
 
     @property
     def charges_over_limit(self) -> bool:
@@ -295,7 +307,8 @@ def check_tls_pair(cert: Path, key: Path) -> None:
 _FLAGS = frozenset({"strict", "shadow", "quota_mode", "merge_domains", "response_headers",
                     "response_metadata", "healthy_with_config", "metrics_compat",
                     "xds_tls", "allow_empty_config", "force_start",
-                    "charge_when_over_limit", "ignore_dotfiles", "watch_root"})  # fmt: skip
+                    "charge_when_over_limit", "ignore_dotfiles", "watch_root",
+                    "rule_names"})  # fmt: skip
 _XDS_FILES = frozenset({"xds_server_ca", "xds_client_cert", "xds_client_key"})
 _NUMBERS = frozenset(
     {

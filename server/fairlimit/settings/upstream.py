@@ -204,6 +204,7 @@ def _config(env: Mapping[str, str], out: Translation) -> None:
         out.set("config", str(PurePosixPath(root, *[p for p in parts if p])), source)
         # upstream's files cannot say charge_when_over_limit: every hit counts, as there
         out.set("charge_when_over_limit", "true", source)
+        out.set("rule_names", "false", source)  # and its response, exactly
         out.set("runtime_root", root, "RUNTIME_ROOT")
         if "RUNTIME_WATCH_ROOT" in env:  # true (upstream's default): a swap of it reloads
             watch = go_bool("RUNTIME_WATCH_ROOT", env["RUNTIME_WATCH_ROOT"])

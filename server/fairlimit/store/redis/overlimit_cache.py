@@ -27,6 +27,11 @@ class OverLimitCache:
     With lease blocks (core/lease.py) a count also falls when a block's unused hits are
     given back, by this replica (``forget``) or by another: an entry then lives at most
     ``ttl`` seconds, about as long as the blocks that may have made the counter look full.
+
+    An entry keeps the count, not a verdict: a request is judged by its own limit against
+    it, so a per-request override (``limit`` in the descriptor) is never refused for what
+    another limit of the same counter learned (upstream's cache, keyed by the counter
+    alone, refuses it).
     """
 
     def __init__(self, size: int, ttl: float = math.inf) -> None:
