@@ -61,6 +61,17 @@ class Concurrency:
     max_duration: float = 300.0
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Reserve an estimate of a request's hits on the request path, settled at stream end
+    (docs/tokens.md): ``default`` is the estimate when the descriptor carries none (None:
+    the client's recent average, else 1); a reservation not settled within
+    ``max_duration`` seconds stays charged as it was."""
+
+    default: int | None = None
+    max_duration: float = 300.0
+
+
 # The descriptor entry keys that carry Envoy's request id: an entry with ACQUIRE_KEY ends a
 # request-path descriptor that takes slots, one with RELEASE_KEY ends the stream-done
 # descriptor that gives them back (docs/concurrency.md).
@@ -82,6 +93,7 @@ class Rule:
     fair_share: FairShare | None = None
     children: tuple["Rule", ...] = ()
     concurrency: Concurrency | None = None
+    reservation: Reservation | None = None  # token budgets (core/reserve.py)
     # envoyproxy/ratelimit's keys, with its meanings: fail only when every quota descriptor
     # of a request is over; the request's value in the upstream metric key; every value of
     # this wildcard shares one counter; returned as response dynamic metadata (never mutated).
