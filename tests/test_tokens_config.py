@@ -79,3 +79,21 @@ descriptors:
         (problem,) = caught.value.problems
         assert problem.startswith(f"{tmp_path / 'test.yaml'}: edge/client_id: ")
         assert "estimate" in problem
+
+
+class TestReleasedBy:
+    def test_negative_hits_loads(self, tmp_path: Path) -> None:
+        text = "domain: edge\ndescriptors:\n  - key: client_id\n    concurrency: "
+        block = "{max_in_flight: 2, released_by: negative_hits}\n"
+        (rule,) = load_text(tmp_path, text + block).config.domains["edge"].rules
+        assert rule.concurrency is not None
+        assert rule.concurrency.released_by == "negative_hits"
+
+    def test_anything_else_is_named(self, tmp_path: Path) -> None:
+        text = "domain: edge\ndescriptors:\n  - key: client_id\n    concurrency: "
+        with pytest.raises(ConfigError) as caught:
+            load_text(tmp_path, text + "{max_in_flight: 2, released_by: refunds}\n")
+        assert caught.value.problems == [
+            f"{tmp_path / 'test.yaml'}: edge/client_id: concurrency.released_by must be "
+            "request_id or negative_hits, not refunds"
+        ]

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import math
 import time
+import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -35,7 +36,7 @@ from fairlimit.core.request import Request, validate
 from fairlimit.core.reserve import Averages, Reserve, Settle, Settled, Tokens, own_counter
 from fairlimit.core.reserve import declared as reserves
 from fairlimit.core.reserve import split as split_tokens
-from fairlimit.core.rules import Loaded
+from fairlimit.core.rules import Loaded, walk
 from fairlimit.core.tally import Tally
 from fairlimit.errors import DeadlineExceeded, StoreUnavailable
 from fairlimit.settings import FailureMode
@@ -93,6 +94,7 @@ class _Active:
     loaded: Loaded
     matcher: Matcher
     slots: bool  # the config declares concurrency somewhere (else no request takes a slot)
+    anonymous: bool  # ... and some released by negative hits (slots without request ids)
     tokens: bool  # the config declares a reservation somewhere (core/reserve.py)
 
 
@@ -147,6 +149,7 @@ class Limiter:
         self.local = LocalLimits(replicas or Replicas()) if local else None
         self._paying: asyncio.Task[None] | None = None  # the write-back, when out
         self.averages = Averages()  # recent real costs: the estimate of last resort
+        self._origin, self._made = uuid.uuid4().hex[:12], 0  # anonymous slot ids
         self._unpaired_seen: set[str] = set()  # rules whose unpaired refunds were logged
 
     @property
@@ -172,10 +175,18 @@ class Limiter:
             if tokens is not None:
                 return Prepared(request, None, None, active, tokens)
         if active.slots:
-            slots = split(request, active.matcher)
+            slots = split(request, active.matcher, self._anonymous(active))
             if slots.acquire or slots.release:
                 return Prepared(request, None, slots, active)
         return Prepared(request, make_plan(request, active.matcher), None, active)
+
+    def _anonymous(self, active: _Active) -> str:
+        """A fresh id for the slots of rules released by negative hits ("" without any):
+        unique across the processes sharing a store."""
+        if not active.anonymous:
+            return ""
+        self._made += 1
+        return f"~{self._origin}-{self._made}"
 
     def current(self, prepared: Prepared) -> bool:
         """Whether ``prepared`` was planned under the configuration in force now."""
@@ -235,7 +246,8 @@ class Limiter:
         rates = tokens.rates
         if not rates.descriptors:
             return Decision(Code.OK, tuple(statuses))
-        slots = split(rates, self._active.matcher) if self._active.slots else None
+        active = self._active
+        slots = split(rates, active.matcher, self._anonymous(active)) if active.slots else None
         if slots is not None and (slots.acquire or slots.release):
             kept = {at: i for i, at in enumerate(slots.positions)}
             moved = tuple([_moved(r, kept[r.descriptor]) for r in tokens.reserve])
@@ -577,7 +589,12 @@ class Limiter:
 
 def _active(loaded: Loaded) -> _Active:
     config = loaded.config
-    return _Active(loaded, Matcher(config), declared(config), reserves(config))
+    anonymous = any(
+        rule.concurrency is not None and rule.concurrency.released_by == "negative_hits"
+        for domain in config.domains.values()
+        for rule, _ in walk(domain.rules)
+    )
+    return _Active(loaded, Matcher(config), declared(config), anonymous, reserves(config))
 
 
 def _moved(reserve: Reserve, descriptor: int) -> Reserve:

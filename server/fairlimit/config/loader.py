@@ -44,7 +44,8 @@ DESCRIPTOR_KEYS = frozenset(
      "quota_mode", "value_to_metric", "share_threshold", "metadata", "concurrency",
      "reservation"}
 )  # fmt: skip
-CONCURRENCY_KEYS = frozenset({"max_in_flight", "max_duration"})
+CONCURRENCY_KEYS = frozenset({"max_in_flight", "max_duration", "released_by"})
+RELEASED_BY = ("request_id", "negative_hits")
 RESERVATION_KEYS = frozenset({"default", "max_duration"})
 REQUEST_ID_KEYS = frozenset({"acquire", "release"})
 RATE_LIMIT_KEYS = frozenset(
@@ -200,7 +201,14 @@ def _concurrency(problems: Problems, path: str, raw: object) -> Concurrency | No
             f"concurrency.max_duration must be seconds in (0, 604800], not {_shown(raw_duration)}",
         )
         return None
-    return None if most is None else Concurrency(most, duration)
+    released = raw.get("released_by", RELEASED_BY[0])
+    if released not in RELEASED_BY:
+        problems.add(
+            path,
+            f"concurrency.released_by must be request_id or negative_hits, not {_shown(released)}",
+        )
+        return None
+    return None if most is None else Concurrency(most, duration, str(released))
 
 
 def _reservation(

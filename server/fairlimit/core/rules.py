@@ -59,6 +59,9 @@ class Concurrency:
 
     max_in_flight: int
     max_duration: float = 300.0
+    # "negative_hits": a slot is taken by a descriptor without a request id and given back
+    # by the client's next stream-done descriptor with is_negative_hits (core/concurrency)
+    released_by: str = "request_id"
 
 
 @dataclass(frozen=True, slots=True)
