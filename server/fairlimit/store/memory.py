@@ -167,16 +167,20 @@ def _claim(share: Share) -> ShareClaim:
     )
 
 
-def _settle_row(row: Row, share: Share, at: float, hits: int) -> None:
-    """Move a client's admitted and asked hits at a cap by ``hits`` where its row still
-    counts the window and period of ``at`` (never below 0; settle.lua is the same)."""
+def _settle_row(row: Row, share: Share, at: float, now: float, hits: int) -> None:
+    """Move a client's hits at a cap by ``hits`` (never below 0; settle.lua is the same):
+    admitted where its row still counts the window and period of ``at`` (when they were
+    charged), asked where it counts those of ``now``. So the demand the cap predicts from
+    becomes the real cost as settlements come in, whenever the reservation was made."""
     if not hits:
         return
     if row.window == window_start(share.window, at):
         row.admitted = max(0.0, row.admitted + hits)
-        row.asked = max(0.0, row.asked + hits)
     if row.period == math.floor(at / share.period):
         row.period_admitted = max(0.0, row.period_admitted + hits)
+    if row.window == window_start(share.window, now):
+        row.asked = max(0.0, row.asked + hits)
+    if row.period == math.floor(now / share.period):
         row.period_asked = max(0.0, row.period_asked + hits)
 
 
@@ -340,8 +344,8 @@ class MemoryStore:
             cap = self._caps.get(share.cap)
             row = None if cap is None else cap.rows.get(share.client)
             if row is not None:
-                _settle_row(row, share, record.at, -refund)
-                _settle_row(row, share, now, debt)
+                _settle_row(row, share, record.at, now, -refund)
+                _settle_row(row, share, now, now, debt)
         return Settled(True, refund, debt)
 
     def _claims(self, plan: Plan, now: float) -> list[tuple[Division, ShareClaim, Row, Clock]]:

@@ -83,18 +83,24 @@ local function add(key, field, by)
   if v then redis.call('HSET', key, field, fmt(math.max(0, tonumber(v) + by))) end
 end
 
--- A client's admitted and asked hits at a cap, moved by hits where its row counts t's
--- window and period (store/memory._settle_row).
+-- A client's hits at a cap, moved by hits: admitted where its row counts the window and
+-- period of t (when they were charged), asked where it counts those of now
+-- (store/memory._settle_row).
 local function move(cap, client, t, hits)
   if hits == 0 then return end
   local v = redis.call('HMGET', cap.rows, ROW_FIELD.window .. ':' .. client,
     ROW_FIELD.period .. ':' .. client)
-  if tonumber(v[1] or '') == math.floor(t / cap.window) * cap.window then
+  local ws, p = tonumber(v[1] or ''), tonumber(v[2] or '')
+  if ws == math.floor(t / cap.window) * cap.window then
     add(cap.rows, ROW_FIELD.admitted .. ':' .. client, hits)
+  end
+  if p == math.floor(t / cap.period) then
+    add(cap.rows, ROW_FIELD.period_admitted .. ':' .. client, hits)
+  end
+  if ws == math.floor(now / cap.window) * cap.window then
     add(cap.rows, ROW_FIELD.asked .. ':' .. client, hits)
   end
-  if tonumber(v[2] or '') == math.floor(t / cap.period) then
-    add(cap.rows, ROW_FIELD.period_admitted .. ':' .. client, hits)
+  if p == math.floor(now / cap.period) then
     add(cap.rows, ROW_FIELD.period_asked .. ':' .. client, hits)
   end
 end
