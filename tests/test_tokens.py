@@ -2,12 +2,20 @@
 settled at stream end by the real cost or given back by Envoy's negative hits. On every
 backend (memory, Redis, Redis Cluster), with an injected clock."""
 
+import logging
+from pathlib import Path
+
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
 
 from fairlimit.core.admission import Code
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.limiter import Limiter
-from helpers import FakeClock, LimiterFactory, desc, req
+from fairlimit.store.memory import MemoryStore
+from fairlimit.telemetry import Telemetry
+from helpers import FakeClock, LimiterFactory, desc, load_text, req
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
@@ -204,3 +212,49 @@ class TestFairShareInTokens:
         assert (await used(limiter, "a"))[1] == 920
         await limiter.should_rate_limit(done("a", "r1", 10))
         assert (await used(limiter, "b"))[1] == 950
+
+
+def _sums(reader: InMemoryMetricReader) -> dict[tuple[str, str], float]:
+    """Each fairlimit.tokens.* counter by (name, rule)."""
+    data = reader.get_metrics_data()
+    out: dict[tuple[str, str], float] = {}
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name.startswith("fairlimit.tokens."):
+                    for point in metric.data.data_points:
+                        rule = str(point.attributes.get("rule")) if point.attributes else ""
+                        out[metric.name, rule] = float(point.value)  # type: ignore[attr-defined]
+    return out
+
+
+class TestMetrics:
+    async def test_reserved_refunded_debt_and_unpaired(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """60 then 70 reserved; 35 refunded, 40 of debt; a duplicate settlement and three
+        unpaired refunds counted; the unpaired ones logged once per rule."""
+        reader = InMemoryMetricReader()
+        telemetry = Telemetry(MeterProvider(metric_readers=[reader]), TracerProvider())
+        limiter = Limiter(load_text(tmp_path, TOKENS), MemoryStore(), FakeClock(MINUTE),
+                          telemetry=telemetry)  # fmt: skip
+        no_id = Request("llm", (Descriptor((("provider", "llm"), ("tenant", "a")), None, 5, True),))
+        with caplog.at_level(logging.WARNING, logger="fairlimit.limiter"):
+            await limiter.should_rate_limit(start("a", "r1", 60))
+            await limiter.should_rate_limit(done("a", "r1", 25))
+            await limiter.should_rate_limit(start("a", "r2", 70))
+            await limiter.should_rate_limit(done("a", "r2", 110))
+            await limiter.should_rate_limit(done("a", "r2", 0))
+            for _ in range(3):
+                await limiter.should_rate_limit(no_id)
+        rule = "llm/provider=llm/tenant"
+        assert _sums(reader) == {
+            ("fairlimit.tokens.reserved", rule): 130,
+            ("fairlimit.tokens.refunded", rule): 35,
+            ("fairlimit.tokens.debt", rule): 40,
+            ("fairlimit.tokens.unpaired", rule): 4,
+        }
+        assert [r.getMessage() for r in caplog.records] == [
+            "negative hits paired with no reservation were ignored (logged once per rule): "
+            f"domain llm, rule {rule}"
+        ]
