@@ -80,6 +80,11 @@ _SLOTS = (
     "tests/limiter/test_concurrency_invariants.py",
     "tests/telemetry/test_telemetry.py",
 )
+# settle.lua (token budgets): the reservation and settlement suites on every backend
+_SETTLE = (
+    "tests/limiter/test_tokens.py",
+    "tests/limiter/test_tokens_fairness.py",
+)
 _DEMAND = (
     "tests/store/test_redis.py",
     "tests/quota/test_quota_peers.py",
@@ -92,7 +97,8 @@ TESTS: dict[str, tuple[str, ...]] = {
     "acquire": _SLOTS,
     "release_slot": _SLOTS,
     "demand": _DEMAND,
-    "clock": tuple(dict.fromkeys(_SLOTS + _DEMAND + _RATES)),
+    "settle": _SETTLE,
+    "clock": tuple(dict.fromkeys(_SLOTS + _DEMAND + _RATES + _SETTLE)),
 }
 # The slowest test of the rate suites runs a three-master cluster through a long Hypothesis
 # search (38 s unmutated); its standalone twin runs the same scripts.

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import math
 import time
+import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -32,7 +33,10 @@ from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.request import Request, validate
-from fairlimit.core.rules import Loaded
+from fairlimit.core.reserve import Averages, Reserve, Settle, Settled, Tokens, own_counter
+from fairlimit.core.reserve import declared as reserves
+from fairlimit.core.reserve import split as split_tokens
+from fairlimit.core.rules import Loaded, walk
 from fairlimit.core.tally import Tally
 from fairlimit.errors import DeadlineExceeded, StoreUnavailable
 from fairlimit.settings import FailureMode
@@ -90,6 +94,8 @@ class _Active:
     loaded: Loaded
     matcher: Matcher
     slots: bool  # the config declares concurrency somewhere (else no request takes a slot)
+    anonymous: bool  # ... and some released by negative hits (slots without request ids)
+    tokens: bool  # the config declares a reservation somewhere (core/reserve.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +105,10 @@ class Prepared:
     (``Limiter.current`` says whether the configuration is still the one in force)."""
 
     request: Request
-    plan: Plan | None  # None when the request takes or gives back slots
+    plan: Plan | None  # None when the request takes or gives back slots or tokens
     slots: Slots | None
     active: object  # the configuration it was planned under
+    tokens: Tokens | None = None  # its reservations and settlements, when it has any
 
 
 def _open_statuses(descriptors: int) -> tuple[Status, ...]:
@@ -124,7 +131,7 @@ class Limiter:
         quota_mode: bool = False,
         replicas: Replicas | None = None,
     ) -> None:
-        self._active = _Active(loaded, Matcher(loaded.config), declared(loaded.config))
+        self._active = _active(loaded)
         self.store = store
         self.clock = clock or SystemClock()
         self.shadow = shadow
@@ -141,6 +148,9 @@ class Limiter:
         local = failure_mode is FailureMode.LOCAL
         self.local = LocalLimits(replicas or Replicas()) if local else None
         self._paying: asyncio.Task[None] | None = None  # the write-back, when out
+        self.averages = Averages()  # recent real costs: the estimate of last resort
+        self._origin, self._made = uuid.uuid4().hex[:12], 0  # anonymous slot ids
+        self._unpaired_seen: set[str] = set()  # rules whose unpaired refunds were logged
 
     @property
     def loaded(self) -> Loaded:
@@ -148,7 +158,7 @@ class Limiter:
 
     def swap(self, loaded: Loaded) -> None:
         """Serve ``loaded`` from the next request on (one reference swap, so atomic)."""
-        self._active = _Active(loaded, Matcher(loaded.config), declared(loaded.config))
+        self._active = _active(loaded)
         self.telemetry.use(loaded)
 
     async def should_rate_limit(self, request: Request) -> Decision:
@@ -160,11 +170,23 @@ class Limiter:
         its slots, when it takes or gives back any, else the plan of its rates."""
         validate(request)
         active = self._active
+        if active.tokens or any([d.negative for d in request.descriptors]):
+            tokens = split_tokens(request, active.matcher, self.averages)
+            if tokens is not None:
+                return Prepared(request, None, None, active, tokens)
         if active.slots:
-            slots = split(request, active.matcher)
+            slots = split(request, active.matcher, self._anonymous(active))
             if slots.acquire or slots.release:
                 return Prepared(request, None, slots, active)
         return Prepared(request, make_plan(request, active.matcher), None, active)
+
+    def _anonymous(self, active: _Active) -> str:
+        """A fresh id for the slots of rules released by negative hits ("" without any):
+        unique across the processes sharing a store."""
+        if not active.anonymous:
+            return ""
+        self._made += 1
+        return f"~{self._origin}-{self._made}"
 
     def current(self, prepared: Prepared) -> bool:
         """Whether ``prepared`` was planned under the configuration in force now."""
@@ -183,7 +205,9 @@ class Limiter:
         now = self.clock.now()
         token = None if remaining is None else DEADLINE.set(time.monotonic() + remaining)
         try:
-            if prepared.slots is not None:
+            if prepared.tokens is not None:
+                decision = await self._with_tokens(request, prepared.tokens, now)
+            elif prepared.slots is not None:
                 decision = await self._with_slots(request, prepared.slots, now)
             else:
                 decision = await self._rates(request, now, prepared.plan)
@@ -203,7 +227,55 @@ class Limiter:
             raise DeadlineExceeded("the call's deadline passed before it could be decided")
         return Decision(Code.OK, _open_statuses(len(request.descriptors)), shed=True)
 
-    async def _with_slots(self, request: Request, slots: Slots, now: float) -> Decision:
+    async def _with_tokens(self, request: Request, tokens: Tokens, now: float) -> Decision:
+        """Settle, then decide the rest with its reservations (core/reserve.py); settling
+        and unpaired descriptors answer OK (Envoy ignores the stream-done answer)."""
+        for settle in tokens.settle:
+            await self._settle(request.domain, settle, now)
+        for rule in tokens.unpaired:
+            self.telemetry.tokens.settled(request.domain, rule, Settled(False))
+            if rule not in self._unpaired_seen and len(self._unpaired_seen) < 1024:
+                self._unpaired_seen.add(rule)
+                log.warning(
+                    "negative hits paired with no reservation were ignored (logged "
+                    "once per rule): domain %s, rule %s",
+                    request.domain,
+                    rule or "-",
+                )
+        statuses = [Status(Code.OK, None, 0, 0.0) for _ in request.descriptors]
+        rates = tokens.rates
+        if not rates.descriptors:
+            return Decision(Code.OK, tuple(statuses))
+        active = self._active
+        slots = split(rates, active.matcher, self._anonymous(active)) if active.slots else None
+        if slots is not None and (slots.acquire or slots.release):
+            kept = {at: i for i, at in enumerate(slots.positions)}
+            moved = tuple([_moved(r, kept[r.descriptor]) for r in tokens.reserve])
+            inner = await self._with_slots(rates, slots, now, moved)
+        else:
+            inner = await self._rates(rates, now, reserve=tokens.reserve)
+        if inner.code is Code.OK and tokens.reserve and not inner.backend_failed:
+            for r in tokens.reserve:
+                self.telemetry.tokens.reserved(request.domain, r.rule.path, r.hits)
+        for position, status in zip(tokens.positions, inner.statuses, strict=True):
+            statuses[position] = status
+        return Decision(inner.code, tuple(statuses), inner.backend_failed,
+                        inner.backend_seconds, inner.shed)  # fmt: skip
+
+    async def _settle(self, domain: str, settle: Settle, now: float) -> None:
+        """One settlement; a store that is down leaves the reservation as charged."""
+        plan = make_plan(Request(domain, (settle.descriptor,)), self._active.matcher)
+        settled = await self._store_call(self.store.settle(plan, settle, now))
+        if settled is None:
+            return
+        self.telemetry.tokens.settled(domain, settle.rule.path, settled)
+        own = own_counter(plan, 0)
+        if settled.found and not settle.negative and own is not None:
+            self.averages.add(plan.counters[own].key, settle.amount)
+
+    async def _with_slots(
+        self, request: Request, slots: Slots, now: float, reserve: tuple[Reserve, ...] = ()
+    ) -> Decision:
         """Release, then acquire, then the rates (see the module docstring)."""
         if slots.release:
             await self._release(request.domain, slots.release, now)
@@ -218,7 +290,9 @@ class Limiter:
                 if not held.admitted:
                     self.telemetry.slots.refused(request.domain, slots.acquire)
                     return self._refused(request, slots)
-        rates = await self._rates(slots.rates, now) if slots.rates.descriptors else None
+        rates = None
+        if slots.rates.descriptors:
+            rates = await self._rates(slots.rates, now, reserve=reserve)
         if held is not None and rates is not None and rates.code is Code.OVER_LIMIT:
             await self._release(request.domain, slots.acquire, now)
         return _placed(request, slots, rates)
@@ -241,11 +315,20 @@ class Limiter:
             statuses[claim.descriptor] = Status(Code.OVER_LIMIT, None, 0, 0.0, claim.pools[-1].rule)
         return Decision(Code.OK if self.shadow else Code.OVER_LIMIT, tuple(statuses))
 
-    async def _rates(self, request: Request, now: float, plan: Plan | None = None) -> Decision:
+    async def _rates(
+        self,
+        request: Request,
+        now: float,
+        plan: Plan | None = None,
+        reserve: tuple[Reserve, ...] = (),
+    ) -> Decision:
         """The rate-limit decision of ``request`` (no concurrency in it); ``plan``, its plan
-        under the configuration in force when already made."""
+        under the configuration in force when already made; ``reserve``, the reservations
+        the store keeps if it admits."""
         if plan is None:
             plan = make_plan(request, self._active.matcher)
+        if reserve:
+            plan.reserve = reserve
         started = time.perf_counter()  # a latency, so real time: windows use self.clock
         tally = self.tally
         if tally.on and plan.shares:
@@ -502,6 +585,21 @@ class Limiter:
             log.error("backend unavailable: %s", error or type(error).__name__)
             if self.local is not None:
                 self._alone()
+
+
+def _active(loaded: Loaded) -> _Active:
+    config = loaded.config
+    anonymous = any(
+        rule.concurrency is not None and rule.concurrency.released_by == "negative_hits"
+        for domain in config.domains.values()
+        for rule, _ in walk(domain.rules)
+    )
+    return _Active(loaded, Matcher(config), declared(config), anonymous, reserves(config))
+
+
+def _moved(reserve: Reserve, descriptor: int) -> Reserve:
+    """``reserve`` at another index of the descriptors decided."""
+    return Reserve(reserve.request_id, descriptor, reserve.hits, reserve.ttl, reserve.rule)
 
 
 def _placed(request: Request, slots: Slots, rates: Decision | None) -> Decision:

@@ -30,6 +30,7 @@ from fairlimit.core.rules import (
     FairShare,
     Loaded,
     RateLimit,
+    Reservation,
     Rule,
     walk,
 )
@@ -41,9 +42,11 @@ ROOT_KEYS = frozenset({"domain", "descriptors", "request_id_keys"})
 DESCRIPTOR_KEYS = frozenset(
     {"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "fair_share",
      "quota_mode", "value_to_metric", "share_threshold", "metadata", "concurrency",
-     "quota_group"}
+     "quota_group", "reservation"}
 )  # fmt: skip
-CONCURRENCY_KEYS = frozenset({"max_in_flight", "max_duration"})
+CONCURRENCY_KEYS = frozenset({"max_in_flight", "max_duration", "released_by"})
+RELEASED_BY = ("request_id", "negative_hits")
+RESERVATION_KEYS = frozenset({"default", "max_duration"})
 REQUEST_ID_KEYS = frozenset({"acquire", "release"})
 RATE_LIMIT_KEYS = frozenset(
     {"unit", "requests_per_unit", "unlimited", "name", "replaces", "charge_when_over_limit"}
@@ -198,7 +201,42 @@ def _concurrency(problems: Problems, path: str, raw: object) -> Concurrency | No
             f"concurrency.max_duration must be seconds in (0, 604800], not {_shown(raw_duration)}",
         )
         return None
-    return None if most is None else Concurrency(most, duration)
+    released = raw.get("released_by", RELEASED_BY[0])
+    if released not in RELEASED_BY:
+        problems.add(
+            path,
+            f"concurrency.released_by must be request_id or negative_hits, not {_shown(released)}",
+        )
+        return None
+    return None if most is None else Concurrency(most, duration, str(released))
+
+
+def _reservation(
+    problems: Problems, path: str, raw: object, limit: RateLimit | None
+) -> Reservation | None:
+    if not isinstance(raw, dict):
+        problems.add(path, "reservation must be a mapping")
+        return None
+    _check_keys(problems, path, raw, RESERVATION_KEYS)
+    raw_default = raw.get("default")
+    default = None if raw_default is None else _int_in(raw_default, 1, 0xFFFFFFFF)
+    if raw_default is not None and default is None:
+        problems.add(
+            path,
+            "reservation.default must be an integer from 1 to 4294967295, "
+            f"not {_shown(raw_default)}",
+        )
+    raw_duration = raw.get("max_duration")
+    duration = 300.0 if raw_duration is None else as_number(raw_duration)
+    if duration is None or not 0 < duration <= 86400 * 7:
+        problems.add(
+            path,
+            f"reservation.max_duration must be seconds in (0, 604800], not {_shown(raw_duration)}",
+        )
+        duration = 300.0
+    if limit is None or limit.unlimited:
+        problems.add(path, "reservation needs a limited rate_limit on the same node: the budget")
+    return Reservation(default, duration)
 
 
 def _request_id_keys(problems: Problems, domain: str, raw: object) -> tuple[str, str]:
@@ -310,6 +348,15 @@ def _descriptor(problems: Problems, parent: str, index: int, raw: object) -> Rul
     fair = None
     if "fair_share" in raw:
         fair = _fair_share(problems, path, raw["fair_share"], limit, bool(children), slots)
+    reserve = None
+    if "reservation" in raw:
+        reserve = _reservation(problems, path, raw["reservation"], limit)
+        if fair is not None:
+            problems.add(path, "reservation belongs on the per-client descriptors below a "
+                         "fair_share cap, not on the cap")  # fmt: skip
+        if slots is not None:
+            problems.add(path, "reservation and concurrency cannot share a node: both pair by "
+                         "request id (put them on two descriptors)")  # fmt: skip
     return Rule(
         key=key,
         value=text,
@@ -326,6 +373,7 @@ def _descriptor(problems: Problems, parent: str, index: int, raw: object) -> Rul
         metadata=_metadata(problems, path, raw.get("metadata")),
         concurrency=slots,
         quota_group=_quota_group(problems, path, raw),
+        reservation=reserve,
     )
 
 

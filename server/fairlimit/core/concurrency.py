@@ -10,6 +10,11 @@ descriptor still carries its rate limits (the rest of its entries); a release de
 carries none, so the stream-done call never charges a rate. A descriptor whose rule declares
 no concurrency is matched whole, as if the entry were an ordinary one.
 
+A rule whose ``concurrency`` says ``released_by: negative_hits`` pairs without request ids:
+a descriptor stopping at it (matched whole) takes a slot under an id the limiter makes up
+(``anonymous``), and a descriptor with ``is_negative_hits`` gives back one slot of that
+client (the one that expires first; ``ANY``), or nothing when it holds none.
+
 A pool is a set of request ids, each with an expiry. A rule's pool is per client when the
 rule is value-less (its path holds the value), as rate limits are. A cap's pool holds every
 client's ids, and a client may hold at most ``fair_bound`` of it: weighted max-min fairness
@@ -29,6 +34,7 @@ from fairlimit.core.rules import Config, Domain, Rule, walk
 from fairlimit.core.validation import Classification, Mode
 
 POOL_SUFFIX = "#inflight"
+ANY = ""  # a release's request id: whichever slot of the client expires first
 DEMAND_PERIOD = 1.0  # seconds a refused acquire counts as demand at a cap
 _EPSILON = 1e-9
 
@@ -101,8 +107,21 @@ def declared(config: Config) -> bool:
     )
 
 
-def split(request: Request, matcher: Matcher) -> Slots:
-    """``request``'s slot claims, and the request the rate limits are decided on."""
+def _by_negative_hits(request: Request, descriptor: Descriptor, matcher: Matcher
+                      ) -> tuple[Pool, ...]:  # fmt: skip
+    """The pools of a descriptor matched whole onto a rule released by negative hits."""
+    match = matcher.match(request.domain, descriptor.entries)
+    if match is None or match.rule.concurrency is None:
+        return ()
+    if match.rule.concurrency.released_by != "negative_hits":
+        return ()
+    return _pools(request.domain, descriptor.entries, match)
+
+
+def split(request: Request, matcher: Matcher, anonymous: str = "") -> Slots:
+    """``request``'s slot claims, and the request the rate limits are decided on;
+    ``anonymous``: the id a slot of a rule released by negative hits is taken under (one
+    per request, made up by the caller)."""
     domain = matcher.config.domains.get(request.domain)
     if domain is None:
         return Slots((), (), request, tuple(range(len(request.descriptors))))
@@ -118,6 +137,16 @@ def split(request: Request, matcher: Matcher) -> Slots:
         if len(entries) > 1 and (releasing or key == domain.acquire_key):
             match = matcher.match(request.domain, entries[:-1])
         pools = _pools(request.domain, entries[:-1], match) if match is not None else ()
+        if not pools and (descriptor.negative or anonymous):
+            pools = _by_negative_hits(request, descriptor, matcher)
+            if pools:
+                if descriptor.negative:
+                    release.append(Claim(ANY, pools, index))
+                else:
+                    acquire.append(Claim(anonymous, pools, index))
+                    kept.append(descriptor)
+                    positions.append(index)
+                continue
         if not pools:
             kept.append(descriptor)
             positions.append(index)

@@ -8,11 +8,15 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fairlimit.core.keys import counter_key, key_paths
 from fairlimit.core.matching import Match, Matcher
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import RateLimit, Rule
+
+if TYPE_CHECKING:
+    from fairlimit.core.reserve import Reserve
 
 
 # A plan is built on every request, so its classes are slotted but not frozen: a frozen
@@ -82,6 +86,7 @@ class Plan:
     descriptors: tuple[DescriptorPlan, ...]
     counters: tuple[Counter, ...]
     shares: tuple[Share, ...]
+    reserve: tuple["Reserve", ...] = ()  # kept by the store when admitted (core/reserve.py)
 
 
 class _Builder:

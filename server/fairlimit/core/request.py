@@ -22,6 +22,7 @@ class Descriptor:
     entries: tuple[Entry, ...]
     limit: RateLimit | None = None
     hits: int | None = None
+    negative: bool = False  # is_negative_hits: hits given back, never charged (core/reserve)
 
 
 @dataclass(slots=True)  # not frozen: built per request (see Descriptor)

@@ -59,6 +59,20 @@ class Concurrency:
 
     max_in_flight: int
     max_duration: float = 300.0
+    # "negative_hits": a slot is taken by a descriptor without a request id and given back
+    # by the client's next stream-done descriptor with is_negative_hits (core/concurrency)
+    released_by: str = "request_id"
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Reserve an estimate of a request's hits on the request path, settled at stream end
+    (docs/tokens.md): ``default`` is the estimate when the descriptor carries none (None:
+    the client's recent average, else 1); a reservation not settled within
+    ``max_duration`` seconds stays charged as it was."""
+
+    default: int | None = None
+    max_duration: float = 300.0
 
 
 # The descriptor entry keys that carry Envoy's request id: an entry with ACQUIRE_KEY ends a
@@ -82,6 +96,7 @@ class Rule:
     fair_share: FairShare | None = None
     children: tuple["Rule", ...] = ()
     concurrency: Concurrency | None = None
+    reservation: Reservation | None = None  # token budgets (core/reserve.py)
     # envoyproxy/ratelimit's keys, with its meanings: fail only when every quota descriptor
     # of a request is over; the request's value in the upstream metric key; every value of
     # this wildcard shares one counter; returned as response dynamic metadata (never mutated).

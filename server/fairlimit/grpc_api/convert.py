@@ -39,7 +39,8 @@ def request_from_proto(message: rls_pb2.RateLimitRequest) -> Request:
     for index, descriptor in enumerate(message.descriptors):
         hits = int(descriptor.hits_addend.value) if descriptor.HasField("hits_addend") else None
         entries = tuple([(e.key, e.value) for e in descriptor.entries])
-        descriptors.append(Descriptor(entries, _override(descriptor, index), hits))
+        negative = descriptor.is_negative_hits
+        descriptors.append(Descriptor(entries, _override(descriptor, index), hits, negative))
     return Request(message.domain, tuple(descriptors), message.hits_addend)
 
 

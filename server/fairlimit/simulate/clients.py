@@ -6,7 +6,10 @@ as one band by ``plot``). Its traffic is ``rate``/``start``/``stop`` or a list o
 request (``traffic.Cost``); ``tenant`` fills the ``{tenant}`` placeholder of the request
 template, as ``{client}`` takes its name; ``charge: response`` sends the request as Envoy's
 two-phase flow does for token budgets: a check with ``hits_addend: 0`` first, then, once
-admitted, the cost as a charge.
+admitted, the cost as a charge (when the stream ends: ``request_duration`` later). Under a
+config whose rule declares a ``reservation`` such a client reserves ``estimate`` (its
+``hits_addend``; unset: the rule's default) by request id instead, and the stream-done call
+settles that id with the cost (docs/tokens.md).
 """
 
 import math
@@ -23,7 +26,7 @@ MAX_COUNT = 10_000  # identical clients per entry
 MAX_COST = 1_000_000_000  # hits per request: Envoy's own bound on hits_addend
 CLIENT_KEYS = frozenset(
     {"name", "rate", "retries", "weight", "start", "stop", "request_duration"}
-    | {"phases", "cost", "count", "tenant", "group", "charge"}
+    | {"phases", "cost", "count", "tenant", "group", "charge", "estimate"}
 )
 # "for", not "on": YAML 1.1 reads a key `on` as the boolean true.
 PHASE_KEYS = frozenset({"start", "stop", "rate", "every", "for", "burst"})
@@ -52,6 +55,7 @@ class Client:
     # seconds an admitted request stays in flight (0: not modelled); with it, every request
     # carries a request id and its stream-done release follows, so concurrency caps apply
     request_duration: float = 0.0
+    estimate: int = 0  # ``charge: response`` under a reservation: hits reserved (0: none)
 
     @property
     def active(self) -> float:
@@ -188,8 +192,14 @@ def _entry(reader: Reader, node: Mapping[str, Any], where: str, duration: float)
     held = reader.number(
         node, "request_duration", f"{where}.request_duration", within(0, 86400), 0.0
     )
+    estimate = 0
+    if "estimate" in node:
+        estimate = int(reader.number(node, "estimate", f"{where}.estimate", WHOLE_COST, 0) or 0)
+        if not after:
+            reader.add(f"{where}.estimate", "needs charge: response (the cost comes after)")
     return [
-        Client(n, phases, retries, weight, cost, tenant, group, after, held or 0.0) for n in names
+        Client(n, phases, retries, weight, cost, tenant, group, after, held or 0.0, estimate)
+        for n in names
     ]
 
 

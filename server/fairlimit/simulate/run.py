@@ -9,7 +9,9 @@ import math
 from collections import defaultdict
 
 from fairlimit.core.admission import Code
+from fairlimit.core.concurrency import declared as slots_declared
 from fairlimit.core.request import Descriptor, Request
+from fairlimit.core.reserve import declared as reserves
 from fairlimit.core.rules import Loaded
 from fairlimit.limiter import Limiter
 from fairlimit.simulate import levels
@@ -79,6 +81,8 @@ class Run:
         self.ids = 0
         domain = loaded.config.domains.get(scenario.domain)
         self.id_keys = (domain.acquire_key, domain.release_key) if domain else ("", "")
+        self.reserving = reserves(loaded.config)  # charge: response clients reserve, settle
+        self.slotted = slots_declared(loaded.config)
         clients = scenario.clients
         self.batchable = [c.cost.fixed is not None and not c.charge_after for c in clients]
         self.per_second = round(1 / scenario.tick)
@@ -164,29 +168,55 @@ class Run:
     async def _ask(self, client: int, count: int, cost: int) -> bool:
         """``count`` identical attempts as one request through the limiter; True if admitted."""
         request = self.requests[client]
-        after = self.scenario.clients[client].charge_after
-        if after:
+        spec = self.scenario.clients[client]
+        after = spec.charge_after
+        reserve = after and self.reserving
+        if reserve:
+            request = _with_hits(request, spec.estimate)  # reserved by the id added below
+        elif after:
             request = _with_hits(request, 0)
         elif count * cost != 1:
             request = Request(request.domain, request.descriptors, count * cost)
-        held = self.scenario.clients[client].request_duration
-        if held:
+        held = spec.request_duration
+        # the id pairs slots or a reservation; a check-then-charge client under a config
+        # without concurrency sends none (its Envoy would not: matched whole, it is checked)
+        paired = reserve or (held and (not after or self.slotted))
+        if paired:
             self.ids += 1
             request = with_id(request, self.id_keys[0], str(self.ids))
         ok = await self._decide(client, request)
         self.calls += 1
-        if held and ok:
-            ends = self.tick + max(1, math.ceil(held * self.per_second - 1e-9))
-            self.releases[ends].append(
-                with_id(self.requests[client], self.id_keys[1], str(self.ids))
-            )
+        ends = self.tick + max(1, math.ceil(held * self.per_second - 1e-9))
+        if (paired or (held and after)) and ok:
+            await self._stream_done(client, cost, ends if held else None)
         self.tallies[client].attempt(count, cost, ok, self.steady, self.tick // self.per_second)
-        if ok and after:  # the response came back: its real cost is charged, answer or not
+        if ok and after and not reserve and not held:  # the response came back: its real
+            # cost is charged, answer or not
             await self.limiter.should_rate_limit(_with_hits(self.requests[client], cost))
             self.calls += 1
         if ok:
             self.meter.admit(self.clock.t - EPOCH, client, count * cost)
         return ok
+
+    async def _stream_done(self, client: int, cost: int, ends: int | None) -> None:
+        """The stream-done calls of an admitted request, at tick ``ends`` (None: now): the
+        settlement of its reservation, or its slots' release and its charge."""
+        request, spec = self.requests[client], self.scenario.clients[client]
+        done = with_id(request, self.id_keys[1], str(self.ids))
+        calls: list[Request] = []
+        if spec.charge_after and self.reserving:
+            calls.append(_with_hits(done, cost))
+        else:
+            if not spec.charge_after or self.slotted:
+                calls.append(done)  # gives back its slots
+            if spec.charge_after:
+                calls.append(_with_hits(request, cost))  # the tokens, when the stream ends
+        if ends is not None:
+            self.releases[ends].extend(calls)
+            return
+        for call in calls:
+            await self.limiter.should_rate_limit(call)
+            self.calls += 1
 
     async def _send_refused(self, client: int, first: int, rest: RetryPool) -> None:
         """A refused client's other attempts this tick as one request, then all their retries."""

@@ -7,6 +7,7 @@ from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport
 from fairlimit.core.plan import Plan
+from fairlimit.core.reserve import Settle, Settled
 
 REDIS_SCHEMES = ("redis", "rediss", "redis+sentinel", "redis+cluster")
 BACKEND_SCHEMES = ("memory", *REDIS_SCHEMES)
@@ -33,6 +34,13 @@ class Store(Protocol):
     async def release(self, claims: Sequence[Claim], now: float) -> tuple[bool, ...]:
         """Give back each (request id, pool) slot of ``core.concurrency.taken(claims)``;
         True where one was held. An id holding nothing changes nothing."""
+        ...
+
+    async def settle(self, plan: Plan, settle: Settle, now: float) -> Settled:
+        """Settle the open reservation of ``settle.request_id`` at the levels of ``plan``'s
+        one descriptor, once (core/reserve.py): the unused part back in the windows it was
+        reserved in, a cost above it charged as debt. An id holding no open reservation
+        changes nothing. Raises StoreUnavailable when the backend cannot answer."""
         ...
 
     async def exchange_demand(

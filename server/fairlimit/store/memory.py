@@ -7,12 +7,14 @@ Expiry is driven by two heaps of deadlines, so memory stays bounded by the live 
 import ctypes
 import gc
 import heapq
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from fairlimit.core.admission import Outcome, above, admits, demand_seen
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures, figures_of
 from fairlimit.core.plan import Plan, Share
+from fairlimit.core.reserve import Settle, Settled, levels, own_counter, record_key, settlement
 from fairlimit.core.sharing import (
     FORCES,
     STALE,
@@ -34,6 +36,7 @@ from fairlimit.core.sharing import (
     verdict,
 )
 from fairlimit.core.units import window_start
+from fairlimit.store.reservations import MemoryReservations
 from fairlimit.store.slots import MemorySlots
 
 _SHRINK = 4  # compact the counter table once it holds under a quarter of its high mark
@@ -164,6 +167,23 @@ def _claim(share: Share) -> ShareClaim:
     )
 
 
+def _settle_row(row: Row, share: Share, at: float, now: float, hits: int) -> None:
+    """Move a client's hits at a cap by ``hits`` (never below 0; settle.lua is the same):
+    admitted where its row still counts the window and period of ``at`` (when they were
+    charged), asked where it counts those of ``now``. So the demand the cap predicts from
+    becomes the real cost as settlements come in, whenever the reservation was made."""
+    if not hits:
+        return
+    if row.window == window_start(share.window, at):
+        row.admitted = max(0.0, row.admitted + hits)
+    if row.period == math.floor(at / share.period):
+        row.period_admitted = max(0.0, row.period_admitted + hits)
+    if row.window == window_start(share.window, now):
+        row.asked = max(0.0, row.asked + hits)
+    if row.period == math.floor(now / share.period):
+        row.period_asked = max(0.0, row.period_asked + hits)
+
+
 class MemoryStore:
     """The default backend: state in this process only.
 
@@ -181,6 +201,7 @@ class MemoryStore:
         self._high = 0  # the most counters held since the table was last compacted
         self._now = 0.0
         self.slots = MemorySlots()  # concurrency pools (store/slots.py)
+        self.reservations = MemoryReservations()  # token budgets (store/reservations.py)
         # RLQS demand by consumer (until, report): quota services sharing this store
         self._demand: dict[str, tuple[float, str]] = {}
         _fix_mmap_threshold()
@@ -254,6 +275,8 @@ class MemoryStore:
             for counter, spec in zip(counters, plan.counters, strict=True):
                 if admitted or spec.force:
                     counter.count += spec.hits
+            if admitted and plan.reserve:
+                self._keep(plan, now)
             return Outcome(admitted, counts, (), ())
         states = self._claims(plan, now)
         shared = tuple([int(row.admitted) for _, _, row, _ in states])
@@ -282,7 +305,48 @@ class MemoryStore:
             if admitted or share.force:
                 charge(row, share.hits)
             enter(division, row, v.kind, clock)
+        if admitted and plan.reserve:
+            self._keep(plan, now)
         return Outcome(admitted, counts, shared, bounds)
+
+    def _keep(self, plan: Plan, now: float) -> None:
+        """Keep the reservations of an admitted plan (core/reserve.py)."""
+        for reserve in plan.reserve:
+            own = own_counter(plan, reserve.descriptor)
+            if own is not None:
+                key = record_key(plan.counters[own].key, reserve.request_id)
+                self.reservations.keep(key, reserve.hits, now, reserve.ttl)
+
+    async def settle(self, plan: Plan, settle: Settle, now: float) -> Settled:
+        """Settle the reservation of ``settle.request_id`` at the levels of ``plan``'s one
+        descriptor: give back the unused part in the windows it was reserved in, or charge
+        the excess as debt now (settle.lua is the same rule for Redis)."""
+        self._expire(now)
+        own = own_counter(plan, 0)
+        if own is None:
+            return Settled(False)
+        key = record_key(plan.counters[own].key, settle.request_id)
+        record = self.reservations.settle(key, now)
+        if record is None:
+            return Settled(False)
+        refund, debt = settlement(record.hits, settle.amount, settle.negative)
+        counters, shares = levels(plan, 0)
+        for i in counters:
+            spec = plan.counters[i]
+            if refund:
+                counter = self._counters.get(spec.key)
+                if counter is not None and counter.start == window_start(spec.window, record.at):
+                    counter.count -= min(refund, counter.count)
+            if debt:
+                self._counter(spec.key, spec.window, now).count += debt
+        for i in shares:
+            share = plan.shares[i]
+            cap = self._caps.get(share.cap)
+            row = None if cap is None else cap.rows.get(share.client)
+            if row is not None:
+                _settle_row(row, share, record.at, now, -refund)
+                _settle_row(row, share, now, now, debt)
+        return Settled(True, refund, debt)
 
     def _claims(self, plan: Plan, now: float) -> list[tuple[Division, ShareClaim, Row, Clock]]:
         """Each share's cap division with the client's row taken out of it
@@ -346,3 +410,4 @@ class MemoryStore:
         self._counter_deadlines.clear()
         self._cap_deadlines.clear()
         self.slots.clear()
+        self.reservations.clear()

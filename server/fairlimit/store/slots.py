@@ -11,6 +11,7 @@ import heapq
 from collections.abc import Sequence
 
 from fairlimit.core.concurrency import (
+    ANY,
     DEMAND_PERIOD,
     CapDemand,
     Claim,
@@ -59,11 +60,23 @@ class _Pool:
         """Give back ``request_id``'s slot if it holds one that has not expired (an expired
         one is left for the next acquire, which counts it as expired) and, at a cap, that
         ``client`` took: a release with another client's id frees nothing."""
+        if request_id == ANY:
+            return self._release_any(now, client)
         if self.slots.get(request_id, now) <= now:
             return False
         if client is not None and self.owner.get(request_id) != client:
             return False
         self._drop(request_id)
+        return True
+
+    def _release_any(self, now: float, client: str | None) -> bool:
+        """Give back the live slot (of ``client``, at a cap) that expires first, ties by
+        id (release_slot.lua picks the same one)."""
+        live = [(expiry, rid) for rid, expiry in self.slots.items()
+                if expiry > now and (client is None or self.owner.get(rid) == client)]  # fmt: skip
+        if not live:
+            return False
+        self._drop(min(live)[1])
         return True
 
     def demand(self, now: float) -> dict[str, CapDemand]:

@@ -39,6 +39,7 @@ from fairlimit.core.rules import Loaded
 from fairlimit.core.upstream import override_key, stat_key
 from fairlimit.telemetry.concurrency import SlotInstruments
 from fairlimit.telemetry.fairness import BucketWatch, CapRow, CapTable
+from fairlimit.telemetry.tokens import TokenInstruments
 from fairlimit.telemetry.top import DEFAULT_CAPACITY, TopClients, TopRow
 from fairlimit.telemetry.upstream import UpstreamStats
 
@@ -222,6 +223,7 @@ class Telemetry:
             "fairlimit.cap.mode", [self._modes], "1", "1 for the cap's classification (mode)"
         )
         self.slots = SlotInstruments(meter, self._failed)  # concurrency (telemetry/concurrency)
+        self.tokens = TokenInstruments(meter, self._failed)  # token budgets (telemetry/tokens)
         self._rows: tuple[CapRow, ...] = ()
         self.near_limit_ratio = NEAR_LIMIT_RATIO
         self.upstream: UpstreamStats | None = None  # envoyproxy/ratelimit's names, when on

@@ -105,11 +105,14 @@ class Scripts:
 
     admit: AsyncScript
     release: AsyncScript
+    settle: AsyncScript  # token budgets (store/redis/reservations.py)
 
 
 def register(client: "aioredis.Redis | RedisCluster") -> Scripts:
     return Scripts(
-        client.register_script(source(ADMIT.script)), client.register_script(source(RELEASE.script))
+        client.register_script(source(ADMIT.script)),
+        client.register_script(source(RELEASE.script)),
+        client.register_script(source("settle")),
     )
 
 

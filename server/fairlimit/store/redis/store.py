@@ -34,11 +34,12 @@ from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.plan import Plan
+from fairlimit.core.reserve import Settle, Settled, own_counter
 from fairlimit.core.sharing import DIVISION_FIELDS
 from fairlimit.core.units import window_start
 from fairlimit.errors import StoreUnavailable
 from fairlimit.store import deadline
-from fairlimit.store.redis import script
+from fairlimit.store.redis import reservations, script
 from fairlimit.store.redis.batch import ScriptBatcher
 from fairlimit.store.redis.client import Options, unavailable
 from fairlimit.store.redis.keys import SlotGroup, slot_groups
@@ -138,7 +139,7 @@ class RedisStore:
     async def admit(self, plan: Plan, now: float) -> Outcome:
         base = self._base(now)
         shape = None
-        if self._leases is not None and lease.eligible(plan):
+        if self._leases is not None and not plan.reserve and lease.eligible(plan):
             shape = lease.shape(plan)  # a block first: the over-limit cache may predate it
             local = await self._from_block(plan, shape, now, base)
             if local is not None:
@@ -223,6 +224,8 @@ class RedisStore:
             charged = [(g, r) for g, r in zip(groups, results, strict=True)
                        if isinstance(r, Seen) and r.admitted]  # fmt: skip
             await self._release(plan, charged)
+            if plan.reserve and charged:
+                await self._drop_records(plan)
         if failed:
             raise failed[0]
         return _combine(plan, groups, seen, admitted)
@@ -267,15 +270,40 @@ class RedisStore:
         self, plan: Plan, g: SlotGroup, now: str, lease_ask: tuple[str, int] = ("", 0)
     ) -> Seen:
         given: dict[str, GivenDivision] = {}
-        keys = script.keys(ADMIT, g)
+        prefix = self._options.key_prefix
+        records, tail = reservations.admit_tail(plan, g, prefix, self._cluster)
+        keys = script.keys(ADMIT, g) + records
         for attempt in range(_ATTEMPTS):
             lock = (attempt < _ATTEMPTS - 1, self._options.lock_ms)
-            args = script.admit_args(plan, g, now, lock, given, lease_ask)
+            args = script.admit_args(plan, g, now, lock, given, lease_ask) + tail
             reply = await self._call(self._scripts.admit, keys, args)
             if int(reply[0]) != NEED_LEVEL:
                 return script.seen(reply)
             given.update(script.divisions_wanted(plan, g, reply))
         raise StoreUnavailable("redis: the admission script kept asking for a division")
+
+    async def settle(self, plan: Plan, settle: Settle, now: float) -> Settled:
+        own = own_counter(plan, 0)
+        if own is None:
+            return Settled(False)
+        at = repr(now) if self._caller_clock else ""
+        prefix = self._options.key_prefix
+        keys, args = reservations.settle_call(plan, settle, own, prefix, self._cluster, at)
+        with unavailable():
+            reply = await self._call(self._scripts.settle, keys, args)
+        self._known.forget(plan)  # the counts it showed may be lower now
+        return Settled(int(reply[0]) == 1, int(reply[1]), int(reply[2]))
+
+    async def _drop_records(self, plan: Plan) -> None:
+        """Forget the reservations a refused request across slots kept in the groups that
+        admitted (best effort: a record left behind could give back hits already
+        released, until it expires)."""
+        for key in reservations.records(plan, self._options.key_prefix, self._cluster):
+            try:
+                with unavailable():
+                    await self._client.delete(key)
+            except StoreUnavailable as exc:
+                log.warning("redis: a refused reservation's record was not dropped: %s", exc)
 
     async def _release(self, plan: Plan, charged: Sequence[tuple[SlotGroup, Seen]]) -> None:
         """Undo the reservations of the slot groups that admitted (best effort)."""

@@ -43,6 +43,9 @@
 --       found newly contended (asker = its client, extra = its hits); closing is λ of the
 --       window before when the division in force knows it, else "": nothing was recorded
 --       or charged; divide and call again with it.
+-- ARGV tail, only for a request that reserves (store/redis/reservations.py): the number of
+-- records, then per record its hits and max_duration in ms; their keys follow the caps'
+-- in KEYS. Admitted, each is kept (SET NX) as "<hits>|<now>|<expiry>" for settle.lua.
 -- Every key written gets a TTL. Floats cross the boundary as %.17g strings, so Lua and
 -- Python see the same doubles; every formula below is core/sharing.py's, in its order.
 
@@ -117,6 +120,14 @@ for i = 1, tonumber(ARGV[a]) do
     below_s = below_s, force = ARGV[a + 10] == '1', parent = tonumber(ARGV[a + 11]),
     nested = ARGV[a + 12] == '1'}
   a = a + SHARE_ARGS
+end
+
+local records = {}
+if ARGV[a + 1] then
+  local first = n + #caps * CAP_KEYS
+  for r = 1, tonumber(ARGV[a + 1]) do
+    records[r] = {key = KEYS[first + r], hits = ARGV[a + 2 * r], ttl = ARGV[a + 2 * r + 1]}
+  end
 end
 
 -- --- the clock (core/sharing.Clock) ---------------------------------------------------------
@@ -562,5 +573,12 @@ for _, cap in ipairs(caps) do
     fmt(d.fixed), DIVISION_FIELD.rate, fmt(d.rate), DIVISION_FIELD.asks, fmt(d.asks),
     DIVISION_FIELD.top, fmt(d.top))
   redis.call('PEXPIRE', cap.meta, cap.keep)
+end
+if admitted then
+  for _, r in ipairs(records) do
+    local expiry = fmt(now + tonumber(r.ttl) / 1000)
+    redis.call('SET', r.key, r.hits .. '|' .. fmt(now) .. '|' .. expiry, 'NX', 'PX',
+      tonumber(r.ttl) + SLACK_MS)
+  end
 end
 return {admitted and 1 or 0, fmt(now), counts, shared, bounds, rolled, block, wanted}

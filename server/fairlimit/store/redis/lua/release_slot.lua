@@ -12,7 +12,9 @@
 -- A slot is given back only while it is held and not yet expired (an expired one is left
 -- for the next acquire, which counts it as expired): a release without its acquire, or a
 -- second release, changes nothing; at a cap pool neither does a release by a client other
--- than the one that took the slot. now "" = Redis TIME; client "" = not a cap pool.
+-- than the one that took the slot. now "" = Redis TIME; client "" = not a cap pool;
+-- request_id "" = the live slot (of client, at a cap) that expires first, ties by id
+-- (a rule released by negative hits, core/concurrency.py).
 -- Returns {given per pool: 1 | 0}.
 
 local POOL_ARGS, POOL_KEYS = 2, 3
@@ -25,6 +27,16 @@ for i = 1, tonumber(ARGV[2]) do
   local k = (i - 1) * POOL_KEYS
   local ids, owner, held = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local id, client = ARGV[a], ARGV[a + 1]
+  if id == '' then
+    id = nil
+    for _, held_id in ipairs(redis.call('ZRANGEBYSCORE', ids, '(' .. string.format('%.17g', now), '+inf')) do
+      if client == '' or redis.call('HGET', owner, held_id) == client then
+        id = held_id
+        break
+      end
+    end
+    id = id or ''
+  end
   local expiry = redis.call('ZSCORE', ids, id)
   given[i] = 0
   -- at a cap, only the client that took the slot gives it back

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RateLimitDescriptor(_message.Message):
-    __slots__ = ("entries", "limit", "hits_addend")
+    __slots__ = ("entries", "limit", "hits_addend", "is_negative_hits")
     class Entry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -27,7 +27,9 @@ class RateLimitDescriptor(_message.Message):
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     HITS_ADDEND_FIELD_NUMBER: _ClassVar[int]
+    IS_NEGATIVE_HITS_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[RateLimitDescriptor.Entry]
     limit: RateLimitDescriptor.RateLimitOverride
     hits_addend: _wrappers_pb2.UInt64Value
-    def __init__(self, entries: _Optional[_Iterable[_Union[RateLimitDescriptor.Entry, _Mapping]]] = ..., limit: _Optional[_Union[RateLimitDescriptor.RateLimitOverride, _Mapping]] = ..., hits_addend: _Optional[_Union[_wrappers_pb2.UInt64Value, _Mapping]] = ...) -> None: ...
+    is_negative_hits: bool
+    def __init__(self, entries: _Optional[_Iterable[_Union[RateLimitDescriptor.Entry, _Mapping]]] = ..., limit: _Optional[_Union[RateLimitDescriptor.RateLimitOverride, _Mapping]] = ..., hits_addend: _Optional[_Union[_wrappers_pb2.UInt64Value, _Mapping]] = ..., is_negative_hits: _Optional[bool] = ...) -> None: ...
