@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fairlimit.core.plan import Charge, Counter, DescriptorPlan, Plan, Share
 from fairlimit.core.rules import RateLimit, Rule
-from fairlimit.core.units import seconds_until_reset
+from fairlimit.core.units import bounds, seconds_until, seconds_until_reset
 
 UNLIMITED_REMAINING = 4294967295
 _EPSILON = 1e-9
@@ -113,6 +113,9 @@ class Outcome:
     shared: tuple[int, ...]  # per Plan.shares: the client's admitted count at the cap
     bounds: tuple[float, ...]  # per Plan.shares: min(L_i, fair share) in force
     now: float | None = None  # the store's own clock when it keeps one (Redis TIME)
+    # per Plan.counters, when the plan has sliding or GCRA ones: when each is full again
+    # after this request (store clock; 0 for the others, whose window end says it)
+    full_at: tuple[float, ...] = ()
 
 
 @dataclass(slots=True)  # not frozen: built per request (see Outcome)
@@ -154,22 +157,42 @@ def _charge_view(plan: Plan, outcome: Outcome, charge: Charge) -> tuple[bool, bo
 def _effective_limit(leaf: RateLimit, charge: Charge, fair: float) -> RateLimit:
     if fair == math.inf or fair / charge.limit.window >= leaf.per_second:
         return leaf
-    return RateLimit(math.floor(fair + _EPSILON), charge.limit.unit, name=leaf.name)
+    cap = charge.limit
+    return RateLimit(math.floor(fair + _EPSILON), cap.unit, name=leaf.name, seconds=cap.seconds)
+
+
+def _reset(plan: Plan, outcome: Outcome, index: int, now: float) -> int:
+    """Whole seconds until counter ``index`` is back to its full limit."""
+    counter = plan.counters[index]
+    shape = counter.shape
+    if shape is None:
+        return seconds_until_reset(counter.window, now)
+    if shape.calendar is not None:
+        return seconds_until(bounds(counter.window, shape, now)[1], now)
+    return seconds_until(outcome.full_at[index], now)
 
 
 def _status(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, now: float) -> Status:
-    """A charged descriptor's status: the tightest level's remaining and reset."""
+    """A charged descriptor's status: the tightest level's remaining and reset, and the
+    tightest of its own limits (least remaining, then the longest reset) as its limit."""
     over = shadowed = False
-    leaf = effective = dplan.charges[0].limit
+    leaf = dplan.charges[0].limit
     best_remaining, reset = -1, 0
+    tightest: tuple[float, float] = (math.inf, 0.0)
+    views: list[tuple[Charge, float]] = []
     for charge in dplan.charges:
         lv_over, lv_shadow, remaining, fair = _charge_view(plan, outcome, charge)
         over, shadowed = over or lv_over, shadowed or lv_shadow
-        window = plan.counters[charge.counter].window
+        resets = _reset(plan, outcome, charge.counter, now)
         if best_remaining < 0 or remaining < best_remaining:
-            best_remaining, reset = remaining, seconds_until_reset(window, now)
+            best_remaining, reset = remaining, resets
         elif remaining == best_remaining:  # run out together: the client waits for both
-            reset = max(reset, seconds_until_reset(window, now))
+            reset = max(reset, resets)
+        if charge.share is None and (remaining, -resets) < tightest:
+            leaf, tightest = charge.limit, (remaining, -resets)
+        views.append((charge, fair))
+    effective = leaf
+    for charge, fair in views:
         if fair != math.inf:
             candidate = _effective_limit(leaf, charge, fair)
             if candidate.per_second < effective.per_second:

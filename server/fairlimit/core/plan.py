@@ -13,6 +13,7 @@ from fairlimit.core.keys import counter_key, key_paths
 from fairlimit.core.matching import Match, Matcher
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import RateLimit, Rule
+from fairlimit.core.units import Shape
 
 
 # A plan is built on every request, so its classes are slotted but not frozen: a frozen
@@ -20,7 +21,8 @@ from fairlimit.core.rules import RateLimit, Rule
 # cost, and a plan holds dozens of fields. Nothing changes one after it is built.
 @dataclass(slots=True)
 class Counter:
-    """A fixed-window counter the request is checked and charged against."""
+    """A counter the request is checked and charged against: a fixed window of ``window``
+    seconds, or what ``shape`` says (a calendar window, a sliding window, GCRA)."""
 
     key: str
     limit: int
@@ -28,6 +30,7 @@ class Counter:
     hits: int
     shadow: bool
     force: bool = False  # charged even when the request is refused (charge_when_over_limit)
+    shape: Shape | None = None
 
 
 @dataclass(slots=True)  # not frozen: built per request (see Counter)
@@ -100,13 +103,16 @@ class _Builder:
         if at is None:
             at = self._counter_at[key] = len(self.counters)
             self.counters.append(
-                Counter(key, limit.requests_per_unit, limit.window, hits, shadow, force)
+                Counter(
+                    key, limit.requests_per_unit, limit.window, hits, shadow, force, limit.shape
+                )
             )
             return at
         known = self.counters[at]
         self.counters[at] = Counter(
-            key, known.limit, known.window, known.hits + hits, known.shadow, known.force or force
-        )
+            key, known.limit, known.window, known.hits + hits, known.shadow,
+            known.force or force, known.shape,
+        )  # fmt: skip
         return at
 
     def share(self, share: Share) -> int:
@@ -137,7 +143,7 @@ def _cap_charges(
         limit, fair_share = cap.rate_limit, cap.fair_share
         if fair_share is None or limit is None or limit.name in replaced:
             continue
-        key = counter_key(paths[depth], limit.window)
+        key = counter_key(paths[depth], limit.window, limit.shape)
         child_limit = trail[depth + 1].rate_limit
         per_client = (
             math.inf
@@ -163,6 +169,12 @@ def _cap_charges(
     return charges
 
 
+def _forced(limit: RateLimit, default: bool) -> bool:
+    """Whether ``limit`` is charged when the request is refused (its own word, or ``default``)."""
+    said = limit.charge_when_over_limit
+    return default if said is None else said
+
+
 def _descriptor_plan(
     builder: _Builder,
     request: Request,
@@ -176,24 +188,25 @@ def _descriptor_plan(
     if limit is not None and limit.unlimited:
         return DescriptorPlan(rule, (), unlimited=True, match=match)
     charges: list[Charge] = []
-    charged = limit is not None and limit.name not in replaced
+    own = (limit,) if descriptor.limit is not None or rule is None else rule.limits
+    charged = [lim for lim in own if lim is not None and lim.name not in replaced]
     if not charged and (match is None or len(match.trail) < 2):
         return DescriptorPlan(rule, (), match=match)  # nothing to charge: no key to build
     shared = match.shared if match is not None and descriptor.limit is None else ()
     paths = key_paths(request.domain, descriptor.entries, shared)
     hits = request.hits_for(descriptor)
-    said = None if limit is None else limit.charge_when_over_limit
     # The config-wide default is upstream's semantics for configs that cannot say otherwise;
     # a descriptor under a fair_share cap is fairlimit's own, and a refused request there
     # consumes nothing unless its rule says so (a cap charged by refusals is not shared).
     under_cap = match is not None and any(r.fair_share is not None for r in match.trail[:-1])
-    force = limit is not None and (charge_over and not under_cap if said is None else said)
-    if charged:
-        assert limit is not None
-        shadow = rule is not None and rule.shadow_mode and descriptor.limit is None
-        key = counter_key(paths[-1], limit.window)
-        counter = builder.counter(key, limit, hits, shadow, force)
-        charges.append(Charge(counter, None, limit, rule))
+    force = limit is not None and _forced(limit, charge_over and not under_cap)
+    shadow = rule is not None and rule.shadow_mode and descriptor.limit is None
+    for each in charged:
+        key = counter_key(paths[-1], each.window, each.shape)
+        counter = builder.counter(
+            key, each, hits, shadow, _forced(each, charge_over and not under_cap)
+        )
+        charges.append(Charge(counter, None, each, rule))
     if match is not None:
         trail = match.trail
         charges.extend(_cap_charges(builder, paths, descriptor, hits, trail, replaced, force))
@@ -207,9 +220,10 @@ def plan(request: Request, matcher: Matcher) -> Plan:
     matches = [matcher.match(request.domain, d.entries) for d in request.descriptors]
     replaced: set[str] = set()
     for descriptor, match in zip(request.descriptors, matches, strict=True):
-        limit = descriptor.limit or (match.rule.rate_limit if match else None)
-        if limit is not None and limit.replaces:
-            replaced.update(limit.replaces)
+        own = (descriptor.limit,) if descriptor.limit or not match else match.rule.limits
+        for limit in own:
+            if limit is not None and limit.replaces:
+                replaced.update(limit.replaces)
     builder = _Builder()
     charge_over = matcher.config.charge_over_limit
     plans = tuple(
