@@ -438,15 +438,18 @@ class TestReplies:
             "closing": math.inf,
         }
 
-    def test_seen_reads_the_nine_parts_of_an_admission(self) -> None:
+    def test_seen_reads_the_ten_parts_of_an_admission(self) -> None:
         """{charged, now, counts, admitted per share, bounds as text, rolled caps 1-based,
-        lease block, wants as text, full-at times as text}: rolled indexes become 0-based."""
-        reply = [1, "12.5", [3, 0], [2, 5], ["4.5", "inf"], [2], 7, ["3", "9.5"], ["0", "14.25"]]
+        lease block, wants as text, full-at times after and before as text}: rolled
+        indexes become 0-based."""
+        full, was = ["0", "14.25"], ["0", "13.5"]
+        reply = [1, "12.5", [3, 0], [2, 5], ["4.5", "inf"], [2], 7, ["3", "9.5"], full, was]
         got = script.seen(reply)
         assert got == Seen(
-            True, 12.5, [3, 0], [2, 5], [4.5, math.inf], [1], 7, [3.0, 9.5], [0.0, 14.25]
-        )
-        refused = script.seen([0, "7", [], [], [], [], 0, [], []])
+            True, 12.5, [3, 0], [2, 5], [4.5, math.inf], [1], 7, [3.0, 9.5], [0.0, 14.25],
+            [0.0, 13.5],
+        )  # fmt: skip
+        refused = script.seen([0, "7", [], [], [], [], 0, [], [], []])
         assert (refused.admitted, refused.now, refused.rolled) == (False, 7.0, [])
 
     def test_a_hand_back_is_not_an_admission(self) -> None:

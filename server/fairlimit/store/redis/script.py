@@ -308,8 +308,10 @@ class Seen:
     block: int = 0  # hits reserved as a lease block (core/lease.py)
     # per share: the client's want, when a lease block was asked for (else empty)
     wanted: list[float] = dataclasses.field(default_factory=list)
-    # per counter: when a sliding or GCRA one is full again (0 for the others)
+    # per counter: when a sliding or GCRA one is full again (0 for the others), after the
+    # call and, for a charge another slot group's refusal takes back, before it
     full_at: list[float] = dataclasses.field(default_factory=list)
+    full_before: list[float] = dataclasses.field(default_factory=list)
 
 
 def seen(reply: Sequence[Any]) -> Seen:
@@ -323,4 +325,5 @@ def seen(reply: Sequence[Any]) -> Seen:
         int(reply[6]),
         [float(x) for x in reply[7]],
         [float(x) for x in reply[8]],
+        [float(x) for x in reply[9]],
     )

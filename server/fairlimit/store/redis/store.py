@@ -80,7 +80,9 @@ def _combine(
     for g, s in zip(groups, seen, strict=True):
         for pos, i in enumerate(g.counters):
             c = plan.counters[i]
-            counts[i], full_at[i] = s.counts[pos], s.full_at[pos]
+            counts[i] = s.counts[pos]
+            # a charge is taken back (release.lua) when another group refused the request
+            full_at[i] = (s.full_at if admitted or c.force else s.full_before)[pos]
             # a sliding or GCRA count falls with time alone: the over-limit cache keeps none
             if c.shape is None or c.shape.algorithm is Algorithm.FIXED:
                 counter_left[i] = bounds(c.window, c.shape, s.now)[1] - s.now

@@ -42,8 +42,8 @@
 -- Returns {1 | 0, now, counts, admitted, bounds, rolled, block, wanted, full} (1 = charged,
 --       0 = nothing charged; bounds and wanted as strings; rolled = indexes of caps whose
 --       division this call wrote; block = the hits reserved, 0 = none; wanted = each
---       share's want, only when a block was asked for; full = per counter when it is full
---       again, for kinds "s" and "g", else "0"), or
+--       share's want, only when a block was asked for; full and was = per counter when it
+--       is full again after this call and before it, for kinds "s" and "g", else "0"), or
 --       {2, now, {cap index, epoch, rows as a flat hash, asker, extra, closing}...} when
 --       this call won the lock of a cap whose division is due (asker "") or that a request
 --       found newly contended (asker = its client, extra = its hits); closing is λ of the
@@ -540,11 +540,13 @@ for _, s in ipairs(shares) do
 end
 
 local admitted = true
-local counts, shared, bounds, rolled, wanted = {}, {}, {}, {}, {}
+local counts, shared, bounds, rolled, wanted, was = {}, {}, {}, {}, {}, {}
 for i, c in ipairs(counters) do
   if c.meter then
     counts[i] = meter_count(c)
+    was[i] = fmt(meter_full(c))
   else
+    was[i] = '0'
     local held = redis.call('HMGET', c.key, 's', 'n')
     c.current = held[1] == c.ws
     counts[i] = c.current and tonumber(held[2]) or 0
@@ -658,4 +660,4 @@ for _, cap in ipairs(caps) do
     DIVISION_FIELD.top, fmt(d.top))
   redis.call('PEXPIRE', cap.meta, cap.keep)
 end
-return {admitted and 1 or 0, fmt(now), counts, shared, bounds, rolled, block, wanted, full}
+return {admitted and 1 or 0, fmt(now), counts, shared, bounds, rolled, block, wanted, full, was}
