@@ -1,6 +1,7 @@
 """Several limits per rule, any interval, calendar windows, sliding and GCRA, on every
 backend (memory, Redis, Redis Cluster), on the injected clock."""
 
+import random
 from collections.abc import Callable
 
 import pytest
@@ -324,3 +325,66 @@ class TestTheBound:
             if (await ask(limiter, "user=a", hits=hits)).code.name == "OK":
                 admitted.append((ticks, hits))
         assert most_in_a_window(admitted, round(window / GRID)) <= limit + burst
+
+
+# --- fair sharing over each limit of a cap ----------------------------------------------
+
+SHARED = """
+domain: d
+descriptors:
+  - key: tenant
+    rate_limits: [%s]
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 100}
+"""
+
+
+async def shared_traffic(limiter: Limiter, clock: FakeClock, start: float, tenant: str
+                         ) -> list[tuple[str, bool, float]]:  # fmt: skip
+    """400 requests, user a twice as often as b, 0 to 0.3 s apart (seeded): (who, ok, t)."""
+    rnd = random.Random(7)
+    clock.t = start
+    out = []
+    for _ in range(400):
+        who = rnd.choice("aab")
+        decision = await ask(limiter, f"tenant={tenant}", f"user={who}")
+        out.append((who, decision.code.name == "OK", clock.t - start))
+        clock.advance(rnd.choice([0, 0.05, 0.3]))
+    return out
+
+
+class TestSharingEachLimit:
+    @pytest.mark.parametrize(
+        "loose, alone",
+        [
+            ("{unit: second, requests_per_unit: 100}", "{unit: minute, requests_per_unit: 10}"),
+            ("{unit: minute, requests_per_unit: 1000}", "{unit: second, requests_per_unit: 3}"),
+        ],
+    )
+    async def test_a_cap_shares_each_limit_as_it_would_alone(
+        self, make_limiter: Callable[..., Limiter], clock: FakeClock, loose: str, alone: str
+    ) -> None:
+        """A cap with a limit that never binds beside one that does answers every request as
+        the cap with that one alone: the binding limit is shared fairly in its own window."""
+        both = await shared_traffic(make_limiter(SHARED % f"{loose}, {alone}"), clock,
+                                    MINUTE_START, "one")  # fmt: skip
+        single = await shared_traffic(make_limiter(SHARED % alone), clock,
+                                      MINUTE_START + 3600, "two")  # fmt: skip
+        assert both == single
+        assert 0 < sum(ok for _, ok, _ in both) < len(both)
+
+    async def test_a_burst_and_a_minute_limit_are_both_kept_and_shared(
+        self, make_limiter: Callable[..., Limiter], clock: FakeClock
+    ) -> None:
+        """3/s and 20/min at one cap, a sending twice as often as b: no second admits more
+        than 3, the minute no more than 20, and a and b get the same."""
+        limiter = make_limiter(SHARED % "{unit: second, requests_per_unit: 3}, "
+                                         "{unit: minute, requests_per_unit: 20}")  # fmt: skip
+        got = await shared_traffic(limiter, clock, MINUTE_START, "one")
+        admitted = [(who, t) for who, ok, t in got if ok and t < 60]
+        per_second = [sum(1 for _, t in admitted if s <= t < s + 1) for s in range(60)]
+        assert max(per_second) <= 3 and len(admitted) <= 20
+        a = sum(1 for who, _ in admitted if who == "a")
+        assert abs(a - (len(admitted) - a)) <= 1 and len(admitted) >= 10

@@ -47,6 +47,10 @@ REQUEST_ID_KEYS = frozenset({"acquire", "release"})
 FAIR_SHARE_KEYS = frozenset({"active_clients", "weights"})
 YAML_SUFFIXES = (".yaml", ".yml")
 _OCTAL_HINT = " (upstream reads a leading zero as octal: write it without)"
+CAP_SHAPE = (
+    "fair_share caps count fixed windows: its limits cannot be sliding, gcra or calendar "
+    "(the clients' limits below may)"
+)
 _ALLOW = "a config without limits turns the limiter off; --allow-empty-config accepts it"
 
 
@@ -232,6 +236,8 @@ def _descriptor(problems: Problems, parent: str, index: int, raw: object) -> Rul
     fair = None
     if "fair_share" in raw:
         fair = _fair_share(problems, path, raw["fair_share"], limit, bool(children), slots)
+        if any(each.shape is not None for each in limits):
+            problems.add(path, CAP_SHAPE)
     return Rule(
         key=key,
         value=text,

@@ -56,36 +56,54 @@ def forced(plan: Plan, descriptor: int) -> bool:
 
 def below(plan: Plan) -> list[tuple[list[int], list[int]]]:
     """Per share: the counters and shares below it in the first descriptor that charges it
-    (its own limit, then the deeper caps with their counters)."""
+    (its own limits, then the deeper caps with their counters; not the other limits of its
+    own cap)."""
     out: list[tuple[list[int], list[int]] | None] = [None] * len(plan.shares)
     for dplan in plan.descriptors:
         counters = [c.counter for c in dplan.charges if c.share is None]
         shares: list[int] = []
+        node: Rule | None = None
+        level: tuple[list[int], list[int]] = ([], [])  # the cap node's own, until left
         for charge in reversed([c for c in dplan.charges if c.share is not None]):
             at = charge.share
             assert at is not None
+            if charge.rule is not node:
+                counters, shares, node = counters + level[0], shares + level[1], charge.rule
+                level = ([], [])
             if out[at] is None:
                 out[at] = (list(counters), list(shares))
-            counters.append(charge.counter)
-            shares.append(at)
+            level[0].append(charge.counter)
+            level[1].append(at)
     return [found or ([], []) for found in out]
 
 
 def above(plan: Plan) -> list[int]:
     """Per share: the index of the share one cap above it in the first descriptor that
-    charges it (-1 for an outermost cap). A nested cap divides at most what its parent
-    gives it, so its verdict waits for the parent's."""
+    charges it (-1 for an outermost cap): of that cap's limits, the one of the same window,
+    else its first. A nested cap divides at most what its parent gives it, so its verdict
+    waits for the parent's."""
     out: list[int | None] = [None] * len(plan.shares)
     for dplan in plan.descriptors:
-        parent = -1
+        parents: list[int] = []  # the shares of the cap node above
+        current: list[int] = []
+        node: Rule | None = None
         for charge in dplan.charges:  # the caps outermost first
             at = charge.share
             if at is None:
                 continue
+            if charge.rule is not node:
+                parents, current, node = current, [], charge.rule
             if out[at] is None:
-                out[at] = parent
-            parent = at
+                out[at] = _parent(plan, at, parents)
+            current.append(at)
     return [-1 if found is None else found for found in out]
+
+
+def _parent(plan: Plan, at: int, parents: Sequence[int]) -> int:
+    if not parents:
+        return -1
+    window = plan.shares[at].window
+    return next((p for p in parents if plan.shares[p].window == window), parents[0])
 
 
 def demand_seen(

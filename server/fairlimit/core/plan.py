@@ -128,6 +128,14 @@ class _Builder:
         return at
 
 
+def _client_rate(child: Rule) -> float:
+    """A client's limit per second under a cap: its tightest own limit's (inf: unlimited)."""
+    limits = child.limits
+    if not limits or limits[0].unlimited:
+        return math.inf
+    return min(limit.per_second for limit in limits)
+
+
 def _cap_charges(
     builder: _Builder,
     paths: Sequence[str],
@@ -137,35 +145,32 @@ def _cap_charges(
     replaced: set[str],
     force: bool,
 ) -> list[Charge]:
+    """Each fair_share cap above the descriptor, each of its limits a claim of its own."""
     charges: list[Charge] = []
     for depth in range(len(trail) - 1):
-        cap = trail[depth]
-        limit, fair_share = cap.rate_limit, cap.fair_share
-        if fair_share is None or limit is None or limit.name in replaced:
+        cap, fair_share = trail[depth], trail[depth].fair_share
+        if fair_share is None:
             continue
-        key = counter_key(paths[depth], limit.window, limit.shape)
-        child_limit = trail[depth + 1].rate_limit
-        per_client = (
-            math.inf
-            if child_limit is None or child_limit.unlimited
-            else child_limit.per_second * limit.window
-        )
+        rate = _client_rate(trail[depth + 1])
         client = descriptor.entries[depth + 1][1]
-        share = Share(
-            key,
-            client,
-            limit.requests_per_unit,
-            limit.window,
-            per_client,
-            fair_share.weight(client),
-            hits,
-            cap.shadow_mode,
-            fair_share.active_clients,
-            builder.counter(key, limit, hits, cap.shadow_mode, force),
-            force,
-        )
-        counter = share.total
-        charges.append(Charge(counter, builder.share(share), limit, cap))
+        for limit in cap.limits:
+            if limit.name in replaced:
+                continue
+            key = counter_key(paths[depth], limit.window)
+            share = Share(
+                key,
+                client,
+                limit.requests_per_unit,
+                limit.window,
+                rate * limit.window,
+                fair_share.weight(client),
+                hits,
+                cap.shadow_mode,
+                fair_share.active_clients,
+                builder.counter(key, limit, hits, cap.shadow_mode, force),
+                force,
+            )
+            charges.append(Charge(share.total, builder.share(share), limit, cap))
     return charges
 
 
