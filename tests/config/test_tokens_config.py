@@ -73,6 +73,27 @@ descriptors:
             "descriptors below a fair_share cap, not on the cap"
         ]
 
+    @pytest.mark.parametrize(
+        "limits",
+        [
+            "rate_limits: [{unit: minute, requests_per_unit: 100},"
+            " {unit: day, requests_per_unit: 900}]",
+            "rate_limit: {unit: minute, requests_per_unit: 100, algorithm: gcra}",
+            "rate_limit: {unit: day, requests_per_unit: 100, calendar: UTC}",
+        ],
+        ids=["two_limits", "gcra", "calendar"],
+    )
+    def test_only_one_fixed_window_is_settled(self, tmp_path: Path, limits: str) -> None:
+        """A settlement moves one fixed-window counter: several limits, sliding, gcra and
+        calendar windows are refused beside a reservation, naming the rule."""
+        text = f"domain: edge\ndescriptors:\n  - key: client_id\n    {limits}\n"
+        with pytest.raises(ConfigError) as caught:
+            load_text(tmp_path, text + "    reservation: {}\n")
+        assert caught.value.problems == [
+            f"{tmp_path / 'test.yaml'}: edge/client_id: reservation settles one fixed-window "
+            "rate_limit: not rate_limits, sliding, gcra or calendar windows"
+        ]
+
     def test_an_unknown_key(self, tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as caught:
             load_text(tmp_path, _rule("{estimate: 3}"))

@@ -503,3 +503,131 @@ class TestKnownDifferences:
     ) -> None:
         """One slot at a fair-share cap, taken, given back, asked for at the same instant."""
         await _parity(redis_store_factory, "redis", SLOT_RELEASED, **NO_CACHE)
+
+
+# --- several limits per rule, any window, sliding and GCRA --------------------------------
+
+LIMITED = ("a", "b")  # the values of the limited key
+
+
+@st.composite
+def one_limit(draw: st.DrawFn) -> str:
+    """A limit of any window and algorithm (flow-style YAML)."""
+    n = draw(st.integers(0, 12))
+    window = draw(
+        st.sampled_from(
+            ["unit: second", "unit: minute", "unit: second, multiplier: 3", "duration: 2s",
+             "duration: 7s", "unit: day, calendar: UTC", "unit: day, calendar: Asia/Kolkata"]
+        )
+    )  # fmt: skip
+    algorithm = (
+        "fixed" if "calendar" in window else draw(st.sampled_from(["fixed", "sliding", "gcra"]))
+    )
+    if algorithm == "gcra":
+        n = max(n, 1)
+        burst = draw(st.integers(0, 6))
+        return f"{{{window}, requests_per_unit: {n}, algorithm: gcra, burst: {burst}}}"
+    return f"{{{window}, requests_per_unit: {n}, algorithm: {algorithm}}}"
+
+
+@st.composite
+def limit_configs(draw: st.DrawFn) -> str:
+    """Two nodes of one to three limits each (no two counting the same window alike)."""
+    nodes = []
+    for key in ("user", "route"):
+        limits = draw(st.lists(one_limit(), min_size=1, max_size=3, unique=True))
+        kinds = {line.split(", requests_per_unit")[0] + line.split("algorithm:")[-1][:4]
+                 for line in limits}  # fmt: skip
+        if len(kinds) < len(limits):
+            limits = limits[:1]
+        shown = "\n".join(f"      - {line}" for line in limits)
+        nodes.append(f"  - key: {key}\n    rate_limits:\n{shown}")
+    return f"domain: {DOMAIN}\ndescriptors:\n" + "\n".join(nodes) + "\n"
+
+
+@dataclass(frozen=True)
+class Hit:
+    ticks: int
+    user: str | None
+    route: str | None
+    hits: int | None
+
+
+hit_steps = st.builds(
+    Hit,
+    ticks,
+    st.sampled_from([None, *LIMITED]),
+    st.sampled_from([None, "a"]),
+    st.one_of(st.none(), st.integers(0, 4)),
+)
+
+
+async def _compare_limits(yaml: str, start: float, steps: Sequence[Hit], stores: Sequence[Store],
+                          names: list[str]) -> None:  # fmt: skip
+    clock = FakeClock(start)
+    limiters = [Limiter(_loaded(yaml), s, clock, failure_mode=FailureMode.CLOSED) for s in stores]
+    t = 0
+    for index, step in enumerate(steps):
+        t += step.ticks
+        clock.t = start + t * GRID
+        parts = [desc(f"user={step.user}", hits=step.hits)] if step.user else []
+        if step.route:
+            parts.append(desc(f"route={step.route}", hits=step.hits))
+        if not parts:
+            continue
+        request = req(DOMAIN, *parts)
+        answers = [view(await limiter.should_rate_limit(request)) for limiter in limiters]
+        if any(a != answers[0] for a in answers[1:]):
+            lines = [f"  {n}: {a}" for n, a in zip(names, answers, strict=True)]
+            pytest.fail(
+                f"step {index} differs at t = {clock.t!r}:\n  request: {request}\n"
+                + "\n".join(lines)
+                + f"\nconfig:\n{yaml}steps: {list(steps[: index + 1])}",
+                pytrace=False,
+            )
+
+
+async def _limit_parity(factory: StoreFactory, name: str, yaml: str, start: float,
+                        steps: list[Hit]) -> None:  # fmt: skip
+    memory: Store = MemoryStore()
+    other: Store = await factory()  # type: ignore[assignment]
+    try:
+        await _compare_limits(yaml, start, steps, [memory, other], ["memory", name])
+    finally:
+        await asyncio.gather(*getattr(other, "_tasks", ()), return_exceptions=True)
+        await other.close()
+        await memory.close()
+
+
+limit_starts = st.integers(0, int(60 / GRID) - 1).map(lambda k: START + k * GRID)
+
+
+@st.composite
+def limit_traffic(draw: st.DrawFn) -> list[Hit]:
+    """Up to 200 steps, with a drawn floor as ``traffic`` has, so that windows fill."""
+    floor = draw(st.one_of(st.integers(1, 10), st.sampled_from([40, 80, 120])))
+    return draw(st.lists(hit_steps, min_size=floor, max_size=200))
+
+
+class TestLimitsParity:
+    """Several limits per rule, multiples, durations, calendar days, sliding and GCRA: the
+    same answers from memory and Redis, standalone and Cluster (a request over both nodes
+    spans two slots there)."""
+
+    @_settings
+    @given(yaml=limit_configs(), start=limit_starts, steps=limit_traffic())
+    async def test_memory_and_redis_agree(
+        self, redis_store_factory: StoreFactory, yaml: str, start: float, steps: list[Hit]
+    ) -> None:
+        await _limit_parity(redis_store_factory, "redis", yaml, start, steps)
+
+    @_settings
+    @given(yaml=limit_configs(), start=limit_starts, steps=limit_traffic())
+    async def test_memory_and_redis_cluster_agree(
+        self,
+        redis_cluster_store_factory: StoreFactory,
+        yaml: str,
+        start: float,
+        steps: list[Hit],
+    ) -> None:
+        await _limit_parity(redis_cluster_store_factory, "redis-cluster", yaml, start, steps)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fairlimit.core import sharing
+from fairlimit.core import sharing, smooth, units
 from fairlimit.core.concurrency import split, taken
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
@@ -147,7 +147,8 @@ class TestArgumentBuilders:
         assert got["head"] == [head]
         c = plan.counters[g.counters[0]]
         assert got["counter"][0] == {"limit": c.limit, "window": c.window, "hits": c.hits,
-                                     "shadow": int(c.shadow), "force": 0}  # fmt: skip
+                                     "shadow": int(c.shadow), "force": 0, "kind": "",
+                                     "extra": ""}  # fmt: skip
         (cap,) = got["cap"]
         assert (cap["cap"], cap["given_epoch"], cap["given_division"]) == (
             g.caps[0],
@@ -240,9 +241,13 @@ class TestContract:
 
     def test_it_states_every_constant_with_its_python_value(self) -> None:
         """ALPHA, STALE, SPLIT, FORCES, AMORTISE, LEAD, BURST and EPSILON, each as in
-        core/sharing.py, and no other."""
+        core/sharing.py, SLIDING_PARTS and SMOOTH_EPSILON as in core/units.py and
+        core/smooth.py, and no other."""
         constants, _, _ = prelude()
-        assert constants == {name: float(getattr(sharing, name)) for name in CONSTANTS}
+        expected = {name: float(getattr(sharing, name)) for name in CONSTANTS}
+        expected["SLIDING_PARTS"] = float(units.SLIDING_PARTS)
+        expected["SMOOTH_EPSILON"] = smooth.EPSILON
+        assert constants == expected
 
     def test_it_names_every_row_and_division_field_in_order(self) -> None:
         """ROW and DIVISION list the attributes in ROW_FIELDS / DIVISION_FIELDS order (the
@@ -433,12 +438,18 @@ class TestReplies:
             "closing": math.inf,
         }
 
-    def test_seen_reads_the_eight_parts_of_an_admission(self) -> None:
+    def test_seen_reads_the_ten_parts_of_an_admission(self) -> None:
         """{charged, now, counts, admitted per share, bounds as text, rolled caps 1-based,
-        lease block, wants as text}: rolled indexes become 0-based."""
-        got = script.seen([1, "12.5", [3, 0], [2, 5], ["4.5", "inf"], [2], 7, ["3", "9.5"]])
-        assert got == Seen(True, 12.5, [3, 0], [2, 5], [4.5, math.inf], [1], 7, [3.0, 9.5])
-        refused = script.seen([0, "7", [], [], [], [], 0, []])
+        lease block, wants as text, full-at times after and before as text}: rolled
+        indexes become 0-based."""
+        full, was = ["0", "14.25"], ["0", "13.5"]
+        reply = [1, "12.5", [3, 0], [2, 5], ["4.5", "inf"], [2], 7, ["3", "9.5"], full, was]
+        got = script.seen(reply)
+        assert got == Seen(
+            True, 12.5, [3, 0], [2, 5], [4.5, math.inf], [1], 7, [3.0, 9.5], [0.0, 14.25],
+            [0.0, 13.5],
+        )  # fmt: skip
+        refused = script.seen([0, "7", [], [], [], [], 0, [], [], []])
         assert (refused.admitted, refused.now, refused.rolled) == (False, 7.0, [])
 
     def test_a_hand_back_is_not_an_admission(self) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from fairlimit.config.limits import node_limits
 from fairlimit.config.yaml_text import (
     Plain,
     as_bool,
@@ -34,26 +35,26 @@ from fairlimit.core.rules import (
     Rule,
     walk,
 )
-from fairlimit.core.units import Unit
 from fairlimit.core.validation import classify
 from fairlimit.errors import ConfigError, ConfigUnreadable, ConfigWarningError
 
 ROOT_KEYS = frozenset({"domain", "descriptors", "request_id_keys"})
 DESCRIPTOR_KEYS = frozenset(
-    {"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "fair_share",
-     "quota_mode", "value_to_metric", "share_threshold", "metadata", "concurrency",
+    {"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "detailed_metric",
+     "fair_share", "quota_mode", "value_to_metric", "share_threshold", "metadata", "concurrency",
      "quota_group", "reservation"}
 )  # fmt: skip
 CONCURRENCY_KEYS = frozenset({"max_in_flight", "max_duration", "released_by"})
 RELEASED_BY = ("request_id", "negative_hits")
 RESERVATION_KEYS = frozenset({"default", "max_duration"})
 REQUEST_ID_KEYS = frozenset({"acquire", "release"})
-RATE_LIMIT_KEYS = frozenset(
-    {"unit", "requests_per_unit", "unlimited", "name", "replaces", "charge_when_over_limit"}
-)
 FAIR_SHARE_KEYS = frozenset({"active_clients", "weights"})
 YAML_SUFFIXES = (".yaml", ".yml")
 _OCTAL_HINT = " (upstream reads a leading zero as octal: write it without)"
+CAP_SHAPE = (
+    "fair_share caps count fixed windows: its limits cannot be sliding, gcra or calendar "
+    "(the clients' limits below may)"
+)
 _ALLOW = "a config without limits turns the limiter off; --allow-empty-config accepts it"
 
 
@@ -101,67 +102,6 @@ def _bool(problems: Problems, path: str, node: Mapping[str, Any], key: str) -> b
         problems.add(path, f"'{key}' must be true or false, not {raw!r}")
         return False
     return value
-
-
-def _replaces(problems: Problems, path: str, raw: object, name: str | None) -> tuple[str, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        problems.add(path, "rate_limit.replaces must be a list of {name: ...}")
-        return ()
-    names: list[str] = []
-    for entry in raw:
-        if not isinstance(entry, dict):  # a bare name (``[users]``) is not an empty entry
-            problems.add(path, "rate_limit.replaces must be a list of {name: ...}")
-            continue
-        _check_keys(problems, path, entry, frozenset({"name"}))
-        target = entry.get("name")
-        if not isinstance(target, str) or not target:
-            problems.add(path, "should not have an empty replaces entry")
-        elif target == name:
-            problems.add(path, "replaces should not contain name of same descriptor")
-        else:
-            names.append(target)
-    return tuple(names)
-
-
-def _rate_limit(problems: Problems, path: str, raw: object) -> RateLimit | None:
-    if not isinstance(raw, dict):
-        problems.add(path, "rate_limit must be a mapping")
-        return None
-    _check_keys(problems, path, raw, RATE_LIMIT_KEYS)
-    unlimited = _bool(problems, path, raw, "unlimited")
-    said = raw.get("charge_when_over_limit") is not None
-    charge = _bool(problems, path, raw, "charge_when_over_limit") if said else None
-    name = raw.get("name")
-    name = str(name) if isinstance(name, str) else name
-    if name is not None and not isinstance(name, str):
-        problems.add(path, f"rate_limit.name must be a string, not {name!r}")
-        name = None
-    replaces = _replaces(problems, path, raw.get("replaces"), name)
-    unit_text = raw.get("unit")
-    if unlimited:
-        if unit_text is not None:
-            problems.add(path, "should not specify rate limit unit when unlimited")
-        return RateLimit(0, Unit.SECOND, unlimited=True, name=name, replaces=replaces)
-    try:
-        unit = Unit.parse(str(unit_text)) if unit_text is not None else None
-    except KeyError:
-        unit = None
-    if unit is None:
-        problems.add(path, f"invalid rate limit unit '{unit_text if unit_text else ''}'")
-    raw_rpu = raw.get("requests_per_unit")
-    rpu = _int_in(raw_rpu, 0, 0xFFFFFFFF)
-    if rpu is None:
-        problems.add(
-            path,
-            f"requests_per_unit must be an integer from 0 to 4294967295, not {_shown(raw_rpu)}"
-            + _OCTAL_HINT * _octal(raw_rpu),
-        )
-        return None
-    if unit is None:
-        return None
-    return RateLimit(rpu, unit, name=name, replaces=replaces, charge_when_over_limit=charge)
 
 
 def _weights(problems: Problems, path: str, raw: object) -> Mapping[str, float]:
@@ -342,12 +282,15 @@ def _descriptor(problems: Problems, parent: str, index: int, raw: object) -> Rul
     text = None if value is None or value == "" else str(value)  # the text written, as upstream
     path = f"{parent}/{_label(key, text)}"
     _check_keys(problems, path, raw, DESCRIPTOR_KEYS)
-    limit = _rate_limit(problems, path, raw["rate_limit"]) if "rate_limit" in raw else None
+    limits = node_limits(problems, path, raw)
+    limit = limits[0] if limits else None
     children = _descriptors(problems, path, raw.get("descriptors"))
     slots = _concurrency(problems, path, raw["concurrency"]) if "concurrency" in raw else None
     fair = None
     if "fair_share" in raw:
         fair = _fair_share(problems, path, raw["fair_share"], limit, bool(children), slots)
+        if any(each.shape is not None for each in limits):
+            problems.add(path, CAP_SHAPE)
     reserve = None
     if "reservation" in raw:
         reserve = _reservation(problems, path, raw["reservation"], limit)
@@ -357,12 +300,16 @@ def _descriptor(problems: Problems, parent: str, index: int, raw: object) -> Rul
         if slots is not None:
             problems.add(path, "reservation and concurrency cannot share a node: both pair by "
                          "request id (put them on two descriptors)")  # fmt: skip
+        if len(limits) > 1 or any(each.shape is not None for each in limits):
+            problems.add(path, "reservation settles one fixed-window rate_limit: not "
+                         "rate_limits, sliding, gcra or calendar windows")  # fmt: skip
     return Rule(
         key=key,
         value=text,
         path=path,
         source=problems.source,
         rate_limit=limit,
+        more_limits=limits[1:],
         shadow_mode=_bool(problems, path, raw, "shadow_mode"),
         detailed_metric=_bool(problems, path, raw, "detailed_metric"),
         fair_share=fair,

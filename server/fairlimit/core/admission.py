@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fairlimit.core.keys import key_path
 from fairlimit.core.plan import Charge, Counter, DescriptorPlan, Plan, Share
 from fairlimit.core.rules import RateLimit, Rule
-from fairlimit.core.units import seconds_until_reset
+from fairlimit.core.units import bounds, seconds_until, seconds_until_reset
 
 UNLIMITED_REMAINING = 4294967295
 _EPSILON = 1e-9
@@ -57,36 +57,54 @@ def forced(plan: Plan, descriptor: int) -> bool:
 
 def below(plan: Plan) -> list[tuple[list[int], list[int]]]:
     """Per share: the counters and shares below it in the first descriptor that charges it
-    (its own limit, then the deeper caps with their counters)."""
+    (its own limits, then the deeper caps with their counters; not the other limits of its
+    own cap)."""
     out: list[tuple[list[int], list[int]] | None] = [None] * len(plan.shares)
     for dplan in plan.descriptors:
         counters = [c.counter for c in dplan.charges if c.share is None]
         shares: list[int] = []
+        node: Rule | None = None
+        level: tuple[list[int], list[int]] = ([], [])  # the cap node's own, until left
         for charge in reversed([c for c in dplan.charges if c.share is not None]):
             at = charge.share
             assert at is not None
+            if charge.rule is not node:
+                counters, shares, node = counters + level[0], shares + level[1], charge.rule
+                level = ([], [])
             if out[at] is None:
                 out[at] = (list(counters), list(shares))
-            counters.append(charge.counter)
-            shares.append(at)
+            level[0].append(charge.counter)
+            level[1].append(at)
     return [found or ([], []) for found in out]
 
 
 def above(plan: Plan) -> list[int]:
     """Per share: the index of the share one cap above it in the first descriptor that
-    charges it (-1 for an outermost cap). A nested cap divides at most what its parent
-    gives it, so its verdict waits for the parent's."""
+    charges it (-1 for an outermost cap): of that cap's limits, the one of the same window,
+    else its first. A nested cap divides at most what its parent gives it, so its verdict
+    waits for the parent's."""
     out: list[int | None] = [None] * len(plan.shares)
     for dplan in plan.descriptors:
-        parent = -1
+        parents: list[int] = []  # the shares of the cap node above
+        current: list[int] = []
+        node: Rule | None = None
         for charge in dplan.charges:  # the caps outermost first
             at = charge.share
             if at is None:
                 continue
+            if charge.rule is not node:
+                parents, current, node = current, [], charge.rule
             if out[at] is None:
-                out[at] = parent
-            parent = at
+                out[at] = _parent(plan, at, parents)
+            current.append(at)
     return [-1 if found is None else found for found in out]
+
+
+def _parent(plan: Plan, at: int, parents: Sequence[int]) -> int:
+    if not parents:
+        return -1
+    window = plan.shares[at].window
+    return next((p for p in parents if plan.shares[p].window == window), parents[0])
 
 
 def demand_seen(
@@ -114,6 +132,9 @@ class Outcome:
     shared: tuple[int, ...]  # per Plan.shares: the client's admitted count at the cap
     bounds: tuple[float, ...]  # per Plan.shares: min(L_i, fair share) in force
     now: float | None = None  # the store's own clock when it keeps one (Redis TIME)
+    # per Plan.counters, when the plan has sliding or GCRA ones: when each is full again
+    # after this request (store clock; 0 for the others, whose window end says it)
+    full_at: tuple[float, ...] = ()
 
 
 @dataclass(slots=True)  # not frozen: built per request (see Outcome)
@@ -154,7 +175,9 @@ def _level(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, charge: Charge, 
     over = counter.limit < before + max(counter.hits, 1)
     remaining = counter.limit - before - charged
     leaf = dplan.charges[0].limit
-    limit, name = leaf, _name(dplan, charge, counter.key)
+    # an own level reports its own limit (a rule may have several)
+    limit = charge.limit if charge.share is None else leaf
+    name = _name(dplan, charge, counter.key)
     if charge.share is not None:
         share = plan.shares[charge.share]
         bound = outcome.bounds[charge.share]
@@ -167,7 +190,7 @@ def _level(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, charge: Charge, 
             if room <= remaining:  # the client's share holds it: named by the client's rule
                 remaining, limit = room, _effective_limit(leaf, charge, bound)
                 name = name if dplan.rule is None else dplan.rule.path
-    reset = seconds_until_reset(counter.window, now)
+    reset = _reset(plan, outcome, charge.counter, now)
     if counter.shadow:
         return _Level(False, over, max(0, remaining), reset, limit, name)
     return _Level(over, False, max(0, remaining), reset, limit, name)
@@ -184,10 +207,22 @@ def _effective_limit(leaf: RateLimit, charge: Charge, fair: float) -> RateLimit:
     """The client's bound at a cap as a limit in the cap's unit, when tighter than its own."""
     if fair == math.inf:
         return leaf
+    cap = charge.limit
     whole = math.floor(fair + _EPSILON)
-    if whole / charge.limit.window >= leaf.per_second:
+    if whole / cap.window >= leaf.per_second:
         return leaf
-    return RateLimit(whole, charge.limit.unit, name=leaf.name)
+    return RateLimit(whole, cap.unit, name=leaf.name, seconds=cap.seconds)
+
+
+def _reset(plan: Plan, outcome: Outcome, index: int, now: float) -> int:
+    """Whole seconds until counter ``index`` is back to its full limit."""
+    counter = plan.counters[index]
+    shape = counter.shape
+    if shape is None:
+        return seconds_until_reset(counter.window, now)
+    if shape.calendar is not None:
+        return seconds_until(bounds(counter.window, shape, now)[1], now)
+    return seconds_until(outcome.full_at[index], now)
 
 
 def _status(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, now: float) -> Status:

@@ -9,6 +9,7 @@ descriptor comes from one walk over its entries (``key_paths``).
 from collections.abc import Sequence
 
 from fairlimit.core.matching import Entry
+from fairlimit.core.units import Shape
 
 
 def escape(part: str) -> str:
@@ -48,9 +49,12 @@ def _shared_paths(domain: str, entries: Sequence[Entry], patterns: dict[int, str
     return out
 
 
-def counter_key(path: str, window: int) -> str:
-    """The store key of the counter at ``path`` (from ``key_paths``) for a window in seconds."""
-    return f"{path}#{window}"
+def counter_key(path: str, window: int, shape: Shape | None = None) -> str:
+    """The store key of the counter at ``path`` (from ``key_paths``) for a window in seconds,
+    counted as ``shape`` says (its tag follows the window: ``#60s``, ``#604800@UTC``)."""
+    if shape is None:
+        return f"{path}#{window}"
+    return f"{path}#{window}{shape.tag}"
 
 
 def key_path(key: str) -> str:

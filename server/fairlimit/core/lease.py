@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 from fairlimit.core.admission import Outcome
 from fairlimit.core.plan import Plan
-from fairlimit.core.units import window_start
+from fairlimit.core.units import Algorithm, bounds
 
 LEASE_SECONDS = 0.2  # a block is about this long of the consumer's own demand on the plan
 LEASE_TTL = 0.25  # seconds a block may be used after it is granted
@@ -69,8 +69,11 @@ EPSILON = 1e-9  # as core/sharing.EPSILON: a bound is compared with this slack
 def eligible(plan: Plan) -> bool:
     """Whether ``plan`` may be admitted from blocks: it charges a counter, every level the
     same hits (one block serves them all), and no level is shadowed or charged when refused
-    (charge_when_over_limit)."""
+    (charge_when_over_limit), and every counter counts a fixed window (a sliding or GCRA
+    count changes with time alone, so a block of it cannot be held)."""
     if not plan.counters:
+        return False
+    if any(c.shape is not None and c.shape.algorithm is not Algorithm.FIXED for c in plan.counters):
         return False
     hits = plan.counters[0].hits
     if any(c.shadow or c.force or c.hits != hits for c in plan.counters):
@@ -104,7 +107,7 @@ def size(want: int, counter_rooms: Iterable[float], share_rooms: Iterable[float]
 
 def _first_end(plan: Plan, now: float) -> float:
     """When the first of the windows of ``plan``'s counters ends, after ``now``."""
-    return min(window_start(c.window, now) + c.window for c in plan.counters)
+    return min(bounds(c.window, c.shape, now)[1] for c in plan.counters)
 
 
 @dataclass(slots=True)

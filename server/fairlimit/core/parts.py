@@ -41,7 +41,15 @@ def scaled(plan: Plan, processes: int, index: int) -> Plan:
         return plan
     counters = tuple(
         [
-            Counter(c.key, n * part(c.limit, n, index), c.window, c.hits * n, c.shadow, c.force)
+            Counter(
+                c.key,
+                n * part(c.limit, n, index),
+                c.window,
+                c.hits * n,
+                c.shadow,
+                c.force,
+                c.shape,
+            )
             for c in plan.counters
         ]
     )

@@ -14,6 +14,7 @@ from fairlimit.core.keys import counter_key, key_paths
 from fairlimit.core.matching import Match, Matcher
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import RateLimit, Rule
+from fairlimit.core.units import Shape
 
 if TYPE_CHECKING:
     from fairlimit.core.reserve import Reserve
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
 # cost, and a plan holds dozens of fields. Nothing changes one after it is built.
 @dataclass(slots=True)
 class Counter:
-    """A fixed-window counter the request is checked and charged against."""
+    """A counter the request is checked and charged against: a fixed window of ``window``
+    seconds, or what ``shape`` says (a calendar window, a sliding window, GCRA)."""
 
     key: str
     limit: int
@@ -32,6 +34,7 @@ class Counter:
     hits: int
     shadow: bool
     force: bool = False  # charged even when the request is refused (charge_when_over_limit)
+    shape: Shape | None = None
 
 
 @dataclass(slots=True)  # not frozen: built per request (see Counter)
@@ -105,13 +108,16 @@ class _Builder:
         if at is None:
             at = self._counter_at[key] = len(self.counters)
             self.counters.append(
-                Counter(key, limit.requests_per_unit, limit.window, hits, shadow, force)
+                Counter(
+                    key, limit.requests_per_unit, limit.window, hits, shadow, force, limit.shape
+                )
             )
             return at
         known = self.counters[at]
         self.counters[at] = Counter(
-            key, known.limit, known.window, known.hits + hits, known.shadow, known.force or force
-        )
+            key, known.limit, known.window, known.hits + hits, known.shadow,
+            known.force or force, known.shape,
+        )  # fmt: skip
         return at
 
     def share(self, share: Share) -> int:
@@ -127,6 +133,14 @@ class _Builder:
         return at
 
 
+def _client_rate(child: Rule) -> float:
+    """A client's limit per second under a cap: its tightest own limit's (inf: unlimited)."""
+    limits = child.limits
+    if not limits or limits[0].unlimited:
+        return math.inf
+    return min(limit.per_second for limit in limits)
+
+
 def _cap_charges(
     builder: _Builder,
     paths: Sequence[str],
@@ -136,36 +150,39 @@ def _cap_charges(
     replaced: set[str],
     force: bool,
 ) -> list[Charge]:
+    """Each fair_share cap above the descriptor, each of its limits a claim of its own."""
     charges: list[Charge] = []
     for depth in range(len(trail) - 1):
-        cap = trail[depth]
-        limit, fair_share = cap.rate_limit, cap.fair_share
-        if fair_share is None or limit is None or limit.name in replaced:
+        cap, fair_share = trail[depth], trail[depth].fair_share
+        if fair_share is None:
             continue
-        key = counter_key(paths[depth], limit.window)
-        child_limit = trail[depth + 1].rate_limit
-        per_client = (
-            math.inf
-            if child_limit is None or child_limit.unlimited
-            else child_limit.per_second * limit.window
-        )
+        rate = _client_rate(trail[depth + 1])
         client = descriptor.entries[depth + 1][1]
-        share = Share(
-            key,
-            client,
-            limit.requests_per_unit,
-            limit.window,
-            per_client,
-            fair_share.weight(client),
-            hits,
-            cap.shadow_mode,
-            fair_share.active_clients,
-            builder.counter(key, limit, hits, cap.shadow_mode, force),
-            force,
-        )
-        counter = share.total
-        charges.append(Charge(counter, builder.share(share), limit, cap))
+        for limit in cap.limits:
+            if limit.name in replaced:
+                continue
+            key = counter_key(paths[depth], limit.window)
+            share = Share(
+                key,
+                client,
+                limit.requests_per_unit,
+                limit.window,
+                rate * limit.window,
+                fair_share.weight(client),
+                hits,
+                cap.shadow_mode,
+                fair_share.active_clients,
+                builder.counter(key, limit, hits, cap.shadow_mode, force),
+                force,
+            )
+            charges.append(Charge(share.total, builder.share(share), limit, cap))
     return charges
+
+
+def _forced(limit: RateLimit, default: bool) -> bool:
+    """Whether ``limit`` is charged when the request is refused (its own word, or ``default``)."""
+    said = limit.charge_when_over_limit
+    return default if said is None else said
 
 
 def _descriptor_plan(
@@ -181,24 +198,25 @@ def _descriptor_plan(
     if limit is not None and limit.unlimited:
         return DescriptorPlan(rule, (), unlimited=True, match=match)
     charges: list[Charge] = []
-    charged = limit is not None and limit.name not in replaced
+    own = (limit,) if descriptor.limit is not None or rule is None else rule.limits
+    charged = [lim for lim in own if lim is not None and lim.name not in replaced]
     if not charged and (match is None or len(match.trail) < 2):
         return DescriptorPlan(rule, (), match=match)  # nothing to charge: no key to build
     shared = match.shared if match is not None and descriptor.limit is None else ()
     paths = key_paths(request.domain, descriptor.entries, shared)
     hits = request.hits_for(descriptor)
-    said = None if limit is None else limit.charge_when_over_limit
     # The config-wide default is upstream's semantics for configs that cannot say otherwise;
     # a descriptor under a fair_share cap is fairlimit's own, and a refused request there
     # consumes nothing unless its rule says so (a cap charged by refusals is not shared).
     under_cap = match is not None and any(r.fair_share is not None for r in match.trail[:-1])
-    force = limit is not None and (charge_over and not under_cap if said is None else said)
-    if charged:
-        assert limit is not None
-        shadow = rule is not None and rule.shadow_mode and descriptor.limit is None
-        key = counter_key(paths[-1], limit.window)
-        counter = builder.counter(key, limit, hits, shadow, force)
-        charges.append(Charge(counter, None, limit, rule))
+    force = limit is not None and _forced(limit, charge_over and not under_cap)
+    shadow = rule is not None and rule.shadow_mode and descriptor.limit is None
+    for each in charged:
+        key = counter_key(paths[-1], each.window, each.shape)
+        counter = builder.counter(
+            key, each, hits, shadow, _forced(each, charge_over and not under_cap)
+        )
+        charges.append(Charge(counter, None, each, rule))
     if match is not None:
         trail = match.trail
         charges.extend(_cap_charges(builder, paths, descriptor, hits, trail, replaced, force))
@@ -212,9 +230,10 @@ def plan(request: Request, matcher: Matcher) -> Plan:
     matches = [matcher.match(request.domain, d.entries) for d in request.descriptors]
     replaced: set[str] = set()
     for descriptor, match in zip(request.descriptors, matches, strict=True):
-        limit = descriptor.limit or (match.rule.rate_limit if match else None)
-        if limit is not None and limit.replaces:
-            replaced.update(limit.replaces)
+        own = (descriptor.limit,) if descriptor.limit or not match else match.rule.limits
+        for limit in own:
+            if limit is not None and limit.replaces:
+                replaced.update(limit.replaces)
     builder = _Builder()
     charge_over = matcher.config.charge_over_limit
     plans = tuple(

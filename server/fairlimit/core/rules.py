@@ -6,7 +6,7 @@ from pathlib import PurePath
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from fairlimit.core.units import Unit
+from fairlimit.core.units import Algorithm, Shape, Unit
 
 if TYPE_CHECKING:
     # validation classifies these rules, so it imports this module: a type-only import
@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class RateLimit:
-    """``requests_per_unit`` hits per ``unit`` window (or unlimited).
+    """``requests_per_unit`` hits per window (or unlimited): ``unit``'s, or ``seconds`` long
+    when given (a multiple of a unit or a duration; ``unit`` is then the nearest, for Envoy's
+    enum). ``shape``: a calendar window or a smooth algorithm (None: upstream's fixed window).
 
     ``window`` (seconds) and ``per_second`` are derived once here: every request reads them,
     and an enum's ``value`` is a descriptor lookup each time.
@@ -31,13 +33,19 @@ class RateLimit:
     # on every level it touches even when the answer is OVER_LIMIT (DESIGN section 4).
     # None: the rule does not say, and the config's ``charge_over_limit`` decides.
     charge_when_over_limit: bool | None = None
+    seconds: int = 0  # 0: the unit's length
+    shape: Shape | None = None
     window: int = field(init=False, repr=False, compare=False)
     per_second: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        window = self.unit.seconds
+        window = self.seconds or self.unit.seconds
         object.__setattr__(self, "window", window)
         object.__setattr__(self, "per_second", self.requests_per_unit / window)
+
+    @property
+    def algorithm(self) -> Algorithm:
+        return Algorithm.FIXED if self.shape is None else self.shape.algorithm
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +98,7 @@ class Rule:
     value: str | None
     path: str
     source: str
-    rate_limit: RateLimit | None = None
+    rate_limit: RateLimit | None = None  # the first of ``limits`` (RLQS uses it alone)
     shadow_mode: bool = False
     detailed_metric: bool = False
     fair_share: FairShare | None = None
@@ -107,6 +115,14 @@ class Rule:
     # fairlimit's: the quota descriptors of one group pass when any of them passes, and
     # every group must pass (None: the implicit group of upstream's quota_mode)
     quota_group: str | None = None
+    more_limits: tuple[RateLimit, ...] = ()  # the rest of ``rate_limits``, after rate_limit
+
+    @property
+    def limits(self) -> tuple[RateLimit, ...]:
+        """Every limit of the node (``rate_limit``, or each of ``rate_limits``)."""
+        if self.rate_limit is None:
+            return ()
+        return (self.rate_limit, *self.more_limits)
 
     @property
     def is_wildcard(self) -> bool:

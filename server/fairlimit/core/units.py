@@ -1,7 +1,10 @@
-"""Time units and epoch-aligned fixed windows, as envoyproxy/ratelimit counts them."""
+"""Time units and windows: epoch-aligned fixed windows as envoyproxy/ratelimit counts them,
+any whole number of seconds, calendar windows in a time zone, and the smooth algorithms."""
 
 import enum
 import math
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta, tzinfo
 
 
 class Unit(enum.Enum):
@@ -24,10 +27,96 @@ class Unit(enum.Enum):
         """The unit named ``text`` (case-insensitive); KeyError when there is none."""
         return cls[text.strip().upper()]
 
+    @classmethod
+    def nearest(cls, seconds: float) -> "Unit":
+        """The unit whose length is nearest ``seconds`` on a log scale (Envoy's enum has no
+        other way to say 30 s or 5 minutes); a tie goes to the shorter."""
+        return min(cls, key=lambda u: (abs(math.log(seconds / u.seconds)), u.seconds))
+
+
+class Algorithm(enum.Enum):
+    """How a limit counts: upstream's fixed window, a sliding window, or GCRA."""
+
+    FIXED = "fixed"
+    SLIDING = "sliding"
+    GCRA = "gcra"
+
+
+# A sliding window is counted in this many sub-windows (store/memory.py, admit.lua).
+SLIDING_PARTS = 20
+CALENDAR_UNITS = (Unit.DAY, Unit.WEEK, Unit.MONTH, Unit.YEAR)
+
+
+@dataclass(frozen=True, slots=True)
+class Calendar:
+    """Civil days, weeks (from Monday), months or years in a time zone (``zone`` is loaded
+    by the config layer: nothing here reads a file)."""
+
+    unit: Unit
+    name: str
+    zone: tzinfo
+
+    def bounds(self, now: float) -> tuple[int, int]:
+        """(start, end) in Unix seconds of the civil period that holds ``now``."""
+        day = datetime.fromtimestamp(math.floor(now), self.zone).date()
+        first, after = self._period(day)
+        return self._at(first), self._at(after)
+
+    def _period(self, day: date) -> tuple[date, date]:
+        if self.unit is Unit.DAY:
+            return day, day + timedelta(days=1)
+        if self.unit is Unit.WEEK:
+            monday = day - timedelta(days=day.weekday())
+            return monday, monday + timedelta(days=7)
+        if self.unit is Unit.MONTH:
+            first = day.replace(day=1)
+            after = date(first.year + first.month // 12, first.month % 12 + 1, 1)
+            return first, after
+        return date(day.year, 1, 1), date(day.year + 1, 1, 1)
+
+    def _at(self, day: date) -> int:
+        """Local midnight of ``day`` in Unix seconds (the earlier one where DST repeats it;
+        where a DST gap skips it, the moment the gap ends)."""
+        midnight = datetime(day.year, day.month, day.day, tzinfo=self.zone)
+        moved = datetime.fromtimestamp(midnight.timestamp(), self.zone)
+        if moved.date() != day:  # skipped by a gap: PEP 495 maps it to before the jump
+            midnight = datetime(day.year, day.month, day.day, tzinfo=self.zone).replace(fold=1)
+        return math.floor(midnight.timestamp())
+
+
+UTC_ZONE: tzinfo = UTC
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A limit that is not a plain epoch-aligned fixed window: calendar windows, or the
+    sliding and GCRA algorithms (``burst``: GCRA's hits beyond the steady pace)."""
+
+    algorithm: Algorithm = Algorithm.FIXED
+    burst: int = 0
+    calendar: Calendar | None = None
+
+    @property
+    def tag(self) -> str:
+        """What a counter key carries after its window (``#60s``, ``#2592000@UTC``), so
+        that no two ways of counting share a key."""
+        if self.calendar is not None:
+            return "@" + self.calendar.name
+        return "s" if self.algorithm is Algorithm.SLIDING else "g"
+
 
 def window_start(window: int, now: float) -> int:
     """Start (Unix seconds) of the window of length ``window`` that holds ``now``."""
     return math.floor(now / window) * window
+
+
+def bounds(window: int, shape: Shape | None, now: float) -> tuple[int, int]:
+    """(start, end) of the fixed window that holds ``now`` (a calendar one, or epoch-aligned
+    of ``window`` seconds)."""
+    if shape is not None and shape.calendar is not None:
+        return shape.calendar.bounds(now)
+    start = window_start(window, now)
+    return start, start + window
 
 
 def seconds_until_reset(window: int, now: float) -> int:
@@ -38,3 +127,9 @@ def seconds_until_reset(window: int, now: float) -> int:
     into the window that just refused it.
     """
     return window - math.floor(now) % window
+
+
+def seconds_until(end: float, now: float) -> int:
+    """Whole seconds from ``now`` until ``end``, as ``seconds_until_reset`` counts them:
+    ``end - floor(now)`` rounded up, at least 1."""
+    return max(1, math.ceil(end - math.floor(now)))

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from fairlimit.core.rules import Config, Domain, RateLimit, Rule, walk
+from fairlimit.core.rules import Config, Domain, Rule, walk
 
 
 class Mode(enum.Enum):
@@ -58,10 +58,12 @@ def rate(per_second: float) -> str:
     return f"{text}/s"
 
 
-def _limit_per_second(limit: RateLimit | None) -> float:
-    if limit is None or limit.unlimited:
+def _limit_per_second(rule: Rule) -> float:
+    """A client's rate under a cap: its tightest limit's (inf: none, or unlimited)."""
+    limits = rule.limits
+    if not limits or limits[0].unlimited:
         return math.inf
-    return limit.per_second
+    return min(limit.per_second for limit in limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +74,9 @@ class _Sum:
 
 
 def _required(cap: Rule, active: int) -> _Sum:
-    explicit = sorted(
-        (_limit_per_second(c.rate_limit) for c in cap.children if c.is_fixed), reverse=True
-    )
+    explicit = sorted((_limit_per_second(c) for c in cap.children if c.is_fixed), reverse=True)
     open_children = [c for c in cap.children if not c.is_fixed]
-    per_client = max((_limit_per_second(c.rate_limit) for c in open_children), default=None)
+    per_client = max((_limit_per_second(c) for c in open_children), default=None)
     if active <= len(explicit):
         total = sum(explicit[:active])
         return _Sum(total, per_client, f"largest {active} of {len(explicit)} named clients")
@@ -95,12 +95,14 @@ def _required(cap: Rule, active: int) -> _Sum:
     )
 
 
-def classify_cap(domain: Domain, cap: Rule) -> Classification:
-    """The classification of one ``fair_share`` cap."""
+def classify_cap(domain: Domain, cap: Rule, index: int = 0) -> Classification:
+    """The classification of one ``fair_share`` cap, by its limit ``index`` (named in the
+    message when the cap has several)."""
     assert cap.fair_share is not None and cap.rate_limit is not None
     active = cap.fair_share.active_clients
-    cap_rate = cap.rate_limit.per_second
+    cap_rate = cap.limits[index].per_second
     needed = _required(cap, active)
+    named = f"rate_limits[{index}]: " if len(cap.limits) > 1 else ""
     figures = (
         f"global cap {rate(cap_rate)} %s sum of per-client limits "
         f"{rate(needed.required)} ({needed.explanation})"
@@ -115,7 +117,7 @@ def classify_cap(domain: Domain, cap: Rule) -> Classification:
         domain.source,
         cap.path,
         mode,
-        message,
+        named + message,
         cap_rate,
         needed.required,
         needed.per_client,
@@ -132,7 +134,8 @@ GLOBAL_BUCKET_MESSAGE = (
 def _classify_domain(domain: Domain) -> Iterator[Classification]:
     for rule, ancestors in walk(domain.rules):
         if rule.fair_share is not None and rule.rate_limit is not None:
-            yield classify_cap(domain, rule)
+            for index in range(len(rule.limits)):
+                yield classify_cap(domain, rule, index)
             continue
         limit = rule.rate_limit
         if limit is None or limit.unlimited:

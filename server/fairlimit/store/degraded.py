@@ -23,7 +23,7 @@ from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.lease import shape
 from fairlimit.core.parts import part, scaled, scaled_claims
 from fairlimit.core.plan import Counter, Plan
-from fairlimit.core.units import window_start
+from fairlimit.core.units import bounds, window_start
 from fairlimit.errors import StoreUnavailable
 from fairlimit.store.base import Store
 from fairlimit.store.deadline import DEADLINE
@@ -87,9 +87,9 @@ def _payment(owed: _Owed, now: float) -> Plan | None:
     due = False
     counters: list[Counter] = []
     for c, (start, hits) in zip(owed.plan.counters, owed.counters, strict=True):
-        hits = hits if start == window_start(c.window, now) else 0
+        hits = hits if start == bounds(c.window, c.shape, now)[0] else 0
         due = due or hits > 0
-        counters.append(Counter(c.key, c.limit, c.window, hits, True, False))
+        counters.append(Counter(c.key, c.limit, c.window, hits, True, False, c.shape))
     shares = []
     for s, (start, hits) in zip(owed.plan.shares, owed.shares, strict=True):
         hits = hits if start == window_start(s.window, now) else 0
@@ -135,10 +135,10 @@ class LocalLimits:
         for c, count in zip(plan.counters, outcome.counts, strict=True):
             if charged or c.force:
                 count += c.hits
-            start = window_start(c.window, now)
+            start, end = bounds(c.window, c.shape, now)
             known = seen.get(c.key)
             if known is None or known[0] < start or (known[0] == start and known[2] < count):
-                seen[c.key] = (start, start + c.window, count)
+                seen[c.key] = (start, end, count)
         if len(seen) > self._seen_prune:
             self._seen = {k: v for k, v in seen.items() if v[1] > now}
             self._seen_prune = max(SEEN_KEPT, 2 * len(self._seen))
@@ -197,7 +197,7 @@ class LocalLimits:
             )
         for at, c in enumerate(plan.counters):
             if admitted or c.force:
-                _add(owed.counters, at, window_start(c.window, now), c.hits)
+                _add(owed.counters, at, bounds(c.window, c.shape, now)[0], c.hits)
         for at, s in enumerate(plan.shares):
             if admitted or s.force:
                 _add(owed.shares, at, window_start(s.window, now), s.hits)

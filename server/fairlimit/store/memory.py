@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from fairlimit.core.admission import Outcome, above, admits, demand_seen
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures, figures_of
-from fairlimit.core.plan import Plan, Share
+from fairlimit.core.plan import Counter, Plan, Share
 from fairlimit.core.reserve import Settle, Settled, levels, own_counter, record_key, settlement
 from fairlimit.core.sharing import (
     FORCES,
@@ -35,7 +35,8 @@ from fairlimit.core.sharing import (
     stale_division,
     verdict,
 )
-from fairlimit.core.units import window_start
+from fairlimit.core.smooth import gcra_charged, gcra_count, part, sliding_full_at
+from fairlimit.core.units import SLIDING_PARTS, Algorithm, bounds, window_start
 from fairlimit.store.reservations import MemoryReservations
 from fairlimit.store.slots import MemorySlots
 
@@ -77,12 +78,53 @@ def _idle(window: int) -> float:
 
 
 class _Counter:
-    __slots__ = ("count", "start", "window")
+    """A fixed window's count (epoch-aligned or a calendar one)."""
 
-    def __init__(self, start: int, window: int) -> None:
+    __slots__ = ("count", "end", "start")
+
+    def __init__(self, start: int, end: int) -> None:
         self.start = start
-        self.window = window
+        self.end = end
         self.count = 0
+
+
+class _Meter:
+    """A sliding window's sub-window counts, or GCRA's theoretical arrival time
+    (core/smooth.py); ``count`` is the count at the last ``look``."""
+
+    __slots__ = ("count", "parts", "tat", "until")
+
+    def __init__(self, sliding: bool) -> None:
+        self.count = 0
+        self.tat = 0.0
+        self.until = 0.0  # when its state counts nothing any more (full_at, after a charge)
+        # per sub-window slot: [index, hits]; SLIDING_PARTS + 1 slots cover a window's parts
+        self.parts = [[-1, 0] for _ in range(SLIDING_PARTS + 1)] if sliding else []
+
+    def look(self, spec: Counter, now: float) -> int:
+        if not self.parts:
+            self.count = gcra_count(spec, self.tat, now)
+            return self.count
+        newest = part(spec, now)
+        self.count = sum(n for i, n in self.parts if newest - SLIDING_PARTS <= i <= newest)
+        return self.count
+
+    def add(self, spec: Counter, hits: int, now: float) -> None:
+        if not self.parts:
+            self.tat = gcra_charged(spec, self.tat, now, hits)
+            return
+        index = part(spec, now)
+        slot = self.parts[index % (SLIDING_PARTS + 1)]
+        if slot[0] != index:
+            slot[0], slot[1] = index, 0
+        slot[1] += hits
+
+    def full_at(self, spec: Counter) -> float:
+        """When nothing charged so far is counted any more (its state may go then)."""
+        if not self.parts:
+            return self.tat
+        newest = max((i for i, n in self.parts if n > 0), default=-1)
+        return 0.0 if newest < 0 else sliding_full_at(spec, newest)
 
 
 class _Cap:
@@ -184,6 +226,15 @@ def _settle_row(row: Row, share: Share, at: float, now: float, hits: int) -> Non
         row.period_asked = max(0.0, row.period_asked + hits)
 
 
+def _charge(counters: Sequence[_Counter | _Meter], plan: Plan, admitted: bool, now: float) -> None:
+    for counter, spec in zip(counters, plan.counters, strict=True):
+        if admitted or spec.force:
+            if isinstance(counter, _Meter):
+                counter.add(spec, spec.hits, now)
+            else:
+                counter.count += spec.hits
+
+
 class MemoryStore:
     """The default backend: state in this process only.
 
@@ -195,8 +246,10 @@ class MemoryStore:
     def __init__(self, seed: Callable[[str, int], int] | None = None) -> None:
         self._seed = seed
         self._counters: dict[str, _Counter] = {}
+        self._meters: dict[str, _Meter] = {}  # sliding and GCRA counters
         self._caps: dict[str, _Cap] = {}
         self._counter_deadlines: list[tuple[float, str]] = []
+        self._meter_deadlines: list[tuple[float, str]] = []
         self._cap_deadlines: list[tuple[float, str]] = []
         self._high = 0  # the most counters held since the table was last compacted
         self._now = 0.0
@@ -208,18 +261,38 @@ class MemoryStore:
 
     def __len__(self) -> int:
         """How many counters and caps are held (for tests and memory accounting)."""
-        return len(self._counters) + len(self._caps)
+        return len(self._counters) + len(self._meters) + len(self._caps)
 
     def _counter(self, key: str, window: int, now: float) -> _Counter:
         start = window_start(window, now)
         counter = self._counters.get(key)
         if counter is None or counter.start != start:
-            counter = _Counter(start, window)
-            if self._seed is not None:
-                counter.count = self._seed(key, start)
-            self._counters[key] = counter
-            heapq.heappush(self._counter_deadlines, (start + window, key))
+            counter = self._fresh(key, start, start + window)
         return counter
+
+    def _fresh(self, key: str, start: int, end: int) -> _Counter:
+        counter = _Counter(start, end)
+        if self._seed is not None:
+            counter.count = self._seed(key, start)
+        self._counters[key] = counter
+        heapq.heappush(self._counter_deadlines, (end, key))
+        return counter
+
+    def _shaped(self, spec: Counter, now: float) -> _Counter | _Meter:
+        """A calendar window's counter, or a sliding or GCRA meter, looked at ``now``."""
+        shape = spec.shape
+        assert shape is not None
+        if shape.algorithm is Algorithm.FIXED:
+            counter = self._counters.get(spec.key)
+            if counter is None or not counter.start <= now < counter.end:
+                counter = self._fresh(spec.key, *bounds(spec.window, shape, now))
+            return counter
+        meter = self._meters.get(spec.key)
+        if meter is None:
+            meter = self._meters[spec.key] = _Meter(shape.algorithm is Algorithm.SLIDING)
+            heapq.heappush(self._meter_deadlines, (now + spec.window, spec.key))
+        meter.look(spec, now)
+        return meter
 
     def _cap(self, share: Share) -> _Cap:
         cap = self._caps.get(share.cap)
@@ -237,8 +310,9 @@ class MemoryStore:
             while deadlines and deadlines[0][0] <= now:
                 _, key = heapq.heappop(deadlines)
                 counter = self._counters.get(key)
-                if counter is not None and counter.start + counter.window <= now:
+                if counter is not None and counter.end <= now:
                     del self._counters[key]
+        self._expire_meters(now)
         caps = self._cap_deadlines
         while caps and caps[0][0] <= now:
             _, key = heapq.heappop(caps)
@@ -250,6 +324,17 @@ class MemoryStore:
                 heapq.heappush(caps, (idle_until, key))
         if len(self._counters) * _SHRINK < self._high:
             self._shrink()
+
+    def _expire_meters(self, now: float) -> None:
+        """Drop the meters whose state counts nothing any more (each has one deadline)."""
+        deadlines = self._meter_deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, key = heapq.heappop(deadlines)
+            meter = self._meters[key]
+            if meter.until <= now:
+                del self._meters[key]
+            else:
+                heapq.heappush(deadlines, (meter.until, key))
 
     def _shrink(self) -> None:
         """Give the memory of a spike of clients back, now that it is all free."""
@@ -268,6 +353,9 @@ class MemoryStore:
     async def admit(self, plan: Plan, now: float) -> Outcome:
         self._expire(now)
         self._now = now
+        shaped = any(c.shape is not None for c in plan.counters)
+        if shaped:
+            return self._admit_shaped(plan, now)
         counters = [self._counter(c.key, c.window, now) for c in plan.counters]
         counts = tuple([c.count for c in counters])
         if not plan.shares:
@@ -277,6 +365,34 @@ class MemoryStore:
                     counter.count += spec.hits
             if admitted and plan.reserve:
                 self._keep(plan, now)
+            return Outcome(admitted, counts, (), ())
+        return self._admit_shared(plan, now, counters, counts)
+
+    def _admit_shaped(self, plan: Plan, now: float) -> Outcome:
+        """A plan with calendar, sliding or GCRA counters: as any, then when each is full."""
+        counters = [
+            self._counter(c.key, c.window, now) if c.shape is None else self._shaped(c, now)
+            for c in plan.counters
+        ]
+        counts = tuple([c.count for c in counters])
+        outcome = self._admit_shared(plan, now, counters, counts)
+        full_at = [0.0] * len(counters)
+        for i, (counter, spec) in enumerate(zip(counters, plan.counters, strict=True)):
+            if isinstance(counter, _Meter):
+                full_at[i] = counter.until = counter.full_at(spec)
+        outcome.full_at = tuple(full_at)
+        return outcome
+
+    def _admit_shared(
+        self,
+        plan: Plan,
+        now: float,
+        counters: Sequence[_Counter | _Meter],
+        counts: tuple[int, ...],
+    ) -> Outcome:
+        if not plan.shares:
+            admitted = admits(plan, counts, (), ())
+            _charge(counters, plan, admitted, now)
             return Outcome(admitted, counts, (), ())
         states = self._claims(plan, now)
         shared = tuple([int(row.admitted) for _, _, row, _ in states])
@@ -298,9 +414,7 @@ class MemoryStore:
                 record(row, share.hits, now)
         # Refused, only the levels of charge_when_over_limit rules are charged (usage that
         # already happened); admitted, every level is.
-        for counter, spec in zip(counters, plan.counters, strict=True):
-            if admitted or spec.force:
-                counter.count += spec.hits
+        _charge(counters, plan, admitted, now)
         for (division, _, row, clock), share, v in zip(states, plan.shares, verdicts, strict=True):
             if admitted or share.force:
                 charge(row, share.hits)

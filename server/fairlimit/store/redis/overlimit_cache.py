@@ -6,6 +6,7 @@ from typing import Protocol
 
 from fairlimit.core.admission import Outcome, counter_over
 from fairlimit.core.plan import Plan
+from fairlimit.core.units import Algorithm
 
 
 class Lifetimes(Protocol):
@@ -74,6 +75,9 @@ class OverLimitCache:
         changes no answer until the window ends, may it be answered here."""
         if any(s.force for s in plan.shares):
             return None
+        if any(c.shape is not None and c.shape.algorithm is not Algorithm.FIXED
+               for c in plan.counters):  # fmt: skip
+            return None  # a sliding or GCRA count falls with time alone
         over = owed = False
         counts: list[int] = []
         for c in plan.counters:

@@ -9,6 +9,7 @@ comment; tests/store/test_redis_script.py checks the two against each other.
 
 import dataclasses
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -18,10 +19,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
-from fairlimit.core import sharing
+from fairlimit.core import sharing, smooth, units
 from fairlimit.core.admission import above, below
 from fairlimit.core.fairshare import figures_of
-from fairlimit.core.plan import Plan, Share
+from fairlimit.core.plan import Counter, Plan, Share
 from fairlimit.core.sharing import DIVISION_FIELDS, ROW_FIELDS, WHOLE_FIELDS, Clock, Division, Row
 from fairlimit.store.redis.keys import SlotGroup
 
@@ -47,7 +48,7 @@ ADMIT = Layout(
     "admit",
     cap_keys=("meta", "rows", "lock"),
     head=("now", "may_lock", "lock_ms", "consumer", "want"),
-    counter=("limit", "window", "hits", "shadow", "force"),
+    counter=("limit", "window", "hits", "shadow", "force", "kind", "extra"),
     cap=(*_CAP_FIELDS, "given_epoch", "given_division", *FIGURES),
     share=(
         *("cap_index", "client", "limit", "weight", "hits", "shadow", "sized"),
@@ -58,7 +59,7 @@ RELEASE = Layout(
     "release",
     cap_keys=("rows",),
     head=("now", "demand"),
-    counter=("window", "hits"),
+    counter=("window", "hits", "kind", "extra"),
     cap=("period", "window"),
     share=("cap_index", "client", "hits"),
 )
@@ -86,6 +87,8 @@ def contract() -> str:
     so the two sides cannot drift apart)."""
     constants = ("ALPHA", "STALE", "SPLIT", "FORCES", "AMORTISE", "LEAD", "BURST", "EPSILON")
     lines = [f"local {name} = {_lua(getattr(sharing, name))}" for name in constants]
+    lines.append(f"local SLIDING_PARTS = {units.SLIDING_PARTS}")
+    lines.append(f"local SMOOTH_EPSILON = {smooth.EPSILON!r}")
     lines.append("local ROW = {" + ", ".join(_lua(f) for f in ROW_FIELDS) + "}")
     lines.append(f"local ROW_FIELD = {_table(ROW_FIELDS)}")
     lines.append("local DIVISION = {" + ", ".join(_lua(f) for f in DIVISION_FIELDS) + "}")
@@ -140,6 +143,29 @@ class GivenDivision:
 _NO_DIVISION = GivenDivision("", "", ("",) * len(FIGURES))
 
 
+def _kind(c: Counter, around: float) -> tuple[str, str]:
+    """(kind, extra) of a counter for admit.lua and release.lua: "" a fixed window; "c" a
+    calendar one with the boundaries of the window before, this one and the one after
+    ``around`` (the script picks by its own clock); "s" sliding; "g" GCRA with its burst
+    (admit) and interval (release)."""
+    shape = c.shape
+    if shape is None:
+        return "", ""
+    if shape.calendar is not None:
+        start, end = shape.calendar.bounds(around)
+        before, after = shape.calendar.bounds(start - 1)[0], shape.calendar.bounds(end)[1]
+        return "c", f"{before},{start},{end},{after}"
+    if shape.algorithm is units.Algorithm.SLIDING:
+        return "s", ""
+    return "g", str(shape.burst)
+
+
+def _around(now: str) -> float:
+    """The caller's clock, or this host's while Redis TIME decides (calendar boundaries
+    are passed around it)."""
+    return float(now) if now else time.time()
+
+
 def _indexes(positions: Sequence[int], of: Sequence[int]) -> str:
     """The 1-based positions in ``of`` of the plan indexes ``positions`` (those present)."""
     return ",".join(str(of.index(i) + 1) for i in positions if i in of)
@@ -156,9 +182,10 @@ def admit_args(
     """ARGV of admit.lua (ADMIT); ``now`` "" = Redis TIME, ``lock`` = (may lock, lock ms),
     ``lease`` = (consumer, hits of the block it asks for; 0 = none)."""
     args: list[str | int] = [now, int(lock[0]), lock[1], lease[0], lease[1], len(g.counters)]
+    around = _around(now) if any(plan.counters[i].shape for i in g.counters) else 0.0
     for i in g.counters:
         c = plan.counters[i]
-        args += [c.limit, c.window, c.hits, int(c.shadow), int(c.force)]
+        args += [c.limit, c.window, c.hits, int(c.shadow), int(c.force), *_kind(c, around)]
     args.append(len(g.caps))
     for cap, i in zip(g.caps, g.cap_share, strict=True):
         s = plan.shares[i]
@@ -186,7 +213,10 @@ def release_args(plan: Plan, g: SlotGroup, now: str, block: int | None = None) -
     args: list[str | int] = [now, int(block is not None), len(g.counters)]
     for i in g.counters:
         c = plan.counters[i]
-        args += [c.window, block if block is not None else 0 if c.force else c.hits]
+        kind, extra = _kind(c, float(now))
+        if kind == "g":
+            extra = "0" if c.limit == 0 else repr(smooth.interval(c))
+        args += [c.window, block if block is not None else 0 if c.force else c.hits, kind, extra]
     args.append(len(g.caps))
     for i in g.cap_share:
         s = plan.shares[i]
@@ -281,6 +311,10 @@ class Seen:
     block: int = 0  # hits reserved as a lease block (core/lease.py)
     # per share: the client's want, when a lease block was asked for (else empty)
     wanted: list[float] = dataclasses.field(default_factory=list)
+    # per counter: when a sliding or GCRA one is full again (0 for the others), after the
+    # call and, for a charge another slot group's refusal takes back, before it
+    full_at: list[float] = dataclasses.field(default_factory=list)
+    full_before: list[float] = dataclasses.field(default_factory=list)
 
 
 def seen(reply: Sequence[Any]) -> Seen:
@@ -293,4 +327,6 @@ def seen(reply: Sequence[Any]) -> Seen:
         [int(x) - 1 for x in reply[5]],
         int(reply[6]),
         [float(x) for x in reply[7]],
+        [float(x) for x in reply[8]],
+        [float(x) for x in reply[9]],
     )

@@ -36,7 +36,7 @@ from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.plan import Plan
 from fairlimit.core.reserve import Settle, Settled, own_counter
 from fairlimit.core.sharing import DIVISION_FIELDS
-from fairlimit.core.units import window_start
+from fairlimit.core.units import Algorithm, bounds
 from fairlimit.errors import StoreUnavailable
 from fairlimit.store import deadline
 from fairlimit.store.redis import reservations, script
@@ -75,18 +75,25 @@ def _combine(
     plan: Plan, groups: Sequence[SlotGroup], seen: Sequence[Seen], admitted: bool
 ) -> _Combined:
     n, k = len(plan.counters), len(plan.shares)
-    counts, counter_left = [0] * n, [0.0] * n
-    shared, bounds = [0] * k, [0.0] * k
+    counts, counter_left, full_at = [0] * n, [0.0] * n, [0.0] * n
+    shared, claimed = [0] * k, [0.0] * k
     rolled: list[str] = []
     for g, s in zip(groups, seen, strict=True):
         for pos, i in enumerate(g.counters):
-            w = plan.counters[i].window
-            counts[i], counter_left[i] = s.counts[pos], window_start(w, s.now) + w - s.now
+            c = plan.counters[i]
+            counts[i] = s.counts[pos]
+            # a charge is taken back (release.lua) when another group refused the request
+            full_at[i] = (s.full_at if admitted or c.force else s.full_before)[pos]
+            # a sliding or GCRA count falls with time alone: the over-limit cache keeps none
+            if c.shape is None or c.shape.algorithm is Algorithm.FIXED:
+                counter_left[i] = bounds(c.window, c.shape, s.now)[1] - s.now
         for pos, i in enumerate(g.shares):
-            shared[i], bounds[i] = s.shared[pos], s.bounds[pos]
+            shared[i], claimed[i] = s.shared[pos], s.bounds[pos]
         rolled.extend(g.cap_keys[j]["meta"] for j in s.rolled)
     clock = seen[0].now if seen else None  # Redis TIME: resets agree across replicas
-    outcome = Outcome(admitted, tuple(counts), tuple(shared), tuple(bounds), clock)
+    outcome = Outcome(admitted, tuple(counts), tuple(shared), tuple(claimed), clock)
+    if any(c.shape is not None for c in plan.counters):
+        outcome.full_at = tuple(full_at)
     return _Combined(outcome, counter_left, rolled)
 
 

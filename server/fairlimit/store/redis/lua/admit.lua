@@ -8,13 +8,14 @@
 -- KEYS  per counter: counter
 -- KEYS  per cap: meta rows lock
 -- ARGV  head: now may_lock lock_ms consumer want
--- ARGV  per counter: limit window hits shadow force
+-- ARGV  per counter: limit window hits shadow force kind extra
 -- ARGV  per cap: period window capacity declared cap total given_epoch given_division f_u f_a f_l f_j f_t f_s
 -- ARGV  per share: cap_index client limit weight hits shadow sized below_counters below_shares force parent nested
 -- KEYS are the counter keys, then each cap's keys; ARGV is the head, then for counters,
 -- caps and shares in turn: their number, then that many rows.
 --
--- counter  hash: s = window start, n = count in that window
+-- counter  hash: s = window start, n = count in that window (kind "" or "c"); for
+--          kind "s" p<k> = "<index>:<hits>" of sub-window slot k; for kind "g" t = its tat
 -- meta     hash: the division (DIVISION names its fields), cap, declared and the last
 --          period's fairness figures f_*
 -- rows     hash: per client the fields of core/sharing.Row as <field>:<client> (ROW)
@@ -34,10 +35,15 @@
 -- request, core/sharing.want), none at a cap not sized for its clients that holds a client
 -- back or has no history yet; the reserved hits count as the client's demand at the cap too (release.lua
 -- with demand = 1 gives back what is not used).
--- Returns {1 | 0, now, counts, admitted, bounds, rolled, block, wanted} (1 = charged,
+-- kind: "" an epoch-aligned fixed window of window seconds; "c" a calendar window, extra
+-- its boundaries around the caller's now, "," separated (this call picks the window that
+-- holds its own now); "s" a sliding window of SLIDING_PARTS sub-windows; "g" GCRA, extra
+-- its burst (core/smooth.py states both). A block is never reserved at "s" or "g".
+-- Returns {1 | 0, now, counts, admitted, bounds, rolled, block, wanted, full} (1 = charged,
 --       0 = nothing charged; bounds and wanted as strings; rolled = indexes of caps whose
 --       division this call wrote; block = the hits reserved, 0 = none; wanted = each
---       share's want, only when a block was asked for), or
+--       share's want, only when a block was asked for; full and was = per counter when it
+--       is full again after this call and before it, for kinds "s" and "g", else "0"), or
 --       {2, now, {cap index, epoch, rows as a flat hash, asker, extra, closing}...} when
 --       this call won the lock of a cap whose division is due (asker "") or that a request
 --       found newly contended (asker = its client, extra = its hits); closing is λ of the
@@ -49,7 +55,7 @@
 -- Every key written gets a TTL. Floats cross the boundary as %.17g strings, so Lua and
 -- Python see the same doubles; every formula below is core/sharing.py's, in its order.
 
-local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 5, 14, 12, 3
+local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 7, 14, 12, 3
 
 -- A key outlives its window by a second; with the caller's clock (tests, simulations) TTLs
 -- still run on Redis's own clock, so a slow run must not see a window's counter expire
@@ -84,12 +90,24 @@ local now = clock(ARGV[1])  -- clock.lua
 
 local a = 6
 local counters, caps, shares = {}, {}, {}
+-- The calendar window of the boundaries given that holds now (the last one if none does).
+local function calendar(extra)
+  local b = list(extra)
+  for k = 1, #b - 1 do
+    if now < tonumber(b[k + 1]) then return tonumber(b[k]), tonumber(b[k + 1]) end
+  end
+  return tonumber(b[#b - 1]), tonumber(b[#b])
+end
+
 for i = 1, tonumber(ARGV[a]) do
-  local w = tonumber(ARGV[a + 2])
+  local w, kind = tonumber(ARGV[a + 2]), ARGV[a + 6]
   local start = math.floor(now / w) * w
+  local finish = start + w
+  if kind == 'c' then start, finish = calendar(ARGV[a + 7]) end
   counters[i] = {key = KEYS[i], limit = tonumber(ARGV[a + 1]), hits = tonumber(ARGV[a + 3]),
     shadow = ARGV[a + 4] == '1', force = ARGV[a + 5] == '1', ws = whole(start),
-    ttl = (start + w - now) * 1000 + SLACK_MS}
+    ttl = (finish - now) * 1000 + SLACK_MS, window = w, kind = kind,
+    meter = kind == 's' or kind == 'g', burst = tonumber(ARGV[a + 7]) or 0}
   a = a + COUNTER_ARGS
 end
 a = a + 1
@@ -439,6 +457,65 @@ local function verdict(row, d, s, capacity, total)
   return paced(share + row.credit, row, d, s, capacity, total), share + row.credit, HELD
 end
 
+-- --- sliding windows and GCRA (core/smooth.py) ---------------------------------------------
+
+local function part_of(c)
+  return math.floor(now * SLIDING_PARTS / c.window)
+end
+
+-- The count of a sliding window or a GCRA bucket (c.state keeps what was read).
+local function meter_count(c)
+  if c.kind == 'g' then
+    c.tat = tonumber(redis.call('HGET', c.key, 't') or '0')
+    if c.limit == 0 then return 0 end
+    local used = math.max(0, c.tat - now) / (c.window / c.limit)
+    return c.limit - (c.burst + 1) + math.ceil(used - SMOOTH_EPSILON)
+  end
+  local fields = {}
+  for k = 0, SLIDING_PARTS do fields[k + 1] = 'p' .. k end
+  local held = redis.call('HMGET', c.key, unpack(fields))
+  local newest, total = part_of(c), 0
+  c.parts = {}
+  for k = 0, SLIDING_PARTS do
+    local index, hits = -1, 0
+    if held[k + 1] then
+      local colon = string.find(held[k + 1], ':', 1, true)
+      index = tonumber(string.sub(held[k + 1], 1, colon - 1))
+      hits = tonumber(string.sub(held[k + 1], colon + 1))
+    end
+    c.parts[k] = {index, hits}
+    if newest - SLIDING_PARTS <= index and index <= newest then total = total + hits end
+  end
+  return total
+end
+
+-- Charge hits to a meter; then c.full is when it counts nothing any more.
+local function meter_charge(c, hits)
+  if c.kind == 'g' then
+    if c.limit ~= 0 and hits ~= 0 then
+      c.tat = math.max(c.tat, now) + hits * (c.window / c.limit)
+      redis.call('HSET', c.key, 't', fmt(c.tat))
+    end
+    return
+  end
+  local index = part_of(c)
+  local k = index % (SLIDING_PARTS + 1)
+  local slot = c.parts[k]
+  if slot[1] ~= index then slot[1], slot[2] = index, 0 end
+  slot[2] = slot[2] + hits
+  redis.call('HSET', c.key, 'p' .. k, whole(index) .. ':' .. whole(slot[2]))
+end
+
+local function meter_full(c)
+  if c.kind == 'g' then return c.tat end
+  local newest = -1
+  for k = 0, SLIDING_PARTS do
+    if c.parts[k][2] > 0 and c.parts[k][1] > newest then newest = c.parts[k][1] end
+  end
+  if newest < 0 then return 0 end
+  return (newest + SLIDING_PARTS + 1) * c.window / SLIDING_PARTS
+end
+
 -- --- the decision ---------------------------------------------------------------------------
 
 local need = {}
@@ -474,11 +551,17 @@ for _, s in ipairs(shares) do
 end
 
 local admitted = true
-local counts, shared, bounds, rolled, wanted = {}, {}, {}, {}, {}
+local counts, shared, bounds, rolled, wanted, was = {}, {}, {}, {}, {}, {}
 for i, c in ipairs(counters) do
-  local held = redis.call('HMGET', c.key, 's', 'n')
-  c.current = held[1] == c.ws
-  counts[i] = c.current and tonumber(held[2]) or 0
+  if c.meter then
+    counts[i] = meter_count(c)
+    was[i] = fmt(meter_full(c))
+  else
+    was[i] = '0'
+    local held = redis.call('HMGET', c.key, 's', 'n')
+    c.current = held[1] == c.ws
+    counts[i] = c.current and tonumber(held[2]) or 0
+  end
   c.over = not c.shadow and counts[i] + math.max(c.hits, 1) > c.limit
   if c.over then admitted = false end
 end
@@ -518,6 +601,9 @@ end
 local block = 0
 if admitted and want_block > 0 then
   block = want_block
+  for _, c in ipairs(counters) do
+    if c.meter then block = 0 end  -- a sliding or GCRA count moves with time alone
+  end
   for i, c in ipairs(counters) do
     local holders = 1
     if c.current then
@@ -543,15 +629,26 @@ if admitted and want_block > 0 then
 end
 
 -- Refused, only the levels of charge_when_over_limit rules are charged; admitted, all.
-for _, c in ipairs(counters) do
+local full = {}
+for i, c in ipairs(counters) do
   local add = c.hits + block
-  if add ~= 0 and (admitted or c.force) then
+  if c.meter then
+    if add ~= 0 and (admitted or c.force) then meter_charge(c, add) end
+    local at = meter_full(c)
+    full[i] = fmt(at)
+    if at > now then
+      redis.call('PEXPIRE', c.key, math.ceil((at - now) * 1000 + SLACK_MS))
+    end
+  elseif add ~= 0 and (admitted or c.force) then
+    full[i] = '0'
     if c.current then
       redis.call('HINCRBY', c.key, 'n', add)
     else
       redis.call('HSET', c.key, 's', c.ws, 'n', add)
       redis.call('PEXPIRE', c.key, math.ceil(c.ttl))
     end
+  else
+    full[i] = '0'
   end
   if block > 0 then redis.call('HSET', c.key, holder, c.ws) end
 end
@@ -581,4 +678,4 @@ if admitted then
       tonumber(r.ttl) + SLACK_MS)
   end
 end
-return {admitted and 1 or 0, fmt(now), counts, shared, bounds, rolled, block, wanted}
+return {admitted and 1 or 0, fmt(now), counts, shared, bounds, rolled, block, wanted, full, was}

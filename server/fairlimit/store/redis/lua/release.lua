@@ -6,7 +6,7 @@
 -- KEYS  per counter: counter
 -- KEYS  per cap: rows
 -- ARGV  head: now demand
--- ARGV  per counter: window hits
+-- ARGV  per counter: window hits kind extra
 -- ARGV  per cap: period window
 -- ARGV  per share: cap_index client hits
 -- KEYS are the counter keys, then each cap's keys; ARGV is the head, then for counters,
@@ -18,9 +18,12 @@
 -- client's part in the division stays as admit.lua left it. A refused reservation's
 -- demand was real and stays (demand = "0"); a lease block's unused hits were counted as
 -- demand when reserved and are taken out of it too (demand = "1").
+-- kind and extra as admit.lua's, but a GCRA counter's extra is its interval (seconds a hit
+-- takes to come back): its tat moves back by hits x interval; a sliding window's hits come
+-- off the sub-window of now.
 -- Returns 1.
 
-local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 2, 2, 3, 1
+local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 4, 2, 3, 1
 
 local function whole(x)
   return string.format('%.0f', x)
@@ -39,9 +42,38 @@ local now = tonumber(ARGV[1])
 local demand = ARGV[2] == '1'
 local a = 3
 local n = tonumber(ARGV[a])
+-- The start of the window that holds now: epoch-aligned, or of the calendar boundaries.
+local function start_of(w, kind, extra)
+  if kind ~= 'c' then return math.floor(now / w) * w end
+  local b, at = {}, tonumber(string.match(extra, '^[^,]+'))
+  for x in string.gmatch(extra, '[^,]+') do table.insert(b, tonumber(x)) end
+  for k = 1, #b - 1 do
+    if now >= b[k] and now < b[k + 1] then at = b[k] end
+  end
+  return at
+end
+
+local function unmeter(key, w, hits, kind, extra)
+  if kind == 'g' then
+    local tat = redis.call('HGET', key, 't')
+    if tat then redis.call('HSET', key, 't', fmt(tonumber(tat) - hits * tonumber(extra))) end
+    return
+  end
+  local index = math.floor(now * SLIDING_PARTS / w)
+  local field = 'p' .. (index % (SLIDING_PARTS + 1))
+  local held = redis.call('HGET', key, field)
+  if held and string.sub(held, 1, string.find(held, ':', 1, true) - 1) == whole(index) then
+    local n = tonumber(string.sub(held, string.find(held, ':', 1, true) + 1))
+    redis.call('HSET', key, field, whole(index) .. ':' .. whole(n - hits))
+  end
+end
+
 for i = 1, n do
   local w, hits = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  if hits ~= 0 and redis.call('HGET', KEYS[i], 's') == whole(math.floor(now / w) * w) then
+  local kind, extra = ARGV[a + 3], ARGV[a + 4]
+  if hits ~= 0 and (kind == 's' or kind == 'g') then
+    unmeter(KEYS[i], w, hits, kind, extra)
+  elseif hits ~= 0 and redis.call('HGET', KEYS[i], 's') == whole(start_of(w, kind, extra)) then
     redis.call('HINCRBY', KEYS[i], 'n', -hits)
   end
   a = a + COUNTER_ARGS
