@@ -15,7 +15,7 @@ from fairlimit.core.plan import plan
 from fairlimit.core.rules import RateLimit, Rule
 from fairlimit.core.units import Unit
 from fairlimit.grpc_api.convert import response_to_proto
-from fairlimit.grpc_api.extras import ResponseOptions, add_extras
+from fairlimit.grpc_api.headers import ResponseOptions, add_extras
 from fairlimit.limiter import Decision
 from fairlimit.settings import Settings
 from fairness_cases import flat_config

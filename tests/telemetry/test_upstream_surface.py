@@ -14,7 +14,7 @@ from fairlimit.config.loader import load
 from fairlimit.core.rules import Loaded
 from fairlimit.core.upstream import labels, stat_key
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
-from fairlimit.grpc_api.extras import ResponseOptions, add_extras
+from fairlimit.grpc_api.headers import ResponseOptions, add_extras
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.limiter import Limiter
 from fairlimit.settings import Settings

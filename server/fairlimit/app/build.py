@@ -9,8 +9,8 @@ from fairlimit.config.source import Apply, ConfigSource, Reject
 from fairlimit.config.watch import ConfigWatcher
 from fairlimit.core.rules import Loaded
 from fairlimit.errors import SettingsError
-from fairlimit.grpc_api.extras import ResponseOptions
 from fairlimit.grpc_api.guards import Budgets
+from fairlimit.grpc_api.headers import ResponseOptions
 from fairlimit.grpc_api.servicer import GrpcServer
 from fairlimit.grpc_api.tls import TlsFiles
 from fairlimit.grpc_api.xds import XdsConfigSource

@@ -6,7 +6,7 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.core.request import Request
 from fairlimit.errors import RequestError
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
-from fairlimit.grpc_api.extras import ResponseOptions, add_extras
+from fairlimit.grpc_api.headers import ResponseOptions, add_extras
 from fairlimit.limiter import Decision
 
 

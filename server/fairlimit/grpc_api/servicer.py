@@ -15,7 +15,7 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.grpc_api import guards
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
-from fairlimit.grpc_api.extras import ResponseOptions, add_extras
+from fairlimit.grpc_api.headers import ResponseOptions, add_extras
 from fairlimit.grpc_api.rlqs import RLQS_SERVICE, QuotaServicer
 from fairlimit.grpc_api.tls import TlsFiles
 from fairlimit.limiter import Limiter, Prepared
