@@ -19,6 +19,7 @@ from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Charge, Plan, plan
 from fairlimit.core.request import Request
 from fairlimit.core.rules import Loaded
+from fairlimit.core.units import Algorithm, Shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,22 @@ class Level:
     limit: int
     window: int
     hits: int  # counter hits per hit of the request (two descriptors may charge it)
+    shape: Shape | None = None  # calendar windows, sliding or GCRA (None: a fixed window)
+    index: int | None = None  # which of the rule's rate_limits (None: the rule has one)
+
+    @property
+    def name(self) -> str:
+        """The rule's path, and ``rate_limits[i]`` when the rule has several limits."""
+        return self.rule if self.index is None else f"{self.rule} rate_limits[{self.index}]"
+
+    @property
+    def algorithm(self) -> Algorithm:
+        return Algorithm.FIXED if self.shape is None else self.shape.algorithm
+
+    @property
+    def bound(self) -> int:
+        """The most one window (sliding, GCRA: any span of one window) may admit."""
+        return self.limit + (self.shape.burst if self.shape is not None else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +87,22 @@ def _rule_of(charge: Charge, key: str) -> str:
     return charge.rule.path if charge.rule is not None else key_path(key)
 
 
+def _limit_of(charge: Charge) -> int | None:
+    """Which of its rule's ``rate_limits`` the charge is (None: the rule has one limit)."""
+    limits = charge.rule.limits if charge.rule is not None else ()
+    return limits.index(charge.limit) if len(limits) > 1 and charge.limit in limits else None
+
+
 def _levels(request_plan: Plan) -> tuple[Level, ...]:
     out: dict[str, Level] = {}
     for descriptor in request_plan.descriptors:
         for charge in descriptor.charges:
             counter = request_plan.counters[charge.counter]
             rule = _rule_of(charge, counter.key)
-            out[counter.key] = Level(counter.key, rule, counter.limit, counter.window, counter.hits)
+            out[counter.key] = Level(
+                counter.key, rule, counter.limit, counter.window, counter.hits,
+                counter.shape, _limit_of(charge),
+            )  # fmt: skip
     return tuple(out.values())
 
 

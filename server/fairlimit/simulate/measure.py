@@ -41,6 +41,21 @@ class Tally:
             self.per_second[second] += hits
 
 
+def busiest_span(hits: Mapping[int, int], ticks: int, tick: float) -> tuple[int, float]:
+    """The most ``hits`` (per tick index) within any ``ticks`` consecutive ticks, and the
+    first tick of such a span in seconds (0 when nothing was admitted)."""
+    at = sorted(hits)
+    best, start, total, low = 0, 0, 0, 0
+    for high in at:
+        total += hits[high]
+        while at[low] <= high - ticks:
+            total -= hits[at[low]]
+            low += 1
+        if total > best:
+            best, start = total, at[low]
+    return best, start * tick
+
+
 def client_result(client: Client, tally: Tally, seconds: int) -> ClientResult:
     return ClientResult(
         client.name,
@@ -66,6 +81,7 @@ class Meter:
         root = [lv for lv in tree.levels[0] if lv.key == tree.root] if tree.root else []
         self.window = root[0].window if root else 1
         self.counters: Counter[tuple[str, int]] = Counter()  # (key, window index) -> hits
+        self.ticks: dict[str, Counter[int]] = defaultdict(Counter)  # key -> tick -> hits
         self.offered: dict[int, Counter[int]] = defaultdict(Counter)  # root window -> client
         self.admitted: dict[int, Counter[int]] = defaultdict(Counter)
         self.levels: tuple[float | None, ...] = ()  # λ at the root cap, end of each second
@@ -75,38 +91,54 @@ class Meter:
 
     def admit(self, t: float, client: int, hits: int) -> None:
         """``hits`` admitted for ``client`` at scenario time ``t`` (a tick's start)."""
+        tick = round(t / self.scenario.tick)
         for level in self.tree.levels[client]:
             self.counters[(level.key, math.floor(t / level.window + EPSILON))] += hits * level.hits
+            self.ticks[level.key][tick] += hits * level.hits
         self.admitted[math.floor(t / self.window + EPSILON)][client] += hits
 
     def level(self, value: float | None) -> None:
         self.levels = (*self.levels, value)
 
+    def span(self, key: str, window: int) -> tuple[int, float]:
+        """The most hits ``key`` admitted in any span of ``window`` seconds, wherever it
+        starts (at the ticks' resolution), and when the first such span starts."""
+        return busiest_span(self.ticks.get(key, {}), round(window / self.scenario.tick),
+                            self.scenario.tick)  # fmt: skip
+
     def checks(self, root: str | None, modes: Mapping[str, str]) -> tuple[CapCheck, ...]:
-        """Per rule charged (the root's first), its worst window of any instance."""
-        by_rule: dict[str, list[str]] = {}
+        """Per limit charged (the root's first), its worst window and span of any instance."""
+        by_limit: dict[str, list[str]] = {}
         info: dict[str, Level] = {}
         for per_client in self.tree.levels:
             for lv in per_client:
-                keys = by_rule.setdefault(lv.rule, [])
+                keys = by_limit.setdefault(lv.name, [])
                 if lv.key not in keys:
                     keys.append(lv.key)
-                info.setdefault(lv.rule, lv)
+                info.setdefault(lv.name, lv)
         worst: dict[str, int] = defaultdict(int)
         for (key, _), hits in self.counters.items():
             worst[key] = max(worst[key], hits)
-        rules = sorted(by_rule, key=lambda r: (root not in by_rule[r], len(r)))
-        return tuple(
-            CapCheck(
-                rule,
-                modes.get(rule),
-                info[rule].limit,
-                info[rule].window,
-                max(worst[k] for k in by_rule[rule]),
-                len(by_rule[rule]),
+        names = sorted(by_limit, key=lambda r: (root not in by_limit[r], len(r)))
+        out = []
+        for name in names:
+            lv = info[name]
+            span, start = max((self.span(k, lv.window) for k in by_limit[name]), key=lambda x: x[0])
+            out.append(
+                CapCheck(
+                    name,
+                    modes.get(lv.rule),
+                    lv.limit,
+                    lv.window,
+                    max(worst[k] for k in by_limit[name]),
+                    len(by_limit[name]),
+                    lv.algorithm.value,
+                    lv.bound - lv.limit,
+                    span,
+                    start,
+                )
             )
-            for rule in rules
-        )
+        return tuple(out)
 
     def windows(self) -> tuple[WindowResult, ...]:
         """Each window of the root limit: demand, achievable and admitted, λ at its end."""

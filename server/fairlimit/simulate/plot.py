@@ -4,7 +4,9 @@ One panel per config, on the same axes: the hits admitted, stacked by group of i
 clients (one band each), against the cap and λ. For a per-second cap the y axis is hits per
 second; for a longer window it is the hits admitted so far in the current window, so the
 stack climbs to the cap and starts again at each window: how a burst at second 0 or a late
-arrival shares a minute shows at a glance.
+arrival shares a minute shows at a glance. When a config's shared limit is ``sliding`` or
+``gcra``, every panel draws instead the hits admitted in the last window's length, so a
+fixed window's two limits across an edge show beside the smooth ones.
 """
 
 import importlib
@@ -28,12 +30,14 @@ def plotting() -> Any:
         raise ModuleNotFoundError(PLOT_HINT) from exc
 
 
-def bands(config: ConfigResult, window: int) -> dict[str, list[float]]:
-    """Per group (in order of first client), the hits to draw at each second's end."""
+def bands(config: ConfigResult, window: int, trailing: bool = False) -> dict[str, list[float]]:
+    """Per group (in order of first client), the hits to draw at each second's end: so far
+    in the window, or (``trailing``) in the last ``window`` seconds."""
     out: dict[str, list[float]] = {}
     for client in config.clients:
         name = client.group or client.name
-        series = list(_so_far(client.per_second, window))
+        per_second = client.per_second
+        series = _in_last(per_second, window) if trailing else _so_far(per_second, window)
         if name in out:
             out[name] = [a + b for a, b in zip(out[name], series, strict=True)]
         else:
@@ -46,6 +50,15 @@ def _so_far(per_second: Sequence[int], window: int) -> list[float]:
     out, total = [], 0.0
     for second, hits in enumerate(per_second):
         total = hits if second % window == 0 else total + hits
+        out.append(total)
+    return out
+
+
+def _in_last(per_second: Sequence[int], window: int) -> list[float]:
+    """Per second: admitted in the ``window`` seconds that end with it."""
+    out, total = [], 0.0
+    for second, hits in enumerate(per_second):
+        total += hits - (per_second[second - window] if second >= window else 0)
         out.append(total)
     return out
 
@@ -67,14 +80,24 @@ def _title(config: ConfigResult) -> str:
     achievable = sum(w.achievable for w in measured)
     used = sum(w.admitted for w in measured) / achievable if achievable else 1.0
     verdict = "EXCEEDED" if any(c.exceeded for c in config.levels) else "never exceeded"
+    if cap.smooth:
+        return (
+            f"{config.label}: {cap.path} ({cap.algorithm})  |  "
+            f"max {cap.max_in_span}/{cap.bound} in any {cap.window} s, caps {verdict}"
+        )
+    edge = (
+        f", {cap.max_in_span} in some {cap.window} s" if cap.max_in_span > cap.max_admitted else ""
+    )
     return (
         f"{config.label}: {cap.path}  |  utilisation {used:.2f} of achievable  |  "
-        f"max {cap.max_admitted}/{cap.limit} per window, caps {verdict}"
+        f"max {cap.max_admitted}/{cap.limit} per window{edge}, caps {verdict}"
     )
 
 
-def _panel(ax: Any, config: ConfigResult, window: int, labels: dict[str, str]) -> None:
-    series = bands(config, window)
+def _panel(
+    ax: Any, config: ConfigResult, window: int, labels: dict[str, str], trailing: bool
+) -> None:
+    series = bands(config, window, trailing)
     seconds = len(next(iter(series.values()), []))
     x = [s + 1 for s in range(seconds)]  # drawn at the end of each second
     colours = [f"C{i % 10}" for i in range(len(series))]
@@ -88,6 +111,9 @@ def _panel(ax: Any, config: ConfigResult, window: int, labels: dict[str, str]) -
     )
     if config.cap is not None:
         ax.axhline(config.cap.limit, color="black", linestyle="--", linewidth=1.2, label="cap")
+        if config.cap.burst:
+            ax.axhline(config.cap.bound, color="black", linestyle="-.", linewidth=1,
+                       label="cap + gcra burst")  # fmt: skip
     levels = [
         math.nan if v is None or math.isinf(v) else v for v in config.levels_per_second[:seconds]
     ]
@@ -111,10 +137,15 @@ def plot(result: Result, out: str | Path) -> None:
     caps = [c.cap for c in result.configs if c.cap is not None]
     window = caps[0].window if caps else 1
     labels = _labels(result)
+    trailing = window > 1 and any(c.smooth for c in caps)
+    unit = UNITS.get(window, f"{window} s")
+    if window == 1:
+        ylabel = "admitted per second"
+    else:
+        ylabel = f"admitted in the last {window} s" if trailing else f"admitted so far this {unit}"
     for ax, config in zip(axes[:, 0], result.configs, strict=True):
-        _panel(ax, config, window, labels)
-        unit = UNITS.get(window, f"{window} s")
-        ax.set_ylabel("admitted per second" if window == 1 else f"admitted so far this {unit}")
+        _panel(ax, config, window, labels, trailing)
+        ax.set_ylabel(ylabel)
     axes[-1, 0].set_xlabel("scenario time (s)")
     figure.suptitle(f"fairlimit simulate: {result.summary.name}", fontsize="large")
     shown: dict[str, Any] = {}

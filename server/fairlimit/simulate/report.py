@@ -32,18 +32,36 @@ class ClientResult:
 
 @dataclass(frozen=True, slots=True)
 class CapCheck:
-    """The limit every client shares, and the most it admitted in any one of its windows."""
+    """A limit the clients were charged at: the most it admitted in any one of its windows,
+    and in any span of one window's length wherever it starts (``span_start`` seconds in).
 
-    path: str
+    A fixed window holds the limit and a span across its edge up to twice that; under
+    ``sliding`` no span holds more than the limit, under ``gcra`` the limit + ``burst``.
+    """
+
+    path: str  # the rule's, with rate_limits[i] when it has several limits
     mode: str | None  # the loader's classification of the rule, when it has one
     limit: int
     window: int
     max_admitted: int
     instances: int = 1  # counters of this rule the clients were charged at
+    algorithm: str = "fixed"
+    burst: int = 0
+    max_in_span: int = 0
+    span_start: float = 0.0
+
+    @property
+    def bound(self) -> int:
+        return self.limit + self.burst
+
+    @property
+    def smooth(self) -> bool:
+        return self.algorithm != "fixed"
 
     @property
     def exceeded(self) -> bool:
-        return self.max_admitted > self.limit
+        """More than the limit in a window, or, for a smooth algorithm, in any span."""
+        return (self.max_in_span if self.smooth else self.max_admitted) > self.bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,18 +164,34 @@ def _window(seconds: int) -> str:
     return names.get(seconds, f"{seconds}-s")
 
 
+def _share(count: int, cap: CapCheck) -> str:
+    return f" ({count / cap.limit:.0%})" if cap.limit else ""
+
+
+def _span(cap: CapCheck) -> str:
+    """The busiest span of one window, when it says more than the windows do."""
+    most = f"{cap.max_in_span}{_share(cap.max_in_span, cap)}"
+    if cap.smooth:
+        return f"; in any {cap.window:g} s at most {most}"
+    if cap.max_in_span <= cap.max_admitted:
+        return ""
+    return f"; across a window's edge {most} in the {cap.window:g} s from {cap.span_start:g} s"
+
+
 def _cap_line(cap: CapCheck, root: bool) -> str:
     verdict = "EXCEEDED" if cap.exceeded else "never exceeded"
-    share = f" ({cap.max_admitted / cap.limit:.0%})" if cap.limit else ""
+    how = f" {cap.algorithm}" if cap.smooth else ""
+    how += f" + burst {cap.burst}" if cap.burst else ""
+    most = f"at most {cap.max_admitted}{_share(cap.max_admitted, cap)}"
     if root:
         return (
-            f"cap {cap.limit} per {_window(cap.window)} window: "
-            f"at most {cap.max_admitted}{share} admitted in one, {verdict}"
+            f"cap {cap.limit}{how} per {_window(cap.window)} window: "
+            f"{most} admitted in one{_span(cap)}, {verdict}"
         )
     many = f" x{cap.instances}" if cap.instances > 1 else ""
     return (
-        f"  level {cap.path}{many}: {cap.limit} per {_window(cap.window)}, "
-        f"at most {cap.max_admitted}{share}, {verdict}"
+        f"  level {cap.path}{many}: {cap.limit}{how} per {_window(cap.window)}, "
+        f"{most}{_span(cap)}, {verdict}"
     )
 
 
@@ -289,6 +323,12 @@ def text(result: Result) -> str:
         lines += [
             _cap_line(c, i == 0 and config.cap is not None) for i, c in enumerate(config.levels)
         ]
+        if config.cap is not None and config.cap.smooth:
+            lines.append(
+                f"(utilisation and fairness are measured in fixed windows: "
+                f"not for a {config.cap.algorithm} limit)"
+            )
+            continue
         utilisation = _utilisation_line(config)
         if utilisation is not None:
             lines.append(utilisation)
@@ -324,6 +364,10 @@ def _check_json(cap: CapCheck) -> dict[str, Any]:
         "counters": cap.instances,
         "max_admitted_in_a_window": cap.max_admitted,
         "max_admitted_over_limit": cap.max_admitted / cap.limit if cap.limit else None,
+        "algorithm": cap.algorithm,
+        "burst": cap.burst,
+        "max_admitted_in_a_span": cap.max_in_span,
+        "busiest_span_start": cap.span_start,
         "exceeded": cap.exceeded,
     }
 

@@ -239,9 +239,9 @@ class Run:
         )
         modes = {c.path: c.mode.value for c in self.limiter.loaded.classifications}
         checks = self.meter.checks(self.tree.root, modes)
-        cap, figures = None, None
-        if self.shared is not None:
-            cap = checks[0]
+        cap = checks[0] if self.shared is not None else None
+        figures = None
+        if self.shared is not None and not checks[0].smooth:  # measured in fixed windows
             span = self.scenario.steady[1] - self.scenario.steady[0]
             figures = self.shared.figures(
                 [t.steady_attempted / span for t in self.tallies],
