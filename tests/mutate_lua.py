@@ -61,6 +61,7 @@ COPIED = ("server", "tests", "descriptors", "examples", "pyproject.toml")
 # script: its mutants run every script's tests.
 _RATES = (
     "tests/store/test_redis_script.py",
+    "tests/limiter/test_limits.py",
     "tests/store/test_redis.py",
     "tests/store/test_redis_lease.py",
     "tests/core/test_admission.py",
@@ -248,7 +249,7 @@ class Workspace:
                 shutil.copytree(source, self.root / name, ignore=ignore, symlinks=True)
             else:
                 shutil.copy2(source, self.root / name)
-        sys.path.insert(0, str(ROOT / "tests"))
+        sys.path.insert(0, str(ROOT / "tests" / "support"))
         from redis_servers import RedisProcess
 
         self._redis = RedisProcess(self.root / "redis-check").start()

@@ -5,7 +5,11 @@ configuration from drifting silently away from the layout it mutates and the tes
 """
 
 import fnmatch
+import os
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +23,12 @@ pytestmark = pytest.mark.unit
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 MUTMUT: dict[str, Any] = PYPROJECT["tool"]["mutmut"]
 SCRIPT = (ROOT / "tests" / "mutate.sh").read_text()
+
+
+def mutate_lua_scripts() -> list[str]:
+    import mutate_lua
+
+    return list(mutate_lua.scripts())
 
 
 def _server_path(path: str) -> str:
@@ -106,6 +116,27 @@ class TestTheLuaRunner:
                 assert (ROOT / name).is_file(), (script, name)
         for test in mutate_lua.DESELECT:
             assert (ROOT / test.split("::")[0]).is_file(), test
+
+    @pytest.mark.process
+    def test_its_work_folder_starts_and_goes_away(self) -> None:
+        """Run as `python tests/mutate_lua.py`, the runner finds the suite's Redis helpers
+        in tests/support (their move once stopped every run before its first mutant),
+        copies what the tests read, and leaves nothing behind."""
+        from redis_servers import require_redis
+
+        require_redis()
+        program = (
+            "import runpy, sys; sys.argv = ['tests/mutate_lua.py'];"
+            "lua = runpy.run_path('tests/mutate_lua.py', run_name='mutate_lua');"
+            "w = lua['Workspace'](); print(w.root, sorted(w.texts)); w.close()"
+        )
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        root, scripts = done.stdout.split(" ", 1)
+        assert scripts.strip() == str(sorted(mutate_lua_scripts()))
+        assert not Path(root).exists()
 
     def test_mutants_leave_comments_strings_and_unary_minus_alone(self) -> None:
         import mutate_lua
