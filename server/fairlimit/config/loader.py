@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from fairlimit.config.limits import node_limits
+from fairlimit.config.source import ALLOW, empty_problems
 from fairlimit.config.yaml_text import (
     Plain,
     as_bool,
@@ -33,7 +34,6 @@ from fairlimit.core.rules import (
     RateLimit,
     Reservation,
     Rule,
-    walk,
 )
 from fairlimit.core.validation import classify
 from fairlimit.errors import ConfigError, ConfigUnreadable, ConfigWarningError
@@ -55,7 +55,6 @@ CAP_SHAPE = (
     "fair_share caps count fixed windows: its limits cannot be sliding, gcra or calendar "
     "(the clients' limits below may)"
 )
-_ALLOW = "a config without limits turns the limiter off; --allow-empty-config accepts it"
 
 
 class Problems:
@@ -468,20 +467,11 @@ def _empty(paths: Sequence[str | Path], config: Config, ignore_dotfiles: bool) -
     holds no descriptor file (a ConfigMap whose key or ``..data`` link went), or not one
     rate or concurrency limit in the whole set."""
     lines = [
-        f"{path}: (directory): no descriptor files (*.yaml, *.yml): {_ALLOW}"
+        f"{path}: (directory): no descriptor files (*.yaml, *.yml): {ALLOW}"
         for path in map(Path, paths)
         if path.is_dir() and not config_files([path], ignore_dotfiles=ignore_dotfiles)
     ]
-    limits = [
-        rule
-        for domain in config.domains.values()
-        for rule, _ in walk(domain.rules)
-        if (rule.rate_limit is not None and not rule.rate_limit.unlimited) or rule.concurrency
-    ]
-    if not limits and not lines:
-        where = ", ".join(str(p) for p in paths)
-        lines.append(f"{where}: (config): no rate limit in any domain: {_ALLOW}")
-    return lines
+    return lines or empty_problems(config, ", ".join(str(p) for p in paths))
 
 
 def load(
