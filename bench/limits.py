@@ -2,8 +2,8 @@
 (fixed per-second, sliding per-minute, GCRA with a burst), plain and under a fair_share cap,
 on memory and on Redis, beside the ceilings measured in the same run (bench/limits.yaml).
 
-    python bench/limits.py               # about 2 minutes on 2 cores
-    python bench/limits.py --quick       # a smoke test, about 30 s
+    python bench/limits.py               # about 1.5 minutes on 2 cores
+    python bench/limits.py --quick       # a smoke test, 15-20 s
     python bench/limits.py --skip grpc   # in-process only (no h2load needed)
 
 In-process, through the Limiter, no gRPC; the rules take turns for PASSES passes and the

@@ -1,6 +1,6 @@
 """fairlimit's benchmark: one command, every figure of issue 7, side by side on this machine.
 
-    python bench/run.py            # about 5-8 minutes on 2 cores
+    python bench/run.py            # about 6-9 minutes on 2 cores
     python bench/run.py --quick    # shorter runs, 100k instead of 1M clients (a smoke test)
 
 Targets, all on 127.0.0.1 and started here: (a) a no-op grpc.aio RLS server (the ceiling),
@@ -8,7 +8,9 @@ Targets, all on 127.0.0.1 and started here: (a) a no-op grpc.aio RLS server (the
 --workers 2; then Envoy (examples/envoy/envoy.yaml) alone and in front of fairlimit.
 Load: h2load (Debian nghttp2-client, installed here where missing) for one hot client, and
 bench/loadgen.py for many distinct clients. In-process: per-request cost against the number
-of live clients, memory per client and after expiry, the λ recompute time.
+of live clients, memory per client and after expiry, the λ recompute time. Then
+bench/limits.py: a rule of 1 limit beside one of 3, in-process and over gRPC beside its
+own no-op (``--skip limits`` leaves it out).
 Prints a table and writes bench/results/bench-<time>.json.
 """
 
