@@ -156,6 +156,91 @@ def _inproc_rows(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+LIMIT_RULES = (
+    ("unlimited", "0 limits (unlimited rule)"),
+    ("limits-1", "1 limit"),
+    ("limits-3", "3 limits"),
+    ("capped-1", "1 limit under a cap"),
+    ("capped-3", "3 limits under a cap"),
+)
+
+
+def _per_extra(rows: dict[str, Any], key: str, fmt: str) -> str:
+    """What each limit past the first adds, plain and under a cap: (3 limits - 1) / 2."""
+    parts = []
+    for one, three in (("limits-1", "limits-3"), ("capped-1", "capped-3")):
+        if one in rows and three in rows:
+            parts.append(format((rows[three][key] - rows[one][key]) / 2, "+" + fmt))
+    return " / ".join(parts)
+
+
+def limits_rows(results: dict[str, Any]) -> list[str]:
+    """bench/limits.py's figures: several limits on one rule, beside the ceilings."""
+    lim = results.get("limits", results)
+    memory, redis, grpc = lim.get("memory"), lim.get("redis"), lim.get("grpc")
+    lines: list[str] = []
+    if memory or redis:
+        lines.append(f"several limits on one rule, in-process, µs per request (best of "
+                     f"{lim['passes']} passes of {lim['memory_size']} on memory, "
+                     f"{lim['redis_size']} on Redis, one request in flight)")  # fmt: skip
+        lines.append(f"{'rule':<28}{'memory':>8}{'Redis wall':>12}{'CPU here':>10}"
+                     f"{'in Redis':>10}{'calls/req':>11}{'cmds/req':>10}")  # fmt: skip
+        lines.append("-" * 89)
+        nothing = (redis or {}).get("script-return-1")
+        if nothing:
+            lines.append(f"{'script `return 1` (ceiling)':<28}{'-':>8}{nothing['wall_us']:>12.1f}"
+                         f"{nothing['cpu_us']:>10.1f}{nothing['redis_us']:>10.1f}"
+                         f"{nothing['script_calls_per_request']:>11.3f}"
+                         f"{nothing['commands_per_request']:>10.2f}")  # fmt: skip
+        for route, label in LIMIT_RULES:
+            m = (memory or {}).get(route)
+            r = (redis or {}).get(route)
+            mem = f"{m['us_per_request']:.2f}" if m else "-"
+            if r:
+                rest = (f"{r['wall_us']:>12.1f}{r['cpu_us']:>10.1f}{r['redis_us']:>10.1f}"
+                        f"{r['script_calls_per_request']:>11.3f}"
+                        f"{r['commands_per_request']:>10.2f}")  # fmt: skip
+            else:
+                rest = ""
+            lines.append(f"{label:<28}{mem:>8}{rest}")
+        extra = [f"memory {_per_extra(memory, 'us_per_request', '.2f')} µs"] if memory else []
+        if redis:
+            extra += [f"Redis wall {_per_extra(redis, 'wall_us', '.1f')} µs",
+                      f"CPU here {_per_extra(redis, 'cpu_us', '.1f')} µs",
+                      f"in Redis {_per_extra(redis, 'redis_us', '.1f')} µs",
+                      f"script calls {_per_extra(redis, 'script_calls_per_request', '.3f')}",
+                      f"commands {_per_extra(redis, 'commands_per_request', '.2f')}"]  # fmt: skip
+        lines.append("each limit past the first (plain / under a cap): " + ", ".join(extra))
+        refused = [f"{part} {route}: {row['not_admitted']}"
+                   for part in ("memory", "redis") for route, row in (lim.get(part) or {}).items()
+                   if row.get("not_admitted")]  # fmt: skip
+        if refused:
+            lines.append("NOT ADMITTED (refused or failure mode): " + "; ".join(refused))
+    if grpc:
+        base = grpc.get("noop", {}).get("rps")
+        lines.append("")
+        lines.append("several limits on one rule, gRPC (h2load, 1 hot client, 16 connections "
+                     "x 2 streams), CPU µs per request of the target, of redis-server")  # fmt: skip
+        lines.append(f"{'target':<34}{'req/s':>7}"
+                     f"{'p50 ms':>8}{'p99 ms':>8}{'vs no-op':>9}{'CPU µs/req':>11}"
+                     f"{'Redis CPU':>10}{'calls/req':>10}{'cmds/req':>9}")  # fmt: skip
+        lines.append("-" * 106)
+        for label, row in grpc.items():
+            shown = "no-op grpc.aio (ceiling)" if label == "noop" else f"fairlimit {label}"
+            on_redis = ""
+            if "redis_cpu_us" in row:
+                on_redis = (f"{row['redis_cpu_us']:>10.1f}{row['script_calls_per_request']:>10.3f}"
+                            f"{row['commands_per_request']:>9.2f}")  # fmt: skip
+            lines.append(f"{shown:<34}{row['rps']:>7.0f}{_ms(row['p50_ms']):>8}"
+                         f"{_ms(row['p99_ms']):>8}{_ratio(row['rps'], base):>9}"
+                         f"{row['cpu_us']:>11.1f}{on_redis}")  # fmt: skip
+        rounds = "; ".join(f"{label} {row['rounds_rps']}" for label, row in grpc.items())
+        lines.append(f"req/s of each round (the median round is shown; CPU: the least "
+                     f"round): {rounds}")  # fmt: skip
+    lines += [f"note: {n}" for n in lim.get("notes", [])]
+    return lines
+
+
 def table(results: dict[str, Any]) -> str:
     machine = results.get("machine", {})
     model = next((s for s in machine.get("lscpu", []) if s.startswith("Model name")), "")
@@ -172,6 +257,8 @@ def table(results: dict[str, Any]) -> str:
         _envoy_rows(results),
         [""],
         _inproc_rows(results),
+        [""],
+        limits_rows(results) if "limits" in results else [],
         [""] + [f"note: {n}" for n in results.get("notes", [])],
     ]
     return "\n".join(line for part in parts for line in part).rstrip()

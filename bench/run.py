@@ -1,6 +1,6 @@
 """fairlimit's benchmark: one command, every figure of issue 7, side by side on this machine.
 
-    python bench/run.py            # about 5-8 minutes on 2 cores
+    python bench/run.py            # about 6-9 minutes on 2 cores
     python bench/run.py --quick    # shorter runs, 100k instead of 1M clients (a smoke test)
 
 Targets, all on 127.0.0.1 and started here: (a) a no-op grpc.aio RLS server (the ceiling),
@@ -8,7 +8,9 @@ Targets, all on 127.0.0.1 and started here: (a) a no-op grpc.aio RLS server (the
 --workers 2; then Envoy (examples/envoy/envoy.yaml) alone and in front of fairlimit.
 Load: h2load (Debian nghttp2-client, installed here where missing) for one hot client, and
 bench/loadgen.py for many distinct clients. In-process: per-request cost against the number
-of live clients, memory per client and after expiry, the λ recompute time.
+of live clients, memory per client and after expiry, the λ recompute time. Then
+bench/limits.py: a rule of 1 limit beside one of 3, in-process and over gRPC beside its
+own no-op (``--skip limits`` leaves it out).
 Prints a table and writes bench/results/bench-<time>.json.
 """
 
@@ -26,6 +28,7 @@ from typing import Any
 import envoy_run
 import h2load
 import inproc
+import limits
 import procs
 import report
 import wire
@@ -310,6 +313,13 @@ class Bench:
         print(f"== in-process: {steps[-1]} clients on memory", file=sys.stderr)
         self.results["clients"] = inproc.clients_run(steps)
 
+    def several_limits(self, redis_binary: str | None) -> None:
+        """bench/limits.py: a rule of 1 limit and of 3, on memory and Redis, in-process
+        and over gRPC beside its own no-op (processes of its own, started and stopped)."""
+        self.results["limits"] = limits.measure(
+            self.workdir, redis_binary, quick=self.args.quick, seconds=self.args.seconds
+        )
+
 
 def _cpu_times() -> list[int]:
     """The machine's CPU time counters (/proc/stat): user nice system idle iowait irq
@@ -354,7 +364,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, help="length of each load run (default 5)")
     parser.add_argument("--many", type=int, default=10_000, help="distinct clients (loadgen)")
     parser.add_argument("--skip", action="append", default=[],
-                        choices=["inproc", "grpc", "envoy"], help="leave a part out")  # fmt: skip
+                        choices=["inproc", "grpc", "envoy", "limits"],
+                        help="leave a part out")  # fmt: skip
     args = parser.parse_args()
     args.seconds = args.seconds or (2.0 if args.quick else 4.0)
     if procs.ensure_debian_package("h2load", "nghttp2-client") is None:
@@ -373,6 +384,8 @@ def main() -> int:
             bench.envoy()
         if "inproc" not in args.skip:
             bench.in_process()
+        if "limits" not in args.skip:
+            bench.several_limits(redis_binary)
     bench.results["seconds"] = round(time.monotonic() - started, 1)
     bench.results["machine"]["cpu_during_run"] = _busy_and_steal(cpu, _cpu_times())
     bench.results["machine"]["loadavg_after"] = os.getloadavg()
