@@ -409,6 +409,16 @@ descriptors:
 """
 
 
+METER_CONFIG = """
+domain: edge
+descriptors:
+  - key: client_id
+    rate_limits:
+      - {unit: minute, requests_per_unit: 100, algorithm: sliding}
+      - {duration: 10s, requests_per_unit: 5, algorithm: gcra, burst: 4}
+"""
+
+
 async def _take(limiter: Limiter, client: str, rid: str) -> bool:
     """One request in the concurrency pool (an acquire); True when admitted."""
     request = req("edge", desc("route=pool", f"client_id={client}", f"request_id={rid}"))
@@ -492,6 +502,41 @@ class TestKeys:
             expected[key] = 1000 if key[key.index("}") + 1] == "w" else 301_000
         assert {k: t for k, t in ttls.items() if k in expected} == {
             k: pytest.approx(t - elapsed / 2, abs=elapsed / 2 + 2) for k, t in expected.items()
+        }
+
+    @pytest.mark.parametrize("clock", ["caller", "redis"])
+    async def test_a_sliding_or_gcra_key_lives_until_it_counts_nothing(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, tmp_path: Path,
+        clock: str,
+    ) -> None:  # fmt: skip
+        """A sliding window's key is kept until its newest sub-window has left the count
+        ((part + 21) x window / 20), a GCRA bucket's until it is full again (its theoretical
+        arrival time), each with the script's slack; nothing of either outlives that."""
+        from fairlimit.core.units import SLIDING_PARTS
+
+        loaded = load_text(tmp_path, METER_CONFIG)
+        store = await redis_store_factory(clock=clock)
+        slack = 60_000 if clock == "caller" else 1000
+        try:
+            request = plan_of(Matcher(loaded.config), desc("client_id=a", hits=3))
+            outcome = await store.admit(request, T0 + 0.5)
+            assert outcome.admitted and outcome.now is not None
+            now = outcome.now
+            started = time.monotonic()
+            with redis_server.client() as client:
+                ttls = {key: client.pttl(key) for key in client.scan_iter("*")}
+            elapsed = int((time.monotonic() - started) * 1000) + 1
+        finally:
+            await store.close()
+        sliding, gcra = (next(k for k in ttls if tag in k) for tag in ("#60s", "#10g"))
+        part = math.floor(now * SLIDING_PARTS / 60)
+        kept = {  # seconds after now
+            sliding: (part + SLIDING_PARTS + 1) * 60 / SLIDING_PARTS - now,
+            gcra: 3 * 10 / 5,  # 3 hits of a 5-per-10-s bucket: 6 s until it is full
+        }
+        assert {k: ttls[k] for k in kept} == {
+            k: pytest.approx(math.ceil(v * 1000 + slack) - elapsed / 2, abs=elapsed / 2 + 2)
+            for k, v in kept.items()
         }
 
     async def test_slots_given_back_or_expired_leave_no_state(
