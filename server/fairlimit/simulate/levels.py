@@ -19,6 +19,7 @@ from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Charge, Plan, plan
 from fairlimit.core.request import Request
 from fairlimit.core.rules import Loaded
+from fairlimit.core.units import Shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,8 @@ class Level:
     limit: int
     window: int
     hits: int  # counter hits per hit of the request (two descriptors may charge it)
+    index: int | None = None  # which of the rule's limits (None: a descriptor's own limit)
+    shape: Shape | None = None  # calendar, sliding or gcra (None: a fixed window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +73,20 @@ def _rule_of(charge: Charge, key: str) -> str:
     return charge.rule.path if charge.rule is not None else key_path(key)
 
 
+def _index(charge: Charge) -> int | None:
+    """Which of its rule's limits ``charge`` counts (None: the descriptor's own limit)."""
+    limits = charge.rule.limits if charge.rule is not None else ()
+    return next((i for i, limit in enumerate(limits) if limit is charge.limit), None)
+
+
 def _levels(request_plan: Plan) -> tuple[Level, ...]:
     out: dict[str, Level] = {}
     for descriptor in request_plan.descriptors:
         for charge in descriptor.charges:
             counter = request_plan.counters[charge.counter]
             rule = _rule_of(charge, counter.key)
-            out[counter.key] = Level(counter.key, rule, counter.limit, counter.window, counter.hits)
+            out[counter.key] = Level(counter.key, rule, counter.limit, counter.window,
+                                     counter.hits, _index(charge), counter.shape)  # fmt: skip
     return tuple(out.values())
 
 

@@ -82,30 +82,34 @@ class Meter:
     def level(self, value: float | None) -> None:
         self.levels = (*self.levels, value)
 
-    def checks(self, root: str | None, modes: Mapping[str, str]) -> tuple[CapCheck, ...]:
-        """Per rule charged (the root's first), its worst window of any instance."""
-        by_rule: dict[str, list[str]] = {}
-        info: dict[str, Level] = {}
+    def checks(
+        self, root: str | None, modes: Mapping[tuple[str, int | None], str]
+    ) -> tuple[CapCheck, ...]:
+        """Per limit of each rule charged (the root's first), its worst window of any
+        instance; ``modes`` by (rule, limit index), a rule's whole verdict under None."""
+        by_limit: dict[tuple[str, int | None], list[str]] = {}
+        info: dict[tuple[str, int | None], Level] = {}
         for per_client in self.tree.levels:
             for lv in per_client:
-                keys = by_rule.setdefault(lv.rule, [])
+                keys = by_limit.setdefault((lv.rule, lv.index), [])
                 if lv.key not in keys:
                     keys.append(lv.key)
-                info.setdefault(lv.rule, lv)
+                info.setdefault((lv.rule, lv.index), lv)
         worst: dict[str, int] = defaultdict(int)
         for (key, _), hits in self.counters.items():
             worst[key] = max(worst[key], hits)
-        rules = sorted(by_rule, key=lambda r: (root not in by_rule[r], len(r)))
+        order = sorted(by_limit, key=lambda r: (root not in by_limit[r], len(r[0]), r[1] or 0))
         return tuple(
             CapCheck(
                 rule,
-                modes.get(rule),
-                info[rule].limit,
-                info[rule].window,
-                max(worst[k] for k in by_rule[rule]),
-                len(by_rule[rule]),
+                modes.get((rule, index), modes.get((rule, None))),
+                info[rule, index].limit,
+                info[rule, index].window,
+                max(worst[k] for k in by_limit[rule, index]),
+                len(by_limit[rule, index]),
+                info[rule, index].shape,
             )
-            for rule in rules
+            for rule, index in order
         )
 
     def windows(self) -> tuple[WindowResult, ...]:

@@ -11,6 +11,7 @@ from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import plan
 from fairlimit.core.request import Request
 from fairlimit.core.rules import Loaded
+from fairlimit.core.units import Algorithm, Shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +41,18 @@ class CapCheck:
     window: int
     max_admitted: int
     instances: int = 1  # counters of this rule the clients were charged at
+    shape: Shape | None = None  # calendar, sliding or gcra (None: a fixed window)
+
+    @property
+    def bound(self) -> int:
+        """The most one window may admit: the limit, and a gcra limit's burst besides
+        (docs/semantics.md, "Windows and algorithms")."""
+        gcra = self.shape is not None and self.shape.algorithm is Algorithm.GCRA
+        return self.limit + (self.shape.burst if self.shape is not None and gcra else 0)
 
     @property
     def exceeded(self) -> bool:
-        return self.max_admitted > self.limit
+        return self.max_admitted > self.bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,17 +155,29 @@ def _window(seconds: int) -> str:
     return names.get(seconds, f"{seconds}-s")
 
 
+def _per(cap: CapCheck) -> str:
+    """A level's window and how it counts: ``1-s``, ``300-s (sliding)``, ``1-min (gcra,
+    burst 20)``, ``calendar month in Europe/Berlin``."""
+    shape = cap.shape
+    if shape is not None and shape.calendar is not None:
+        return f"calendar {shape.calendar.unit.name.lower()} in {shape.calendar.name}"
+    if shape is None or shape.algorithm is Algorithm.FIXED:
+        return _window(cap.window)
+    burst = f", burst {shape.burst}" if shape.algorithm is Algorithm.GCRA else ""
+    return f"{_window(cap.window)} ({shape.algorithm.value}{burst})"
+
+
 def _cap_line(cap: CapCheck, root: bool) -> str:
     verdict = "EXCEEDED" if cap.exceeded else "never exceeded"
     share = f" ({cap.max_admitted / cap.limit:.0%})" if cap.limit else ""
     if root:
         return (
-            f"cap {cap.limit} per {_window(cap.window)} window: "
+            f"cap {cap.limit} per {_per(cap)} window: "
             f"at most {cap.max_admitted}{share} admitted in one, {verdict}"
         )
     many = f" x{cap.instances}" if cap.instances > 1 else ""
     return (
-        f"  level {cap.path}{many}: {cap.limit} per {_window(cap.window)}, "
+        f"  level {cap.path}{many}: {cap.limit} per {_per(cap)}, "
         f"at most {cap.max_admitted}{share}, {verdict}"
     )
 
@@ -316,11 +337,15 @@ def _number(value: float | None) -> float | str | None:
 
 
 def _check_json(cap: CapCheck) -> dict[str, Any]:
+    shape = cap.shape
     return {
         "path": cap.path,
         "mode": cap.mode,
         "limit": cap.limit,
         "window_seconds": cap.window,
+        "algorithm": (Algorithm.FIXED if shape is None else shape.algorithm).value,
+        **({"burst": shape.burst} if shape and shape.algorithm is Algorithm.GCRA else {}),
+        **({"calendar": shape.calendar.name} if shape and shape.calendar else {}),
         "counters": cap.instances,
         "max_admitted_in_a_window": cap.max_admitted,
         "max_admitted_over_limit": cap.max_admitted / cap.limit if cap.limit else None,
