@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 
 from fairlimit import __version__
 from fairlimit.config.loader import load
-from fairlimit.core.rules import Loaded
+from fairlimit.core.describe import has_plain_limits, limit_fields, limit_words
+from fairlimit.core.rules import Loaded, RateLimit, Rule, walk
+from fairlimit.core.validation import Classification
 from fairlimit.errors import ConfigError, ConfigUnreadable, SettingsError, UnsupportedBackend
 
 if TYPE_CHECKING:
@@ -255,7 +257,19 @@ def _serve_settings(settings: "Settings", worker: int = 0) -> int:
         sdk.shutdown()
 
 
+def _judged(loaded: Loaded) -> dict[str, Rule]:
+    """Every rule by path, to find the rule a verdict is about."""
+    return {r.path: r for d in loaded.config.domains.values() for r, _ in walk(d.rules)}
+
+
+def _limits_judged(c: Classification, rule: Rule) -> list[RateLimit]:
+    """The limits of ``rule`` its verdict ``c`` is about: a cap's, the one it classifies (a
+    cap is classified once per limit); a global bucket's, every limit it counts."""
+    return list(rule.limits) if c.limit is None else [rule.limits[c.limit]]
+
+
 def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
+    rules = _judged(loaded)
     caps = [
         {
             "file": c.source,
@@ -268,6 +282,7 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
             "required_per_second": c.required_per_second,
             "per_client_per_second": c.per_client_per_second,
             "active_clients": c.active_clients,
+            "limits": [limit_fields(limit) for limit in _limits_judged(c, rules[c.path])],
         }
         for c in loaded.classifications
     ]
@@ -353,11 +368,17 @@ _EXPLAINED = {
 
 def _check_text(loaded: Loaded, strict: bool) -> None:
     levels = []
-    for c in (*loaded.classifications, *loaded.concurrency):
+    rules = _judged(loaded)
+    judged = [(c, rules.get(c.path)) for c in loaded.classifications]
+    for c, rule in [*judged, *((c, None) for c in loaded.concurrency)]:
         level = "error" if strict and c.is_warning else "warning" if c.is_warning else (
             "note" if c.is_note else "ok")  # fmt: skip
         levels.append(level)
         print(f"{level}: {c.line}")
+        if rule is not None and not has_plain_limits(rule):  # as before for upstream's own
+            limits = _limits_judged(c, rule)
+            named = "limit" if len(limits) == 1 else "limits"
+            print(f"    {named}: " + "; ".join(limit_words(limit) for limit in limits))
     modes = [c.mode.value for c in (*loaded.classifications, *loaded.concurrency)]
     summary = ", ".join(f"{modes.count(m)} {m}" for m in sorted(set(modes))) or "no limits"
     print(f"{len(loaded.files)} files, {len(loaded.config.domains)} domains: {summary}")

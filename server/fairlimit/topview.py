@@ -1,8 +1,9 @@
 """``fairlimit top``: a terminal view of each cap's top clients, polled from ``GET /top``.
 
-A client of the admin port only (standard library HTTP, no server code): it asks the
-running server every ``interval`` seconds and redraws one table per cap with plain ANSI
-escapes when the output is a terminal; ``--once`` prints one snapshot and exits.
+A client of the admin port only (standard library HTTP, no server code; core/describe.py
+writes the limits, as every view does): it asks the running server every ``interval``
+seconds and redraws one table per cap with plain ANSI escapes when the output is a
+terminal; ``--once`` prints one snapshot and exits.
 """
 
 import json
@@ -12,6 +13,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from typing import Any, TextIO
+
+from fairlimit.core.describe import words
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, erase the screen
 _WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
@@ -48,15 +51,27 @@ def _rate(count: float, seconds: float) -> str:
     return f"{count / seconds:10.1f}" if seconds > 0 else f"{count:10d}"
 
 
+def _limits_line(limits: list[dict[str, Any]]) -> list[str]:
+    """``  limits: 100 per second; 3000 per 5m, sliding``: every limit of the rule, each
+    with its own mode when a cap has several (none from a server that sends no limits)."""
+    if not limits:
+        return []
+    several = len(limits) > 1
+    shown = [words(f) + (f" ({f['mode']})" if several and "mode" in f else "") for f in limits]
+    return ["  limits: " + "; ".join(shown)]
+
+
 def _cap_table(cap: dict[str, Any], sort: str) -> list[str]:
     seconds = float(cap["seconds"])
     per = "/s" if seconds > 0 else ""
     head = f"{cap['rule']}  {cap['mode']}"
+    limits = _limits_line(cap.get("limits", []))
     if not cap["hits"]:
-        return [f"{head}  no requests", ""]
+        return [f"{head}  no requests", *limits, ""]
     lines = [
         f"{head}  last {seconds:.1f} s: {_rate(cap['hits'], seconds).strip()} hits{per}, "
-        f"{_rate(cap['rejected'], seconds).strip()} rejected{per}"
+        f"{_rate(cap['rejected'], seconds).strip()} rejected{per}",
+        *limits,
     ]
     clients = cap["by_rejections"] if sort == "rejections" else cap["by_demand"]
     several = any(c["cap"] != cap["rule"] for c in clients)

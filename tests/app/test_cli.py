@@ -63,6 +63,70 @@ class TestCheck:
         assert strict.returncode == 1
 
 
+# A cap whose second limit is contended, a bucket with a burst per second, a sliding 5
+# minutes, a gcra with a burst and a calendar month in a zone, and a plain upstream bucket.
+SEVERAL = """
+domain: api
+descriptors:
+  - key: tenant
+    rate_limits:
+      - {unit: second, requests_per_unit: 100}
+      - {unit: minute, multiplier: 5, requests_per_unit: 3000}
+    fair_share: {active_clients: 5}
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 15}
+  - key: generic_key
+    value: search
+    rate_limits:
+      - {unit: second, requests_per_unit: 20}
+      - {duration: 5m, requests_per_unit: 3000, algorithm: sliding}
+      - {unit: minute, requests_per_unit: 600, algorithm: gcra, burst: 30}
+      - {unit: month, requests_per_unit: 1000000, calendar: Europe/Berlin}
+  - key: generic_key
+    value: health
+    rate_limit: {unit: second, requests_per_unit: 50}
+"""
+
+
+class TestCheckShowsEveryLimit:
+    def test_text_names_the_limits_each_verdict_is_about(self, tmp_path: Path) -> None:
+        """Under a cap's verdict its one limit, under a bucket's all of them; nothing more
+        for a rule with one plain limit, as before."""
+        path = tmp_path / "api.yaml"
+        path.write_text(SEVERAL)
+        out = run_cli("check", str(path))
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[0].startswith(f"ok: {path}: api/tenant: rate_limits[0]: per-client-buckets")
+        assert lines[1] == "    limit: 100 per second"
+        assert lines[2].startswith(f"warning: {path}: api/tenant: rate_limits[1]: global cap 10/s")
+        assert lines[3] == "    limit: 3000 per 5m"
+        assert lines[4].startswith(f"note: {path}: api/generic_key=search: global bucket only")
+        assert lines[5] == (
+            "    limits: 20 per second; 3000 per 5m, sliding; 600 per minute, gcra, burst 30; "
+            "1000000 per calendar month in Europe/Berlin"
+        )
+        assert lines[6].startswith(f"note: {path}: api/generic_key=health: global bucket only")
+        assert lines[7].startswith("1 files, 1 domains: ")
+
+    def test_json_lists_the_limits_of_each_verdict(self, tmp_path: Path) -> None:
+        path = tmp_path / "api.yaml"
+        path.write_text(SEVERAL)
+        report = json.loads(run_cli("check", "--format", "json", str(path)).stdout)
+        first, second, search, health = report["classifications"]
+        assert first["limits"] == [{"unit": "second", "requests_per_unit": 100,
+                                    "window_seconds": 1, "algorithm": "fixed"}]  # fmt: skip
+        assert second["limits"] == [{"unit": "minute", "requests_per_unit": 3000,
+                                     "window_seconds": 300, "algorithm": "fixed"}]  # fmt: skip
+        assert [(f["algorithm"], f["window_seconds"]) for f in search["limits"]] == [
+            ("fixed", 1), ("sliding", 300), ("gcra", 60), ("fixed", 2592000)]  # fmt: skip
+        assert (search["limits"][2]["burst"], search["limits"][3]["calendar"]) == (
+            30, "Europe/Berlin")  # fmt: skip
+        assert health["limits"] == [{"unit": "second", "requests_per_unit": 50,
+                                     "window_seconds": 1, "algorithm": "fixed"}]  # fmt: skip
+
+
 class TestCheckMergesDomains:
     """Two files of one domain: refused unless merged, as `serve` decides it (upstream's
     MERGE_DOMAIN_CONFIG, FAIRLIMIT_MERGE_DOMAINS, or check's --merge-domains)."""

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from fairlimit.core.validation import Classification
+from fairlimit.core.validation import Classification, most_severe
 from helpers import load_text
 
 pytestmark = pytest.mark.unit
@@ -64,3 +64,38 @@ class TestFigures:
 
     def test_a_zero_open_client_needs_nothing(self, tmp_path: Path) -> None:
         assert _cap(tmp_path, 3, OPEN % 0).required_per_second == 0.0
+
+
+SEVERAL = """
+domain: d
+descriptors:
+  - key: tenant
+    rate_limits:
+      - {unit: second, requests_per_unit: 100}
+      - {unit: minute, multiplier: 5, requests_per_unit: 3000}
+    fair_share: {active_clients: 5}
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 15}
+  - key: route
+    value: public
+    rate_limits:
+      - {unit: second, requests_per_unit: 10}
+      - {unit: minute, requests_per_unit: 100}
+"""
+
+
+class TestWhichLimit:
+    def test_a_cap_names_the_limit_each_verdict_is_about(self, tmp_path: Path) -> None:
+        """One verdict per limit of a cap, each with its index; a bucket's is the rule's."""
+        cap_first, cap_second, bucket = load_text(tmp_path, SEVERAL).classifications
+        assert (cap_first.limit, cap_first.cap_per_second, cap_first.is_warning) == (0, 100, False)
+        assert (cap_second.limit, cap_second.cap_per_second, cap_second.is_warning) == (1, 10, True)
+        assert (bucket.path, bucket.limit) == ("d/route=public", None)
+
+    def test_the_most_severe_verdict_is_a_warning_else_the_first(self, tmp_path: Path) -> None:
+        cap_first, cap_second, bucket = load_text(tmp_path, SEVERAL).classifications
+        assert most_severe([cap_first, cap_second]) is cap_second
+        assert most_severe([cap_second, cap_first]) is cap_second
+        assert most_severe([cap_first]) is cap_first
+        assert most_severe([bucket]) is bucket

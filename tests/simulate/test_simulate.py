@@ -453,3 +453,85 @@ class TestTotalRow:
             admitted, per_second = int(cells[3]), float(cells[6])
             assert per_second == pytest.approx(admitted / scenario.duration, abs=0.05)
             assert per_second <= 100.05
+
+
+# A burst per second, a sliding 5 minutes, a gcra with a burst, a calendar month in a zone.
+SEVERAL = """
+domain: edge
+descriptors:
+  - key: generic_key
+    value: global
+    rate_limits:
+      - {unit: second, requests_per_unit: 20}
+      - {duration: 5m, requests_per_unit: 3000, algorithm: sliding}
+      - {unit: minute, requests_per_unit: 600, algorithm: gcra, burst: 30}
+      - {unit: month, requests_per_unit: 1000000, calendar: Europe/Berlin}
+"""
+
+
+@pytest.fixture(scope="module")
+def several(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    """One minute at 45/s offered: the gcra limit (10/s after its burst) is the binding one."""
+    where = tmp_path_factory.mktemp("several")
+    (where / "several.yaml").write_text(SEVERAL)
+    path = _scenario(where, [{"name": "c", "count": 3, "rate": 15}], duration=60,
+                     configs=[{"label": "several", "path": "several.yaml"}])  # fmt: skip
+    code, out, err = _cli("simulate", str(path), "--format", "json")
+    assert (code, err) == (0, "")
+    text = _cli("simulate", str(path))[1]
+    return json.loads(out)["configs"][0], text
+
+
+class TestSeveralLimits:
+    """A rule with several limits: each limit is a level of its own, checked against its
+    own bound and window, and the report says how each counts."""
+
+    def test_one_level_per_limit_with_its_window_and_algorithm(
+        self, several: tuple[dict[str, Any], str]
+    ) -> None:
+        config, _ = several
+        shown = [
+            {
+                k: c[k]
+                for k in ("limit", "window_seconds", "algorithm", "burst", "calendar")
+                if k in c
+            }
+            for c in config["levels"]
+        ]
+        assert shown == [
+            {"limit": 20, "window_seconds": 1, "algorithm": "fixed"},
+            {"limit": 3000, "window_seconds": 300, "algorithm": "sliding"},
+            {"limit": 600, "window_seconds": 60, "algorithm": "gcra", "burst": 30},
+            {"limit": 1000000, "window_seconds": 2592000, "algorithm": "fixed",
+             "calendar": "Europe/Berlin"},
+        ]  # fmt: skip
+        assert config["cap"] == config["levels"][0]
+
+    def test_each_limit_is_checked_against_its_own_bound(
+        self, several: tuple[dict[str, Any], str]
+    ) -> None:
+        """The second's cap is not judged by the minute's count, and gcra may pass its
+        burst on top of the limit in one window (docs/semantics.md): neither is exceeded."""
+        config, _ = several
+        second, _, gcra, _ = config["levels"]
+        assert second["max_admitted_in_a_window"] <= 20
+        assert 600 < gcra["max_admitted_in_a_window"] <= 630
+        assert not any(c["exceeded"] for c in config["levels"])
+
+    def test_the_text_says_how_each_level_counts(self, several: tuple[dict[str, Any], str]) -> None:
+        _, text = several
+        assert "cap 20 per 1-s window: at most " in text
+        assert (
+            "  level edge/generic_key=global rate_limits[1]: 3000 per 300-s (sliding), at most "
+            in text
+        )
+        assert (
+            "  level edge/generic_key=global rate_limits[2]: 600 per 1-min (gcra, burst 30), at most "
+            in text
+        )
+        assert (
+            "  level edge/generic_key=global rate_limits[3]: 1000000 per calendar month in "
+            "Europe/Berlin, "
+            "at most " in text
+        )
+        assert "EXCEEDED" not in text

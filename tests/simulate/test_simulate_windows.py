@@ -138,10 +138,10 @@ def test_the_report_says_it() -> None:
     assert lines == [
         "cap 100 per 1-min window: at most 100 (100%) admitted in one; across a window's edge "
         "200 (200%) in the 60 s from 45 s, never exceeded",
-        "cap 100 sliding per 1-min window: at most 100 (100%) admitted in one; "
+        "cap 100 per 1-min window (sliding): at most 100 (100%) admitted in one; "
         "in any 60 s at most 100 (100%), never exceeded",
         "(utilisation and fairness are measured in fixed windows: not for a sliding limit)",
-        "cap 100 gcra + burst 20 per 1-min window: at most 45 (45%) admitted in one; "
+        "cap 100 per 1-min window (gcra, burst 20): at most 45 (45%) admitted in one; "
         "in any 60 s at most 70 (70%), never exceeded",
         "(utilisation and fairness are measured in fixed windows: not for a gcra limit)",
     ]

@@ -1,6 +1,7 @@
 """Who is the hog: each cap's top clients, recorded on the request path and shown on the admin
 port (``GET /top``, ``/rlconfig``), never as metric attributes."""
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
+from fairlimit import topview
 from fairlimit.admin import AdminServer, JsonCodec
 from fairlimit.core.request import Request
 from fairlimit.errors import SettingsError
@@ -239,6 +241,97 @@ class TestEndpoint:
             ("hog", 6, 1)
         ]
         assert "top" not in cap["descriptors"][0]  # the per-client rule is not a cap
+
+
+# A cap whose second limit (10/s over 5 minutes for 5 x 15/s) is contended, and a bucket with
+# a burst per second, a sliding 5 minutes, a gcra with a burst and a calendar month in a zone.
+SEVERAL = """
+domain: api
+descriptors:
+  - key: tenant
+    rate_limits:
+      - {unit: second, requests_per_unit: 100}
+      - {unit: minute, multiplier: 5, requests_per_unit: 3000}
+    fair_share: {active_clients: 5}
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 15}
+  - key: generic_key
+    value: search
+    rate_limits:
+      - {unit: second, requests_per_unit: 20}
+      - {duration: 5m, requests_per_unit: 3000, algorithm: sliding}
+      - {unit: minute, requests_per_unit: 600, algorithm: gcra, burst: 30}
+      - {unit: month, requests_per_unit: 1000000, calendar: Europe/Berlin}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 20}
+"""
+SEARCH_LIMITS = [
+    {"unit": "second", "requests_per_unit": 20, "window_seconds": 1, "algorithm": "fixed"},
+    {"unit": "minute", "requests_per_unit": 3000, "window_seconds": 300, "algorithm": "sliding"},
+    {"unit": "minute", "requests_per_unit": 600, "window_seconds": 60, "algorithm": "gcra",
+     "burst": 30},
+    {"unit": "month", "requests_per_unit": 1000000, "window_seconds": 2592000,
+     "algorithm": "fixed", "calendar": "Europe/Berlin"},
+]  # fmt: skip
+
+
+@pytest.fixture
+async def several(tmp_path: Path) -> AsyncIterator[tuple[str, Limiter]]:
+    """An admin server over SEVERAL, after traffic at the cap and at the bucket."""
+    telemetry = Telemetry(MeterProvider(), TracerProvider(), top_clients=4)
+    loaded = load_text(tmp_path, SEVERAL)
+    limiter = Limiter(loaded, MemoryStore(), FakeClock(), telemetry=telemetry)
+    await send(limiter, req("api", desc("tenant=acme", "user=alice")), 3)
+    search = req("api", desc("generic_key=search"), desc("generic_key=search", "client_id=etl"))
+    await send(limiter, search, 2)
+    server = AdminServer(limiter, "127.0.0.1", 0, JsonCodec(request_from_json, response_to_json))
+    await server.start()
+    yield f"http://127.0.0.1:{server.port}", limiter
+    await server.stop()
+
+
+class TestSeveralLimits:
+    """/top and ``fairlimit top`` show every limit of a rule, and a cap classified once per
+    limit is one row."""
+
+    async def test_one_row_per_rule_with_every_limit(self, several: tuple[str, Limiter]) -> None:
+        base, limiter = several
+        rows = limiter.top_clients(10)
+        assert [r.rule for r in rows] == ["api/tenant", "api/generic_key=search"]
+        cap, bucket = rows
+        assert (cap.hits, cap.mode.value) == (3, "weighted-fair-queue")  # the most severe
+        assert (bucket.hits, [c.client for c in bucket.by_demand]) == (2, ["etl"])
+        async with aiohttp.ClientSession() as http, http.get(base + "/top") as response:
+            shown = {c["rule"]: c for c in (await response.json())["caps"]}
+        assert shown["api/tenant"]["limits"] == [
+            {"unit": "second", "requests_per_unit": 100, "window_seconds": 1,
+             "algorithm": "fixed", "mode": "per-client-buckets"},
+            {"unit": "minute", "requests_per_unit": 3000, "window_seconds": 300,
+             "algorithm": "fixed", "mode": "weighted-fair-queue"},
+        ]  # fmt: skip
+        assert shown["api/generic_key=search"]["limits"] == SEARCH_LIMITS
+        assert shown["api/generic_key=search"]["mode"] == "global-bucket-only"
+
+    async def test_the_terminal_view_writes_each_limit(self, several: tuple[str, Limiter]) -> None:
+        """What ``fairlimit top --once`` prints from this server's ``GET /top``."""
+        base, _ = several
+        port = int(base.rpartition(":")[2])
+        snapshot = await asyncio.to_thread(
+            topview.fetch, topview.url_of(f"127.0.0.1:{port}", 5, None)
+        )
+        lines = topview.render(snapshot, "here", "demand", 0.0).splitlines()
+        at = lines.index(next(x for x in lines if x.startswith("api/tenant  weighted-fair-queue")))
+        assert lines[at + 1] == (
+            "  limits: 100 per second (per-client-buckets); 3000 per 5m (weighted-fair-queue)"
+        )
+        at = lines.index(next(x for x in lines if x.startswith("api/generic_key=search  ")))
+        assert lines[at + 1] == (
+            "  limits: 20 per second; 3000 per 5m, sliding; 600 per minute, gcra, burst 30; "
+            "1000000 per calendar month in Europe/Berlin"
+        )
+        assert lines[at + 2].split()[:2] == ["#", "CLIENT"] and "etl" in lines[at + 3]
 
 
 class TestSetting:

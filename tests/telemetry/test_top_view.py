@@ -53,8 +53,9 @@ class TestTopOnce:
         assert "(top 5 per cap by demand, this process)" in lines[0]
         at = next(i for i, line in enumerate(lines) if line.startswith("edge/route=public  "))
         assert "per-client-buckets  last " in lines[at] and "hits/s" in lines[at]
-        assert lines[at + 1].split() == ["#", "CLIENT", "HITS/s", "SHARE", "REJECTED/s"]
-        first, second = lines[at + 2].split(), lines[at + 3].split()
+        assert lines[at + 1] == "  limits: 1000 per second"  # descriptors/edge.yaml's cap
+        assert lines[at + 2].split() == ["#", "CLIENT", "HITS/s", "SHARE", "REJECTED/s"]
+        first, second = lines[at + 3].split(), lines[at + 4].split()
         assert first[:2] == ["1", "batch-etl"] and float(first[4]) > 0  # rejected/s
         assert second[:2] == ["2", "checkout"] and float(second[4]) == 0
         assert "edge/route=admin  per-client-buckets  no requests" in out.stdout

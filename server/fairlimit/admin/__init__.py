@@ -16,9 +16,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder, generate_latest
 
 from fairlimit.core.admission import Code
+from fairlimit.core.describe import debug_text, limit_fields
 from fairlimit.core.request import Request
-from fairlimit.core.rules import Loaded, Rule, walk
-from fairlimit.core.validation import Classification
+from fairlimit.core.rules import Loaded, RateLimit, Rule, walk
+from fairlimit.core.validation import Classification, most_severe
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.limiter import Decision, Limiter
 from fairlimit.telemetry.fairness import CapRow
@@ -217,7 +218,9 @@ def _json_refusal(allowed: str, peer: str | None) -> web.Response | None:
 
 def config_report(loaded: Loaded, rows: tuple[CapRow, ...]) -> dict[str, Any]:
     """``/rlconfig``: every domain's rule tree, with classifications and fairness attached."""
-    classes = {c.path: c for c in loaded.classifications}
+    classes: dict[str, list[Classification]] = {}
+    for c in loaded.classifications:  # a cap is classified once per limit
+        classes.setdefault(c.path, []).append(c)
     live = {r.rule: r for r in rows}
     slot_classes = {c.path: c for c in loaded.concurrency}
     return {
@@ -237,19 +240,16 @@ def config_report(loaded: Loaded, rows: tuple[CapRow, ...]) -> dict[str, Any]:
 
 def _rule(
     rule: Rule,
-    classes: dict[str, Classification],
+    classes: dict[str, list[Classification]],
     live: dict[str, CapRow],
     slot_classes: dict[str, Classification],
 ) -> Any:
     out: dict[str, Any] = {"path": rule.path, "key": rule.key, "value": rule.value}
-    limit = rule.rate_limit
-    if limit is not None:
-        out["rate_limit"] = (
-            {"unlimited": True}
-            if limit.unlimited
-            else {"unit": limit.unit.name.lower(), "requests_per_unit": limit.requests_per_unit}
-        )
-        out["rate_limit"].update({"name": limit.name, "replaces": list(limit.replaces)})
+    verdicts = classes.get(rule.path, [])
+    if rule.limits:
+        # rate_limit: the first limit, as before (RLQS assigns from it); rate_limits: each
+        shown = [_limit(limit, verdicts, index) for index, limit in enumerate(rule.limits)]
+        out["rate_limit"], out["rate_limits"] = shown[0], shown
     out["shadow_mode"], out["detailed_metric"] = rule.shadow_mode, rule.detailed_metric
     for flag in ("quota_mode", "value_to_metric", "share_threshold"):
         if getattr(rule, flag):
@@ -263,10 +263,8 @@ def _rule(
             "active_clients": rule.fair_share.active_clients,
             "weights": dict(rule.fair_share.weights),
         }
-    if rule.path in classes:
-        c = classes[rule.path]
-        out["classification"] = {"mode": c.mode.value, "warning": c.is_warning,
-                                 "message": c.message}  # fmt: skip
+    if verdicts:
+        out["classification"] = _verdict(most_severe(verdicts))
         out["fairness"] = _fairness(live.get(rule.path))
     if rule.concurrency is not None:
         slots = rule.concurrency
@@ -279,6 +277,21 @@ def _rule(
     if rule.children:
         out["descriptors"] = [_rule(c, classes, live, slot_classes) for c in rule.children]
     return out
+
+
+def _limit(limit: RateLimit, verdicts: list[Classification], index: int) -> dict[str, Any]:
+    """One limit of a rule: its fields (core/describe.py), name and replaces; at a cap, the
+    classification of this limit."""
+    out: dict[str, Any] = limit_fields(limit)
+    out.update({"name": limit.name, "replaces": list(limit.replaces)})
+    mine = [c for c in verdicts if c.limit == index]
+    if mine:
+        out["classification"] = _verdict(mine[0])
+    return out
+
+
+def _verdict(c: Classification) -> dict[str, Any]:
+    return {"mode": c.mode.value, "warning": c.is_warning, "message": c.message}
 
 
 def _attach_top(nodes: list[dict[str, Any]], top: dict[str, TopRow]) -> None:
@@ -309,20 +322,19 @@ def _fairness(row: CapRow | None) -> dict[str, Any] | None:
 
 
 def config_text(loaded: Loaded) -> str:
-    """Every limited rule as ``PATH: unit=U requests_per_unit=N, shadow_mode: B, quota_mode: B``."""
+    """Every limited rule as upstream's debug port writes it, ``PATH: unit=U
+    requests_per_unit=N, shadow_mode: B, quota_mode: B``; what upstream cannot say follows
+    the limit (``window=5m algorithm=gcra burst=20 calendar=ZONE``, core/describe.py), and
+    a rule with several limits has a line for each, ``PATH: rate_limits[I]: unit=...``."""
     lines = []
     for domain in sorted(loaded.config.domains.values(), key=lambda d: d.name):
         for rule, _ in walk(domain.rules):
-            limit = rule.rate_limit
-            if limit is None:
-                continue
-            what = (
-                "unlimited"
-                if limit.unlimited
-                else (f"unit={limit.unit.name} requests_per_unit={limit.requests_per_unit}")
-            )
-            lines.append(f"{rule.path}: {what}, shadow_mode: {str(rule.shadow_mode).lower()}, "
-                         f"quota_mode: {str(rule.quota_mode).lower()}\n")  # fmt: skip
+            limits = rule.limits
+            flags = (f", shadow_mode: {str(rule.shadow_mode).lower()}, "
+                     f"quota_mode: {str(rule.quota_mode).lower()}\n")  # fmt: skip
+            for index, limit in enumerate(limits):
+                named = f"rate_limits[{index}]: " if len(limits) > 1 else ""
+                lines.append(f"{rule.path}: {named}{debug_text(limit)}{flags}")
     return "".join(lines)
 
 

@@ -8,7 +8,7 @@ outside any cap whose path has only fixed values is global-bucket-only (a warnin
 
 import enum
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from fairlimit.core.rules import Config, Domain, Rule, walk
@@ -32,6 +32,9 @@ class Classification:
     required_per_second: float | None = None
     per_client_per_second: float | None = None
     active_clients: int | None = None
+    # which of the rule's limits a cap's verdict is about (a cap is classified once per
+    # limit); None: the whole rule (a global bucket counts every limit it has)
+    limit: int | None = None
 
     @property
     def is_warning(self) -> bool:
@@ -122,6 +125,7 @@ def classify_cap(domain: Domain, cap: Rule, index: int = 0) -> Classification:
         needed.required,
         needed.per_client,
         active,
+        index,
     )
 
 
@@ -150,6 +154,12 @@ def _classify_domain(domain: Domain) -> Iterator[Classification]:
                 GLOBAL_BUCKET_MESSAGE,
                 limit.per_second,
             )
+
+
+def most_severe(classes: Sequence[Classification]) -> Classification:
+    """One verdict for a rule classified once per limit, as a view shows it beside the
+    rule: a warning wins (one contended limit makes the cap share fairly), else the first."""
+    return next((c for c in classes if c.is_warning), classes[0])
 
 
 def classify(config: Config) -> list[Classification]:

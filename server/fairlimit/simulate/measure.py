@@ -106,8 +106,12 @@ class Meter:
         return busiest_span(self.ticks.get(key, {}), round(window / self.scenario.tick),
                             self.scenario.tick)  # fmt: skip
 
-    def checks(self, root: str | None, modes: Mapping[str, str]) -> tuple[CapCheck, ...]:
-        """Per limit charged (the root's first), its worst window and span of any instance."""
+    def checks(
+        self, root: str | None, modes: Mapping[tuple[str, int | None], str]
+    ) -> tuple[CapCheck, ...]:
+        """Per limit charged (the root's first), its worst window and span of any instance;
+        ``modes`` by (rule, limit index: 0 for a rule's only limit), a rule's whole verdict
+        under None."""
         by_limit: dict[str, list[str]] = {}
         info: dict[str, Level] = {}
         for per_client in self.tree.levels:
@@ -127,7 +131,7 @@ class Meter:
             out.append(
                 CapCheck(
                     name,
-                    modes.get(lv.rule),
+                    modes.get((lv.rule, lv.index or 0), modes.get((lv.rule, None))),
                     lv.limit,
                     lv.window,
                     max(worst[k] for k in by_limit[name]),
@@ -136,6 +140,7 @@ class Meter:
                     lv.bound - lv.limit,
                     span,
                     start,
+                    lv.shape.calendar.name if lv.shape and lv.shape.calendar else None,
                 )
             )
         return tuple(out)

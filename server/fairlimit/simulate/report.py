@@ -49,6 +49,7 @@ class CapCheck:
     burst: int = 0
     max_in_span: int = 0
     span_start: float = 0.0
+    calendar: str | None = None  # the time zone of a calendar window
 
     @property
     def bound(self) -> int:
@@ -178,19 +179,32 @@ def _span(cap: CapCheck) -> str:
     return f"; across a window's edge {most} in the {cap.window:g} s from {cap.span_start:g} s"
 
 
+def _per(cap: CapCheck) -> str:
+    """A limit's window: ``1-s``, ``5-min``, ``calendar month in Europe/Berlin``."""
+    if cap.calendar is not None:
+        unit = {86400: "day", 7 * 86400: "week", 30 * 86400: "month"}.get(cap.window, "year")
+        return f"calendar {unit} in {cap.calendar}"
+    return _window(cap.window)
+
+
+def _how(cap: CapCheck) -> str:
+    """How a limit counts, when not in fixed windows: `` (sliding)``, `` (gcra, burst 20)``."""
+    if not cap.smooth:
+        return ""
+    return f" ({cap.algorithm}" + (f", burst {cap.burst}" if cap.burst else "") + ")"
+
+
 def _cap_line(cap: CapCheck, root: bool) -> str:
     verdict = "EXCEEDED" if cap.exceeded else "never exceeded"
-    how = f" {cap.algorithm}" if cap.smooth else ""
-    how += f" + burst {cap.burst}" if cap.burst else ""
     most = f"at most {cap.max_admitted}{_share(cap.max_admitted, cap)}"
     if root:
         return (
-            f"cap {cap.limit}{how} per {_window(cap.window)} window: "
+            f"cap {cap.limit} per {_per(cap)} window{_how(cap)}: "
             f"{most} admitted in one{_span(cap)}, {verdict}"
         )
     many = f" x{cap.instances}" if cap.instances > 1 else ""
     return (
-        f"  level {cap.path}{many}: {cap.limit}{how} per {_window(cap.window)}, "
+        f"  level {cap.path}{many}: {cap.limit} per {_per(cap)}{_how(cap)}, "
         f"{most}{_span(cap)}, {verdict}"
     )
 
@@ -365,7 +379,8 @@ def _check_json(cap: CapCheck) -> dict[str, Any]:
         "max_admitted_in_a_window": cap.max_admitted,
         "max_admitted_over_limit": cap.max_admitted / cap.limit if cap.limit else None,
         "algorithm": cap.algorithm,
-        "burst": cap.burst,
+        **({"burst": cap.burst} if cap.algorithm == "gcra" else {}),
+        **({"calendar": cap.calendar} if cap.calendar else {}),
         "max_admitted_in_a_span": cap.max_in_span,
         "busiest_span_start": cap.span_start,
         "exceeded": cap.exceeded,

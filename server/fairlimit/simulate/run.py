@@ -237,7 +237,7 @@ class Run:
             client_result(c, t, seconds)
             for c, t in zip(self.scenario.clients, self.tallies, strict=True)
         )
-        modes = {c.path: c.mode.value for c in self.limiter.loaded.classifications}
+        modes = {(c.path, c.limit): c.mode.value for c in self.limiter.loaded.classifications}
         checks = self.meter.checks(self.tree.root, modes)
         cap = checks[0] if self.shared is not None else None
         figures = None

@@ -17,16 +17,18 @@ process's: with ``--workers N`` or several replicas each one sees the requests i
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from fairlimit.core.admission import Code, Status
+from fairlimit.core.describe import limit_fields
 from fairlimit.core.heavy import HeavyHitters, Hitter
 from fairlimit.core.matching import Entry
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import Loaded, walk
-from fairlimit.core.validation import Mode
+from fairlimit.core.validation import Classification, Mode, most_severe
 
 INTERVAL = 10.0  # seconds per summary; a report covers the last complete one and this one
 DEFAULT_CAPACITY = 16  # k: counters per summary (2k at most); top(n) is exact-enough for n <= k
@@ -62,6 +64,8 @@ class TopRow:
     rejected: int  # all hits rejected (exact)
     by_demand: tuple[TopClient, ...]
     by_rejections: tuple[TopClient, ...]
+    # every limit of the rule (core/describe.limit_fields), a cap's each with its own mode
+    limits: tuple[Mapping[str, object], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         """The row as ``GET /top`` and ``/rlconfig`` show it."""
@@ -69,6 +73,7 @@ class TopRow:
             "domain": self.domain,
             "rule": self.rule,
             "mode": self.mode.value,
+            "limits": [dict(limit) for limit in self.limits],
             "seconds": self.seconds,
             "hits": self.hits,
             "rejected": self.rejected,
@@ -132,7 +137,7 @@ class TopClients:
         self.capacity = capacity  # 0 switches the recorder off
         self._watch: dict[str, tuple[_Watch, ...]] = {}  # matched rule path -> its rules
         self._tallies: dict[str, _Tally] = {}
-        self._rows: tuple[tuple[str, str, Mode], ...] = ()  # (domain, rule, mode) to report
+        self._rows: tuple[_Shown, ...] = ()  # the rules to report
 
     @property
     def watching(self) -> bool:
@@ -141,8 +146,7 @@ class TopClients:
 
     def use(self, loaded: Loaded) -> None:
         """Watch the caps and global buckets of ``loaded`` (dropping the others' tallies)."""
-        domains = {d.source: d.name for d in loaded.config.domains.values()}
-        self._rows = tuple((domains[c.source], c.path, c.mode) for c in loaded.classifications)
+        self._rows = _shown(loaded)
         buckets = {c.path for c in loaded.classifications if c.mode is Mode.GLOBAL_BUCKET_ONLY}
         watch: dict[str, tuple[_Watch, ...]] = {}
         for domain in loaded.config.domains.values() if self.capacity > 0 else ():
@@ -187,10 +191,11 @@ class TopClients:
         """Every classified rule's top ``n`` (at most ``capacity``) by demand and rejections."""
         n = max(0, min(n, self.capacity))
         rows = []
-        for domain, path, mode in self._rows:
+        for shown in self._rows:
+            domain, path, mode, limits = shown.domain, shown.rule, shown.mode, shown.limits
             tally = self._tallies.get(path)
             if tally is None:
-                rows.append(TopRow(domain, path, mode, 0.0, 0, 0, (), ()))
+                rows.append(TopRow(domain, path, mode, 0.0, 0, 0, (), (), limits))
                 continue
             tally.roll(now)
             demand, rejected = tally.merged()
@@ -199,9 +204,41 @@ class TopClients:
                     domain, path, mode, tally.seconds(now), demand.total, rejected.total,
                     _clients(domain, demand.top(n), demand, rejected, by_rejections=False),
                     _clients(domain, rejected.top(n), demand, rejected, by_rejections=True),
+                    limits,
                 )
             )  # fmt: skip
         return tuple(rows)
+
+
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """A classified rule as its report names it (made once per config, not per report)."""
+
+    domain: str
+    rule: str
+    mode: Mode  # a cap classified once per limit: the most severe (validation.most_severe)
+    limits: tuple[Mapping[str, object], ...]
+
+
+def _shown(loaded: Loaded) -> tuple[_Shown, ...]:
+    """One row per classified rule (a cap with several limits has a verdict for each, and
+    is one row), in classification order, with each limit as the views write it."""
+    domains = {d.source: d.name for d in loaded.config.domains.values()}
+    rules = {r.path: r for d in loaded.config.domains.values() for r, _ in walk(d.rules)}
+    verdicts: dict[str, list[Classification]] = {}
+    for c in loaded.classifications:
+        verdicts.setdefault(c.path, []).append(c)
+    out = []
+    for path, mine in verdicts.items():
+        limits = []
+        for index, limit in enumerate(rules[path].limits):
+            fields = limit_fields(limit)
+            mode = next((c.mode for c in mine if c.limit == index), None)
+            if mode is not None:  # a cap's limit: its own verdict
+                fields["mode"] = mode.value
+            limits.append(MappingProxyType(fields))
+        out.append(_Shown(domains[mine[0].source], path, most_severe(mine).mode, tuple(limits)))
+    return tuple(out)
 
 
 def _client(request: Request, descriptor: Descriptor, depth: int) -> _Client | None:
