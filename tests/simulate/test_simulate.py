@@ -526,8 +526,8 @@ class TestSeveralLimits:
             in text
         )
         assert (
-            "  level edge/generic_key=global rate_limits[2]: 600 per 1-min (gcra, burst 30), at most "
-            in text
+            "  level edge/generic_key=global rate_limits[2]: 600 per 1-min (gcra, burst 30), "
+            "at most " in text
         )
         assert (
             "  level edge/generic_key=global rate_limits[3]: 1000000 per calendar month in "

@@ -3,6 +3,7 @@ sends twice a client's limit across a minute's edge; `fixed` admits it all, `sli
 `gcra` never more than the limit (+ burst) in any span of one window, on every backend. The
 busiest span is checked against a count of every span."""
 
+import math
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from fairlimit.simulate import load_scenario
 from fairlimit.simulate.engine import run_async
-from fairlimit.simulate.measure import busiest_span
+from fairlimit.simulate.measure import bucket_levels, busiest_span
 from fairlimit.simulate.plot import bands
 from fairlimit.simulate.report import ConfigResult, text
 from fairlimit.store.base import Store
@@ -194,3 +195,67 @@ def test_the_plot_draws_the_last_window_for_a_smooth_limit() -> None:
     last = {k: max(bands(c, 60, trailing=True)["edge"]) for k, c in configs.items()}
     assert last == {"fixed": 200, "sliding": 100, "gcra": 70}
     assert max(bands(configs["fixed"], 60)["edge"]) == 100  # so far in the window
+
+
+def _gcra_admits(hits_at: list[float], rate: float, size: int) -> list[bool]:
+    """GCRA as a theoretical arrival time: a hit at t passes while tat - t <= (size - 1) / rate."""
+    tat, out = 0.0, []
+    for t in hits_at:
+        ok = max(tat, t) - t <= (size - 1) / rate + 1e-9
+        out.append(ok)
+        if ok:
+            tat = max(tat, t) + 1 / rate
+    return out
+
+
+@pytest.mark.unit
+def test_a_replayed_bucket_holds_what_gcra_would_still_admit() -> None:
+    """At each start, the bucket's whole tokens are the hits a GCRA of that rate and burst
+    would admit at once then: checked by asking a GCRA for hits until it refuses."""
+    rng = random.Random(7)
+    for _ in range(200):
+        rate, size, tick = rng.choice([0.5, 2, 10]), rng.randrange(1, 6), 0.05
+        times = sorted(rng.sample(range(400), rng.randrange(0, 60)))
+        admitted = _gcra_admits([t * tick for t in times], rate, size)
+        hits = {t: 1 for t, ok in zip(times, admitted, strict=True) if ok}
+        starts = [float(s) for s in range(0, 21, 2)]
+        levels = bucket_levels(hits, tick, rate, size, starts)
+        for start, level in zip(starts, levels, strict=True):
+            before = [t * tick for t in hits if t * tick < start - 1e-9]
+            extra = _gcra_admits([*before, *[start] * (size + 1)], rate, size)[len(before) :]
+            assert math.floor(level + 1e-9) == sum(extra), (rate, size, hits, start)
+
+
+MIXED = """
+domain: edge
+descriptors:
+  - key: client_id
+    rate_limits:
+      - {unit: second, requests_per_unit: 20}
+      - {duration: 5m, requests_per_unit: 3000, algorithm: sliding}
+      - {unit: minute, requests_per_unit: 600, algorithm: gcra, burst: 30}
+      - {unit: month, requests_per_unit: 1000000, calendar: Europe/Berlin}
+"""
+
+
+@pytest.mark.unit
+def test_longer_and_paced_limits_bound_each_window_by_what_they_have_left(
+    tmp_path: Path,
+) -> None:
+    """A per-second rule with a sliding 5 minutes, a GCRA minute and a calendar month: a
+    saturating client is held by whichever limit binds, and each second's achievable is
+    exactly what it got (scaled to its average rate, the month would have made the first
+    second's 20 an 'achievable' of 0.39)."""
+    import asyncio
+
+    (tmp_path / "mixed.yaml").write_text(MIXED)
+    (tmp_path / "scenario.yaml").write_text(
+        "name: mixed\ndomain: edge\ndescriptor: [{key: client_id, value: '{client}'}]\n"
+        "configs: [{label: mixed, path: mixed.yaml}]\nduration: 130\ntick: 0.05\n"
+        "clients:\n  - {name: c, phases: [{start: 0, stop: 40, rate: 30},"
+        " {start: 70, stop: 71, burst: 50}, {start: 90, stop: 130, rate: 12}]}\n"
+    )
+    (config,) = asyncio.run(run_async(load_scenario(tmp_path / "scenario.yaml"))).configs
+    busy = [w for w in config.windows if w.achievable]
+    assert [w.admitted for w in busy] == [w.achievable for w in busy]
+    assert [w.admitted for w in busy[:4]] == [20, 20, 20, 10]  # the burst of 31, then 10/s

@@ -5,14 +5,18 @@ the client's own bucket, a global bucket). The root is the outermost limit all c
 (``report.shared_limit``): utilisation is measured there, as admitted / achievable, where
 achievable is what weighted max-min could admit given the demand, bottom-up: a client can
 use ``min(demand, its own limit)``, a cap ``min(its capacity, what its children can use)``.
-Limits of other windows are scaled to the root's window (their average rate).
+Limits of shorter windows are scaled to the root's window (their average rate); a longer
+fixed or sliding limit bounds a root window by what is left of it at the window's start (in
+its own window, or in the last window's length), a GCRA limit by what its bucket holds then
+and refills within the window (a bucket of ``burst + 1`` filling at the limit's rate,
+replayed from what it admitted).
 """
 
 import itertools
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fairlimit.core.keys import key_path
 from fairlimit.core.matching import Matcher
@@ -57,18 +61,29 @@ class Tree:
     levels: tuple[tuple[Level, ...], ...]  # per client
     chains: tuple[tuple[str, ...], ...]  # per client: root first, its own counter last
     limits: Mapping[str, float]  # per key, in the root's window
+    # per key of a fixed or sliding limit longer than the root's: (its limit, its window,
+    # sliding): what is left of it bounds a root window (scaled to its average rate, a
+    # month's limit would bind every second to a 30th of a day's)
+    longer: Mapping[str, tuple[int, int, bool]] = field(default_factory=dict)
+    # per key of a GCRA limit below the root: (its limit, its window, its burst): what its
+    # bucket holds at a root window's start and its refill over the window bound it
+    paced: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
 
-    def achievable(self, demands: Sequence[float]) -> float:
-        """What max-min could admit at the root for these per-client demands (root window)."""
+    def achievable(
+        self, demands: Sequence[float], left: Mapping[str, float] | None = None
+    ) -> float:
+        """What max-min could admit at the root for these per-client demands (root window),
+        with ``left`` of each longer limit still open at the window's start."""
         if self.root is None:
             return 0.0
+        limits = {**self.limits, **(left or {})}
         children: dict[str, set[str]] = defaultdict(set)
         direct: dict[str, float] = defaultdict(float)
         for chain, demand in zip(self.chains, demands, strict=True):
             for parent, child in itertools.pairwise(chain):
                 children[parent].add(child)
             direct[chain[-1]] += demand
-        return _usable(self.root, children, direct, self.limits)
+        return _usable(self.root, children, direct, limits)
 
 
 def _usable(
@@ -126,4 +141,16 @@ def tree(loaded: Loaded, requests: Sequence[Request], root: str | None) -> Tree:
         return Tree(None, levels, tuple(() for _ in plans), {})
     window = next(lv.window for lv in levels[0] if lv.key == root)
     limits = {lv.key: lv.limit * window / lv.window for per in levels for lv in per}
-    return Tree(root, levels, tuple(_chain(p, root) for p in plans), limits)
+    longer = {
+        lv.key: (lv.limit, lv.window, lv.algorithm is Algorithm.SLIDING)
+        for per in levels
+        for lv in per
+        if lv.window > window and lv.algorithm is not Algorithm.GCRA
+    }
+    paced = {
+        lv.key: (lv.limit, lv.window, lv.bound - lv.limit)
+        for per in levels
+        for lv in per
+        if lv.key != root and lv.algorithm is Algorithm.GCRA
+    }
+    return Tree(root, levels, tuple(_chain(p, root) for p in plans), limits, longer, paced)

@@ -1,8 +1,10 @@
 """What a simulated run measures: per client, per counter and window, per root window."""
 
+import bisect
+import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fairlimit.simulate.clients import Client
@@ -56,6 +58,23 @@ def busiest_span(hits: Mapping[int, int], ticks: int, tick: float) -> tuple[int,
     return best, start * tick
 
 
+def bucket_levels(
+    hits: Mapping[int, int], tick: float, rate: float, size: int, starts: Sequence[float]
+) -> list[float]:
+    """What a token bucket of ``size`` filling at ``rate`` per second (a GCRA limit) holds at
+    each of ``starts`` (ascending, seconds), full at 0, ``hits`` (per tick) taken from it."""
+    out, level, last = [], float(size), 0.0
+    events = sorted(hits)
+    i = 0
+    for start in starts:
+        while i < len(events) and events[i] * tick < start - EPSILON:
+            at = events[i] * tick
+            level = max(0.0, min(size, level + rate * (at - last)) - hits[events[i]])
+            last, i = at, i + 1
+        out.append(min(size, level + rate * (start - last)))
+    return out
+
+
 def client_result(client: Client, tally: Tally, seconds: int) -> ClientResult:
     return ClientResult(
         client.name,
@@ -82,6 +101,7 @@ class Meter:
         self.window = root[0].window if root else 1
         self.counters: Counter[tuple[str, int]] = Counter()  # (key, window index) -> hits
         self.ticks: dict[str, Counter[int]] = defaultdict(Counter)  # key -> tick -> hits
+        self._sums: dict[str, tuple[list[int], list[int]]] = {}  # key -> ticks, prefix sums
         self.offered: dict[int, Counter[int]] = defaultdict(Counter)  # root window -> client
         self.admitted: dict[int, Counter[int]] = defaultdict(Counter)
         self.levels: tuple[float | None, ...] = ()  # λ at the root cap, end of each second
@@ -99,6 +119,17 @@ class Meter:
 
     def level(self, value: float | None) -> None:
         self.levels = (*self.levels, value)
+
+    def _before(self, key: str, window: int, t: float, sliding: bool) -> int:
+        """Hits ``key`` admitted before scenario time ``t`` in its window of ``window``
+        seconds (``sliding``: in the ``window`` seconds before ``t``)."""
+        if key not in self._sums:
+            at = sorted(self.ticks.get(key, {}))
+            self._sums[key] = (at, [0, *itertools.accumulate(self.ticks[key][x] for x in at)])
+        at, sums = self._sums[key]
+        start = t - window if sliding else math.floor(t / window + EPSILON) * window
+        low = bisect.bisect_left(at, round(start / self.scenario.tick))
+        return sums[bisect.bisect_left(at, round(t / self.scenario.tick))] - sums[low]
 
     def span(self, key: str, window: int) -> tuple[int, float]:
         """The most hits ``key`` admitted in any span of ``window`` seconds, wherever it
@@ -149,8 +180,21 @@ class Meter:
         """Each window of the root limit: demand, achievable and admitted, λ at its end."""
         n, duration, size = len(self.scenario.clients), self.scenario.duration, self.window
         out = []
-        for w in range(math.ceil(duration / size - EPSILON)):
+        count = math.ceil(duration / size - EPSILON)
+        starts = [w * size for w in range(count)]
+        buckets = {
+            key: bucket_levels(
+                self.ticks.get(key, {}), self.scenario.tick, limit / window, burst + 1, starts
+            )
+            for key, (limit, window, burst) in self.tree.paced.items()
+        }
+        for w in range(count):
             offered = tuple(self.offered[w][c] for c in range(n))
+            left = {key: limit - self._before(key, window, w * size, sliding)
+                    for key, (limit, window, sliding) in self.tree.longer.items()}  # fmt: skip
+            for key, (limit, window, _) in self.tree.paced.items():
+                # a hit needs a whole token, and the refill at the window's end is the next's
+                left[key] = math.floor(buckets[key][w] + limit * size / window - EPSILON)
             end = min((w + 1) * size, duration)
             last = min(math.ceil(end - EPSILON), len(self.levels)) - 1
             out.append(
@@ -159,7 +203,7 @@ class Meter:
                     float(w * size),
                     float(end),
                     (w + 1) * size <= duration + EPSILON,
-                    self.tree.achievable([float(x) for x in offered]),
+                    self.tree.achievable([float(x) for x in offered], left),
                     self.counters[(self.tree.root or "", w)],
                     self.levels[last] if last >= 0 else None,
                     offered,
