@@ -199,6 +199,29 @@ class TestWindows:
         clock.t += 1
         assert (await ask(limiter, "user=a")).code.name == "OK"
 
+    async def test_a_refusal_elsewhere_at_the_stroke_of_midnight_takes_nothing_of_the_day(
+        self, make_limiter: Callable[..., Limiter], clock: FakeClock
+    ) -> None:
+        """At exactly Berlin's midnight a request whose other descriptor is refused leaves
+        the new day's count alone (on Redis the day's charge is undone in its own slot
+        group: the undo must find the window that starts at that instant)."""
+        clock.t = 1_711_321_200.0  # 2024-03-25T00:00:00+01:00
+        limiter = make_limiter(
+            """
+            domain: d
+            descriptors:
+              - key: user
+                rate_limit: {unit: day, requests_per_unit: 2, calendar: Europe/Berlin}
+              - key: shut
+                rate_limit: {unit: second, requests_per_unit: 0}
+            """
+        )
+        both = req("d", desc("user=a"), desc("shut=x"))
+        assert (await limiter.should_rate_limit(both)).code.name == "OVER_LIMIT"
+        assert [(await ask(limiter, "user=a")).code.name for _ in range(3)] == [
+            "OK", "OK", "OVER_LIMIT",
+        ]  # fmt: skip
+
     async def test_a_plain_month_keeps_upstreams_30_day_epoch_windows(
         self, make_limiter: Callable[..., Limiter], clock: FakeClock
     ) -> None:
