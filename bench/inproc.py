@@ -5,6 +5,7 @@ The memory store never awaits, so a request is driven straight through the limit
 coroutine; the clock is injected, so a million clients fit in one window and expire on cue.
 """
 
+import asyncio
 import gc
 import random
 import sys
@@ -157,6 +158,14 @@ def tracemalloc_check(clients: int = 20_000) -> dict[str, Any]:
 
 
 class _Context:
+    """A call's context as the servicer reads it: the request bytes come from ``read``."""
+
+    def __init__(self) -> None:
+        self.body = b""
+
+    async def read(self) -> bytes:
+        return self.body
+
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return (("user-agent", "h2load"), ("te", "trailers"))
 
@@ -180,12 +189,18 @@ def servicer_cost() -> dict[str, Any]:
     limiter = Limiter(load([CONFIG]), MemoryStore(), telemetry=telemetry)
     servicer, context = RateLimitServicer(limiter, telemetry), _Context()
     bodies = [message("public", "hot")] * 1000 + [message("public", f"c{i}") for i in range(1000)]
-    best = float("inf")
-    for _ in range(7):
-        started = time.perf_counter()
-        for body in bodies:
-            drive(servicer.ShouldRateLimit(body, context)).SerializeToString()
-        best = min(best, (time.perf_counter() - started) / len(bodies) * 1e6)
+
+    async def passes() -> float:  # on a task, as grpc.aio runs each call
+        best = float("inf")
+        for _ in range(7):
+            started = time.perf_counter()
+            for body in bodies:
+                context.body = body
+                (await servicer.ShouldRateLimit(None, context)).SerializeToString()
+            best = min(best, (time.perf_counter() - started) / len(bodies) * 1e6)
+        return best
+
+    best = asyncio.run(passes())
     sdk.shutdown()
     return {"us_per_request": round(best, 1)}
 
