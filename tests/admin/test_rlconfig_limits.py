@@ -14,34 +14,27 @@ from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.limiter import Limiter
 from fairlimit.store.memory import MemoryStore
 from helpers import FakeClock, load_text
+from limit_configs import CAP_OF_TWO, FOUR_LIMITS
 
 pytestmark = pytest.mark.behaviour
 
 # A bucket with a burst per second, a sliding 5 minutes, a gcra with a burst and a calendar
 # month in a zone; a cap whose second limit (10/s over 5 minutes) is contended; plain rules.
-CONFIG = """
+CONFIG = (
+    """
 domain: api
 descriptors:
   - key: generic_key
     value: search
-    rate_limits:
-      - {unit: second, requests_per_unit: 20}
-      - {duration: 5m, requests_per_unit: 3000, algorithm: sliding}
-      - {unit: minute, requests_per_unit: 600, algorithm: gcra, burst: 30}
-      - {unit: month, requests_per_unit: 1000000, calendar: Europe/Berlin}
-  - key: tenant
-    rate_limits:
-      - {unit: second, requests_per_unit: 100}
-      - {unit: minute, multiplier: 5, requests_per_unit: 3000}
-    fair_share: {active_clients: 5}
-    descriptors:
-      - key: user
-        rate_limit: {unit: second, requests_per_unit: 15}
-  - key: route
+"""
+    + FOUR_LIMITS
+    + CAP_OF_TWO
+    + """  - key: route
     value: public
     shadow_mode: true
     rate_limit: {unit: second, requests_per_unit: 7}
 """
+)
 FLAGS = ", shadow_mode: false, quota_mode: false\n"
 TEXT = (
     "api/generic_key=search: rate_limits[0]: unit=SECOND requests_per_unit=20" + FLAGS

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from limit_configs import CAP_OF_TWO, FOUR_LIMITS
 from servers import ROOT, fairlimit_server, run_cli
 
 pytestmark = pytest.mark.process
@@ -65,28 +66,21 @@ class TestCheck:
 
 # A cap whose second limit is contended, a bucket with a burst per second, a sliding 5
 # minutes, a gcra with a burst and a calendar month in a zone, and a plain upstream bucket.
-SEVERAL = """
+SEVERAL = (
+    """
 domain: api
 descriptors:
-  - key: tenant
-    rate_limits:
-      - {unit: second, requests_per_unit: 100}
-      - {unit: minute, multiplier: 5, requests_per_unit: 3000}
-    fair_share: {active_clients: 5}
-    descriptors:
-      - key: user
-        rate_limit: {unit: second, requests_per_unit: 15}
-  - key: generic_key
+"""
+    + CAP_OF_TWO
+    + """  - key: generic_key
     value: search
-    rate_limits:
-      - {unit: second, requests_per_unit: 20}
-      - {duration: 5m, requests_per_unit: 3000, algorithm: sliding}
-      - {unit: minute, requests_per_unit: 600, algorithm: gcra, burst: 30}
-      - {unit: month, requests_per_unit: 1000000, calendar: Europe/Berlin}
-  - key: generic_key
+"""
+    + FOUR_LIMITS
+    + """  - key: generic_key
     value: health
     rate_limit: {unit: second, requests_per_unit: 50}
 """
+)
 
 
 class TestCheckShowsEveryLimit:

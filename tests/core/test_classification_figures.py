@@ -6,6 +6,7 @@ import pytest
 
 from fairlimit.core.validation import Classification, most_severe
 from helpers import load_text
+from limit_configs import CAP_OF_TWO
 
 pytestmark = pytest.mark.unit
 
@@ -66,23 +67,19 @@ class TestFigures:
         assert _cap(tmp_path, 3, OPEN % 0).required_per_second == 0.0
 
 
-SEVERAL = """
+SEVERAL = (
+    """
 domain: d
 descriptors:
-  - key: tenant
-    rate_limits:
-      - {unit: second, requests_per_unit: 100}
-      - {unit: minute, multiplier: 5, requests_per_unit: 3000}
-    fair_share: {active_clients: 5}
-    descriptors:
-      - key: user
-        rate_limit: {unit: second, requests_per_unit: 15}
-  - key: route
+"""
+    + CAP_OF_TWO
+    + """  - key: route
     value: public
     rate_limits:
       - {unit: second, requests_per_unit: 10}
       - {unit: minute, requests_per_unit: 100}
 """
+)
 
 
 class TestWhichLimit:

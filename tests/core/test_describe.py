@@ -17,26 +17,26 @@ from fairlimit.core.describe import (
 )
 from fairlimit.core.rules import Rule
 from helpers import load_text
+from limit_configs import FOUR_LIMITS
 
 pytestmark = pytest.mark.unit
 
 # A burst per second, a sliding 5 minutes, a gcra with a burst, a calendar month in a zone.
-FOUR = """
+FOUR = (
+    """
 domain: api
 descriptors:
   - key: user
-    rate_limits:
-      - {unit: second, requests_per_unit: 20}
-      - {duration: 5m, requests_per_unit: 3000, algorithm: sliding}
-      - {unit: minute, requests_per_unit: 600, algorithm: gcra, burst: 30}
-      - {unit: month, requests_per_unit: 1000000, calendar: Europe/Berlin}
-  - key: plain
+"""
+    + FOUR_LIMITS
+    + """  - key: plain
     rate_limit: {unit: hour, requests_per_unit: 7}
   - key: five_minutes
     rate_limit: {unit: minute, multiplier: 5, requests_per_unit: 50}
   - key: open
     rate_limit: {unlimited: true}
 """
+)
 
 
 def _rules(tmp_path: Path) -> dict[str, Rule]:

@@ -15,6 +15,7 @@ from fairlimit.cli import main
 from fairlimit.errors import ScenarioError
 from fairlimit.simulate import load_scenario
 from helpers import require_module
+from limit_configs import FOUR_LIMITS
 
 pytestmark = pytest.mark.unit
 
@@ -456,17 +457,15 @@ class TestTotalRow:
 
 
 # A burst per second, a sliding 5 minutes, a gcra with a burst, a calendar month in a zone.
-SEVERAL = """
+SEVERAL = (
+    """
 domain: edge
 descriptors:
   - key: generic_key
     value: global
-    rate_limits:
-      - {unit: second, requests_per_unit: 20}
-      - {duration: 5m, requests_per_unit: 3000, algorithm: sliding}
-      - {unit: minute, requests_per_unit: 600, algorithm: gcra, burst: 30}
-      - {unit: month, requests_per_unit: 1000000, calendar: Europe/Berlin}
 """
+    + FOUR_LIMITS
+)
 
 
 @pytest.fixture(scope="module")

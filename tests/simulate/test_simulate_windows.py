@@ -17,6 +17,7 @@ from fairlimit.simulate.plot import bands
 from fairlimit.simulate.report import ConfigResult, text
 from fairlimit.store.base import Store
 from fairlimit.store.memory import MemoryStore
+from limit_configs import FOUR_LIMITS
 from redis_servers import RedisClusterProcesses, RedisProcess, suite_url
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "descriptors" / "scenarios"
@@ -226,16 +227,14 @@ def test_a_replayed_bucket_holds_what_gcra_would_still_admit() -> None:
             assert math.floor(level + 1e-9) == sum(extra), (rate, size, hits, start)
 
 
-MIXED = """
+MIXED = (
+    """
 domain: edge
 descriptors:
   - key: client_id
-    rate_limits:
-      - {unit: second, requests_per_unit: 20}
-      - {duration: 5m, requests_per_unit: 3000, algorithm: sliding}
-      - {unit: minute, requests_per_unit: 600, algorithm: gcra, burst: 30}
-      - {unit: month, requests_per_unit: 1000000, calendar: Europe/Berlin}
 """
+    + FOUR_LIMITS
+)
 
 
 @pytest.mark.unit

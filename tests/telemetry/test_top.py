@@ -22,6 +22,7 @@ from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.top import INTERVAL, TopClients
 from helpers import FakeClock, desc, load_text, req
+from limit_configs import CAP_OF_TWO, FOUR_LIMITS
 
 pytestmark = pytest.mark.behaviour
 
@@ -245,28 +246,21 @@ class TestEndpoint:
 
 # A cap whose second limit (10/s over 5 minutes for 5 x 15/s) is contended, and a bucket with
 # a burst per second, a sliding 5 minutes, a gcra with a burst and a calendar month in a zone.
-SEVERAL = """
+SEVERAL = (
+    """
 domain: api
 descriptors:
-  - key: tenant
-    rate_limits:
-      - {unit: second, requests_per_unit: 100}
-      - {unit: minute, multiplier: 5, requests_per_unit: 3000}
-    fair_share: {active_clients: 5}
-    descriptors:
-      - key: user
-        rate_limit: {unit: second, requests_per_unit: 15}
-  - key: generic_key
+"""
+    + CAP_OF_TWO
+    + """  - key: generic_key
     value: search
-    rate_limits:
-      - {unit: second, requests_per_unit: 20}
-      - {duration: 5m, requests_per_unit: 3000, algorithm: sliding}
-      - {unit: minute, requests_per_unit: 600, algorithm: gcra, burst: 30}
-      - {unit: month, requests_per_unit: 1000000, calendar: Europe/Berlin}
-    descriptors:
+"""
+    + FOUR_LIMITS
+    + """    descriptors:
       - key: client_id
         rate_limit: {unit: second, requests_per_unit: 20}
 """
+)
 SEARCH_LIMITS = [
     {"unit": "second", "requests_per_unit": 20, "window_seconds": 1, "algorithm": "fixed"},
     {"unit": "minute", "requests_per_unit": 3000, "window_seconds": 300, "algorithm": "sliding"},
