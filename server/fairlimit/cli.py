@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from fairlimit import __version__
 from fairlimit.config.loader import load
 from fairlimit.core.describe import has_plain_limits, limit_fields, limit_words
-from fairlimit.core.rules import Loaded, RateLimit, Rule, walk
+from fairlimit.core.rules import Loaded, RateLimit, Rule
 from fairlimit.core.validation import Classification
 from fairlimit.errors import ConfigError, ConfigUnreadable, SettingsError, UnsupportedBackend
 
@@ -257,11 +257,6 @@ def _serve_settings(settings: "Settings", worker: int = 0) -> int:
         sdk.shutdown()
 
 
-def _judged(loaded: Loaded) -> dict[str, Rule]:
-    """Every rule by path, to find the rule a verdict is about."""
-    return {r.path: r for d in loaded.config.domains.values() for r, _ in walk(d.rules)}
-
-
 def _limits_judged(c: Classification, rule: Rule) -> list[RateLimit]:
     """The limits of ``rule`` its verdict ``c`` is about: a cap's, the one it classifies (a
     cap is classified once per limit); a global bucket's, every limit it counts."""
@@ -269,7 +264,7 @@ def _limits_judged(c: Classification, rule: Rule) -> list[RateLimit]:
 
 
 def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
-    rules = _judged(loaded)
+    rules = loaded.config.rules_by_path()
     caps = [
         {
             "file": c.source,
@@ -368,7 +363,7 @@ _EXPLAINED = {
 
 def _check_text(loaded: Loaded, strict: bool) -> None:
     levels = []
-    rules = _judged(loaded)
+    rules = loaded.config.rules_by_path()
     judged = [(c, rules.get(c.path)) for c in loaded.classifications]
     for c, rule in [*judged, *((c, None) for c in loaded.concurrency)]:
         level = "error" if strict and c.is_warning else "warning" if c.is_warning else (

@@ -218,9 +218,7 @@ def _json_refusal(allowed: str, peer: str | None) -> web.Response | None:
 
 def config_report(loaded: Loaded, rows: tuple[CapRow, ...]) -> dict[str, Any]:
     """``/rlconfig``: every domain's rule tree, with classifications and fairness attached."""
-    classes: dict[str, list[Classification]] = {}
-    for c in loaded.classifications:  # a cap is classified once per limit
-        classes.setdefault(c.path, []).append(c)
+    classes = loaded.verdicts_by_path()  # a cap is classified once per limit
     live = {r.rule: r for r in rows}
     slot_classes = {c.path: c for c in loaded.concurrency}
     return {

@@ -159,6 +159,10 @@ class Config:
     def of(cls, domains: list[Domain], charge_over_limit: bool = False) -> "Config":
         return cls(MappingProxyType({d.name: d for d in domains}), charge_over_limit)
 
+    def rules_by_path(self) -> dict[str, Rule]:
+        """Every rule of every domain by its path (a path starts with its domain's name)."""
+        return {r.path: r for d in self.domains.values() for r, _ in walk(d.rules)}
+
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
@@ -179,6 +183,14 @@ class Loaded:
     def notes(self) -> list[str]:
         """Advice that is never an error (global buckets, as upstream has them)."""
         return [c.line for c in (*self.classifications, *self.concurrency) if c.is_note]
+
+    def verdicts_by_path(self) -> dict[str, list["Classification"]]:
+        """The rate classifications of each classified rule, in order (a cap has one per
+        limit, ``Classification.limit`` says which)."""
+        out: dict[str, list[Classification]] = {}
+        for c in self.classifications:
+            out.setdefault(c.path, []).append(c)
+        return out
 
 
 def walk(rules: tuple[Rule, ...]) -> list[tuple[Rule, tuple[Rule, ...]]]:

@@ -28,7 +28,7 @@ from fairlimit.core.heavy import HeavyHitters, Hitter
 from fairlimit.core.matching import Entry
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import Loaded, walk
-from fairlimit.core.validation import Classification, Mode, most_severe
+from fairlimit.core.validation import Mode, most_severe
 
 INTERVAL = 10.0  # seconds per summary; a report covers the last complete one and this one
 DEFAULT_CAPACITY = 16  # k: counters per summary (2k at most); top(n) is exact-enough for n <= k
@@ -224,12 +224,9 @@ def _shown(loaded: Loaded) -> tuple[_Shown, ...]:
     """One row per classified rule (a cap with several limits has a verdict for each, and
     is one row), in classification order, with each limit as the views write it."""
     domains = {d.source: d.name for d in loaded.config.domains.values()}
-    rules = {r.path: r for d in loaded.config.domains.values() for r, _ in walk(d.rules)}
-    verdicts: dict[str, list[Classification]] = {}
-    for c in loaded.classifications:
-        verdicts.setdefault(c.path, []).append(c)
+    rules = loaded.config.rules_by_path()
     out = []
-    for path, mine in verdicts.items():
+    for path, mine in loaded.verdicts_by_path().items():
         limits = []
         for index, limit in enumerate(rules[path].limits):
             fields = limit_fields(limit)
