@@ -48,9 +48,9 @@ class Level:
         return Algorithm.FIXED if self.shape is None else self.shape.algorithm
 
     @property
-    def bound(self) -> int:
-        """The most one window (sliding, GCRA: any span of one window) may admit."""
-        return self.limit + (self.shape.burst if self.shape is not None else 0)
+    def burst(self) -> int:
+        """GCRA's hits beyond the limit in one window (0 for the others)."""
+        return 0 if self.shape is None else self.shape.burst
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +148,7 @@ def tree(loaded: Loaded, requests: Sequence[Request], root: str | None) -> Tree:
         if lv.window > window and lv.algorithm is not Algorithm.GCRA
     }
     paced = {
-        lv.key: (lv.limit, lv.window, lv.bound - lv.limit)
+        lv.key: (lv.limit, lv.window, lv.burst)
         for per in levels
         for lv in per
         if lv.key != root and lv.algorithm is Algorithm.GCRA

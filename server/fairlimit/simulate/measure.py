@@ -99,7 +99,6 @@ class Meter:
         self.tree = tree
         root = [lv for lv in tree.levels[0] if lv.key == tree.root] if tree.root else []
         self.window = root[0].window if root else 1
-        self.counters: Counter[tuple[str, int]] = Counter()  # (key, window index) -> hits
         self.ticks: dict[str, Counter[int]] = defaultdict(Counter)  # key -> tick -> hits
         self._sums: dict[str, tuple[list[int], list[int]]] = {}  # key -> ticks, prefix sums
         self.offered: dict[int, Counter[int]] = defaultdict(Counter)  # root window -> client
@@ -113,12 +112,18 @@ class Meter:
         """``hits`` admitted for ``client`` at scenario time ``t`` (a tick's start)."""
         tick = round(t / self.scenario.tick)
         for level in self.tree.levels[client]:
-            self.counters[(level.key, math.floor(t / level.window + EPSILON))] += hits * level.hits
             self.ticks[level.key][tick] += hits * level.hits
         self.admitted[math.floor(t / self.window + EPSILON)][client] += hits
 
     def level(self, value: float | None) -> None:
         self.levels = (*self.levels, value)
+
+    def _by_window(self, key: str, window: int) -> Counter[int]:
+        """Hits ``key`` admitted in each of its windows of ``window`` seconds, by index."""
+        out: Counter[int] = Counter()
+        for at, hits in self.ticks.get(key, {}).items():
+            out[math.floor(at * self.scenario.tick / window + EPSILON)] += hits
+        return out
 
     def _before(self, key: str, window: int, t: float, sliding: bool) -> int:
         """Hits ``key`` admitted before scenario time ``t`` in its window of ``window``
@@ -151,9 +156,10 @@ class Meter:
                 if lv.key not in keys:
                     keys.append(lv.key)
                 info.setdefault(lv.name, lv)
-        worst: dict[str, int] = defaultdict(int)
-        for (key, _), hits in self.counters.items():
-            worst[key] = max(worst[key], hits)
+
+        def most(key: str, window: int) -> int:
+            return max(self._by_window(key, window).values(), default=0)
+
         names = sorted(by_limit, key=lambda r: (root not in by_limit[r], len(r)))
         out = []
         for name in names:
@@ -165,13 +171,11 @@ class Meter:
                     modes.get((lv.rule, lv.index or 0), modes.get((lv.rule, None))),
                     lv.limit,
                     lv.window,
-                    max(worst[k] for k in by_limit[name]),
+                    max(most(k, lv.window) for k in by_limit[name]),
                     len(by_limit[name]),
-                    lv.algorithm.value,
-                    lv.bound - lv.limit,
                     span,
                     start,
-                    lv.shape.calendar.name if lv.shape and lv.shape.calendar else None,
+                    lv.shape,
                 )
             )
         return tuple(out)
@@ -188,6 +192,7 @@ class Meter:
             )
             for key, (limit, window, burst) in self.tree.paced.items()
         }
+        at_root = self._by_window(self.tree.root or "", size)
         for w in range(count):
             offered = tuple(self.offered[w][c] for c in range(n))
             left = {key: limit - self._before(key, window, w * size, sliding)
@@ -204,7 +209,7 @@ class Meter:
                     float(end),
                     (w + 1) * size <= duration + EPSILON,
                     self.tree.achievable([float(x) for x in offered], left),
-                    self.counters[(self.tree.root or "", w)],
+                    at_root[w],
                     self.levels[last] if last >= 0 else None,
                     offered,
                     tuple(self.admitted[w][c] for c in range(n)),

@@ -11,6 +11,7 @@ from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import plan
 from fairlimit.core.request import Request
 from fairlimit.core.rules import Loaded
+from fairlimit.core.units import Algorithm, Shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +46,17 @@ class CapCheck:
     window: int
     max_admitted: int
     instances: int = 1  # counters of this rule the clients were charged at
-    algorithm: str = "fixed"
-    burst: int = 0
     max_in_span: int = 0
     span_start: float = 0.0
-    calendar: str | None = None  # the time zone of a calendar window
+    shape: Shape | None = None  # calendar windows, sliding or GCRA (None: a fixed window)
+
+    @property
+    def algorithm(self) -> str:
+        return (Algorithm.FIXED if self.shape is None else self.shape.algorithm).value
+
+    @property
+    def burst(self) -> int:
+        return 0 if self.shape is None else self.shape.burst
 
     @property
     def bound(self) -> int:
@@ -57,7 +64,7 @@ class CapCheck:
 
     @property
     def smooth(self) -> bool:
-        return self.algorithm != "fixed"
+        return self.algorithm != Algorithm.FIXED.value
 
     @property
     def exceeded(self) -> bool:
@@ -181,9 +188,9 @@ def _span(cap: CapCheck) -> str:
 
 def _per(cap: CapCheck) -> str:
     """A limit's window: ``1-s``, ``5-min``, ``calendar month in Europe/Berlin``."""
-    if cap.calendar is not None:
-        unit = {86400: "day", 7 * 86400: "week", 30 * 86400: "month"}.get(cap.window, "year")
-        return f"calendar {unit} in {cap.calendar}"
+    calendar = cap.shape.calendar if cap.shape is not None else None
+    if calendar is not None:
+        return f"calendar {calendar.unit.name.lower()} in {calendar.name}"
     return _window(cap.window)
 
 
@@ -379,8 +386,8 @@ def _check_json(cap: CapCheck) -> dict[str, Any]:
         "max_admitted_in_a_window": cap.max_admitted,
         "max_admitted_over_limit": cap.max_admitted / cap.limit if cap.limit else None,
         "algorithm": cap.algorithm,
-        **({"burst": cap.burst} if cap.algorithm == "gcra" else {}),
-        **({"calendar": cap.calendar} if cap.calendar else {}),
+        **({"burst": cap.burst} if cap.algorithm == Algorithm.GCRA.value else {}),
+        **({"calendar": cap.shape.calendar.name} if cap.shape and cap.shape.calendar else {}),
         "max_admitted_in_a_span": cap.max_in_span,
         "busiest_span_start": cap.span_start,
         "exceeded": cap.exceeded,
