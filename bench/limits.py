@@ -30,7 +30,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ import procs
 import report
 import wire
 from h2load import Load
+from inproc import drive
 
 sys.path.insert(0, str(procs.ROOT / "server"))
 
@@ -66,16 +67,6 @@ def _request(route: str) -> Request:
 
 def _admitted(decision: Decision) -> bool:
     return decision.code is Code.OK and not decision.backend_failed
-
-
-def drive(coro: Coroutine[Any, Any, Decision]) -> Decision:
-    """Run a coroutine that never awaits (the memory store does not)."""
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        result: Decision = stop.value
-        return result
-    raise RuntimeError("the memory store awaited")
 
 
 def memory_costs(passes: int, size: int) -> dict[str, Any]:
