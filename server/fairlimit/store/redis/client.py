@@ -211,9 +211,7 @@ def _sentinel_client(
     if not service:
         raise UnsupportedBackend("redis+sentinel:// needs a service name as path")
     watchers = {"socket_timeout": u.options.timeout, "password": u.query.get("sentinel_password")}
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
-        list(u.hosts), sentinel_kwargs=watchers, **common
-    )
+    sentinel = Sentinel(list(u.hosts), sentinel_kwargs=watchers, **common)
     client: aioredis.Redis = sentinel.master_for(
         service, db=_db(u), max_connections=u.options.max_connections, **tls_kwargs
     )
