@@ -7,7 +7,7 @@ once with RESOURCE_EXHAUSTED, before its message is read, so idle RLQS streams o
 health checks never take a rate-limit call's place. A call must deliver its (first) message
 within the read deadline or it ends with DEADLINE_EXCEEDED: a client that sends headers and
 nothing more holds a place for that long at most. The budgets, not HTTP/2's stream limit,
-keep one connection from taking more than its turn: no SETTINGS_MAX_CONCURRENT_STREAMS is
+bound what connections hold, and refuse with a status: no SETTINGS_MAX_CONCURRENT_STREAMS is
 sent unless asked for, since a fresh connection opens streams before it reads the setting and
 grpc resets each one past it (REFUSED_STREAM), which Envoy does not retry.
 """
