@@ -40,6 +40,21 @@ def start(
     example: Path = EXAMPLE,
 ) -> tuple[Proc, int]:
     """Envoy on one worker thread; returns it and its listener port once it is ready."""
+    proc, listener, _ = start_with_admin(
+        workdir, rls_port, ratelimit=ratelimit, name=name, example=example
+    )
+    return proc, listener
+
+
+def start_with_admin(
+    workdir: Path,
+    rls_port: int,
+    *,
+    ratelimit: bool,
+    name: str = "envoy",
+    example: Path = EXAMPLE,
+) -> tuple[Proc, int, int]:
+    """As ``start``, and Envoy's admin port (its /stats)."""
     listener, admin = free_port(), free_port()
     name = name.replace("+", "-")
     path = workdir / f"{name}.yaml"
@@ -54,7 +69,7 @@ def start(
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1) as r:
                 if r.status == 200:
-                    return proc, listener
+                    return proc, listener, admin
         except OSError:
             time.sleep(0.05)
     proc.stop()

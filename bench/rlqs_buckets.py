@@ -178,7 +178,7 @@ async def open_stream(
     as it can; a task reads every assignment into ``assigned`` (the time of each response
     into ``arrived``)."""
     # a connection of its own, as each Envoy has (channels to one target share one by
-    # default, and a connection carries at most 16 streams)
+    # default)
     channel = grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
     parse = rlqs_pb2.RateLimitQuotaResponse.FromString
     call = channel.stream_stream(RLQS, request_serializer=None, response_deserializer=parse)()

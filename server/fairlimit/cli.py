@@ -145,8 +145,9 @@ def _serve_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
         help=f"RLQS buckets all streams together may hold; a new one past it gets no "
         f"assignment (default {d.rlqs_max_buckets})")  # fmt: skip
     add("--grpc-max-streams-per-connection", metavar="N",
-        help=f"HTTP/2 streams one client connection may have open "
-        f"(default {d.grpc_max_streams_per_connection})")  # fmt: skip
+        help=f"HTTP/2 streams one client connection may have open; 0: no limit. Streams "
+        f"a new connection opens past it before reading it are reset, and Envoy lets "
+        f"those requests through (default {d.grpc_max_streams_per_connection})")  # fmt: skip
     add("--grpc-read-timeout", metavar="SECONDS",
         help=f"a call whose (first) message has not arrived by then ends with "
         f"DEADLINE_EXCEEDED (default {d.grpc_read_timeout:g})")  # fmt: skip

@@ -135,6 +135,7 @@ class TestConcurrencyThroughEnvoy:
                 burst = threading.Thread(target=_burst, args=(doomed.port, ["heavy"] * 5))
                 burst.start()
                 _wait_in_flight(server, CLIENT_RULE, 5)
+                assert doomed.failed_calls() == {}  # its 5 calls were answered
                 doomed.process.kill()
                 killed_at = time.monotonic()
                 burst.join(DEADLINE)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from envoy_proxy import envoy_in_front, http_get
-from servers import fairlimit_server
+from servers import fairlimit_server, free_port
 
 pytestmark = pytest.mark.process
 
@@ -19,6 +19,18 @@ GLOBAL_ONLY = {"- request_headers: {header_name: x-client-id, descriptor_key: cl
 
 
 class TestThroughEnvoy:
+    def test_an_unanswered_call_is_counted_and_let_through(self, tmp_path: Path) -> None:
+        """Nothing listens where fairlimit should: Envoy fails open, each request is a plain
+        200, and only Envoy's counters tell (the ones every other test asserts are 0)."""
+        with envoy_in_front(free_port(), tmp_path, failed_calls=True) as envoy:
+            codes = [http_get(envoy.url, {"x-client-id": "alice"})[0] for _ in range(3)]
+            failed = envoy.failed_calls()
+        assert codes == [200] * 3
+        assert failed == {
+            "cluster.ok.ratelimit.error": 3,
+            "cluster.ok.ratelimit.failure_mode_allowed": 3,
+        }
+
     def test_under_limit_200_over_limit_429_with_headers(self, tmp_path: Path) -> None:
         """5 per minute per client: five 200s, then 429, X-RateLimit-* headers on both."""
         with (

@@ -2,8 +2,8 @@
 
 import pytest
 
-from fairlimit.grpc_api.guards import Budgets
-from fairlimit.settings import Settings
+from fairlimit.grpc_api.guards import Budgets, server_options
+from fairlimit.settings import Settings, SettingsError
 
 pytestmark = pytest.mark.unit
 
@@ -19,3 +19,22 @@ def test_budgets_default_to_the_settings_defaults() -> None:
     )
     assert budgets.read_timeout == settings.grpc_read_timeout
     assert budgets.max_receive == settings.grpc_max_receive_bytes
+
+
+def test_no_stream_limit_per_connection_is_sent_unless_set() -> None:
+    """By default grpc gets no max_concurrent_streams (its 0 would refuse every stream, and
+    any limit resets the streams a fresh connection opens past it); one set is passed on."""
+    assert "grpc.max_concurrent_streams" not in dict(server_options(Budgets()))
+    assert dict(server_options(Budgets(per_connection=16)))["grpc.max_concurrent_streams"] == 16
+
+
+def test_the_stream_limit_flag_takes_0_and_refuses_what_is_not_a_count() -> None:
+    """0 (the default) is no limit; a negative or non-numeric value names the flag."""
+    assert (
+        Settings()
+        .override({"grpc_max_streams_per_connection": "0"})
+        .grpc_max_streams_per_connection
+        == 0
+    )
+    with pytest.raises(SettingsError, match="expected a whole number, got '-1'"):
+        Settings().override({"grpc_max_streams_per_connection": "-1"})

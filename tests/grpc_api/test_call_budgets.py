@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import functools
 import urllib.request
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -215,11 +216,62 @@ class TestBudgetsPerKind:
         assert "--rlqs-max-streams" in detail
         assert served == ["OK"] * 5
 
-    def test_one_connection_holds_at_most_its_stream_limit(self, tmp_path: Path) -> None:
-        """40 stalled rate-limit calls on one connection, under a budget of 100: HTTP/2
-        lets 16 of them open (--grpc-max-streams-per-connection); the rest wait at the
-        client."""
-        server = _serve(tmp_path, "--grpc-read-timeout", "60", "--grpc-max-concurrent", "100")
+    def test_one_connection_takes_no_more_than_the_budget(self, tmp_path: Path) -> None:
+        """No stream limit per connection by default: 40 stalled rate-limit calls on one
+        connection hold the budget's 32 places, the first 8 gave theirs up, and calls on
+        another connection are all served (the first takes a stalled call's place)."""
+        server = _serve(tmp_path, "--grpc-read-timeout", "60")
+
+        async def scenario() -> tuple[list[str], dict[str, float]]:
+            release = asyncio.Event()
+            hostile, tasks = await _stalled(server, RLS, 40, release, channels=1, held=32)
+            evicted = functools.partial(_refused, server, "rls")
+            await _until(lambda: evicted().get("evicted") == 8, evicted)  # all 40 are in
+            try:
+                return await _ask(server.target, 5), _refused(server, "rls")
+            finally:
+                await _drop(hostile, tasks)
+
+        try:
+            served, refused = asyncio.run(scenario())
+        finally:
+            server.stop()
+        assert served == ["OK"] * 5
+        assert refused == {"busy": 0, "evicted": 9}
+
+    def test_many_calls_at_once_on_a_fresh_connection_are_all_answered(
+        self, tmp_path: Path
+    ) -> None:
+        """100 rate-limit calls at once on one channel, four times, on five fresh channels:
+        each is answered. A stream limit per connection (16 before issue 37) reset the
+        streams a fresh connection opened past it before reading it (UNAVAILABLE,
+        RST_STREAM error code 7)."""
+        server = _serve(tmp_path)
+
+        async def scenario() -> Counter[str]:
+            codes: Counter[str] = Counter()
+            for _ in range(5):
+                async with _channel(server.target) as channel:
+                    rls = channel.unary_unary(RLS)
+                    for _ in range(4):
+                        calls = [_code(rls(REQUEST, timeout=30)) for _ in range(100)]
+                        codes.update(await asyncio.gather(*calls))
+            return codes
+
+        try:
+            codes = asyncio.run(scenario())
+        finally:
+            server.stop()
+        assert codes == {"OK": 2000}
+
+    def test_a_stream_limit_set_holds_one_connection_to_it(self, tmp_path: Path) -> None:
+        """--grpc-max-streams-per-connection 16 (an operator's choice), 40 stalled
+        rate-limit calls on one connection that has read the limit, under a budget of 100:
+        HTTP/2 lets 16 of them open; the rest wait at the client."""
+        server = _serve(
+            tmp_path, "--grpc-read-timeout", "60", "--grpc-max-concurrent", "100",
+            "--grpc-max-streams-per-connection", "16",
+        )  # fmt: skip
 
         async def scenario() -> tuple[float, list[str]]:
             release = asyncio.Event()

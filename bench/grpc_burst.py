@@ -1,0 +1,69 @@
+"""Rate-limit calls at once on one fresh gRPC channel: are they all answered? (issue 37)
+
+    python bench/grpc_burst.py [--calls 30] [--rounds 20] [-- SERVE FLAGS...]
+
+Starts ``fairlimit serve`` (the quick start's descriptors, memory backend), opens one
+channel and makes --calls ShouldRateLimit calls at once, --rounds times one after another;
+prints how the calls ended. With ``-- --grpc-max-streams-per-connection 16`` (the old
+default) calls past 16 on the fresh connection ended ``UNAVAILABLE`` (RST_STREAM, error
+code 7): a limit the client had not read yet.
+"""
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import procs  # noqa: E402
+import wire  # noqa: E402
+
+QUICKSTART = ROOT / "examples" / "envoy" / "descriptors" / "quickstart.yaml"
+
+
+async def calls(target: str, n: int, rounds: int) -> Counter[str]:
+    ended: Counter[str] = Counter()
+    request = wire.message("public", "alice")
+    async with grpc.aio.insecure_channel(target) as channel:
+        rls = channel.unary_unary(wire.METHOD)
+
+        async def one() -> None:
+            try:
+                await rls(request, timeout=10)
+                ended["answered"] += 1
+            except grpc.aio.AioRpcError as error:
+                ended[f"{error.code().name}: {error.details()}"] += 1
+
+        for _ in range(rounds):
+            await asyncio.gather(*(one() for _ in range(n)))
+    return ended
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=20)
+    args, serve = parser.parse_known_args()
+    serve = [a for a in serve if a != "--"]
+    with tempfile.TemporaryDirectory() as workdir:
+        server, port = procs.fairlimit(
+            Path(workdir), "fairlimit", "memory://", 1, *serve, config=QUICKSTART
+        )
+        try:
+            ended = asyncio.run(calls(f"127.0.0.1:{port}", args.calls, args.rounds))
+        finally:
+            server.stop()
+    print(f"{args.calls} calls at once x {args.rounds} on one channel, fairlimit "
+          f"{' '.join(serve) or '(defaults)'}:")  # fmt: skip
+    for outcome, count in ended.most_common():
+        print(f"  {count:5}  {outcome}")
+
+
+if __name__ == "__main__":
+    main()
