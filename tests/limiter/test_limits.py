@@ -265,6 +265,49 @@ class TestSmooth:
         clock.t = MINUTE_START + 40
         assert await codes(limiter, clock, 4, 0, "user=a") == "+++-"
 
+    async def test_gcra_reset_is_the_true_time_rounded_up(
+        self, make_limiter: Callable[..., Limiter], clock: FakeClock
+    ) -> None:
+        """1 per 10 s taken 0.5 s into a second: the refusal says 10 s (the bucket is full
+        10 s on, not 11), and a call 10 s later is admitted (issue 37)."""
+        clock.t = MINUTE_START + 0.5
+        limiter = make_limiter(
+            """
+            domain: d
+            descriptors:
+              - key: user
+                rate_limit: {duration: 10s, requests_per_unit: 1, algorithm: gcra}
+            """
+        )
+        assert await codes(limiter, clock, 1, 0, "user=a") == "+"
+        over = (await ask(limiter, "user=a")).statuses[0]
+        assert (over.code.name, over.duration_until_reset) == ("OVER_LIMIT", 10)
+        clock.t = MINUTE_START + 6.2  # 4.3 s left: 5
+        assert (await ask(limiter, "user=a")).statuses[0].duration_until_reset == 5
+        clock.t = MINUTE_START + 10.5
+        assert await codes(limiter, clock, 1, 0, "user=a") == "+"
+
+    async def test_sliding_reset_is_the_true_time_rounded_up(
+        self, make_limiter: Callable[..., Limiter], clock: FakeClock
+    ) -> None:
+        """1 per 10 s sliding (0.5 s sub-windows), taken at 0.2 s: it leaves the count at
+        10.5 s, so a refusal at 0.7 s says 10 s (not 11) and one at 10.5 s is admitted."""
+        clock.t = MINUTE_START + 0.2
+        limiter = make_limiter(
+            """
+            domain: d
+            descriptors:
+              - key: user
+                rate_limit: {duration: 10s, requests_per_unit: 1, algorithm: sliding}
+            """
+        )
+        assert await codes(limiter, clock, 1, 0, "user=a") == "+"
+        clock.t = MINUTE_START + 0.7
+        over = (await ask(limiter, "user=a")).statuses[0]
+        assert (over.code.name, over.duration_until_reset) == ("OVER_LIMIT", 10)
+        clock.t = MINUTE_START + 10.5
+        assert await codes(limiter, clock, 1, 0, "user=a") == "+"
+
     async def test_sliding_refuses_a_second_limit_across_the_window_edge(
         self, make_limiter: Callable[..., Limiter], clock: FakeClock
     ) -> None:

@@ -129,7 +129,14 @@ def seconds_until_reset(window: int, now: float) -> int:
     return window - math.floor(now) % window
 
 
+# the float noise of ``end - now`` (GCRA's tat is a sum of intervals): a remaining time
+# this close above a whole second is that second, so the reset never gains one by rounding
+RESET_EPSILON = 1e-9
+
+
 def seconds_until(end: float, now: float) -> int:
-    """Whole seconds from ``now`` until ``end``, as ``seconds_until_reset`` counts them:
-    ``end - floor(now)`` rounded up, at least 1."""
-    return max(1, math.ceil(end - math.floor(now)))
+    """Whole seconds from ``now`` until ``end`` (any instant: a sliding window's or GCRA's
+    is rarely a whole second), the true remaining time rounded up, at least 1. For a
+    whole-second ``end`` it is ``seconds_until_reset``'s figure; rounding ``now`` down
+    first instead overstated a fractional ``end`` by up to a second."""
+    return max(1, math.ceil(end - now - RESET_EPSILON))
