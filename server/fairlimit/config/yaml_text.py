@@ -75,7 +75,8 @@ def read_text_yaml(text: str, source: str) -> Any:
     except yaml.YAMLError as exc:
         raise unreadable(exc, source) from exc
     try:
-        data = loader.get_data() if loader.check_data() else None
+        first = loader.get_node() if loader.check_node() else None
+        data = None if first is None else loader.construct_document(first)
         while loader.check_node():
             node = loader.get_node()
             empty = isinstance(node, ScalarNode) and node.style is None and node.value in _NULLS
