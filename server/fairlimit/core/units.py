@@ -28,10 +28,13 @@ class Unit(enum.Enum):
         return cls[text.strip().upper()]
 
     @classmethod
-    def nearest(cls, seconds: float) -> "Unit":
-        """The unit whose length is nearest ``seconds`` on a log scale (Envoy's enum has no
-        other way to say 30 s or 5 minutes); a tie goes to the shorter."""
-        return min(cls, key=lambda u: (abs(math.log(seconds / u.seconds)), u.seconds))
+    def within(cls, seconds: float) -> "Unit":
+        """The longest unit no longer than ``seconds`` (SECOND for anything shorter): Envoy's
+        enum has no other way to say 10 s or 5 minutes, and a unit that never overstates
+        the window keeps Envoy's ``w=`` from promising a longer one (10 s says ``w=1``,
+        not ``w=60``)."""
+        return max((u for u in cls if u.seconds <= seconds), key=lambda u: u.seconds,
+                   default=cls.SECOND)  # fmt: skip
 
 
 class Algorithm(enum.Enum):
