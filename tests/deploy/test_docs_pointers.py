@@ -62,8 +62,18 @@ class TestExitCodesAsDocumented:
             (("check", "--strict", str(FIXTURES / "validation" / "contended.yaml")), 1),
             (("check", str(FIXTURES / "config" / "invalid_yaml.yaml")), 2),
             (("check", "/nonexistent/edge.yaml"), 2),
-            (("serve", "--backend", "foo://", "--grpc-addr", "127.0.0.1:0",
-              "--admin-addr", "127.0.0.1:0"), 2),  # fmt: skip
+            (
+                (
+                    "serve",
+                    "--backend",
+                    "foo://",
+                    "--grpc-addr",
+                    "127.0.0.1:0",
+                    "--admin-addr",
+                    "127.0.0.1:0",
+                ),
+                2,
+            ),
             (("simulate", "/nonexistent/scenario.yaml"), 2),
             (("top", "--once", "--admin-addr", "127.0.0.1:1"), 2),
         ],
