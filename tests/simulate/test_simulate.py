@@ -591,3 +591,29 @@ class TestEveryClientStarved:
         assert code == 0
         fairness = json.loads(out)["configs"][0]["fairness"]
         assert (fairness["jain_index"], fairness["starved_clients"]) == (None, 3)
+
+
+class TestFairSharingQuotesTheRun:
+    """docs/fair-sharing.md's token-budget figures are what `simulate` prints (they had
+    drifted from it; issue 37)."""
+
+    def test_the_most_in_a_minute_of_each_config(self) -> None:
+        path = ROOT / "descriptors" / "scenarios" / "token-budget.yaml"
+        code, out, _ = _cli("simulate", str(path), "--format", "json")
+        assert code == 0
+        most = {
+            c["label"]: c["cap"]["max_admitted_in_a_window"] for c in json.loads(out)["configs"]
+        }
+        shown = {label: f"{n:,}".replace(",", " ") for label, n in most.items()}
+        text = " ".join((ROOT / "docs" / "fair-sharing.md").read_text().split())
+        row = (
+            f"| token budget, most in a minute | 60 000 | {shown['global-bucket']} | "
+            f"{shown['fairlimit']}; {shown['charged-when-over']} with `charge_when_over_limit` |"
+        )
+        assert row in text
+        paragraph = (
+            f"({shown['global-bucket']} of 60 000 in a minute behind the global bucket, "
+            f"{shown['fairlimit']} behind the cap)"
+        )
+        assert paragraph in text
+        assert f"({shown['charged-when-over']} of 60 000 here)" in text
