@@ -109,13 +109,14 @@ class TestOneCallByHand:
 
 
 class TestReadme:
-    def test_the_readmes_json_call_on_the_bundled_descriptors(self) -> None:
-        """README's POST /json, against `fairlimit serve` with its defaults' descriptors."""
+    def test_the_readmes_json_call_on_the_quick_starts_server(self) -> None:
+        """README's POST /json, against the quick start's `fairlimit serve`: OK, 10 a minute."""
         text = " ".join((ROOT / "README.md").read_text().split())
         found = re.search(r"`(curl -s -X POST http://127\.0\.0\.1:8080/json -d '[^']*')`", text)
         assert found is not None
         body = shlex.split(found.group(1))[-1]
-        with fairlimit_server("--config", str(ROOT / "descriptors")) as process:
+        with fairlimit_server("--config", str(QUICKSTART)) as process:
             status, answer = post_json(process.admin_port, body)
         assert status == 200 and answer["overallCode"] == "OK"
-        assert answer["statuses"][0]["currentLimit"]["requestsPerUnit"] == 50
+        assert answer["statuses"][0]["currentLimit"]["requestsPerUnit"] == 10
+        assert answer["statuses"][0]["limitRemaining"] == 9
