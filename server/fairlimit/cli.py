@@ -15,7 +15,7 @@ from fairlimit import __version__
 from fairlimit.config.loader import load
 from fairlimit.core.describe import has_plain_limits, limit_fields, limit_words
 from fairlimit.core.rules import Loaded, RateLimit, Rule
-from fairlimit.core.validation import Classification
+from fairlimit.core.validation import Classification, uncapped_rules
 from fairlimit.errors import ConfigError, ConfigUnreadable, SettingsError, UnsupportedBackend
 
 if TYPE_CHECKING:
@@ -264,8 +264,15 @@ def _limits_judged(c: Classification, rule: Rule) -> list[RateLimit]:
     return list(rule.limits) if c.limit is None else [rule.limits[c.limit]]
 
 
+def _verdicts(loaded: Loaded) -> list[Classification]:
+    """What check reports on rates: the caps and global buckets the server classifies, then
+    the rules outside any cap it does not (a bucket per client), so every limit is counted."""
+    return [*loaded.classifications, *uncapped_rules(loaded.config)]
+
+
 def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
     rules = loaded.config.rules_by_path()
+    verdicts = _verdicts(loaded)
     caps = [
         {
             "file": c.source,
@@ -280,7 +287,7 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
             "active_clients": c.active_clients,
             "limits": [limit_fields(limit) for limit in _limits_judged(c, rules[c.path])],
         }
-        for c in loaded.classifications
+        for c in verdicts
     ]
     slots = [
         {
@@ -303,7 +310,7 @@ def _check_report(loaded: Loaded, strict: bool) -> dict[str, object]:
         "concurrency": slots,
         "errors": warnings if strict else [],
         "warnings": [] if strict else warnings,
-        "notes": loaded.notes,
+        "notes": [c.line for c in (*verdicts, *loaded.concurrency) if c.is_note],
     }
 
 
@@ -365,7 +372,7 @@ _EXPLAINED = {
 def _check_text(loaded: Loaded, strict: bool) -> None:
     levels = []
     rules = loaded.config.rules_by_path()
-    judged = [(c, rules.get(c.path)) for c in loaded.classifications]
+    judged = [(c, rules.get(c.path)) for c in _verdicts(loaded)]
     for c, rule in [*judged, *((c, None) for c in loaded.concurrency)]:
         level = "error" if strict and c.is_warning else "warning" if c.is_warning else (
             "note" if c.is_note else "ok")  # fmt: skip
@@ -375,7 +382,7 @@ def _check_text(loaded: Loaded, strict: bool) -> None:
             limits = _limits_judged(c, rule)
             named = "limit" if len(limits) == 1 else "limits"
             print(f"    {named}: " + "; ".join(limit_words(limit) for limit in limits))
-    modes = [c.mode.value for c in (*loaded.classifications, *loaded.concurrency)]
+    modes = [c.mode.value for c, _ in judged] + [c.mode.value for c in loaded.concurrency]
     summary = ", ".join(f"{modes.count(m)} {m}" for m in sorted(set(modes))) or "no limits"
     print(f"{len(loaded.files)} files, {len(loaded.config.domains)} domains: {summary}")
     for level, text in _EXPLAINED.items():

@@ -24,6 +24,11 @@ class Unreachable(Exception):
     """The admin port did not answer ``GET /top`` with a snapshot."""
 
 
+class Refused(Unreachable):
+    """The server refused the question itself (an unknown ``--rule``, a bad ``-n``): asking
+    again would not help, so even a refreshing view ends."""
+
+
 def url_of(admin_addr: str, n: int, rule: str | None) -> str:
     """The ``/top`` URL for an admin ``HOST:PORT`` (a wildcard bind is asked on loopback)."""
     host, _, port = admin_addr.rpartition(":")
@@ -41,10 +46,21 @@ def fetch(url: str, timeout: float = 2.0) -> dict[str, Any]:
         with urllib.request.urlopen(url, timeout=timeout) as answer:  # url_of builds an http URL
             snapshot: dict[str, Any] = json.loads(answer.read())
     except urllib.error.HTTPError as exc:
-        raise Unreachable(f"{url}: HTTP {exc.code}: {exc.read().decode(errors='replace')}") from exc
+        error = Refused if 400 <= exc.code < 500 else Unreachable
+        raise error(f"{url}: HTTP {exc.code}: {_reason(exc.read())}") from exc
     except (OSError, ValueError) as exc:
         raise Unreachable(f"{url}: {exc}") from exc
     return snapshot
+
+
+def _reason(body: bytes) -> str:
+    """An error answer's reason: the ``error`` of its JSON, else its text."""
+    text = body.decode(errors="replace")
+    try:
+        error = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return text
+    return error if isinstance(error, str) else text
 
 
 def _rate(count: float, seconds: float) -> str:
@@ -121,7 +137,7 @@ def run(
         try:
             frame = render(fetch(url), source, sort, time.time())
         except Unreachable as exc:
-            if once:
+            if once or isinstance(exc, Refused):
                 raise
             frame = f"fairlimit top: cannot read {exc}\n"
         if once:

@@ -121,6 +121,64 @@ class TestCheckShowsEveryLimit:
                                      "window_seconds": 1, "algorithm": "fixed"}]  # fmt: skip
 
 
+def docs_block(page: str, heading: str, lang: str = "yaml") -> str:
+    """The first ``lang`` code block under ``heading`` of docs/``page``."""
+    text = (ROOT / "docs" / page).read_text()
+    after = text[text.index(heading) :]
+    start = after.index(f"```{lang}\n") + len(f"```{lang}\n")
+    return after[start : after.index("```", start)]
+
+
+class TestCheckCountsRulesOutsideCaps:
+    """A limited rule outside any cap with a bucket per client is counted and listed, not
+    `no limits` (issue 37)."""
+
+    def test_the_docs_several_limits_example(self, tmp_path: Path) -> None:
+        """configuration.md's own example: one per-client-buckets rule with its 3 limits."""
+        path = tmp_path / "api.yaml"
+        path.write_text(docs_block("configuration.md", "### Several limits, windows"))
+        for flags in ([], ["--strict"]):
+            out = run_cli("check", *flags, str(path))
+            assert out.returncode == 0, out.stderr
+            assert out.stdout.splitlines() == [
+                f"ok: {path}: api/user: per-client buckets: each client has its own limits, "
+                "under no shared cap",
+                "    limits: 10 per second, gcra, burst 20; 10000 per calendar day in "
+                "Europe/Berlin; 500 per 5m, sliding",
+                "1 files, 1 domains: 1 per-client-buckets",
+            ]
+
+    def test_json_lists_them_with_their_limits(self, tmp_path: Path) -> None:
+        path = tmp_path / "api.yaml"
+        path.write_text("domain: api\ndescriptors:\n  - key: user\n" + FOUR_LIMITS)
+        report = json.loads(run_cli("check", "--format", "json", str(path)).stdout)
+        (rule,) = report["classifications"]
+        assert (rule["path"], rule["mode"]) == ("api/user", "per-client-buckets")
+        assert rule["note"] is False
+        assert len(rule["limits"]) == 4 and rule["cap_per_second"] == 20
+
+    def test_a_shared_wildcard_is_a_global_bucket(self, tmp_path: Path) -> None:
+        """Every value of a share_threshold wildcard counts in one counter: a note."""
+        path = tmp_path / "api.yaml"
+        path.write_text(
+            "domain: api\ndescriptors:\n  - key: path\n    value: /api/*\n"
+            "    share_threshold: true\n"
+            "    rate_limit: {unit: second, requests_per_unit: 10}\n"
+        )
+        out = run_cli("check", "--strict", str(path))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(f"note: {path}: api/path=/api/*: global bucket only")
+        assert "1 files, 1 domains: 1 global-bucket-only" in out.stdout
+
+    def test_under_a_cap_a_client_rule_is_its_caps(self, tmp_path: Path) -> None:
+        """Below a fair_share cap the clients' rule is in the cap's verdict, not listed again."""
+        path = tmp_path / "api.yaml"
+        path.write_text("domain: api\ndescriptors:\n" + CAP_OF_TWO)
+        out = run_cli("check", str(path))
+        assert "per-client buckets: each client" not in out.stdout
+        assert "1 files, 1 domains: 1 per-client-buckets, 1 weighted-fair-queue" in out.stdout
+
+
 class TestCheckMergesDomains:
     """Two files of one domain: refused unless merged, as `serve` decides it (upstream's
     MERGE_DOMAIN_CONFIG, FAIRLIMIT_MERGE_DOMAINS, or check's --merge-domains)."""

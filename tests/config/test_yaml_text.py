@@ -2,6 +2,7 @@
 
 import pytest
 
+from fairlimit.config.loader import parse_domain
 from fairlimit.config.yaml_text import (
     Plain,
     as_bool,
@@ -67,6 +68,45 @@ class TestDuplicateKeys:
 
     def test_repeats_in_different_mappings_are_fine(self) -> None:
         assert read_text_yaml("- {k: 1}\n- {k: 2}\n", "f") == [{"k": "1"}, {"k": "2"}]
+
+
+class TestDocuments:
+    """A file's first YAML document is its config, as envoyproxy/ratelimit reads it (issue 37)."""
+
+    @pytest.mark.parametrize(
+        "tail", ["---\n", "---", "...\n", "---\n# nothing more\n", "---\n---\n", "--- ~\n"]
+    )
+    def test_a_trailing_empty_document_is_fine(self, tail: str) -> None:
+        assert read_text_yaml("domain: d\nx: 1\n" + tail, "f") == {"domain": "d", "x": "1"}
+
+    def test_an_upstream_file_ending_in_a_marker_loads(self) -> None:
+        domain = parse_domain(
+            "domain: edge\ndescriptors:\n  - key: k\n    value: v\n"
+            "    rate_limit: {unit: second, requests_per_unit: 1}\n---\n",
+            "edge.yaml",
+        )
+        assert (domain.name, [r.path for r in domain.rules]) == ("edge", ["edge/k=v"])
+
+    def test_a_leading_document_marker_is_fine(self) -> None:
+        assert read_text_yaml("---\ndomain: d\n---\n", "f") == {"domain": "d"}
+
+    def test_a_second_document_with_content_names_its_line(self) -> None:
+        """Upstream ignores it without a word; a domain dropped silently is refused here."""
+        with pytest.raises(ConfigUnreadable) as caught:
+            read_text_yaml("domain: d\n---\ndomain: e\n", "f.yaml")
+        assert caught.value.problems == [
+            "f.yaml: line 3 column 1: a second YAML document: envoyproxy/ratelimit reads only "
+            "a file's first document and ignores this one: put each domain in its own file"
+        ]
+
+    def test_duplicate_keys_are_still_refused_before_the_marker(self) -> None:
+        with pytest.raises(ConfigUnreadable) as caught:
+            read_text_yaml("domain: d\ndomain: e\n---\n", "f.yaml")
+        assert "duplicate key: 'domain' (first on line 1)" in caught.value.problems[0]
+
+    def test_an_empty_file_is_none(self) -> None:
+        assert read_text_yaml("", "f") is None
+        assert read_text_yaml("# only a comment\n", "f") is None
 
 
 class TestUnreadableYaml:

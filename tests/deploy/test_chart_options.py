@@ -1,8 +1,10 @@
 """The chart's escape hatches and cross-value rules, as `helm template` renders them."""
 
 import pytest
+import yaml
 
 from .helpers import (
+    CHART_README,
     Helm,
     HelmError,
     Manifest,
@@ -255,3 +257,71 @@ class TestCallBudgets:
         flags = _flag_values(helm.template({"server": {"limits": limits}}))
         assert [flags[f] for f in BUDGET_FLAGS] == ["100", "500", "2000", "20000", "50", "2.5",
                                                     "1048576"]  # fmt: skip
+
+
+API_FILES = {
+    "edge.yaml": None,  # Helm drops a key set to null from the merged map
+    "api.yaml": {
+        "domain": "api",
+        "descriptors": [
+            {"key": "client_id", "rate_limit": {"unit": "second", "requests_per_unit": 10}}
+        ],
+    },
+}
+
+
+def configmap_domains(docs: list[Manifest]) -> set[str]:
+    """The domains of the descriptor files the rendered ConfigMap ships."""
+    data = one(docs, "ConfigMap")["data"]
+    return {yaml.safe_load(text)["domain"] for text in data.values()}
+
+
+def gateway_domain(docs: list[Manifest]) -> str:
+    (envoy_filter,) = [
+        d for d in find(docs, "EnvoyFilter") if d["metadata"]["name"].endswith("-filter")
+    ]
+    patch = envoy_filter["spec"]["configPatches"][0]["patch"]
+    return str(patch["value"]["typed_config"]["domain"])
+
+
+class TestIstioDomain:
+    """With Istio on, the gateway's domain is one the shipped descriptors have, or the render
+    fails saying so: a domain no file has leaves every request unlimited (issue 37)."""
+
+    def test_the_default_gateway_asks_about_the_shipped_domain(self, helm: Helm) -> None:
+        docs = helm.template({"istio": {"enabled": True}})
+        assert gateway_domain(docs) in configmap_domains(docs)
+
+    def test_own_descriptors_with_the_default_domain_are_refused(self, helm: Helm) -> None:
+        """The README's way to replace edge.yaml, istio.domain left at edge: refused."""
+        with pytest.raises(HelmError) as refused:
+            helm.template({"istio": {"enabled": True}, "config": {"descriptors": API_FILES}})
+        assert (
+            'istio.domain is "edge", but no file of config.descriptors has that domain '
+            "(theirs: api): the gateway would ask about a domain fairlimit does not know, "
+            "and every request would pass unlimited."
+        ) in str(refused.value)
+
+    def test_own_descriptors_with_their_domain_render(self, helm: Helm) -> None:
+        values = {"istio": {"enabled": True, "domain": "api"},
+                  "config": {"descriptors": API_FILES}}  # fmt: skip
+        docs = helm.template(values)
+        assert configmap_domains(docs) == {"api"} and gateway_domain(docs) == "api"
+
+    def test_files_added_beside_edge_yaml_keep_it(self, helm: Helm) -> None:
+        """Helm merges config.descriptors key by key (the README said it replaced it)."""
+        added = {"api.yaml": API_FILES["api.yaml"]}
+        docs = helm.template({"istio": {"enabled": True}, "config": {"descriptors": added}})
+        assert configmap_domains(docs) == {"api", "edge"} and gateway_domain(docs) == "edge"
+
+    def test_an_existing_configmap_is_not_checked(self, helm: Helm) -> None:
+        """The chart cannot see an existing ConfigMap's files: it renders as asked."""
+        values = {"istio": {"enabled": True}, "config": {"existingConfigMap": "mine"}}
+        assert gateway_domain(helm.template(values)) == "edge"
+
+    def test_the_readmes_example_renders_with_its_domain(self, helm: Helm) -> None:
+        text = CHART_README.read_text()
+        after = text[text.index("A values file's `config.descriptors`") :]
+        start = after.index("```yaml\n") + len("```yaml\n")
+        docs = helm.template(yaml.safe_load(after[start : after.index("```", start)]))
+        assert configmap_domains(docs) == {"api"} and gateway_domain(docs) == "api"

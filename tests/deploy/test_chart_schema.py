@@ -120,6 +120,38 @@ class TestChartDescriptors:
         }
 
 
+GLOBAL_BUCKET = {
+    "domain": "edge",
+    "descriptors": [
+        {"key": "generic_key", "value": "global",
+         "rate_limit": {"unit": "second", "requests_per_unit": 100}}
+    ],
+}  # fmt: skip
+
+
+class TestStrictAsTheServerHasIt:
+    """server.strict says what --strict does: a contended cap is a load error, a global
+    bucket a note, never an error (the README and values.yaml said a load error; issue 37)."""
+
+    def test_a_global_bucket_loads_under_strict(self, tmp_path: Path) -> None:
+        path = tmp_path / "edge.yaml"
+        path.write_text(yaml.safe_dump(GLOBAL_BUCKET))
+        result = fairlimit_check(path)
+        assert result.returncode == 0 and result.stdout.startswith("note: ")
+
+    def test_the_readme_and_values_say_so(self) -> None:
+        row = next(
+            line for line in CHART_README.read_text().splitlines()
+            if line.startswith("| `server.strict` |")
+        )  # fmt: skip
+        comment = (CHART_README.parent / "values.yaml").read_text()
+        comment = comment[comment.index("# -- --strict") : comment.index("strict: false")]
+        for text in (row, " ".join(comment.replace("#", " ").split())):
+            assert "global-bucket-only rule stays a note, never an error" in text, text
+            assert "global bucket only, is a load error" not in text
+            assert "global-bucket-only rule, is a load error" not in text
+
+
 class TestChartReadme:
     def test_the_install_builds_the_image_it_installs(self) -> None:
         """The image is in no registry: the README's first commands build it with the

@@ -141,10 +141,11 @@ class TestWindows:
         clock.t = 1_700_000_100.0
         assert shown((await ask(limiter, "user=a")).statuses[0]) == ("OK", 1, 300, 2, "MINUTE")
 
-    async def test_a_duration_is_its_seconds_and_reports_the_nearest_unit(
+    async def test_a_duration_is_its_seconds_and_reports_a_unit_within_it(
         self, make_limiter: Callable[..., Limiter], clock: FakeClock
     ) -> None:
-        """duration 30s: windows of 30 s from the epoch, reported as MINUTE (the nearest)."""
+        """duration 30s: windows of 30 s from the epoch, reported as SECOND, the longest unit
+        that does not overstate the window (MINUTE made Envoy say w=60; issue 37)."""
         clock.t = MINUTE_START + 25.5
         limiter = make_limiter(
             """
@@ -154,10 +155,10 @@ class TestWindows:
                 rate_limit: {duration: 30s, requests_per_unit: 1}
             """
         )
-        assert shown((await ask(limiter, "user=a")).statuses[0]) == ("OK", 0, 5, 1, "MINUTE")
+        assert shown((await ask(limiter, "user=a")).statuses[0]) == ("OK", 0, 5, 1, "SECOND")
         assert (await ask(limiter, "user=a")).code.name == "OVER_LIMIT"
         clock.t = MINUTE_START + 30
-        assert shown((await ask(limiter, "user=a")).statuses[0]) == ("OK", 0, 30, 1, "MINUTE")
+        assert shown((await ask(limiter, "user=a")).statuses[0]) == ("OK", 0, 30, 1, "SECOND")
 
     async def test_a_calendar_month_in_utc_ends_at_the_first_of_the_next(
         self, make_limiter: Callable[..., Limiter], clock: FakeClock
@@ -264,6 +265,49 @@ class TestSmooth:
         assert await codes(limiter, clock, 2, 0, "user=a") == "+-"
         clock.t = MINUTE_START + 40
         assert await codes(limiter, clock, 4, 0, "user=a") == "+++-"
+
+    async def test_gcra_reset_is_the_true_time_rounded_up(
+        self, make_limiter: Callable[..., Limiter], clock: FakeClock
+    ) -> None:
+        """1 per 10 s taken 0.5 s into a second: the refusal says 10 s (the bucket is full
+        10 s on, not 11), and a call 10 s later is admitted (issue 37)."""
+        clock.t = MINUTE_START + 0.5
+        limiter = make_limiter(
+            """
+            domain: d
+            descriptors:
+              - key: user
+                rate_limit: {duration: 10s, requests_per_unit: 1, algorithm: gcra}
+            """
+        )
+        assert await codes(limiter, clock, 1, 0, "user=a") == "+"
+        over = (await ask(limiter, "user=a")).statuses[0]
+        assert (over.code.name, over.duration_until_reset) == ("OVER_LIMIT", 10)
+        clock.t = MINUTE_START + 6.2  # 4.3 s left: 5
+        assert (await ask(limiter, "user=a")).statuses[0].duration_until_reset == 5
+        clock.t = MINUTE_START + 10.5
+        assert await codes(limiter, clock, 1, 0, "user=a") == "+"
+
+    async def test_sliding_reset_is_the_true_time_rounded_up(
+        self, make_limiter: Callable[..., Limiter], clock: FakeClock
+    ) -> None:
+        """1 per 10 s sliding (0.5 s sub-windows), taken at 0.2 s: it leaves the count at
+        10.5 s, so a refusal at 0.7 s says 10 s (not 11) and one at 10.5 s is admitted."""
+        clock.t = MINUTE_START + 0.2
+        limiter = make_limiter(
+            """
+            domain: d
+            descriptors:
+              - key: user
+                rate_limit: {duration: 10s, requests_per_unit: 1, algorithm: sliding}
+            """
+        )
+        assert await codes(limiter, clock, 1, 0, "user=a") == "+"
+        clock.t = MINUTE_START + 0.7
+        over = (await ask(limiter, "user=a")).statuses[0]
+        assert (over.code.name, over.duration_until_reset) == ("OVER_LIMIT", 10)
+        clock.t = MINUTE_START + 10.5
+        assert await codes(limiter, clock, 1, 0, "user=a") == "+"
 
     async def test_sliding_refuses_a_second_limit_across_the_window_edge(
         self, make_limiter: Callable[..., Limiter], clock: FakeClock

@@ -534,3 +534,86 @@ class TestSeveralLimits:
             "at most " in text
         )
         assert "EXCEEDED" not in text
+
+
+# Every request also carries a descriptor whose limit is 0: the cap owes each client its
+# share, and nothing is admitted.
+BLOCKED = """
+domain: edge
+descriptors:
+  - key: route
+    value: api
+    rate_limit: {unit: second, requests_per_unit: 100}
+    fair_share: {active_clients: 10}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 10}
+  - key: maintenance
+    value: "on"
+    rate_limit: {unit: second, requests_per_unit: 0}
+"""
+
+BLOCKED_SCENARIO = """
+name: all-starved
+domain: edge
+descriptors:
+  - [{key: route, value: api}, {key: client_id, value: "{client}"}]
+  - [{key: maintenance, value: "on"}]
+configs:
+  - {label: blocked, path: blocked.yaml}
+duration: 10
+tick: 0.1
+clients:
+  - {name: c, count: 3, rate: 5}
+"""
+
+
+class TestEveryClientStarved:
+    """Jain's index of all-zero allocations is 0/0: undefined, not 1.00 (issue 37)."""
+
+    @pytest.fixture
+    def scenario(self, tmp_path: Path) -> Path:
+        (tmp_path / "blocked.yaml").write_text(BLOCKED)
+        path = tmp_path / "scenario.yaml"
+        path.write_text(BLOCKED_SCENARIO)
+        return path
+
+    def test_text_says_undefined(self, scenario: Path) -> None:
+        code, out, err = _cli("simulate", str(scenario))
+        assert (code, err) == (0, "")
+        assert out.splitlines()[-1] == (
+            "fairness 1-10 s: Jain undefined (nothing admitted), top client 0%, starved 3/3, "
+            "level inf (fits)"
+        )
+
+    def test_json_has_no_index(self, scenario: Path) -> None:
+        code, out, _ = _cli("simulate", str(scenario), "--format", "json")
+        assert code == 0
+        fairness = json.loads(out)["configs"][0]["fairness"]
+        assert (fairness["jain_index"], fairness["starved_clients"]) == (None, 3)
+
+
+class TestFairSharingQuotesTheRun:
+    """docs/fair-sharing.md's token-budget figures are what `simulate` prints (they had
+    drifted from it; issue 37)."""
+
+    def test_the_most_in_a_minute_of_each_config(self) -> None:
+        path = ROOT / "descriptors" / "scenarios" / "token-budget.yaml"
+        code, out, _ = _cli("simulate", str(path), "--format", "json")
+        assert code == 0
+        most = {
+            c["label"]: c["cap"]["max_admitted_in_a_window"] for c in json.loads(out)["configs"]
+        }
+        shown = {label: f"{n:,}".replace(",", " ") for label, n in most.items()}
+        text = " ".join((ROOT / "docs" / "fair-sharing.md").read_text().split())
+        row = (
+            f"| token budget, most in a minute | 60 000 | {shown['global-bucket']} | "
+            f"{shown['fairlimit']}; {shown['charged-when-over']} with `charge_when_over_limit` |"
+        )
+        assert row in text
+        paragraph = (
+            f"({shown['global-bucket']} of 60 000 in a minute behind the global bucket, "
+            f"{shown['fairlimit']} behind the cap)"
+        )
+        assert paragraph in text
+        assert f"({shown['charged-when-over']} of 60 000 here)" in text

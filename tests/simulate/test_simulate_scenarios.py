@@ -368,3 +368,58 @@ class TestClientErrors:
         code, _, err = _cli("simulate", str(path))
         expected = f"{path}: clients: client 'b' has no tenant for the {{tenant}} placeholder"
         assert (code, err.splitlines()) == (2, [expected])
+
+
+@pytest.fixture(scope="module")
+def drawn() -> dict[str, tuple[Any, Any]]:
+    """The bundled scenarios whose plots were cut: (result, its Figure drawn by Agg)."""
+    require_module("matplotlib", "the plot extra: pip install 'fairlimit[plot]'")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from fairlimit.simulate import plot
+
+    out = {}
+    for name in ("rlqs", "page-loads", "token-budget"):
+        result = simulate.run(load_scenario(str(SCENARIOS / f"{name}.yaml")))
+        figure = plot.figure(result)
+        FigureCanvasAgg(figure).draw()
+        out[name] = (result, figure)
+    return out
+
+
+class TestPlotsAreReadable:
+    """What the PNGs showed cut or crowded (issue 37), measured on the drawn figures."""
+
+    @pytest.mark.parametrize("name", ["rlqs", "page-loads", "token-budget"])
+    def test_no_text_runs_off_the_figure(self, drawn: dict[str, Any], name: str) -> None:
+        """Titles (a long rule path and its figures) stay inside the image."""
+        from matplotlib.text import Text
+
+        _, figure = drawn[name]
+        renderer, width = figure.canvas.get_renderer(), figure.bbox.width
+        # tick labels past the axis limits are kept but not drawn
+        ticks = {id(t) for ax in figure.axes for t in ax.get_xticklabels() + ax.get_yticklabels()}
+        for text in figure.findobj(Text):
+            if text.get_visible() and text.get_text() and id(text) not in ticks:
+                box = text.get_window_extent(renderer)
+                assert box.x0 >= 0 and box.x1 <= width + 0.5, text.get_text()
+
+    def test_every_panel_shows_its_highest_bar(self, drawn: dict[str, Any]) -> None:
+        """RLQS's 112 a second fits on the axis the panels share (it was cut at 105)."""
+        from fairlimit.simulate.plot import bands
+
+        result, figure = drawn["rlqs"]
+        for ax, config in zip(figure.axes, result.configs, strict=True):
+            stacked = [sum(column) for column in zip(*bands(config, 1).values(), strict=True)]
+            assert max(stacked) <= ax.get_ylim()[1]
+        assert max(max(c.per_second) for c in result.configs[1].clients) > 0
+
+    def test_the_legend_names_a_few_bands(self, drawn: dict[str, Any]) -> None:
+        """page-loads' 41 clients: the most admitted apart, the rest as one band."""
+        from fairlimit.simulate.plot import MAX_BANDS
+
+        _, figure = drawn["page-loads"]
+        (legend,) = figure.legends
+        names = [t.get_text() for t in legend.get_texts()]
+        assert len(names) <= MAX_BANDS + 2  # and the cap and λ
+        assert "batch" in names and "34 other clients" in names

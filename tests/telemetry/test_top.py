@@ -218,13 +218,18 @@ class TestEndpoint:
         assert caps[TENANTS]["by_demand"] == [] and caps[TENANTS]["hits"] == 0
 
     async def test_top_of_one_rule_and_bad_n(self, admin: tuple[str, Limiter]) -> None:
-        """?rule= keeps one rule; n above the capacity is the capacity; a bad n is a 400."""
+        """?rule= keeps one rule, one that is none is a 404; n above the capacity is the
+        capacity; a bad n is a 400."""
         base, limiter = admin
         await send(limiter, public("hog"))
         async with aiohttp.ClientSession() as http:
             async with http.get(base + "/top", params={"rule": CAP, "n": "99"}) as response:
                 body = await response.json()
             assert body["n"] == 4 and [c["rule"] for c in body["caps"]] == [CAP]
+            async with http.get(base + "/top", params={"rule": "nosuch"}) as response:
+                assert response.status == 404  # not an empty list (issue 37)
+                error = (await response.json())["error"]
+            assert error.startswith("rule: no cap or global bucket 'nosuch' (there are: ")
             for bad in ("0", "-1", "ten"):
                 async with http.get(base + "/top", params={"n": bad}) as response:
                     assert response.status == 400

@@ -70,6 +70,18 @@ class TestTopOnce:
         assert [row[1] for row in rows] == ["batch-etl"]
         assert "edge/route=admin" not in out.stdout
 
+    @pytest.mark.parametrize("once", [["--once"], []])
+    def test_an_unknown_rule_is_an_error_naming_it(
+        self, server: ServerProcess, once: list[str]
+    ) -> None:
+        """--rule nosuch: exit 2 naming the rule and the ones there are, not an empty view
+        (refreshing too: asking again would not help; issue 37)."""
+        addr = f"127.0.0.1:{server.admin_port}"
+        out = run_cli("top", *once, "--admin-addr", addr, "--rule", "nosuch", "--interval", "0.1")
+        assert out.returncode == 2 and out.stdout == ""
+        assert "HTTP 404: rule: no cap or global bucket 'nosuch' (there are: " in out.stderr
+        assert "edge/route=public" in out.stderr
+
     def test_the_admin_address_comes_from_the_environment_too(self, server: ServerProcess) -> None:
         """FAIRLIMIT_ADMIN_ADDR, as for serve; a wildcard bind is asked on loopback."""
         env = {"FAIRLIMIT_ADMIN_ADDR": f"0.0.0.0:{server.admin_port}"}

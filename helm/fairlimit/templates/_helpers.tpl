@@ -123,6 +123,15 @@ value alone; its messages cannot say why).
 {{- if and .Values.tls.enabled (not .Values.tls.secretName) }}
 {{- fail "tls.enabled needs tls.secretName: the kubernetes.io/tls Secret holding tls.crt and tls.key." }}
 {{- end }}
+{{- if and .Values.istio.enabled (not .Values.config.existingConfigMap) }}
+{{- $domains := list }}
+{{- range $file, $content := .Values.config.descriptors }}
+{{- if $content }}{{ $domains = append $domains (toString $content.domain) }}{{ end }}
+{{- end }}
+{{- if not (has .Values.istio.domain $domains) }}
+{{- fail (printf "istio.domain is %q, but no file of config.descriptors has that domain (theirs: %s): the gateway would ask about a domain fairlimit does not know, and every request would pass unlimited. Set istio.domain to the domain of your descriptors." .Values.istio.domain (join ", " (sortAlpha $domains) | default "none")) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.networkPolicy.enabled (not .Values.networkPolicy.grpcFrom) (not .Values.istio.enabled) }}
 {{- fail "networkPolicy.enabled with an empty networkPolicy.grpcFrom and istio.enabled false: no client could reach the gRPC port, and Envoy (failing open) would let every request through unlimited. List the pods that call fairlimit in networkPolicy.grpcFrom." }}
 {{- end }}

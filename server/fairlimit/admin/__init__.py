@@ -27,6 +27,7 @@ from fairlimit.telemetry.top import TopRow
 
 MAX_BODY = 64 * 1024  # a RateLimitRequest within the request bounds is far smaller
 TOP_DEFAULT = 10  # clients per cap on /top without ?n= and on /rlconfig
+_RULES_LISTED = 10  # the rules a /top?rule= that names none lists
 # Requests in progress at once besides the probes (/json, /metrics, /rlconfig, /top): a flood
 # of them gets 503 while the probes are still answered.
 ADMIN_AT_ONCE = 16
@@ -164,6 +165,11 @@ class AdminServer:
         capacity = self.limiter.top_capacity
         n = min(int(text), capacity)
         wanted = request.query.get("rule")
+        known = list(self.limiter.loaded.verdicts_by_path())
+        if wanted is not None and wanted not in known:
+            listed = ", ".join(known[:_RULES_LISTED]) + (", ..." if known[_RULES_LISTED:] else "")
+            error = f"rule: no cap or global bucket {wanted!r} (there are: {listed or 'none'})"
+            return web.json_response({"error": error}, status=404)
         caps = [t.as_json() for t in self.limiter.top_clients(n) if wanted in (None, t.rule)]
         body = {"scope": "process", "capacity": capacity, "n": n, "caps": caps}
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))

@@ -110,7 +110,7 @@ def _window(
             problems.add(path, "takes either a unit (and multiplier) or a duration")
             return None
         seconds = _duration(problems, path, raw_duration)
-        return None if seconds is None else (Unit.nearest(seconds), seconds)
+        return None if seconds is None else (Unit.within(seconds), seconds)
     try:
         unit = Unit.parse(str(unit_text)) if unit_text is not None else None
     except KeyError:

@@ -6,7 +6,8 @@ scalar stays text (``Plain`` when written without quotes, so that the few fields
 numbers or booleans can be read from it, and ``metadata`` can be typed as YAML would type it).
 A plain ``~``/``null``/empty scalar is None, as upstream leaves such a field unset. A key that
 appears twice in one mapping is an error naming both lines: upstream keeps the last one
-silently, which hides a typo in a merged ConfigMap.
+silently, which hides a typo in a merged ConfigMap. A file's first YAML document is its
+config, as upstream reads it (a trailing ``---`` is fine); a second one with content is an error.
 """
 
 import re
@@ -30,6 +31,10 @@ class Plain(str):
 
 
 class _DuplicateKey(yaml.MarkedYAMLError):
+    pass
+
+
+class _SecondDocument(yaml.MarkedYAMLError):
     pass
 
 
@@ -58,11 +63,34 @@ class _TextLoader(yaml.BaseLoader):
 
 
 def read_text_yaml(text: str, source: str) -> Any:
-    """``text`` parsed with scalars as text; ConfigUnreadable naming line and column if not."""
+    """``text``'s first YAML document parsed with scalars as text; ConfigUnreadable naming
+    line and column if not.
+
+    envoyproxy/ratelimit (yaml.v2's Unmarshal) reads the first document of a file, so a file
+    that ends in ``---`` loads there, and here; an empty document after it is fine. A second
+    document with content is ignored there without a word: here it is refused, naming its
+    line, since a domain dropped silently leaves its traffic unlimited."""
     try:
-        return yaml.load(text, Loader=_TextLoader)  # BaseLoader: builds no objects
+        loader = _TextLoader(text)  # the reader refuses a control character at once
     except yaml.YAMLError as exc:
         raise unreadable(exc, source) from exc
+    try:
+        first = loader.get_node() if loader.check_node() else None
+        data = None if first is None else loader.construct_document(first)
+        while loader.check_node():
+            node = loader.get_node()
+            empty = isinstance(node, ScalarNode) and node.style is None and node.value in _NULLS
+            if node is not None and not empty:
+                raise _SecondDocument(
+                    problem="envoyproxy/ratelimit reads only a file's first document and "
+                    "ignores this one: put each domain in its own file",
+                    problem_mark=node.start_mark,
+                )
+        return data
+    except yaml.YAMLError as exc:
+        raise unreadable(exc, source) from exc
+    finally:
+        loader.dispose()
 
 
 def unreadable(exc: yaml.YAMLError, source: str) -> ConfigUnreadable:
@@ -70,7 +98,11 @@ def unreadable(exc: yaml.YAMLError, source: str) -> ConfigUnreadable:
     mark = getattr(exc, "problem_mark", None)
     where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "(file)"
     reason = getattr(exc, "problem", None) or str(exc)
-    what = "duplicate key" if isinstance(exc, _DuplicateKey) else "invalid YAML"
+    what = "invalid YAML"
+    if isinstance(exc, _SecondDocument):
+        what = "a second YAML document"
+    elif isinstance(exc, _DuplicateKey):
+        what = "duplicate key"
     if isinstance(exc, _DuplicateKey):
         reason = reason.removeprefix("duplicate key ")
     return ConfigUnreadable([f"{source}: {where}: {what}: {reason}"])

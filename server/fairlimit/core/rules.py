@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class RateLimit:
     """``requests_per_unit`` hits per window (or unlimited): ``unit``'s, or ``seconds`` long
-    when given (a multiple of a unit or a duration; ``unit`` is then the nearest, for Envoy's
-    enum). ``shape``: a calendar window or a smooth algorithm (None: upstream's fixed window).
+    when given (a multiple of a unit or a duration; ``unit`` is then the longest unit within
+    it, for Envoy's enum). ``shape``: a calendar window or a smooth algorithm (None:
+    upstream's fixed window).
 
     ``window`` (seconds) and ``per_second`` are derived once here: every request reads them,
     and an enum's ``value`` is a descriptor lookup each time.

@@ -28,10 +28,13 @@ class Unit(enum.Enum):
         return cls[text.strip().upper()]
 
     @classmethod
-    def nearest(cls, seconds: float) -> "Unit":
-        """The unit whose length is nearest ``seconds`` on a log scale (Envoy's enum has no
-        other way to say 30 s or 5 minutes); a tie goes to the shorter."""
-        return min(cls, key=lambda u: (abs(math.log(seconds / u.seconds)), u.seconds))
+    def within(cls, seconds: float) -> "Unit":
+        """The longest unit no longer than ``seconds`` (SECOND for anything shorter): Envoy's
+        enum has no other way to say 10 s or 5 minutes, and a unit that never overstates
+        the window keeps Envoy's ``w=`` from promising a longer one (10 s says ``w=1``,
+        not ``w=60``)."""
+        return max((u for u in cls if u.seconds <= seconds), key=lambda u: u.seconds,
+                   default=cls.SECOND)  # fmt: skip
 
 
 class Algorithm(enum.Enum):
@@ -129,7 +132,14 @@ def seconds_until_reset(window: int, now: float) -> int:
     return window - math.floor(now) % window
 
 
+# the float noise of ``end - now`` (GCRA's tat is a sum of intervals): a remaining time
+# this close above a whole second is that second, so the reset never gains one by rounding
+RESET_EPSILON = 1e-9
+
+
 def seconds_until(end: float, now: float) -> int:
-    """Whole seconds from ``now`` until ``end``, as ``seconds_until_reset`` counts them:
-    ``end - floor(now)`` rounded up, at least 1."""
-    return max(1, math.ceil(end - math.floor(now)))
+    """Whole seconds from ``now`` until ``end`` (any instant: a sliding window's or GCRA's
+    is rarely a whole second), the true remaining time rounded up, at least 1. For a
+    whole-second ``end`` it is ``seconds_until_reset``'s figure; rounding ``now`` down
+    first instead overstated a fractional ``end`` by up to a second."""
+    return max(1, math.ceil(end - now - RESET_EPSILON))

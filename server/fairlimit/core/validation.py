@@ -3,7 +3,9 @@
 For a ``fair_share`` cap: ``required = sum of the explicitly-valued children's limits + (active
 - explicit children) x the value-less child's limit`` (per second). ``cap >= required`` is
 per-client-buckets, ``cap < required`` is weighted-fair-queue (a warning). A limited node
-outside any cap whose path has only fixed values is global-bucket-only (a warning).
+outside any cap whose path has only fixed values is global-bucket-only (a note). A limited
+node outside any cap with a value-less or wildcard level keeps a bucket per client: ``check``
+lists those too (``per_client_rules``), so that it counts every limit it read.
 """
 
 import enum
@@ -154,6 +156,47 @@ def _classify_domain(domain: Domain) -> Iterator[Classification]:
                 GLOBAL_BUCKET_MESSAGE,
                 limit.per_second,
             )
+
+
+PER_CLIENT_MESSAGE = "per-client buckets: each client has its own limits, under no shared cap"
+
+
+def _per_value(rule: Rule) -> bool:
+    """True when the node counts each value apart: value-less, or a wildcard whose values
+    do not share one counter (``share_threshold``)."""
+    return rule.value is None or (rule.is_wildcard and not rule.share_threshold)
+
+
+def uncapped_rules(config: Config) -> list[Classification]:
+    """Every limited rule outside any cap that ``classify`` leaves out, in file and tree
+    order: one with a bucket per client (a value-less or wildcard level on its path) is
+    per-client buckets; one whose only open levels are ``share_threshold`` wildcards shares
+    one counter, a global bucket. Not verdicts the server keeps: ``check`` counts and lists
+    them, so that no limit it read goes unmentioned."""
+    out: list[Classification] = []
+    for name in sorted(config.domains):
+        domain = config.domains[name]
+        for rule, ancestors in walk(domain.rules):
+            if not rule.limits or rule.limits[0].unlimited or rule.fair_share is not None:
+                continue
+            if any(a.fair_share is not None for a in ancestors):
+                continue  # counted in its cap's verdict
+            if rule.is_fixed and all(a.is_fixed for a in ancestors):
+                continue  # a global bucket: classify's
+            per_client = any(_per_value(r) for r in (*ancestors, rule))
+            mode = Mode.PER_CLIENT_BUCKETS if per_client else Mode.GLOBAL_BUCKET_ONLY
+            message = PER_CLIENT_MESSAGE if per_client else GLOBAL_BUCKET_MESSAGE
+            out.append(
+                Classification(
+                    domain.source,
+                    rule.path,
+                    mode,
+                    message,
+                    rule.limits[0].per_second,
+                    per_client_per_second=_limit_per_second(rule) if per_client else None,
+                )
+            )
+    return out
 
 
 def most_severe(classes: Sequence[Classification]) -> Classification:

@@ -242,11 +242,20 @@ def _utilisation_line(config: ConfigResult) -> str | None:
     )
 
 
+def jain_shown(figures: FairnessFigures) -> float | None:
+    """Jain's index as the report shows it: None (undefined) when clients were owed a share
+    and none got anything, where the core's 0/0 reads 1 (every ratio equal, all zero)."""
+    starved_all = figures.starved_clients > 0 and figures.top_client_share == 0
+    return None if starved_all else figures.jain_index
+
+
 def _figures_line(figures: FairnessFigures, steady: tuple[float, float]) -> str:
     level = "inf (fits)" if math.isinf(figures.level) else f"{figures.level:.0f}/s"
+    jain = jain_shown(figures)
+    shown = "Jain undefined (nothing admitted)" if jain is None else f"Jain {jain:.2f}"
     return (
         f"fairness {steady[0]:g}-{steady[1]:g} s: "
-        f"Jain {figures.jain_index:.2f}, top client {figures.top_client_share:.0%}, "
+        f"{shown}, top client {figures.top_client_share:.0%}, "
         f"starved {figures.starved_clients}/{figures.active_clients}, level {level}"
     )
 
@@ -365,7 +374,7 @@ def _figures_json(figures: FairnessFigures | None) -> dict[str, Any] | None:
         "utilization": figures.utilization,
         "active_clients": figures.active_clients,
         "level_per_second": None if math.isinf(figures.level) else figures.level,
-        "jain_index": figures.jain_index,
+        "jain_index": jain_shown(figures),
         "top_client_share": figures.top_client_share,
         "starved_clients": figures.starved_clients,
     }
