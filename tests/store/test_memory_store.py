@@ -13,6 +13,8 @@ import pytest
 
 from concurrency_calls import CAPPED, done, take, take_alone
 from fairlimit.core.admission import Code
+from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import plan
 from fairlimit.limiter import Limiter
 from fairlimit.store.memory import MemoryStore, _glibc
 from fairness_cases import flat_config
@@ -77,6 +79,30 @@ def bound(wants: dict[str, int], client: str) -> Number:
     weights = {name: 2 if name == "heavy" else 1 for name in wants}
     lam = level([min(d, 4) for d in wants.values()], list(weights.values()), 6)
     return min(4, lam * weights[client])
+
+
+class TestLateCalls:
+    """A call decided at a time of a window that a later call has already closed here (it
+    waited, for a store that did not answer, while others went on)."""
+
+    async def test_a_call_from_a_closed_window_never_restarts_the_next(
+        self, tmp_path: Path
+    ) -> None:
+        """3 a second: 2 in the second, a late one from the second before, then 2 more: the
+        late one counts in the running second, whose count goes on (3 admitted, not 5)."""
+        config = """
+        domain: edge
+        descriptors:
+          - key: user
+            rate_limit: {unit: second, requests_per_unit: 3}
+        """
+        matcher = Matcher(load_text(tmp_path, config).config)
+        charge = plan(req("edge", desc("user=a")), matcher)
+        store, second = MemoryStore(), 1_700_000_001.0
+        got = [(await store.admit(charge, second + 0.1)).admitted for _ in range(2)]
+        got.append((await store.admit(charge, second - 0.2)).admitted)  # the late call
+        got += [(await store.admit(charge, second + 0.3)).admitted for _ in range(2)]
+        assert got == [True, True, True, False, False]
 
 
 class TestSlotPools:

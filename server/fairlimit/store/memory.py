@@ -264,9 +264,12 @@ class MemoryStore:
         return len(self._counters) + len(self._meters) + len(self._caps)
 
     def _counter(self, key: str, window: int, now: float) -> _Counter:
+        """The counter of the window at ``now``; a call from a window already closed here
+        (it waited while a later call opened the next) counts in the later one, never
+        replacing it: the later window's count would start again."""
         start = window_start(window, now)
         counter = self._counters.get(key)
-        if counter is None or counter.start != start:
+        if counter is None or counter.start < start:
             counter = self._fresh(key, start, start + window)
         return counter
 
@@ -284,7 +287,7 @@ class MemoryStore:
         assert shape is not None
         if shape.algorithm is Algorithm.FIXED:
             counter = self._counters.get(spec.key)
-            if counter is None or not counter.start <= now < counter.end:
+            if counter is None or counter.end <= now:  # an older window's call: as _counter
                 counter = self._fresh(spec.key, *bounds(spec.window, shape, now))
             return counter
         meter = self._meters.get(spec.key)
