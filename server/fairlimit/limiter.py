@@ -283,7 +283,7 @@ class Limiter:
         if slots.acquire:
             held = await self._store_call(self.store.acquire(slots.acquire, now))
             if held is None and self.local is not None:
-                held = await self._alone().acquire(slots.acquire, now)
+                held = await self._alone().acquire(slots.acquire, self.clock.now())
             if held is not None:
                 pools = [p for _, p in taken(slots.acquire)]
                 self.telemetry.slots.acquired(request.domain, pools, held)
@@ -374,14 +374,18 @@ class Limiter:
                     return refused
                 checked = True
         outcome = await self._store_call(self.store.admit(plan, now))
+        # Decided here at the time it is decided, not when the call came: one that waited
+        # for the store into the next window counts in that window's part (never twice in
+        # a window: the parts add up to the limit exactly, docs/failure-modes.md).
+        at = self.clock.now()
         if outcome is None:
             self.telemetry.decided_locally()
-            return await self._alone().admit(plan, now)
+            return await self._alone().admit(plan, at)
         local.saw(plan, outcome, now)
         if local.active and not checked and outcome.admitted:
             # The answer that brought the store back: nothing is written back yet. Refused
             # by the part, it stays charged in the store (once per return).
-            refused = await local.check(plan, now)
+            refused = await local.check(plan, at)
             if refused is not None:
                 self.telemetry.decided_locally()
                 return refused

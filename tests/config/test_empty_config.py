@@ -156,3 +156,38 @@ class TestAllowed:
         finally:
             assert server.stop() == 0
         assert ready == (200, "ready\n")
+
+
+UPSTREAM_EMPTY = Path(__file__).parents[1] / "fixtures" / "upstream" / "empty"
+
+
+class TestUpstreamLayout:
+    """Under upstream's RUNTIME_* layout a config without limits is served, as upstream
+    serves it; fairlimit's own --config refuses the same files (TestStart)."""
+
+    def test_a_domain_without_limits_is_served_and_counted(self, tmp_path: Path) -> None:
+        """A domain with no descriptor (upstream's duplicate_domain.yaml alone): it starts,
+        logs that nothing is limited, counts the load as a success, answers OK."""
+        config = tmp_path / "ratelimit" / "config"
+        config.mkdir(parents=True)
+        fixture = UPSTREAM_EMPTY / "domain-without-limits.yaml"
+        (config / fixture.name).write_text(fixture.read_text())
+        env = {"RUNTIME_ROOT": str(tmp_path), "RUNTIME_SUBDIRECTORY": "ratelimit",
+               "FAIRLIMIT_METRICS_COMPAT": "true"}  # fmt: skip
+        server = ServerProcess([], env)
+        try:
+            admin = server.admin_port
+            server.wait_for(r"config loaded: no rate limit in any domain")
+            ready = _get(admin, "/readyz")
+            metrics = _get(admin, "/metrics")[1]
+            answer = _ask(server.target)
+        finally:
+            assert server.stop() == 0
+        assert ready == (200, "ready\n") and answer == "OK"
+        assert "ratelimit_service_config_load_success 1\n" in metrics
+
+    def test_fairlimits_own_flag_refuses_the_same_file(self) -> None:
+        """The same file through --config: exit 2, the guard kept."""
+        out = run_cli("serve", "--config", str(UPSTREAM_EMPTY), "--grpc-addr", "127.0.0.1:0",
+                      "--admin-addr", "127.0.0.1:0")  # fmt: skip
+        assert out.returncode == 2 and "(config): no rate limit in any domain" in out.stderr

@@ -377,6 +377,40 @@ class TestMerge:
         assert codes("/bar", left + 1) == [200] * left + [429]
 
 
+class TestPolicyDeleted:
+    """A policy deleted, then the last one: Envoy Gateway pushes the snapshot without it,
+    then an empty snapshot (its globalratelimit runner's answer when no Gateway has a
+    rate-limit policy). Each is applied, ACKed and counted; the deleted limits go."""
+
+    def test_policy_delete_then_empty_snapshot_lifts_the_limits(self, gateway: Gateway) -> None:
+        loads = gateway.metric("config_load_success")
+        errors = gateway.metric("config_load_error")
+        assert gateway.get("/blocked")[0] == 429  # block-all: requests 0
+        assert gateway.codes("/cidr", 4, source="127.0.0.9") == [200, 200, 200, 429]
+        without = [rls_conf_pb2.RateLimitConfig() for _ in gateway.configs]
+        for copy, config in zip(without, gateway.configs, strict=True):
+            copy.CopyFrom(config)
+        (listener,) = [c for c in without if c.domain == LISTENER]
+        (blocked,) = [d for d in listener.descriptors if d.key == route("block-all")]
+        listener.descriptors.remove(blocked)  # BackendTrafficPolicy block-all deleted
+        gateway.management.push("3", *without)
+        assert not gateway.management.acked("3").HasField("error_detail")
+        assert gateway.get("/blocked")[0] == 200
+        assert gateway.get("/cidr", source="127.0.0.9")[0] == 429  # the others still hold
+        gateway.management.push("4")  # the last policy deleted: an empty snapshot
+        ack = gateway.management.acked("4")
+        gateway.server.wait_for(r"config reloaded: no rate limit in any domain")
+        codes = gateway.codes("/cidr", 2, source="127.0.0.9") + gateway.codes("/blocked", 2)
+        health = gateway.health()
+        counted = gateway.metric("config_load_success") - loads
+        failed = gateway.metric("config_load_error") - errors
+        gateway.management.push("5", *gateway.configs)  # the policies back, for what follows
+        gateway.management.acked("5")
+        assert not ack.HasField("error_detail") and ack.response_nonce == "n4"
+        assert codes == [200] * 4 and health == 200
+        assert (counted, failed) == (2, 0)
+
+
 class TestGuide:
     def test_it_names_every_variable_run_here_and_the_image_setting(self) -> None:
         """docs/envoy-gateway.md's table has each of Envoy Gateway's variables the tests set;

@@ -63,21 +63,15 @@ class TestResources:
                                 .resources))  # fmt: skip
         assert caught.value.problems == ["a: (file): config file cannot have empty domain"]
 
-    def test_a_set_that_limits_nothing_is_refused_unless_allowed(self) -> None:
-        """No resource, or rules that limit nothing (unlimited), is refused like an empty
-        config directory, naming the management server; --allow-empty-config takes it."""
+    def test_a_set_that_limits_nothing_loads(self) -> None:
+        """No resource (Envoy Gateway's snapshot once no Gateway has a policy), or rules
+        that limit nothing (unlimited): a config like any other, as upstream loads it."""
         unlimited = RLC.RateLimitDescriptor(key="client", rate_limit=RLC.RateLimitPolicy(
             unlimited=True))  # fmt: skip
         only = RLC.RateLimitConfig(name="a", domain="edge", descriptors=[unlimited])
-        for resources in ([], list(response("1", only).resources)):
-            with pytest.raises(ConfigError) as caught:
-                load_resources(resources, origin="xDS server cp:18000")
-            assert caught.value.problems == [
-                "xDS server cp:18000: (config): no rate limit in any domain: a config without"
-                " limits turns the limiter off; --allow-empty-config accepts it"
-            ]
-            loaded = load_resources(resources, allow_empty=True)
-            assert list(loaded.config.domains) == ([] if not resources else ["edge"])
+        assert list(load_resources([]).config.domains) == []
+        assert list(load_resources(list(response("1", only).resources)).config.domains) == [
+            "edge"]  # fmt: skip
 
 
 class TestStream:
@@ -108,18 +102,14 @@ class TestStream:
             source.stop()
             await running
 
-    @pytest.mark.parametrize("allow_empty", [False, True])
-    async def test_an_empty_set_is_nacked_and_the_running_config_stays(
-        self, management: ManagementServer, allow_empty: bool
-    ) -> None:
-        """v1 limits; an empty v2 (every resource gone) is NACKed naming the server and the
-        flag, and v1 stays; with allow_empty it is applied and ACKed."""
+    async def test_an_empty_set_is_applied_and_acked(self, management: ManagementServer) -> None:
+        """v1 limits; an empty v2 (every resource gone: the last policy deleted) is applied
+        and ACKed, as upstream takes it; nothing is rejected."""
         applied: list[Loaded] = []
         rejected: list[ConfigError] = []
         settings = XdsSection(f"127.0.0.1:{management.port}", retry_seconds=0.1)
         source = XdsConfigSource(settings, strict=False, merge_domains=False,
-                                 apply=applied.append, reject=rejected.append,
-                                 allow_empty=allow_empty)  # fmt: skip
+                                 apply=applied.append, reject=rejected.append)  # fmt: skip
         running = asyncio.ensure_future(source.run())
         try:
             await asyncio.to_thread(management.request)
@@ -130,22 +120,15 @@ class TestStream:
         finally:
             source.stop()
             await running
-        if allow_empty:
-            assert answer.version_info == "2" and not answer.HasField("error_detail")
-            assert [sorted(x.config.domains) for x in applied] == [["edge"], []]
-            return
-        assert (answer.version_info, source.version) == ("1", "1")
-        message = (f"xDS server 127.0.0.1:{management.port}: (config): no rate limit in any"
-                   " domain: a config without limits turns the limiter off;"
-                   " --allow-empty-config accepts it")  # fmt: skip
-        assert answer.error_detail.message == message
-        assert len(applied) == 1 and [e.problems for e in rejected] == [[message]]
+        assert answer.version_info == "2" and not answer.HasField("error_detail")
+        assert (source.version, rejected) == ("2", [])
+        assert [sorted(x.config.domains) for x in applied] == [["edge"], []]
 
-    async def test_an_empty_first_set_is_not_a_first_config(
+    async def test_an_empty_first_set_is_a_first_config(
         self, management: ManagementServer
     ) -> None:
-        """A first snapshot that limits nothing is NACKed and leaves ``applied`` unset (the
-        app goes on waiting); the next one that limits is the first config."""
+        """A first snapshot that limits nothing (no Gateway has a policy yet) is applied and
+        ACKed, and sets ``applied``: the app starts serving, limiting nothing."""
         applied: list[Loaded] = []
         settings = XdsSection(f"127.0.0.1:{management.port}", retry_seconds=0.1)
         source = XdsConfigSource(settings, strict=False, merge_domains=False,
@@ -154,11 +137,8 @@ class TestStream:
         try:
             await asyncio.to_thread(management.request)
             management.to_send.put(response("1"))
-            nack = await asyncio.to_thread(management.request)
-            assert nack.HasField("error_detail") and not source.applied.is_set()
-            management.to_send.put(response("2", _config("a", "edge", 5)))
-            await asyncio.to_thread(management.acked, "2")
-            assert source.applied.is_set() and len(applied) == 1
+            await asyncio.to_thread(management.acked, "1")
+            assert source.applied.is_set() and [list(x.config.domains) for x in applied] == [[]]
         finally:
             source.stop()
             await running
@@ -238,26 +218,27 @@ class TestLoadCount:
 
 
 class TestEmptySet:
-    def test_a_pushed_set_without_limits_is_refused_and_the_limits_stay(
+    def test_a_pushed_set_without_limits_is_applied_and_the_limits_go(
         self, management: ManagementServer
     ) -> None:
-        """As for the files: an empty snapshot after v1 is NACKed, counted as a failed
-        load, /readyz says the previous config is kept, and v1 goes on limiting."""
+        """An empty snapshot after v1 is ACKed, counted as a successful load and logged;
+        /readyz stays plainly ready, and v1's limit no longer applies."""
         management.to_send.put(response("1", _config("edge-config", "edge", 2)))
         env = _xds_env(management, FAIRLIMIT_METRICS_COMPAT="true")
         with fairlimit_server(env=env) as server:
             management.acked("1")
+            assert _codes(server.target, "edge", 3)[-1] == rls_pb2.RateLimitResponse.OVER_LIMIT
             management.to_send.put(response("2"))
-            nack = management.request()
+            ack = management.acked("2")
+            server.wait_for(r"config reloaded: no rate limit in any domain")
             status, _, ready = http_get(f"http://127.0.0.1:{server.admin_port}/readyz")
             metrics = _metrics(server.admin_port)
             codes = _codes(server.target, "edge", 3)
-        assert nack.response_nonce == "n2" and nack.version_info == "1"
-        assert "(config): no rate limit in any domain" in nack.error_detail.message
-        assert status == 200 and b"last reload rejected, previous config kept" in ready
-        assert "ratelimit_service_config_load_error 1\n" in metrics
-        ok, over = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
-        assert codes == [ok, ok, over]
+        assert ack.response_nonce == "n2" and not ack.HasField("error_detail")
+        assert (status, ready) == (200, b"ready\n")
+        assert "ratelimit_service_config_load_success 2\n" in metrics
+        assert "ratelimit_service_config_load_error 0\n" in metrics
+        assert codes == [rls_pb2.RateLimitResponse.OK] * 3
 
 
 class TestForceStart:

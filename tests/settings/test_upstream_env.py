@@ -63,6 +63,12 @@ class TestConfigLayout:
         assert translate(env).values["charge_when_over_limit"] == "true"
         assert "charge_when_over_limit" not in translate({}).values
 
+    def test_upstreams_layout_accepts_a_config_without_limits(self) -> None:
+        """Upstream's layout loads a directory without limits as upstream does; fairlimit's
+        own --config keeps refusing one unless asked."""
+        assert translate({"RUNTIME_ROOT": "/data"}).values["allow_empty_config"] == "true"
+        assert "allow_empty_config" not in translate({}).values
+
     @pytest.mark.parametrize(("stop", "charge"), [("true", "false"), ("false", "true")])
     def test_stop_cache_key_increment_switches_it(self, stop: str, charge: str) -> None:
         """STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT is its upstream name, inverted; honoured,

@@ -3,6 +3,7 @@ to its part of every limit (core/parts.py), and writes what it admitted back int
 once it answers again (store/degraded.py). The behaviour tests run over every backend: the
 store is real, only a switch in front of it makes it fail as a lost backend does."""
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -90,6 +91,32 @@ class Switch:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+class Stall(Switch):
+    """A switch whose calls, while ``stalled``, wait for ``resume`` and then fail: a stopped
+    Redis that answers nothing until the client gives up."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.stalled = False
+        self.waiting = 0
+        self.resume = asyncio.Event()
+
+    async def admit(self, plan: Plan, now: float) -> Outcome:
+        if self.stalled:
+            self.waiting += 1
+            await self.resume.wait()
+            raise StoreUnavailable("redis: timeout")
+        return await super().admit(plan, now)
+
+
+SECOND = """
+domain: edge
+descriptors:
+  - key: client_id
+    rate_limit: {unit: second, requests_per_unit: 20}
+"""
 
 
 def placed(me: str, *others: str, configured: int = 0) -> Replicas:
@@ -238,6 +265,30 @@ class TestAlone:
             per_replica.append(admitted)
         assert per_replica[0] <= 5 and per_replica[1] <= 4 and sum(per_replica) >= 4
         assert all(n <= 6 for n in users.values())
+
+    async def test_calls_that_waited_into_the_next_second_count_in_it(
+        self, store: Store, clock: FakeClock, tmp_path: Path
+    ) -> None:
+        """20 a second over 2 processes: 6 calls from the end of one second wait for the
+        stopped store into the next, where 8 are decided meanwhile; decided when their
+        wait ends, they and 4 more make this process's 10 in that second, not 18."""
+        stall = Stall(store)
+        limiter = Limiter(load_text(tmp_path, SECOND), stall, clock,
+                          failure_mode=FailureMode.LOCAL, replicas=placed("a", "b"))  # fmt: skip
+        clock.t = 1_700_000_000.9
+        stall.stalled = True
+        request = req("edge", desc("client_id=x"))
+        late = [asyncio.ensure_future(limiter.should_rate_limit(request)) for _ in range(6)]
+        while stall.waiting < 6:
+            await asyncio.sleep(0)
+        stall.stalled, stall.down = False, True
+        clock.advance(0.2)  # the next second
+        meanwhile = await codes(limiter, ("client_id=x",), 8)
+        stall.resume.set()
+        ended = [(await call).code for call in late]
+        after = await codes(limiter, ("client_id=x",), 4)
+        assert meanwhile == [OK] * 8
+        assert (meanwhile + ended + after).count(OK) == part(20, 2, 0) == 10
 
     async def test_slots_taken_alone_are_the_part_of_a_pool(
         self, store: Store, clock: FakeClock, tmp_path: Path

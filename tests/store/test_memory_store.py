@@ -2,9 +2,11 @@
 the exact fair split of a concurrency cap at each call, and glibc's malloc kept giving
 memory back (its mmap threshold)."""
 
+import asyncio
 import ctypes
 import gc
 import math
+import sys
 from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -13,8 +15,11 @@ import pytest
 
 from concurrency_calls import CAPPED, done, take, take_alone
 from fairlimit.core.admission import Code
+from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import plan
 from fairlimit.limiter import Limiter
-from fairlimit.store.memory import MemoryStore, _glibc
+from fairlimit.store.memory import EXPIRE_STEP, MemoryStore, _glibc
+from fairlimit.store.reservations import MemoryReservations
 from fairness_cases import flat_config
 from helpers import FakeClock, desc, load_text, req, skip_or_fail
 from maxmin import Number, level
@@ -46,6 +51,7 @@ class TestExpiry:
         assert len(store) > 5_000
         clock.advance(200)
         await limiter.should_rate_limit(req("edge", desc("route=public", "client_id=new")))
+        await store.swept()  # the call took one step; the background sweep the rest
         assert len(store) <= 3  # the new client's counter, the cap counter, the cap state
 
     async def test_live_counters_survive_expiry_sweeps(
@@ -77,6 +83,30 @@ def bound(wants: dict[str, int], client: str) -> Number:
     weights = {name: 2 if name == "heavy" else 1 for name in wants}
     lam = level([min(d, 4) for d in wants.values()], list(weights.values()), 6)
     return min(4, lam * weights[client])
+
+
+class TestLateCalls:
+    """A call decided at a time of a window that a later call has already closed here (it
+    waited, for a store that did not answer, while others went on)."""
+
+    async def test_a_call_from_a_closed_window_never_restarts_the_next(
+        self, tmp_path: Path
+    ) -> None:
+        """3 a second: 2 in the second, a late one from the second before, then 2 more: the
+        late one counts in the running second, whose count goes on (3 admitted, not 5)."""
+        config = """
+        domain: edge
+        descriptors:
+          - key: user
+            rate_limit: {unit: second, requests_per_unit: 3}
+        """
+        matcher = Matcher(load_text(tmp_path, config).config)
+        charge = plan(req("edge", desc("user=a")), matcher)
+        store, second = MemoryStore(), 1_700_000_001.0
+        got = [(await store.admit(charge, second + 0.1)).admitted for _ in range(2)]
+        got.append((await store.admit(charge, second - 0.2)).admitted)  # the late call
+        got += [(await store.admit(charge, second + 0.3)).admitted for _ in range(2)]
+        assert got == [True, True, True, False, False]
 
 
 class TestSlotPools:
@@ -332,6 +362,15 @@ def full_collections() -> Iterator[Callable[[], int]]:
         gc.enable()
 
 
+RESERVED = """
+domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000}
+    reservation: {default: 1, max_duration: 60}
+"""
+
+
 class TestGivingMemoryBack:
     """A full collection costs time in proportion to every object the process holds: the
     store runs one when a spike of counters is over, never request after request."""
@@ -359,7 +398,69 @@ class TestGivingMemoryBack:
         clock.advance(60)
         for _ in range(3):
             await limiter.should_rate_limit(req("edge", desc("tick=a")))
+        assert (len(store), full_collections()) == (4, 0)  # not in a call: in the background
+        await store.swept()
         assert (len(store), full_collections()) == (4, 1)
+
+    async def test_a_call_expires_one_step_and_the_sweep_the_rest(
+        self,
+        tmp_path: pytest.TempPathFactory,
+        clock: FakeClock,
+        full_collections: Callable[[], int],
+    ) -> None:
+        """5,000 counters end at one instant: the call after drops EXPIRE_STEP of them at
+        most and runs no collection; the background sweep drops the rest in steps, calls
+        answered between them, then collects once."""
+        store = MemoryStore()
+        limiter = Limiter(load_text(tmp_path, EXPIRY_CONFIG), store, clock)  # type: ignore[arg-type]
+        clock.t = 86_400.0 * 19_675
+        for i in range(5_000):
+            await limiter.should_rate_limit(req("edge", desc(f"user=u{i}")))
+        clock.advance(60)
+        await limiter.should_rate_limit(req("edge", desc("tick=a")))
+        after_call = len(store)
+        assert after_call >= 5_000 - EXPIRE_STEP and full_collections() == 0
+        steps = 0
+        while len(store) > 1 and steps < 100:  # each turn of the loop: one step at most
+            before = len(store)
+            await asyncio.sleep(0)
+            assert before - len(store) <= EXPIRE_STEP
+            steps += 1
+        await store.swept()
+        assert (len(store), full_collections()) == (1, 1)
+        assert steps >= (5_000 - EXPIRE_STEP) // EXPIRE_STEP
+
+    async def test_expired_reservations_go_in_steps_and_the_table_shrinks(
+        self, tmp_path: pytest.TempPathFactory, clock: FakeClock
+    ) -> None:
+        """3,000 reservations never settled: past their max_duration any call (one that
+        reserves nothing here) drops a step of them, the sweep the rest, and the table is
+        copied to its live size (it kept them all, and its size, until the next
+        reservation or settlement came)."""
+        store = MemoryStore()
+        limiter = Limiter(load_text(tmp_path, RESERVED), store, clock)  # type: ignore[arg-type]
+        clock.t = 3_600.0 * 472_223  # the start of an hour
+        for i in range(3_000):
+            await limiter.should_rate_limit(req("edge", desc("user=a", f"request_id=r{i}")))
+        full = sys.getsizeof(store.reservations._records)
+        clock.advance(61)
+        await limiter.should_rate_limit(req("edge", desc("user=b")))
+        assert len(store.reservations) >= 3_000 - EXPIRE_STEP
+        await store.swept()
+        assert len(store.reservations) == 0
+        assert sys.getsizeof(store.reservations._records) * 10 < full
+
+    def test_a_reservation_past_its_time_is_gone_before_it_is_dropped(self) -> None:
+        """Not yet swept, an expired record settles nothing and its id may reserve again."""
+        table = MemoryReservations()
+        assert table.keep("k", 5, 0.0, 10.0)
+        assert not table.keep("k", 5, 1.0, 10.0)  # the first is kept
+        assert table.settle("k", 10.0) is None and len(table) == 1  # expired, not swept
+        assert table.keep("k", 7, 10.0, 10.0)
+        record = table.settle("k", 11.0)
+        assert record is not None and record.hits == 7
+        assert table.expire(25.0, 1)  # one of its two deadlines: one more is due
+        assert not table.expire(25.0, 1) and len(table) == 0
 
 
 class _Mallinfo2(ctypes.Structure):

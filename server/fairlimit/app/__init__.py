@@ -19,6 +19,7 @@ from fairlimit.admin.rlqs import rlqs_report
 from fairlimit.app import build
 from fairlimit.app.build import DRIP_SECONDS
 from fairlimit.config.loader import assemble
+from fairlimit.config.source import limits_nothing
 from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
@@ -310,3 +311,5 @@ def _log_loaded(what: str, loaded: Loaded) -> None:
         files or "(no files)",
         len(loaded.warnings),
     )
+    if limits_nothing(loaded.config):  # an empty xDS snapshot, say: a valid state, said so
+        log.warning("%s: no rate limit in any domain: every request is allowed", what)

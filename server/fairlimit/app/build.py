@@ -122,7 +122,6 @@ def config_source(settings: Settings, apply: Apply, reject: Reject) -> ConfigSou
         return XdsConfigSource(
             settings.xds, strict=settings.strict, merge_domains=settings.merge_domains,
             apply=apply, reject=reject, charge_over_limit=settings.charges_over_limit,
-            allow_empty=settings.allow_empty_config,
         )  # fmt: skip
     return ConfigWatcher(
         settings.config,

@@ -6,8 +6,11 @@ The files (``config/watch.py``) have a config at start and reload on change or S
 xDS management server (``grpc_api/xds.py``) sends the first one when it will and pushes
 every change itself. The app holds one source and does not ask which.
 
-A config that limits nothing is refused from either (unless ``--allow-empty-config``):
-``empty_problems`` says why for a pushed set, as the loader does for files.
+A config that limits nothing is refused from fairlimit's own ``--config`` files (unless
+``--allow-empty-config``): there an emptied directory is far more often a mistake, and
+``empty_problems`` says why. From xDS (and under upstream's ``RUNTIME_*`` layout) it is a
+valid state, as upstream takes it: Envoy Gateway pushes an empty snapshot when a Gateway has
+no rate-limit policy, none yet or the last one deleted; it is applied, and logged.
 """
 
 import asyncio

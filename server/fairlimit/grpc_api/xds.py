@@ -3,10 +3,11 @@
 ``CONFIG_TYPE=GRPC_XDS_SOTW``: one ADS stream (state of the world) asking for
 ``RateLimitConfig`` resources, one per domain. Each response is the whole configuration: it
 is loaded all or nothing like the files, then ACKed (its version and nonce echoed), or NACKed
-with the problems as the error detail while the running config stays (a set that limits
-nothing too, unless ``--allow-empty-config``). A lost stream is reopened after a pause, and
-the management server sends the current set again. ``XdsConfigSource`` is xDS's
-``ConfigSource`` (``config/source.py``).
+with the problems as the error detail while the running config stays. A set that limits
+nothing is applied like any other, as upstream applies it: Envoy Gateway sends one when a
+Gateway has no rate-limit policy (none yet, or the last one deleted). A lost stream is
+reopened after a pause, and the management server sends the current set again.
+``XdsConfigSource`` is xDS's ``ConfigSource`` (``config/source.py``).
 """
 
 import asyncio
@@ -22,7 +23,7 @@ from google.protobuf import json_format
 from fairlimit._proto.envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from fairlimit._proto.ratelimit.config.ratelimit.v3 import rls_conf_pb2
 from fairlimit.config.loader import assemble, parse_root
-from fairlimit.config.source import Apply, Reject, empty_problems
+from fairlimit.config.source import Apply, Reject
 from fairlimit.config.yaml_text import Plain
 from fairlimit.core.rules import Domain, Loaded
 from fairlimit.errors import ConfigError
@@ -99,10 +100,10 @@ def config_root(config: Any) -> dict[str, object]:
 
 def load_resources(
     resources: Sequence[Any], *, strict: bool = False, merge_domains: bool = False,
-    charge_over_limit: bool = True, allow_empty: bool = False, origin: str = "xDS",
+    charge_over_limit: bool = True,
 ) -> Loaded:  # fmt: skip
     """A response's resources -> the Loaded config, all or nothing (ConfigError); a set that
-    limits nothing is refused, naming ``origin``, unless ``allow_empty``.
+    limits nothing (no resource at all, say) is a config like any other.
 
     A RateLimitConfig cannot say ``charge_when_over_limit``: by default every hit counts,
     refused or not, as upstream counts them (``charge_over_limit``)."""
@@ -119,14 +120,10 @@ def load_resources(
             problems.extend(exc.problems)
     if problems:
         raise ConfigError(problems)
-    loaded = assemble(
+    return assemble(
         domains, (), strict=strict, merge_domains=merge_domains,
         charge_over_limit=charge_over_limit,
     )  # fmt: skip
-    empty = [] if allow_empty else empty_problems(loaded.config, origin)
-    if empty:
-        raise ConfigError(empty)
-    return loaded
 
 
 class XdsConfigSource:
@@ -141,13 +138,12 @@ class XdsConfigSource:
         apply: Apply,
         reject: Reject,
         charge_over_limit: bool = True,
-        allow_empty: bool = False,
     ) -> None:
         self.settings = settings
         self.name = f"xDS server {settings.target}"
         self.tls = None if settings.tls is None else XdsTls.read(settings.tls)
         self.strict, self.merge_domains = strict, merge_domains
-        self.charge_over_limit, self.allow_empty = charge_over_limit, allow_empty
+        self.charge_over_limit = charge_over_limit
         self._apply, self._reject = apply, reject
         self._stop = asyncio.Event()
         self.applied = asyncio.Event()  # set once a first config was accepted
@@ -180,8 +176,7 @@ class XdsConfigSource:
         try:
             loaded = load_resources(
                 response.resources, strict=self.strict, merge_domains=self.merge_domains,
-                charge_over_limit=self.charge_over_limit, allow_empty=self.allow_empty,
-                origin=self.name,
+                charge_over_limit=self.charge_over_limit,
             )  # fmt: skip
         except ConfigError as exc:
             self._reject(exc)

@@ -205,6 +205,9 @@ def _config(env: Mapping[str, str], out: Translation) -> None:
         # upstream's files cannot say charge_when_over_limit: every hit counts, as there
         out.set("charge_when_over_limit", "true", source)
         out.set("rule_names", "false", source)  # and its response, exactly
+        # upstream loads a directory without limits (no file, or domains without rules) as
+        # a config that limits nothing; so does fairlimit under upstream's layout
+        out.set("allow_empty_config", "true", source)
         out.set("runtime_root", root, "RUNTIME_ROOT")
         if "RUNTIME_WATCH_ROOT" in env:  # true (upstream's default): a swap of it reloads
             watch = go_bool("RUNTIME_WATCH_ROOT", env["RUNTIME_WATCH_ROOT"])

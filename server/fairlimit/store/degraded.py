@@ -171,6 +171,7 @@ class LocalLimits:
         assert self._store is not None
         local = scaled(plan, *self._place)
         outcome = await self._store.admit(local, now)
+        outcome.now = now  # decided at ``now``: the statuses' reset counts from it
         self.decisions += 1
         self.admitted += outcome.admitted
         self._owe(plan, outcome.admitted, now)

@@ -2,16 +2,20 @@
 
 A record is open from the admission that reserved it until its settlement, then kept as
 settled (so that a duplicate settlement changes nothing) until ``max_duration`` after it
-was reserved; then it goes. A heap of expiries drops them in any later call, so memory is
-bounded by the reservations of the last ``max_duration``, and at most MAX_RECORDS are kept:
-past that a reservation is charged but not kept (it stays charged at its estimate, as one
-whose settlement never came).
+was reserved; then it goes. A heap of expiries drops them in steps (``expire``: any call
+to the store takes one, its background sweep the rest), so memory is bounded by the
+reservations of the last ``max_duration``, and at most MAX_RECORDS are kept: past that a
+reservation is charged but not kept (it stays charged at its estimate, as one whose
+settlement never came). Once most have gone, ``compact`` copies the table into one of its
+live size: a dict never gives back the table it grew to (bench/expiry.py --reservations).
 """
 
-import heapq
 from dataclasses import dataclass
 
+from fairlimit.store.deadlines import Deadlines
+
 MAX_RECORDS = 200_000
+_SHRINK = 4  # compact once the table holds under a quarter of its high mark
 
 
 @dataclass(slots=True)
@@ -30,35 +34,57 @@ class MemoryReservations:
     def __init__(self, capacity: int = MAX_RECORDS) -> None:
         self._capacity = capacity
         self._records: dict[str, Record] = {}
-        self._expiries: list[tuple[float, str]] = []
+        self._expiries = Deadlines(1.0)  # a record is dropped up to a second late
+        self._high = 0  # the most records held since the table was last compacted
 
     def __len__(self) -> int:
         return len(self._records)
 
-    def _expire(self, now: float) -> None:
-        while self._expiries and self._expiries[0][0] <= now:
-            expiry, key = heapq.heappop(self._expiries)
-            record = self._records.get(key)
-            if record is not None and record.expiry == expiry:
-                del self._records[key]
+    def expire(self, now: float, budget: int, dropped: list[object] | None = None) -> bool:
+        """Drop the records whose time is up by ``now``, ``budget`` at most; True when more
+        are due. ``dropped``: where they go, to be freed later (store/memory.py says why)."""
+        expiries, records = self._expiries, self._records
+        if not expiries.due(now):
+            return False
+        self._high = max(self._high, len(records))
+        for key in expiries.take(now, budget):
+            record = records.get(key)
+            if record is not None and record.expiry <= now:  # not one made again since
+                del records[key]
+                if dropped is not None:
+                    dropped.append(record)
+                    dropped.append(key)
+        return expiries.due(now)
+
+    @property
+    def compact_due(self) -> bool:
+        return len(self._records) * _SHRINK < self._high
+
+    def compact(self) -> None:
+        """Copy the table into one of its live size (after most records expired)."""
+        self._records = dict(self._records)
+        self._high = len(self._records)
 
     def keep(self, key: str, hits: int, now: float, ttl: float) -> bool:
         """Keep a reservation; False when the id already has one (the first is kept) or
         the table is full."""
-        self._expire(now)
-        if key in self._records or len(self._records) >= self._capacity:
+        known = self._records.get(key)
+        if known is not None and known.expiry > now:
             return False
+        if known is None and len(self._records) >= self._capacity:
+            self.expire(now, len(self._records))  # full: what is due goes first, at once
+            if len(self._records) >= self._capacity:
+                return False
         expiry = now + ttl
-        self._records[key] = Record(hits, now, expiry)
-        heapq.heappush(self._expiries, (expiry, key))
+        self._records[key] = Record(hits, now, expiry)  # an expired one's deadline stays
+        self._expiries.push(expiry, key)
         return True
 
     def settle(self, key: str, now: float) -> Record | None:
         """The open reservation under ``key``, now marked settled; None when there is none
         (unknown, expired or settled already)."""
-        self._expire(now)
         record = self._records.get(key)
-        if record is None or record.settled:
+        if record is None or record.settled or record.expiry <= now:
             return None
         record.settled = True
         return record
@@ -66,3 +92,4 @@ class MemoryReservations:
     def clear(self) -> None:
         self._records.clear()
         self._expiries.clear()
+        self._high = 0
