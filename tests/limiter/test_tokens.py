@@ -146,6 +146,32 @@ class TestReserveThenSettle:
         assert check.statuses[0].limit_remaining == 60
 
 
+class TestOneRequestIdOneReservation:
+    async def test_a_second_reservation_by_an_open_id_is_refused(self, limiter: Limiter) -> None:
+        """A 40-token request and a 1-token one by the same id: the second is refused and
+        charged nothing; the first settles at its own real cost (was: the 1-token
+        settlement gave back 39 of the first's, and the first's own found nothing)."""
+        assert (await limiter.should_rate_limit(start("a", "r1", 40))).code is Code.OK
+        second = await limiter.should_rate_limit(start("a", "r1", 1))
+        assert second.code is Code.OVER_LIMIT
+        assert second.statuses[0].code is Code.OVER_LIMIT
+        assert await used(limiter, "a") == (60, 960)
+        await limiter.should_rate_limit(done("a", "r1", 1))  # the refused one's stream end
+        assert await used(limiter, "a") == (99, 999)
+
+    async def test_the_same_id_elsewhere_or_after_settlement_reserves(
+        self, limiter: Limiter
+    ) -> None:
+        """Another tenant's counter keeps its own records; a settled id may reserve again,
+        and the new reservation settles on its own."""
+        assert (await limiter.should_rate_limit(start("a", "r1", 40))).code is Code.OK
+        assert (await limiter.should_rate_limit(start("b", "r1", 40))).code is Code.OK
+        await limiter.should_rate_limit(done("a", "r1", 10))
+        assert (await limiter.should_rate_limit(start("a", "r1", 30))).code is Code.OK
+        await limiter.should_rate_limit(done("a", "r1", 5))
+        assert await used(limiter, "a") == (85, 945)
+
+
 class TestNegativeHits:
     async def test_a_refund_gives_back_at_most_what_was_reserved(self, limiter: Limiter) -> None:
         """60 reserved, 500 given back: 60 come back, no more (nothing of the 30 another

@@ -37,6 +37,7 @@ from fairlimit.core.sharing import (
 )
 from fairlimit.core.smooth import gcra_charged, gcra_count, part, sliding_full_at
 from fairlimit.core.units import SLIDING_PARTS, Algorithm, bounds, window_start
+from fairlimit.errors import ReservationOpen
 from fairlimit.store.reservations import MemoryReservations
 from fairlimit.store.slots import MemorySlots
 
@@ -264,9 +265,12 @@ class MemoryStore:
         return len(self._counters) + len(self._meters) + len(self._caps)
 
     def _counter(self, key: str, window: int, now: float) -> _Counter:
+        """The counter of the window at ``now``; a call from a window already closed here
+        (it waited while a later call opened the next) counts in the later one, never
+        replacing it: the later window's count would start again."""
         start = window_start(window, now)
         counter = self._counters.get(key)
-        if counter is None or counter.start != start:
+        if counter is None or counter.start < start:
             counter = self._fresh(key, start, start + window)
         return counter
 
@@ -284,7 +288,7 @@ class MemoryStore:
         assert shape is not None
         if shape.algorithm is Algorithm.FIXED:
             counter = self._counters.get(spec.key)
-            if counter is None or not counter.start <= now < counter.end:
+            if counter is None or counter.end <= now:  # an older window's call: as _counter
                 counter = self._fresh(spec.key, *bounds(spec.window, shape, now))
             return counter
         meter = self._meters.get(spec.key)
@@ -353,6 +357,8 @@ class MemoryStore:
     async def admit(self, plan: Plan, now: float) -> Outcome:
         self._expire(now)
         self._now = now
+        if plan.reserve:
+            self._refuse_open(plan, now)
         shaped = any(c.shape is not None for c in plan.counters)
         if shaped:
             return self._admit_shaped(plan, now)
@@ -422,6 +428,16 @@ class MemoryStore:
         if admitted and plan.reserve:
             self._keep(plan, now)
         return Outcome(admitted, counts, shared, bounds)
+
+    def _refuse_open(self, plan: Plan, now: float) -> None:
+        """Raise ReservationOpen when a reservation's id still holds an open one: two
+        requests by one id would settle each other's (admit.lua refuses them too)."""
+        for reserve in plan.reserve:
+            own = own_counter(plan, reserve.descriptor)
+            if own is not None:
+                key = record_key(plan.counters[own].key, reserve.request_id)
+                if self.reservations.is_open(key, now):
+                    raise ReservationOpen(f"request id {reserve.request_id!r} is reserving")
 
     def _keep(self, plan: Plan, now: float) -> None:
         """Keep the reservations of an admitted plan (core/reserve.py)."""

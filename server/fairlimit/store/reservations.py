@@ -2,10 +2,12 @@
 
 A record is open from the admission that reserved it until its settlement, then kept as
 settled (so that a duplicate settlement changes nothing) until ``max_duration`` after it
-was reserved; then it goes. A heap of expiries drops them in any later call, so memory is
-bounded by the reservations of the last ``max_duration``, and at most MAX_RECORDS are kept:
-past that a reservation is charged but not kept (it stays charged at its estimate, as one
-whose settlement never came).
+was reserved; then it goes. A new reservation by an id that is still open is refused
+(store/memory.py raises ReservationOpen before charging); one by a settled id replaces it.
+A heap of expiries drops them in any later call, so memory is bounded by the
+reservations of the last ``max_duration``, and at most MAX_RECORDS are kept: past that a
+reservation is charged but not kept (it stays charged at its estimate, as one whose
+settlement never came).
 """
 
 import heapq
@@ -42,11 +44,20 @@ class MemoryReservations:
             if record is not None and record.expiry == expiry:
                 del self._records[key]
 
-    def keep(self, key: str, hits: int, now: float, ttl: float) -> bool:
-        """Keep a reservation; False when the id already has one (the first is kept) or
-        the table is full."""
+    def is_open(self, key: str, now: float) -> bool:
+        """Whether ``key`` holds a reservation not yet settled (nor expired)."""
         self._expire(now)
-        if key in self._records or len(self._records) >= self._capacity:
+        record = self._records.get(key)
+        return record is not None and not record.settled
+
+    def keep(self, key: str, hits: int, now: float, ttl: float) -> bool:
+        """Keep a reservation (replacing a settled one under the same key); False when the
+        key holds an open one (the first is kept) or the table is full."""
+        self._expire(now)
+        known = self._records.get(key)
+        if known is not None and not known.settled:
+            return False
+        if known is None and len(self._records) >= self._capacity:
             return False
         expiry = now + ttl
         self._records[key] = Record(hits, now, expiry)

@@ -8,6 +8,7 @@ it settled, and moves the counters.
 """
 
 import math
+from collections.abc import Sequence
 
 from fairlimit.core.plan import Plan
 from fairlimit.core.reserve import Settle, own_counter, record_key
@@ -40,13 +41,14 @@ def admit_tail(
     return keys, ([len(keys), *args] if keys else [])
 
 
-def records(plan: Plan, prefix: str, cluster: bool) -> list[str]:
-    """Every record key the plan's reservations are kept under."""
+def records(plan: Plan, prefix: str, cluster: bool, groups: Sequence[SlotGroup]) -> list[str]:
+    """The record keys the plan's reservations whose own counter is in ``groups`` are
+    kept under."""
     tags = anchors(plan, cluster)
     out: list[str] = []
     for reserve in plan.reserve:
         own = own_counter(plan, reserve.descriptor)
-        if own is not None:
+        if own is not None and any(own in g.counters for g in groups):
             counter = plan.counters[own].key
             out.append(record_name(prefix, tags[counter], counter, reserve.request_id))
     return out

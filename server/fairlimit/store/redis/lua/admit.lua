@@ -51,7 +51,10 @@
 --       or charged; divide and call again with it.
 -- ARGV tail, only for a request that reserves (store/redis/reservations.py): the number of
 -- records, then per record its hits and max_duration in ms; their keys follow the caps'
--- in KEYS. Admitted, each is kept (SET NX) as "<hits>|<now>|<expiry>" for settle.lua.
+-- in KEYS. A record still open (not settled, not past its expiry) refuses the call at
+-- once: {3, now}, nothing recorded or charged (two requests by one id would settle each
+-- other's reservation). Admitted, each is kept as "<hits>|<now>|<expiry>" for settle.lua
+-- (replacing a settled one).
 -- Every key written gets a TTL. Floats cross the boundary as %.17g strings, so Lua and
 -- Python see the same doubles; every formula below is core/sharing.py's, in its order.
 
@@ -145,6 +148,11 @@ if ARGV[a + 1] then
   local first = n + #caps * CAP_KEYS
   for r = 1, tonumber(ARGV[a + 1]) do
     records[r] = {key = KEYS[first + r], hits = ARGV[a + 2 * r], ttl = ARGV[a + 2 * r + 1]}
+    local held = redis.call('GET', records[r].key)
+    if held and held ~= 'settled' then
+      local expiry = tonumber(string.match(held, '[^|]+|[^|]+|([^|]+)'))
+      if expiry and now < expiry then return {RESERVATION_OPEN, fmt(now)} end
+    end
   end
 end
 
@@ -674,7 +682,7 @@ end
 if admitted then
   for _, r in ipairs(records) do
     local expiry = fmt(now + tonumber(r.ttl) / 1000)
-    redis.call('SET', r.key, r.hits .. '|' .. fmt(now) .. '|' .. expiry, 'NX', 'PX',
+    redis.call('SET', r.key, r.hits .. '|' .. fmt(now) .. '|' .. expiry, 'PX',
       tonumber(r.ttl) + SLACK_MS)
   end
 end
