@@ -32,8 +32,16 @@ from fairlimit.core.concurrency import Claim, SlotOutcome, Slots, declared, spli
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
-from fairlimit.core.request import Request, validate
-from fairlimit.core.reserve import Averages, Reserve, Settle, Settled, Tokens, own_counter
+from fairlimit.core.request import Descriptor, Request, validate
+from fairlimit.core.reserve import (
+    Averages,
+    Reserve,
+    Settle,
+    Settled,
+    TokenReport,
+    Tokens,
+    own_counter,
+)
 from fairlimit.core.reserve import declared as reserves
 from fairlimit.core.reserve import split as split_tokens
 from fairlimit.core.rules import Loaded, walk
@@ -564,6 +572,21 @@ class Limiter:
             self._backend_state(exc)
             reports = []
         return self.telemetry.refresh(self.loaded, reports, self.clock.now())
+
+    async def tokens(self, domain: str, entries: tuple[tuple[str, str], ...]
+                     ) -> TokenReport | None:  # fmt: skip
+        """The token budget of the client ``entries`` name (without a request id) now, at
+        the rule with a reservation they match; None when they match none. Charges
+        nothing; raises StoreUnavailable when the store cannot answer."""
+        matcher = self._active.matcher
+        match = matcher.match(domain, entries)
+        limit = None if match is None else match.rule.rate_limit
+        if match is None or match.rule.reservation is None or limit is None:
+            return None
+        plan = make_plan(Request(domain, (Descriptor(entries, None, 0),)), matcher)
+        usage = await self.store.usage(plan, self.clock.now())
+        return TokenReport(match.rule.path, limit.requests_per_unit, limit.window,
+                           usage.charged, usage.reserved)  # fmt: skip
 
     def top_clients(self, n: int) -> tuple[TopRow, ...]:
         """Each cap's top ``n`` clients by demand and by rejections, as recorded here."""

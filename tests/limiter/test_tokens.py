@@ -172,6 +172,46 @@ class TestOneRequestIdOneReservation:
         assert await used(limiter, "a") == (85, 945)
 
 
+class TestAClientsTokens:
+    async def test_charged_reserved_used_and_owed(self, limiter: Limiter, clock: FakeClock
+                                                  ) -> None:  # fmt: skip
+        """What /tokens shows: two reservations in flight, one settled under its estimate,
+        one over it (owed past the limit); a new window starts clean."""
+        entries = (("provider", "llm"), ("tenant", "a"))
+        await limiter.should_rate_limit(start("a", "r1", 60))
+        await limiter.should_rate_limit(start("a", "r2", 30))
+        report = await limiter.tokens("llm", entries)
+        assert report is not None
+        assert report.as_json() == {"rule": "llm/provider=llm/tenant", "limit": 100,
+                                    "window_seconds": 60, "charged": 90, "reserved": 90,
+                                    "used": 0, "owed": 0, "remaining": 10}  # fmt: skip
+        await limiter.should_rate_limit(done("a", "r1", 25))
+        report = await limiter.tokens("llm", entries)
+        assert report is not None and (report.charged, report.reserved) == (55, 30)
+        await limiter.should_rate_limit(done("a", "r2", 130))
+        report = await limiter.tokens("llm", entries)
+        assert report is not None
+        assert {k: report.as_json()[k] for k in ("charged", "reserved", "used", "owed")} == {
+            "charged": 155, "reserved": 0, "used": 155, "owed": 55}  # fmt: skip
+        clock.advance(60)
+        report = await limiter.tokens("llm", entries)
+        assert report is not None and (report.charged, report.reserved) == (0, 0)
+        assert await limiter.tokens("llm", (("provider", "llm"),)) is None  # no reservation
+
+    async def test_an_unsettled_reservation_of_a_new_window_counts_alone(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """Reserved in one minute, another in the next: the new minute's reserved is its own
+        reservation only; the late settlement of the first leaves it alone."""
+        entries = (("provider", "llm"), ("tenant", "a"))
+        await limiter.should_rate_limit(start("a", "r1", 60))
+        clock.advance(60)
+        await limiter.should_rate_limit(start("a", "r2", 20))
+        await limiter.should_rate_limit(done("a", "r1", 5))
+        report = await limiter.tokens("llm", entries)
+        assert report is not None and (report.charged, report.reserved) == (20, 20)
+
+
 class TestNegativeHits:
     async def test_a_refund_gives_back_at_most_what_was_reserved(self, limiter: Limiter) -> None:
         """60 reserved, 500 given back: 60 come back, no more (nothing of the 30 another

@@ -37,8 +37,14 @@ def admit_tail(
             continue
         counter = plan.counters[own].key
         keys.append(record_name(prefix, tags[counter], counter, reserve.request_id))
-        args += [reserve.hits, math.ceil(reserve.ttl * 1000)]
+        args += [reserve.hits, math.ceil(reserve.ttl * 1000), g.counters.index(own) + 1]
     return keys, ([len(keys), *args] if keys else [])
+
+
+def usage_key(plan: Plan, own: int, prefix: str, cluster: bool) -> str:
+    """The Redis key of ``plan``'s counter ``own`` (its fields s, n and r)."""
+    (g,) = slot_groups(plan, prefix, cluster)  # one descriptor: its keys share a tag
+    return g.counter_keys[g.counters.index(own)]
 
 
 def records(plan: Plan, prefix: str, cluster: bool, groups: Sequence[SlotGroup]) -> list[str]:
@@ -62,7 +68,8 @@ def settle_call(
     counter = plan.counters[own].key
     record = record_name(prefix, anchors(plan, cluster)[counter], counter, settle.request_id)
     keys = [*g.counter_keys, *[cap["rows"] for cap in g.cap_keys], record]
-    args: list[str | int] = [now, settle.amount, int(settle.negative), len(g.counters)]
+    mine = g.counters.index(own) + 1
+    args: list[str | int] = [now, settle.amount, int(settle.negative), mine, len(g.counters)]
     args += [plan.counters[i].window for i in g.counters]
     args.append(len(g.caps))
     for i in g.cap_share:

@@ -34,7 +34,7 @@ from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.plan import Plan
-from fairlimit.core.reserve import Settle, Settled, own_counter
+from fairlimit.core.reserve import Settle, Settled, Usage, own_counter
 from fairlimit.core.sharing import DIVISION_FIELDS
 from fairlimit.core.units import Algorithm, bounds
 from fairlimit.errors import ReservationOpen, StoreUnavailable
@@ -309,6 +309,20 @@ class RedisStore:
             reply = await self._call(self._scripts.settle, keys, args)
         self._known.forget(plan)  # the counts it showed may be lower now
         return Settled(int(reply[0]) == 1, int(reply[1]), int(reply[2]))
+
+    async def usage(self, plan: Plan, now: float) -> Usage:
+        own = own_counter(plan, 0)
+        if own is None:
+            return Usage(0, 0)
+        spec = plan.counters[own]
+        if spec.shape is not None and spec.shape.algorithm is not Algorithm.FIXED:
+            return Usage(0, 0)  # a sliding or GCRA meter keeps no window count
+        key = reservations.usage_key(plan, own, self._options.key_prefix, self._cluster)
+        with unavailable():
+            start, count, reserved = await self._client.hmget(key, ["s", "n", "r"])
+        if start is None or int(start) != bounds(spec.window, spec.shape, now)[0]:
+            return Usage(0, 0)
+        return Usage(int(count or 0), int(reserved or 0))
 
     async def _drop_records(self, plan: Plan, groups: Sequence[SlotGroup]) -> None:
         """Forget the reservations a refused request across slots kept in ``groups``, the
