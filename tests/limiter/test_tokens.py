@@ -299,7 +299,8 @@ class TestMetrics:
         self, tmp_path: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         """60 then 70 reserved; 35 refunded, 40 of debt; a duplicate settlement and three
-        unpaired refunds counted; the unpaired ones logged once per rule."""
+        unpaired refunds counted; the unpaired ones logged once per rule; two reservations by
+        an open id refused, counted, logged once."""
         reader = InMemoryMetricReader()
         telemetry = Telemetry(MeterProvider(metric_readers=[reader]), TracerProvider())
         limiter = Limiter(load_text(tmp_path, TOKENS), MemoryStore(), FakeClock(MINUTE),
@@ -309,6 +310,8 @@ class TestMetrics:
             await limiter.should_rate_limit(start("a", "r1", 60))
             await limiter.should_rate_limit(done("a", "r1", 25))
             await limiter.should_rate_limit(start("a", "r2", 70))
+            for _ in range(2):  # r2 is open: refused, counted, logged once
+                await limiter.should_rate_limit(start("a", "r2", 1))
             await limiter.should_rate_limit(done("a", "r2", 110))
             await limiter.should_rate_limit(done("a", "r2", 0))
             for _ in range(3):
@@ -319,8 +322,11 @@ class TestMetrics:
             ("fairlimit.tokens.refunded", rule): 35,
             ("fairlimit.tokens.debt", rule): 40,
             ("fairlimit.tokens.unpaired", rule): 4,
+            ("fairlimit.tokens.id_open", rule): 2,
         }
         assert [r.getMessage() for r in caplog.records] == [
+            "a reservation by a request id that is still open was refused (logged once; "
+            f"fairlimit.tokens.id_open counts them): domain llm, rule {rule}",
             "negative hits paired with no reservation were ignored (logged once per rule): "
-            f"domain llm, rule {rule}"
+            f"domain llm, rule {rule}",
         ]
