@@ -35,7 +35,7 @@ import pytest
 
 from envoy_proxy import EnvoyProcess, bootstrap, envoy_on, http_get
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from servers import ROOT, fairlimit_server
+from servers import ROOT, fairlimit_server, free_port
 
 pytestmark = pytest.mark.process
 
@@ -223,8 +223,8 @@ class Shipped:
     """A real Envoy from llm-tokens.yaml (route timeout 4 s), a real fairlimit from
     llm-tokens-descriptors.yaml, the stand-in LLM; counts the rate-limit calls it expects."""
 
-    def __init__(self, proxy: EnvoyProcess, admin_port: int) -> None:
-        self.proxy, self.admin_port, self.calls = proxy, admin_port, 0
+    def __init__(self, proxy: EnvoyProcess, admin_port: int, grpc_port: int) -> None:
+        self.proxy, self.admin_port, self.grpc_port, self.calls = proxy, admin_port, grpc_port, 0
 
     def ask(self, tenant: str, headers: dict[str, str], body: bytes | None = None
             ) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
@@ -277,7 +277,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shipped]:
     with stand_in_llm() as port, fairlimit_server("--config", str(DESCRIPTORS)) as server:
         text = bootstrap(EXAMPLE, {"port_value: 8000": f"port_value: {port}", **ROUTE_TIMEOUT})
         with envoy_on(text, server.grpc_port, tmp_path) as proxy:
-            yield Shipped(proxy, server.admin_port)
+            yield Shipped(proxy, server.admin_port, server.grpc_port)
 
 
 HEADER_CASES = [  # (x-max-tokens or None for absent, status, what the tenant is charged)
@@ -360,6 +360,19 @@ class TestAFailedUpstreamGivesItsReservationBack:
         assert served[0] == 200
         assert shipped.used(tenant) == 55
         shipped.assert_envoy_clean()
+
+
+    def test_no_llm_listening(self, shipped: Shipped, tmp_path: Path) -> None:
+        """The quick start without an LLM on :8000: Envoy answers 503 (connection refused)
+        to every request, and each gives its reservation back (was: five 503s burned the
+        tenant's budget for the hour, then 429s)."""
+        text = bootstrap(EXAMPLE, {"port_value: 8000": f"port_value: {free_port()}"})
+        with envoy_on(text, shipped.grpc_port, tmp_path) as proxy:
+            alone = Shipped(proxy, shipped.admin_port, shipped.grpc_port)
+            for _ in range(7):
+                assert alone.ask("nobody-home", {"x-max-tokens": "5000"})[0] == 503
+            assert alone.used("nobody-home") == 0
+            alone.assert_envoy_clean()
 
 
 STREAMS = [  # (headers, body): each an OpenAI-style way of reporting usage at the end
