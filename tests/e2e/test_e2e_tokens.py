@@ -226,14 +226,20 @@ class Shipped:
     def __init__(self, proxy: EnvoyProcess, admin_port: int, grpc_port: int) -> None:
         self.proxy, self.admin_port, self.grpc_port, self.calls = proxy, admin_port, grpc_port, 0
 
-    def ask(self, tenant: str, headers: dict[str, str], body: bytes | None = None
-            ) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
-        """One request; waits for the rate-limit calls it makes (a request refused by the
-        Lua filter makes none; any other two: the reservation and the settlement)."""
+    def ask(self, tenant: str, headers: dict[str, str] | list[tuple[str, str]],
+            body: bytes | None = None) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
+        """One request (``headers`` as pairs may repeat a name); waits for the rate-limit
+        calls it makes (a request refused by the Lua filter makes none; any other two: the
+        reservation and the settlement)."""
+        pairs = list(headers.items()) if isinstance(headers, dict) else headers
         connection = http.client.HTTPConnection("127.0.0.1", self.proxy.port, timeout=10)
         try:
-            connection.request("POST" if body else "GET", "/", body=body,
-                               headers={"x-tenant": tenant, **headers})  # fmt: skip
+            connection.putrequest("POST" if body else "GET", "/")
+            for name, value in [("x-tenant", tenant), *pairs]:
+                connection.putheader(name, value)
+            if body:
+                connection.putheader("content-length", str(len(body)))
+            connection.endheaders(body)
             response = connection.getresponse()
             answer = (response.status, {k.lower(): v for k, v in response.getheaders()},
                       response.read())  # fmt: skip
@@ -312,6 +318,14 @@ class TestEveryRequestReservesOrIsRefused:
         answer = shipped.ask(tenant, headers)
         assert answer[0] == status, answer
         assert shipped.used(tenant) == charged
+        shipped.assert_envoy_clean()
+
+    def test_two_x_max_tokens_headers_are_refused(self, shipped: Shipped) -> None:
+        """Two x-max-tokens headers, each a number or not, in either order: 400."""
+        for values in (("4000", "5"), ("abc", "5"), ("5", "abc")):
+            pairs = [("x-max-tokens", v) for v in values]
+            assert shipped.ask("two-headers", pairs)[0] == REFUSED_BY_ENVOY
+        assert shipped.used("two-headers") == 0
         shipped.assert_envoy_clean()
 
     def test_the_default_is_what_is_reserved_without_a_header(self, shipped: Shipped) -> None:
