@@ -171,6 +171,24 @@ class TestOneRequestIdOneReservation:
         await limiter.should_rate_limit(done("a", "r1", 5))
         assert await used(limiter, "a") == (85, 945)
 
+    async def test_an_expired_reservations_id_may_reserve_again(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """Past max_duration (10 s) an unsettled id is no longer open: a new reservation by
+        it is admitted and settles on its own (the first stays charged at its estimate)."""
+
+        def hourly(rid: str, hits: int, key: str = "request_id") -> Request:
+            return req("llm", desc("hourly=llm", f"{key}={rid}", hits=hits))
+
+        assert (await limiter.should_rate_limit(hourly("r1", 30))).code is Code.OK
+        clock.advance(9.5)
+        assert (await limiter.should_rate_limit(hourly("r1", 5))).code is Code.OVER_LIMIT
+        clock.advance(1)
+        assert (await limiter.should_rate_limit(hourly("r1", 20))).code is Code.OK
+        await limiter.should_rate_limit(hourly("r1", 0, "request_done"))
+        check = await limiter.should_rate_limit(req("llm", desc("hourly=llm", hits=0)))
+        assert check.statuses[0].limit_remaining == 70
+
 
 class TestAClientsTokens:
     async def test_charged_reserved_used_and_owed(self, limiter: Limiter, clock: FakeClock
