@@ -229,6 +229,20 @@ class TestAClientsTokens:
         report = await limiter.tokens("llm", entries)
         assert report is not None and (report.charged, report.reserved) == (20, 20)
 
+    async def test_debt_that_opens_a_window_brings_no_reservation_along(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """Reserved 60 and 30 in one minute, the 60 settled at 130 in the next, where nothing
+        was charged yet: the new minute holds the 70 of debt and nothing reserved (the 30
+        is the old minute's)."""
+        entries = (("provider", "llm"), ("tenant", "a"))
+        await limiter.should_rate_limit(start("a", "r1", 60))
+        await limiter.should_rate_limit(start("a", "r2", 30))
+        clock.advance(60)
+        await limiter.should_rate_limit(done("a", "r1", 130))
+        report = await limiter.tokens("llm", entries)
+        assert report is not None and (report.charged, report.reserved) == (70, 0)
+
 
 class TestNegativeHits:
     async def test_a_refund_gives_back_at_most_what_was_reserved(self, limiter: Limiter) -> None:
