@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,6 +41,7 @@ pytestmark = pytest.mark.process
 EXAMPLE = ROOT / "examples" / "envoy" / "llm-tokens.yaml"
 DESCRIPTORS = ROOT / "examples" / "envoy" / "llm-tokens-descriptors.yaml"
 BUDGET = 20_000  # the tenant's tokens an hour (llm-tokens-descriptors.yaml)
+DEFAULT = 1000  # its reservation.default
 ESTIMATE = 4000  # x-max-tokens of every stream: five fit in the budget
 # The real cost of each stream: some under the estimate, two above it (debt); any five sum
 # to at most 18 500, under the budget, so the counter shows them all.
@@ -163,6 +163,33 @@ def _stack(tmp_path: Path, edits: dict[str, str] | None = None
 
 
 class TestTenParallelStreams:
+    def test_without_x_max_tokens_the_default_is_reserved(self, tmp_path: Path) -> None:
+        """No x-max-tokens: the Lua filter sends 0, and fairlimit reserves
+        reservation.default (1000) for each of three held streams; settled, the counter is
+        what they used (100 each)."""
+        with _stack(tmp_path) as (proxy, llm, grpc_port):
+            out: list[int] = []
+            lock = threading.Lock()
+
+            def one() -> None:
+                status = http_get(proxy.url, {"x-tenant": "t3", "x-simulated-tokens": "100"})[0]
+                with lock:
+                    out.append(status)
+
+            threads = [threading.Thread(target=one) for _ in range(3)]
+            for thread in threads:
+                thread.start()
+            _wait(lambda: llm.arrived == len(threads), "the requests did not arrive")
+            during = _remaining(grpc_port, "t3")
+            llm.release.set()
+            for thread in threads:
+                thread.join(DEADLINE)
+            _wait(lambda: _rls_calls(proxy) >= 2 * len(threads), "stream-done calls missing")
+            after = _remaining(grpc_port, "t3")
+        assert out == [200] * len(threads)
+        assert BUDGET - during == DEFAULT * len(threads)  # the default, reserved
+        assert BUDGET - after == 100 * len(threads)
+
     def test_reserved_while_running_and_exact_once_settled(self, tmp_path: Path) -> None:
         """Five of ten fit (4000 each of 20 000); while they run the counter holds their
         reservations; settled, it holds what they really used (two used more than their
@@ -197,9 +224,12 @@ class TestTenParallelStreams:
 # --- The shipped example against the shipped stand-in LLM (examples/llm/stand-in-llm.py) ---
 
 STAND_IN = ROOT / "examples" / "llm" / "stand-in-llm.py"
-DEFAULT = 1000  # reservation.default in llm-tokens-descriptors.yaml
 REFUSED_BY_ENVOY = 400  # the Lua filter's answer to an x-max-tokens it cannot pass on
-ROUTE_TIMEOUT = {"timeout: 600s": "timeout: 4s"}  # so that a slow LLM meets Envoy's 504
+ROUTE_TIMEOUT = {"timeout: 600s": "timeout: 5s"}  # so that a slow LLM meets Envoy's 504
+# The example gives a rate-limit call 0.25 s; on a loaded test machine the first calls (a
+# cold gRPC channel) can take longer, and Envoy would let the request through (counted in
+# ratelimit.error): the budget is what is under test here, not that latency.
+CALL_TIMEOUT = {"timeout: 0.25s": "timeout: 5s"}
 
 
 @contextmanager
@@ -220,11 +250,12 @@ def stand_in_llm() -> Iterator[int]:
 
 
 class Shipped:
-    """A real Envoy from llm-tokens.yaml (route timeout 4 s), a real fairlimit from
+    """A real Envoy from llm-tokens.yaml (route timeout 5 s), a real fairlimit from
     llm-tokens-descriptors.yaml, the stand-in LLM; counts the rate-limit calls it expects."""
 
     def __init__(self, proxy: EnvoyProcess, admin_port: int, grpc_port: int) -> None:
         self.proxy, self.admin_port, self.grpc_port, self.calls = proxy, admin_port, grpc_port, 0
+        self.lock = threading.Lock()  # requests from several threads count their calls
 
     def ask(self, tenant: str, headers: dict[str, str] | list[tuple[str, str]],
             body: bytes | None = None) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
@@ -245,9 +276,14 @@ class Shipped:
                       response.read())  # fmt: skip
         finally:
             connection.close()
-        self.calls += 0 if answer[0] == REFUSED_BY_ENVOY else 2
-        _wait(lambda: _rls_calls(self.proxy) >= self.calls, "rate-limit calls missing")
+        with self.lock:
+            self.calls += 0 if answer[0] == REFUSED_BY_ENVOY else 2
+        self.settled()
         return answer
+
+    def settled(self) -> None:
+        """Until Envoy has completed every rate-limit call counted so far."""
+        _wait(lambda: _rls_calls(self.proxy) >= self.calls, "rate-limit calls missing")
 
     def tokens(self, tenant: str) -> dict[str, object]:
         """fairlimit's /tokens for the tenant: its counter, not its fair share at the cap
@@ -260,8 +296,10 @@ class Shipped:
         return report
 
     def used(self, tenant: str) -> int:
-        """The tenant's tokens charged this hour; asserts none is still reserved (every
-        request has been settled: no budget left burned)."""
+        """The tenant's tokens charged this hour, once every call made so far is answered;
+        asserts none is still reserved (every request has been settled: no budget left
+        burned)."""
+        self.settled()
         report = self.tokens(tenant)
         assert report["reserved"] == 0, report
         charged = report["charged"]
@@ -281,7 +319,8 @@ class Shipped:
 def shipped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shipped]:
     tmp_path = tmp_path_factory.mktemp("shipped")
     with stand_in_llm() as port, fairlimit_server("--config", str(DESCRIPTORS)) as server:
-        text = bootstrap(EXAMPLE, {"port_value: 8000": f"port_value: {port}", **ROUTE_TIMEOUT})
+        text = bootstrap(EXAMPLE, {"port_value: 8000": f"port_value: {port}", **ROUTE_TIMEOUT,
+                                   **CALL_TIMEOUT})  # fmt: skip
         with envoy_on(text, server.grpc_port, tmp_path) as proxy:
             yield Shipped(proxy, server.admin_port, server.grpc_port)
 
@@ -328,25 +367,6 @@ class TestEveryRequestReservesOrIsRefused:
         assert shipped.used("two-headers") == 0
         shipped.assert_envoy_clean()
 
-    def test_the_default_is_what_is_reserved_without_a_header(self, shipped: Shipped) -> None:
-        """Without x-max-tokens the reservation is reservation.default: a budget of 20 000
-        admits 20 slow requests at once, not 21 (the stand-in holds them past the 20th)."""
-        tenant = "held"
-        with futures.ThreadPoolExecutor(BUDGET // DEFAULT + 1) as pool:
-            slow = {"x-simulated-failure": "slow", "x-simulated-delay": "1.5"}
-            first = [pool.submit(shipped.ask, tenant, slow) for _ in range(BUDGET // DEFAULT)]
-            _wait(lambda: _rls_calls(shipped.proxy) >= shipped.calls + len(first),
-                  "the reservations were not all made")  # fmt: skip
-            during = shipped.tokens(tenant)
-            extra = shipped.ask(tenant, {"x-simulated-tokens": "1"})
-            statuses = [f.result()[0] for f in first]
-        assert extra[0] == 429
-        assert (during["reserved"], during["charged"]) == (BUDGET, BUDGET)
-        # the route's 4 s timeout is above the 1.5 s delay: all served, each 100 tokens
-        assert statuses == [200] * (BUDGET // DEFAULT)
-        assert shipped.used(tenant) == 100 * len(first)
-        shipped.assert_envoy_clean()
-
 
 FAILURES = [  # (x-simulated-failure, the status the client sees)
     ("500", 500),  # the provider's error, no usage reported
@@ -380,7 +400,8 @@ class TestAFailedUpstreamGivesItsReservationBack:
         """The quick start without an LLM on :8000: Envoy answers 503 (connection refused)
         to every request, and each gives its reservation back (was: five 503s burned the
         tenant's budget for the hour, then 429s)."""
-        text = bootstrap(EXAMPLE, {"port_value: 8000": f"port_value: {free_port()}"})
+        text = bootstrap(EXAMPLE, {"port_value: 8000": f"port_value: {free_port()}",
+                                   **CALL_TIMEOUT})  # fmt: skip
         with envoy_on(text, shipped.grpc_port, tmp_path) as proxy:
             alone = Shipped(proxy, shipped.admin_port, shipped.grpc_port)
             for _ in range(7):
