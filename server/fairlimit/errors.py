@@ -8,6 +8,7 @@
     │   ├── ConfigWarningError a warning promoted to an error by --strict
     │   └── ScenarioError      a simulate scenario is unusable or fits none of its configs
     ├── RequestError           a ShouldRateLimit request is malformed (INVALID_ARGUMENT)
+    ├── ReservationOpen        a reservation's request id holds an open one (OVER_LIMIT)
     ├── StoreUnavailable       the backend cannot answer now (failure mode decides)
     │   └── DeadlineExceeded   the caller's deadline leaves the backend no time (shed)
     ├── UnsupportedBackend     a backend URL the store cannot use (scheme, host, options)
@@ -45,6 +46,11 @@ class ScenarioError(ConfigError):
 
 class RequestError(FairlimitError):
     """The request cannot be answered as asked (maps to INVALID_ARGUMENT)."""
+
+
+class ReservationOpen(FairlimitError):
+    """A request reserves by a request id whose earlier reservation is still open: the store
+    charged and kept nothing (the limiter answers OVER_LIMIT; core/reserve.py)."""
 
 
 class StoreUnavailable(FairlimitError):

@@ -32,13 +32,21 @@ from fairlimit.core.concurrency import Claim, SlotOutcome, Slots, declared, spli
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
-from fairlimit.core.request import Request, validate
-from fairlimit.core.reserve import Averages, Reserve, Settle, Settled, Tokens, own_counter
+from fairlimit.core.request import Descriptor, Request, validate
+from fairlimit.core.reserve import (
+    Averages,
+    Reserve,
+    Settle,
+    Settled,
+    TokenReport,
+    Tokens,
+    own_counter,
+)
 from fairlimit.core.reserve import declared as reserves
 from fairlimit.core.reserve import split as split_tokens
 from fairlimit.core.rules import Loaded, walk
 from fairlimit.core.tally import Tally
-from fairlimit.errors import DeadlineExceeded, StoreUnavailable
+from fairlimit.errors import DeadlineExceeded, ReservationOpen, StoreUnavailable
 from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
 from fairlimit.store.deadline import DEADLINE
@@ -151,6 +159,7 @@ class Limiter:
         self.averages = Averages()  # recent real costs: the estimate of last resort
         self._origin, self._made = uuid.uuid4().hex[:12], 0  # anonymous slot ids
         self._unpaired_seen: set[str] = set()  # rules whose unpaired refunds were logged
+        self._id_open_logged = False  # a reservation by an open id was logged
 
     @property
     def loaded(self) -> Loaded:
@@ -248,12 +257,15 @@ class Limiter:
             return Decision(Code.OK, tuple(statuses))
         active = self._active
         slots = split(rates, active.matcher, self._anonymous(active)) if active.slots else None
-        if slots is not None and (slots.acquire or slots.release):
-            kept = {at: i for i, at in enumerate(slots.positions)}
-            moved = tuple([_moved(r, kept[r.descriptor]) for r in tokens.reserve])
-            inner = await self._with_slots(rates, slots, now, moved)
-        else:
-            inner = await self._rates(rates, now, reserve=tokens.reserve)
+        try:
+            if slots is not None and (slots.acquire or slots.release):
+                kept = {at: i for i, at in enumerate(slots.positions)}
+                moved = tuple([_moved(r, kept[r.descriptor]) for r in tokens.reserve])
+                inner = await self._with_slots(rates, slots, now, moved)
+            else:
+                inner = await self._rates(rates, now, reserve=tokens.reserve)
+        except ReservationOpen:
+            return self._id_open(request, tokens, statuses)
         if inner.code is Code.OK and tokens.reserve and not inner.backend_failed:
             for r in tokens.reserve:
                 self.telemetry.tokens.reserved(request.domain, r.rule.path, r.hits)
@@ -261,6 +273,21 @@ class Limiter:
             statuses[position] = status
         return Decision(inner.code, tuple(statuses), inner.backend_failed,
                         inner.backend_seconds, inner.shed)  # fmt: skip
+
+    def _id_open(self, request: Request, tokens: Tokens, statuses: list[Status]) -> Decision:
+        """OVER_LIMIT for a request reserving by a request id whose reservation is still
+        open: the store kept and charged nothing (two requests by one id would settle each
+        other's reservation)."""
+        rules = [r.rule.path for r in tokens.reserve]
+        self.telemetry.tokens.id_open(request.domain, rules)
+        if not self._id_open_logged:
+            self._id_open_logged = True
+            log.warning("a reservation by a request id that is still open was refused (logged "
+                        "once; fairlimit.tokens.id_open counts them): domain %s, rule %s",
+                        request.domain, rules[0] if rules else "-")  # fmt: skip
+        for r in tokens.reserve:
+            statuses[tokens.positions[r.descriptor]] = Status(Code.OVER_LIMIT, None, 0, 0.0, r.rule)
+        return Decision(Code.OK if self.shadow else Code.OVER_LIMIT, tuple(statuses))
 
     async def _settle(self, domain: str, settle: Settle, now: float) -> None:
         """One settlement; a store that is down leaves the reservation as charged."""
@@ -549,6 +576,21 @@ class Limiter:
             self._backend_state(exc)
             reports = []
         return self.telemetry.refresh(self.loaded, reports, self.clock.now())
+
+    async def tokens(self, domain: str, entries: tuple[tuple[str, str], ...]
+                     ) -> TokenReport | None:  # fmt: skip
+        """The token budget of the client ``entries`` name (without a request id) now, at
+        the rule with a reservation they match; None when they match none. Charges
+        nothing; raises StoreUnavailable when the store cannot answer."""
+        matcher = self._active.matcher
+        match = matcher.match(domain, entries)
+        limit = None if match is None else match.rule.rate_limit
+        if match is None or match.rule.reservation is None or limit is None:
+            return None
+        plan = make_plan(Request(domain, (Descriptor(entries, None, 0),)), matcher)
+        usage = await self.store.usage(plan, self.clock.now())
+        return TokenReport(match.rule.path, limit.requests_per_unit, limit.window,
+                           usage.charged, usage.reserved)  # fmt: skip
 
     def top_clients(self, n: int) -> tuple[TopRow, ...]:
         """Each cap's top ``n`` clients by demand and by rejections, as recorded here."""

@@ -232,3 +232,27 @@ class TestJsonIsNotForEveryone:
             req("edge", desc("route=public", "client_id=alice"))
         )
         assert decision.statuses[0].limit_remaining == 1  # the first of 2: nothing spent
+
+
+class TestTokens:
+    @pytest.mark.parametrize(
+        "query", ["", "?domain=edge", "?entry=route=public", "?domain=edge&entry=route"]
+    )
+    async def test_a_query_without_domain_or_entries_is_400(
+        self, serve: Serve, http: aiohttp.ClientSession, query: str
+    ) -> None:
+        """/tokens needs a domain and key=value entries; the error says how to ask."""
+        base, _ = await serve()
+        async with http.get(base + "/tokens" + query) as response:
+            assert response.status == 400
+            assert "entry=KEY=VALUE" in (await response.json())["error"]
+
+    async def test_entries_without_a_reservation_are_404(
+        self, serve: Serve, http: aiohttp.ClientSession
+    ) -> None:
+        """A client whose rule reserves nothing has no token budget to show (the answer
+        for a reserving rule is tests/e2e/test_e2e_tokens.py's)."""
+        base, _ = await serve()
+        async with http.get(base + "/tokens?domain=edge&entry=route=public"
+                            "&entry=client_id=alice") as response:  # fmt: skip
+            assert response.status == 404

@@ -146,6 +146,104 @@ class TestReserveThenSettle:
         assert check.statuses[0].limit_remaining == 60
 
 
+class TestOneRequestIdOneReservation:
+    async def test_a_second_reservation_by_an_open_id_is_refused(self, limiter: Limiter) -> None:
+        """A 40-token request and a 1-token one by the same id: the second is refused and
+        charged nothing; the first settles at its own real cost (was: the 1-token
+        settlement gave back 39 of the first's, and the first's own found nothing)."""
+        assert (await limiter.should_rate_limit(start("a", "r1", 40))).code is Code.OK
+        second = await limiter.should_rate_limit(start("a", "r1", 1))
+        assert second.code is Code.OVER_LIMIT
+        assert second.statuses[0].code is Code.OVER_LIMIT
+        assert await used(limiter, "a") == (60, 960)
+        await limiter.should_rate_limit(done("a", "r1", 1))  # the refused one's stream end
+        assert await used(limiter, "a") == (99, 999)
+
+    async def test_the_same_id_elsewhere_or_after_settlement_reserves(
+        self, limiter: Limiter
+    ) -> None:
+        """Another tenant's counter keeps its own records; a settled id may reserve again,
+        and the new reservation settles on its own."""
+        assert (await limiter.should_rate_limit(start("a", "r1", 40))).code is Code.OK
+        assert (await limiter.should_rate_limit(start("b", "r1", 40))).code is Code.OK
+        await limiter.should_rate_limit(done("a", "r1", 10))
+        assert (await limiter.should_rate_limit(start("a", "r1", 30))).code is Code.OK
+        await limiter.should_rate_limit(done("a", "r1", 5))
+        assert await used(limiter, "a") == (85, 945)
+
+    async def test_an_expired_reservations_id_may_reserve_again(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """Past max_duration (10 s) an unsettled id is no longer open: a new reservation by
+        it is admitted and settles on its own (the first stays charged at its estimate)."""
+
+        def hourly(rid: str, hits: int, key: str = "request_id") -> Request:
+            return req("llm", desc("hourly=llm", f"{key}={rid}", hits=hits))
+
+        assert (await limiter.should_rate_limit(hourly("r1", 30))).code is Code.OK
+        clock.advance(9.5)
+        assert (await limiter.should_rate_limit(hourly("r1", 5))).code is Code.OVER_LIMIT
+        clock.advance(1)
+        assert (await limiter.should_rate_limit(hourly("r1", 20))).code is Code.OK
+        await limiter.should_rate_limit(hourly("r1", 0, "request_done"))
+        check = await limiter.should_rate_limit(req("llm", desc("hourly=llm", hits=0)))
+        assert check.statuses[0].limit_remaining == 70
+
+
+class TestAClientsTokens:
+    async def test_charged_reserved_used_and_owed(self, limiter: Limiter, clock: FakeClock
+                                                  ) -> None:  # fmt: skip
+        """What /tokens shows: two reservations in flight, one settled under its estimate,
+        one over it (owed past the limit); a new window starts clean."""
+        entries = (("provider", "llm"), ("tenant", "a"))
+        await limiter.should_rate_limit(start("a", "r1", 60))
+        await limiter.should_rate_limit(start("a", "r2", 30))
+        report = await limiter.tokens("llm", entries)
+        assert report is not None
+        assert report.as_json() == {"rule": "llm/provider=llm/tenant", "limit": 100,
+                                    "window_seconds": 60, "charged": 90, "reserved": 90,
+                                    "used": 0, "owed": 0, "remaining": 10}  # fmt: skip
+        await limiter.should_rate_limit(done("a", "r1", 25))
+        report = await limiter.tokens("llm", entries)
+        assert report is not None and (report.charged, report.reserved) == (55, 30)
+        await limiter.should_rate_limit(done("a", "r2", 130))
+        report = await limiter.tokens("llm", entries)
+        assert report is not None
+        assert {k: report.as_json()[k] for k in ("charged", "reserved", "used", "owed")} == {
+            "charged": 155, "reserved": 0, "used": 155, "owed": 55}  # fmt: skip
+        clock.advance(60)
+        report = await limiter.tokens("llm", entries)
+        assert report is not None and (report.charged, report.reserved) == (0, 0)
+        assert await limiter.tokens("llm", (("provider", "llm"),)) is None  # no reservation
+
+    async def test_an_unsettled_reservation_of_a_new_window_counts_alone(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """Reserved in one minute, another in the next: the new minute's reserved is its own
+        reservation only; the late settlement of the first leaves it alone."""
+        entries = (("provider", "llm"), ("tenant", "a"))
+        await limiter.should_rate_limit(start("a", "r1", 60))
+        clock.advance(60)
+        await limiter.should_rate_limit(start("a", "r2", 20))
+        await limiter.should_rate_limit(done("a", "r1", 5))
+        report = await limiter.tokens("llm", entries)
+        assert report is not None and (report.charged, report.reserved) == (20, 20)
+
+    async def test_debt_that_opens_a_window_brings_no_reservation_along(
+        self, limiter: Limiter, clock: FakeClock
+    ) -> None:
+        """Reserved 60 and 30 in one minute, the 60 settled at 130 in the next, where nothing
+        was charged yet: the new minute holds the 70 of debt and nothing reserved (the 30
+        is the old minute's)."""
+        entries = (("provider", "llm"), ("tenant", "a"))
+        await limiter.should_rate_limit(start("a", "r1", 60))
+        await limiter.should_rate_limit(start("a", "r2", 30))
+        clock.advance(60)
+        await limiter.should_rate_limit(done("a", "r1", 130))
+        report = await limiter.tokens("llm", entries)
+        assert report is not None and (report.charged, report.reserved) == (70, 0)
+
+
 class TestNegativeHits:
     async def test_a_refund_gives_back_at_most_what_was_reserved(self, limiter: Limiter) -> None:
         """60 reserved, 500 given back: 60 come back, no more (nothing of the 30 another
@@ -233,7 +331,8 @@ class TestMetrics:
         self, tmp_path: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         """60 then 70 reserved; 35 refunded, 40 of debt; a duplicate settlement and three
-        unpaired refunds counted; the unpaired ones logged once per rule."""
+        unpaired refunds counted; the unpaired ones logged once per rule; two reservations by
+        an open id refused, counted, logged once."""
         reader = InMemoryMetricReader()
         telemetry = Telemetry(MeterProvider(metric_readers=[reader]), TracerProvider())
         limiter = Limiter(load_text(tmp_path, TOKENS), MemoryStore(), FakeClock(MINUTE),
@@ -243,6 +342,8 @@ class TestMetrics:
             await limiter.should_rate_limit(start("a", "r1", 60))
             await limiter.should_rate_limit(done("a", "r1", 25))
             await limiter.should_rate_limit(start("a", "r2", 70))
+            for _ in range(2):  # r2 is open: refused, counted, logged once
+                await limiter.should_rate_limit(start("a", "r2", 1))
             await limiter.should_rate_limit(done("a", "r2", 110))
             await limiter.should_rate_limit(done("a", "r2", 0))
             for _ in range(3):
@@ -253,8 +354,11 @@ class TestMetrics:
             ("fairlimit.tokens.refunded", rule): 35,
             ("fairlimit.tokens.debt", rule): 40,
             ("fairlimit.tokens.unpaired", rule): 4,
+            ("fairlimit.tokens.id_open", rule): 2,
         }
         assert [r.getMessage() for r in caplog.records] == [
+            "a reservation by a request id that is still open was refused (logged once; "
+            f"fairlimit.tokens.id_open counts them): domain llm, rule {rule}",
             "negative hits paired with no reservation were ignored (logged once per rule): "
-            f"domain llm, rule {rule}"
+            f"domain llm, rule {rule}",
         ]

@@ -242,11 +242,12 @@ class TestContract:
     def test_it_states_every_constant_with_its_python_value(self) -> None:
         """ALPHA, STALE, SPLIT, FORCES, AMORTISE, LEAD, BURST and EPSILON, each as in
         core/sharing.py, SLIDING_PARTS and SMOOTH_EPSILON as in core/units.py and
-        core/smooth.py, and no other."""
+        core/smooth.py, RESERVATION_OPEN as script.py's reply code, and no other."""
         constants, _, _ = prelude()
         expected = {name: float(getattr(sharing, name)) for name in CONSTANTS}
         expected["SLIDING_PARTS"] = float(units.SLIDING_PARTS)
         expected["SMOOTH_EPSILON"] = smooth.EPSILON
+        expected["RESERVATION_OPEN"] = float(script.RESERVATION_OPEN)
         assert constants == expected
 
     def test_it_names_every_row_and_division_field_in_order(self) -> None:

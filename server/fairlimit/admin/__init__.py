@@ -44,7 +44,8 @@ class JsonCodec:
 
 
 class AdminServer:
-    """``/healthz``, ``/readyz``, ``/metrics``, ``/rlconfig`` and ``POST /json``."""
+    """``/healthz``, ``/readyz``, ``/metrics``, ``/rlconfig``, ``/top``, ``/tokens`` and
+    ``POST /json``."""
 
     def __init__(
         self,
@@ -80,6 +81,7 @@ class AdminServer:
                 web.get("/metrics", self.metrics),
                 web.get("/rlconfig", self.rlconfig),
                 web.get("/top", self.top),
+                web.get("/tokens", self.tokens),
                 web.post("/json", self.json),
             ]
         )
@@ -172,6 +174,25 @@ class AdminServer:
             return web.json_response({"error": error}, status=404)
         caps = [t.as_json() for t in self.limiter.top_clients(n) if wanted in (None, t.rule)]
         body = {"scope": "process", "capacity": capacity, "n": n, "caps": caps}
+        return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
+
+    async def tokens(self, request: web.Request) -> web.Response:
+        """A client's token budget now (``?domain=``, ``?entry=key=value`` per entry, in
+        order, without the request id): charged, reserved, used, owed, remaining."""
+        domain = request.query.get("domain", "")
+        pairs = [e.partition("=") for e in request.query.getall("entry", [])]
+        if not domain or not pairs or any(not sep or not key for key, sep, _ in pairs):
+            error = "expected ?domain=D&entry=KEY=VALUE (one entry= per descriptor entry)"
+            return web.json_response({"error": error}, status=400)
+        entries = tuple([(key, value) for key, _, value in pairs])
+        try:
+            report = await self.limiter.tokens(domain, entries)
+        except StoreUnavailable as exc:
+            return web.json_response({"error": f"backend unavailable: {exc}"}, status=503)
+        if report is None:
+            error = "no rule with a reservation matches these entries"
+            return web.json_response({"error": error}, status=404)
+        body = {"domain": domain, "entries": [list(e) for e in entries], **report.as_json()}
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
 
     async def json(self, request: web.Request) -> web.Response:

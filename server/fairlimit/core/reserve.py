@@ -66,6 +66,38 @@ class Tokens:
 
 
 @dataclass(frozen=True, slots=True)
+class Usage:
+    """A reserving rule's counter in its current window: ``charged`` (its count: the real
+    costs settled, the estimates still reserved, and debt) and ``reserved`` (the estimates of
+    the reservations made in this window and not settled: in flight, or expired unsettled
+    and so charged at their estimate)."""
+
+    charged: int
+    reserved: int
+
+
+@dataclass(frozen=True, slots=True)
+class TokenReport:
+    """A client's token budget now, for operators (the admin's /tokens): ``charged`` =
+    ``used`` (settled real costs, and estimates of reservations that expired unsettled) +
+    ``reserved`` (in flight); ``owed``: charged above the limit (debt), refused until the
+    window ends."""
+
+    rule: str
+    limit: int
+    window: int  # seconds
+    charged: int
+    reserved: int
+
+    def as_json(self) -> dict[str, object]:
+        return {"rule": self.rule, "limit": self.limit, "window_seconds": self.window,
+                "charged": self.charged, "reserved": self.reserved,
+                "used": self.charged - self.reserved,
+                "owed": max(0, self.charged - self.limit),
+                "remaining": max(0, self.limit - self.charged)}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class Settled:
     """What one settlement did: whether it found an open reservation, and the hits it gave
     back and charged as debt."""

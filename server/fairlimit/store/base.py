@@ -7,7 +7,7 @@ from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport
 from fairlimit.core.plan import Plan
-from fairlimit.core.reserve import Settle, Settled
+from fairlimit.core.reserve import Settle, Settled, Usage
 
 REDIS_SCHEMES = ("redis", "rediss", "redis+sentinel", "redis+cluster")
 BACKEND_SCHEMES = ("memory", *REDIS_SCHEMES)
@@ -41,6 +41,13 @@ class Store(Protocol):
         one descriptor, once (core/reserve.py): the unused part back in the windows it was
         reserved in, a cost above it charged as debt. An id holding no open reservation
         changes nothing. Raises StoreUnavailable when the backend cannot answer."""
+        ...
+
+    async def usage(self, plan: Plan, now: float) -> Usage:
+        """The count of ``plan``'s one descriptor's own counter in its window at ``now`` and
+        the hits of the reservations made in that window and not settled (0 and 0 when it
+        has none); nothing is charged. Raises StoreUnavailable when the backend cannot
+        answer."""
         ...
 
     async def exchange_demand(

@@ -23,7 +23,15 @@ from fairlimit.core.admission import Outcome, above, admits, demand_seen
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures, figures_of
 from fairlimit.core.plan import Counter, Plan, Share
-from fairlimit.core.reserve import Settle, Settled, levels, own_counter, record_key, settlement
+from fairlimit.core.reserve import (
+    Settle,
+    Settled,
+    Usage,
+    levels,
+    own_counter,
+    record_key,
+    settlement,
+)
 from fairlimit.core.sharing import (
     FORCES,
     STALE,
@@ -46,6 +54,7 @@ from fairlimit.core.sharing import (
 )
 from fairlimit.core.smooth import gcra_charged, gcra_count, part, sliding_full_at
 from fairlimit.core.units import SLIDING_PARTS, Algorithm, bounds, window_start
+from fairlimit.errors import ReservationOpen
 from fairlimit.store.deadlines import Deadlines
 from fairlimit.store.reservations import MemoryReservations
 from fairlimit.store.slots import MemorySlots
@@ -92,12 +101,13 @@ def _idle(window: int) -> float:
 class _Counter:
     """A fixed window's count (epoch-aligned or a calendar one)."""
 
-    __slots__ = ("count", "end", "start")
+    __slots__ = ("count", "end", "reserved", "start")
 
     def __init__(self, start: int, end: int) -> None:
         self.start = start
         self.end = end
         self.count = 0
+        self.reserved = 0  # hits of this window's reservations not settled (core/reserve.py)
 
 
 class _Meter:
@@ -444,6 +454,8 @@ class MemoryStore:
     async def admit(self, plan: Plan, now: float) -> Outcome:
         self._expire(now)
         self._now = now
+        if plan.reserve:
+            self._refuse_open(plan, now)
         shaped = any(c.shape is not None for c in plan.counters)
         if shaped:
             return self._admit_shaped(plan, now)
@@ -514,13 +526,27 @@ class MemoryStore:
             self._keep(plan, now)
         return Outcome(admitted, counts, shared, bounds)
 
+    def _refuse_open(self, plan: Plan, now: float) -> None:
+        """Raise ReservationOpen when a reservation's id still holds an open one: two
+        requests by one id would settle each other's (admit.lua refuses them too)."""
+        for reserve in plan.reserve:
+            own = own_counter(plan, reserve.descriptor)
+            if own is not None:
+                key = record_key(plan.counters[own].key, reserve.request_id)
+                if self.reservations.is_open(key, now):
+                    raise ReservationOpen(f"request id {reserve.request_id!r} is reserving")
+
     def _keep(self, plan: Plan, now: float) -> None:
         """Keep the reservations of an admitted plan (core/reserve.py)."""
         for reserve in plan.reserve:
             own = own_counter(plan, reserve.descriptor)
             if own is not None:
-                key = record_key(plan.counters[own].key, reserve.request_id)
-                self.reservations.keep(key, reserve.hits, now, reserve.ttl)
+                spec = plan.counters[own]
+                key = record_key(spec.key, reserve.request_id)
+                if self.reservations.keep(key, reserve.hits, now, reserve.ttl):
+                    counter = self._counters.get(spec.key)
+                    if counter is not None and counter.start <= now < counter.end:
+                        counter.reserved += reserve.hits
 
     async def settle(self, plan: Plan, settle: Settle, now: float) -> Settled:
         """Settle the reservation of ``settle.request_id`` at the levels of ``plan``'s one
@@ -535,6 +561,9 @@ class MemoryStore:
         if record is None:
             return Settled(False)
         refund, debt = settlement(record.hits, settle.amount, settle.negative)
+        mine = self._counters.get(plan.counters[own].key)
+        if mine is not None and mine.start <= record.at < mine.end:
+            mine.reserved -= min(record.hits, mine.reserved)
         counters, shares = levels(plan, 0)
         for i in counters:
             spec = plan.counters[i]
@@ -552,6 +581,13 @@ class MemoryStore:
                 _settle_row(row, share, record.at, now, -refund)
                 _settle_row(row, share, now, now, debt)
         return Settled(True, refund, debt)
+
+    async def usage(self, plan: Plan, now: float) -> Usage:
+        own = own_counter(plan, 0)
+        counter = None if own is None else self._counters.get(plan.counters[own].key)
+        if counter is None or not counter.start <= now < counter.end:
+            return Usage(0, 0)
+        return Usage(counter.count, counter.reserved)
 
     def _claims(self, plan: Plan, now: float) -> list[tuple[Division, ShareClaim, Row, Clock]]:
         """Each share's cap division with the client's row taken out of it

@@ -2,12 +2,14 @@
 
 A record is open from the admission that reserved it until its settlement, then kept as
 settled (so that a duplicate settlement changes nothing) until ``max_duration`` after it
-was reserved; then it goes. A heap of expiries drops them in steps (``expire``: any call
-to the store takes one, its background sweep the rest), so memory is bounded by the
-reservations of the last ``max_duration``, and at most MAX_RECORDS are kept: past that a
-reservation is charged but not kept (it stays charged at its estimate, as one whose
-settlement never came). Once most have gone, ``compact`` copies the table into one of its
-live size: a dict never gives back the table it grew to (bench/expiry.py --reservations).
+was reserved; then it goes. A new reservation by an id that is still open is refused
+(store/memory.py raises ReservationOpen before charging); one by a settled or expired id
+replaces it. A heap of expiries drops them in steps (``expire``: any call to the store takes
+one, its background sweep the rest), so memory is bounded by the reservations of the last
+``max_duration``, and at most MAX_RECORDS are kept: past that a reservation is charged but
+not kept (it stays charged at its estimate, as one whose settlement never came). Once most
+have gone, ``compact`` copies the table into one of its live size: a dict never gives back
+the table it grew to (bench/expiry.py --reservations).
 """
 
 from dataclasses import dataclass
@@ -65,13 +67,17 @@ class MemoryReservations:
         self._records = dict(self._records)
         self._high = len(self._records)
 
+    def is_open(self, key: str, now: float) -> bool:
+        """Whether ``key`` holds a reservation not yet settled nor past its time."""
+        record = self._records.get(key)
+        return record is not None and not record.settled and record.expiry > now
+
     def keep(self, key: str, hits: int, now: float, ttl: float) -> bool:
-        """Keep a reservation; False when the id already has one (the first is kept) or
-        the table is full."""
-        known = self._records.get(key)
-        if known is not None and known.expiry > now:
+        """Keep a reservation (replacing a settled or expired one under the same key); False
+        when the key holds an open one (the first is kept) or the table is full."""
+        if self.is_open(key, now):
             return False
-        if known is None and len(self._records) >= self._capacity:
+        if key not in self._records and len(self._records) >= self._capacity:
             self.expire(now, len(self._records))  # full: what is due goes first, at once
             if len(self._records) >= self._capacity:
                 return False

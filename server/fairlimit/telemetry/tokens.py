@@ -1,5 +1,6 @@
 """Token-budget instruments: hits reserved, given back and charged as debt, per rule, and
-the stream-done calls that paired with no reservation.
+the stream-done calls that paired with no reservation, and the reservations refused because
+their request id still held an open one.
 
 Attributes are ``domain`` and ``rule`` (the reserving rule's path; "" for a negative-hits
 descriptor that matched no rule); never a client value or a request id.
@@ -13,7 +14,7 @@ from fairlimit.core.reserve import Settled
 
 
 class TokenInstruments:
-    """The four token-budget instruments; recording failures go to ``failed``."""
+    """The token-budget instruments; recording failures go to ``failed``."""
 
     def __init__(self, meter: Meter, failed: Callable[[], None]) -> None:
         self._failed = failed
@@ -33,10 +34,22 @@ class TokenInstruments:
             "{descriptor}",
             "Settlements and negative hits that found no open reservation: nothing changed",
         )
+        self._open = meter.create_counter(
+            "fairlimit.tokens.id_open",
+            "{request}",
+            "Reservations refused because their request id still held an open one",
+        )
 
     def reserved(self, domain: str, rule: str, hits: int) -> None:
         try:
             self._reserved.add(hits, {"domain": domain, "rule": rule})
+        except Exception:
+            self._failed()
+
+    def id_open(self, domain: str, rules: list[str]) -> None:
+        try:
+            for rule in rules:
+                self._open.add(1, {"domain": domain, "rule": rule})
         except Exception:
             self._failed()
 

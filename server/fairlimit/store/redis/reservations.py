@@ -8,6 +8,7 @@ it settled, and moves the counters.
 """
 
 import math
+from collections.abc import Sequence
 
 from fairlimit.core.plan import Plan
 from fairlimit.core.reserve import Settle, own_counter, record_key
@@ -36,17 +37,24 @@ def admit_tail(
             continue
         counter = plan.counters[own].key
         keys.append(record_name(prefix, tags[counter], counter, reserve.request_id))
-        args += [reserve.hits, math.ceil(reserve.ttl * 1000)]
+        args += [reserve.hits, math.ceil(reserve.ttl * 1000), g.counters.index(own) + 1]
     return keys, ([len(keys), *args] if keys else [])
 
 
-def records(plan: Plan, prefix: str, cluster: bool) -> list[str]:
-    """Every record key the plan's reservations are kept under."""
+def usage_key(plan: Plan, own: int, prefix: str, cluster: bool) -> str:
+    """The Redis key of ``plan``'s counter ``own`` (its fields s, n and r)."""
+    (g,) = slot_groups(plan, prefix, cluster)  # one descriptor: its keys share a tag
+    return g.counter_keys[g.counters.index(own)]
+
+
+def records(plan: Plan, prefix: str, cluster: bool, groups: Sequence[SlotGroup]) -> list[str]:
+    """The record keys the plan's reservations whose own counter is in ``groups`` are
+    kept under."""
     tags = anchors(plan, cluster)
     out: list[str] = []
     for reserve in plan.reserve:
         own = own_counter(plan, reserve.descriptor)
-        if own is not None:
+        if own is not None and any(own in g.counters for g in groups):
             counter = plan.counters[own].key
             out.append(record_name(prefix, tags[counter], counter, reserve.request_id))
     return out
@@ -60,7 +68,8 @@ def settle_call(
     counter = plan.counters[own].key
     record = record_name(prefix, anchors(plan, cluster)[counter], counter, settle.request_id)
     keys = [*g.counter_keys, *[cap["rows"] for cap in g.cap_keys], record]
-    args: list[str | int] = [now, settle.amount, int(settle.negative), len(g.counters)]
+    mine = g.counters.index(own) + 1
+    args: list[str | int] = [now, settle.amount, int(settle.negative), mine, len(g.counters)]
     args += [plan.counters[i].window for i in g.counters]
     args.append(len(g.caps))
     for i in g.cap_share:

@@ -29,6 +29,7 @@ from fairlimit.store.redis.keys import SlotGroup
 # The fairness figures of the last period, as named in a cap's meta hash.
 FIGURES = ("f_u", "f_a", "f_l", "f_j", "f_t", "f_s")
 NEED_LEVEL = 2  # admit.lua's first reply element when it hands λ back
+RESERVATION_OPEN = 3  # its first reply element when a reservation's id is still open
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,7 @@ def contract() -> str:
     lines = [f"local {name} = {_lua(getattr(sharing, name))}" for name in constants]
     lines.append(f"local SLIDING_PARTS = {units.SLIDING_PARTS}")
     lines.append(f"local SMOOTH_EPSILON = {smooth.EPSILON!r}")
+    lines.append(f"local RESERVATION_OPEN = {RESERVATION_OPEN}")
     lines.append("local ROW = {" + ", ".join(_lua(f) for f in ROW_FIELDS) + "}")
     lines.append(f"local ROW_FIELD = {_table(ROW_FIELDS)}")
     lines.append("local DIVISION = {" + ", ".join(_lua(f) for f in DIVISION_FIELDS) + "}")

@@ -34,17 +34,24 @@ from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.plan import Plan
-from fairlimit.core.reserve import Settle, Settled, own_counter
+from fairlimit.core.reserve import Settle, Settled, Usage, own_counter
 from fairlimit.core.sharing import DIVISION_FIELDS
 from fairlimit.core.units import Algorithm, bounds
-from fairlimit.errors import StoreUnavailable
+from fairlimit.errors import ReservationOpen, StoreUnavailable
 from fairlimit.store import deadline
 from fairlimit.store.redis import reservations, script
 from fairlimit.store.redis.batch import ScriptBatcher
 from fairlimit.store.redis.client import Options, unavailable
 from fairlimit.store.redis.keys import SlotGroup, slot_groups
 from fairlimit.store.redis.overlimit_cache import OverLimitCache
-from fairlimit.store.redis.script import ADMIT, NEED_LEVEL, RELEASE, GivenDivision, Seen
+from fairlimit.store.redis.script import (
+    ADMIT,
+    NEED_LEVEL,
+    RELEASE,
+    RESERVATION_OPEN,
+    GivenDivision,
+    Seen,
+)
 from fairlimit.store.redis.slots import RedisSlots, clock_base
 
 log = logging.getLogger(__name__)
@@ -232,7 +239,7 @@ class RedisStore:
                        if isinstance(r, Seen) and r.admitted]  # fmt: skip
             await self._release(plan, charged)
             if plan.reserve and charged:
-                await self._drop_records(plan)
+                await self._drop_records(plan, [g for g, _ in charged])
         if failed:
             raise failed[0]
         return _combine(plan, groups, seen, admitted)
@@ -284,6 +291,8 @@ class RedisStore:
             lock = (attempt < _ATTEMPTS - 1, self._options.lock_ms)
             args = script.admit_args(plan, g, now, lock, given, lease_ask) + tail
             reply = await self._call(self._scripts.admit, keys, args)
+            if int(reply[0]) == RESERVATION_OPEN:
+                raise ReservationOpen("a reservation's request id is still open")
             if int(reply[0]) != NEED_LEVEL:
                 return script.seen(reply)
             given.update(script.divisions_wanted(plan, g, reply))
@@ -301,11 +310,27 @@ class RedisStore:
         self._known.forget(plan)  # the counts it showed may be lower now
         return Settled(int(reply[0]) == 1, int(reply[1]), int(reply[2]))
 
-    async def _drop_records(self, plan: Plan) -> None:
-        """Forget the reservations a refused request across slots kept in the groups that
-        admitted (best effort: a record left behind could give back hits already
-        released, until it expires)."""
-        for key in reservations.records(plan, self._options.key_prefix, self._cluster):
+    async def usage(self, plan: Plan, now: float) -> Usage:
+        own = own_counter(plan, 0)
+        if own is None:
+            return Usage(0, 0)
+        spec = plan.counters[own]
+        if spec.shape is not None and spec.shape.algorithm is not Algorithm.FIXED:
+            return Usage(0, 0)  # a sliding or GCRA meter keeps no window count
+        key = reservations.usage_key(plan, own, self._options.key_prefix, self._cluster)
+        with unavailable():
+            start, count, reserved = await self._client.hmget(key, ["s", "n", "r"])
+        if start is None or int(start) != bounds(spec.window, spec.shape, now)[0]:
+            return Usage(0, 0)
+        return Usage(int(count or 0), int(reserved or 0))
+
+    async def _drop_records(self, plan: Plan, groups: Sequence[SlotGroup]) -> None:
+        """Forget the reservations a refused request across slots kept in ``groups``, the
+        ones that admitted (best effort: a record left behind could give back hits already
+        released, until it expires); a group that refused kept none, and the record there
+        may be another request's (an id still open)."""
+        prefix = self._options.key_prefix
+        for key in reservations.records(plan, prefix, self._cluster, groups):
             try:
                 with unavailable():
                     await self._client.delete(key)

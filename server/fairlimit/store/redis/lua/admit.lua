@@ -50,8 +50,13 @@
 --       window before when the division in force knows it, else "": nothing was recorded
 --       or charged; divide and call again with it.
 -- ARGV tail, only for a request that reserves (store/redis/reservations.py): the number of
--- records, then per record its hits and max_duration in ms; their keys follow the caps'
--- in KEYS. Admitted, each is kept (SET NX) as "<hits>|<now>|<expiry>" for settle.lua.
+-- records, then per record its hits, max_duration in ms and its own counter's 1-based
+-- index; their keys follow the caps' in KEYS. A record still open (not settled, not past its expiry) refuses the call at
+-- once: {3, now}, nothing recorded or charged (two requests by one id would settle each
+-- other's reservation). Admitted, each is kept as "<hits>|<now>|<expiry>" for settle.lua
+-- (replacing a settled one), and its hits are added to its own counter's field r (the hits
+-- of this window's reservations not settled; settle.lua takes them off; a new window's
+-- count starts without it).
 -- Every key written gets a TTL. Floats cross the boundary as %.17g strings, so Lua and
 -- Python see the same doubles; every formula below is core/sharing.py's, in its order.
 
@@ -144,7 +149,13 @@ local records = {}
 if ARGV[a + 1] then
   local first = n + #caps * CAP_KEYS
   for r = 1, tonumber(ARGV[a + 1]) do
-    records[r] = {key = KEYS[first + r], hits = ARGV[a + 2 * r], ttl = ARGV[a + 2 * r + 1]}
+    records[r] = {key = KEYS[first + r], hits = ARGV[a + 3 * r - 1], ttl = ARGV[a + 3 * r],
+      counter = tonumber(ARGV[a + 3 * r + 1])}
+    local held = redis.call('GET', records[r].key)
+    if held and held ~= 'settled' then
+      local expiry = tonumber(string.match(held, '[^|]+|[^|]+|([^|]+)'))
+      if expiry and now < expiry then return {RESERVATION_OPEN, fmt(now)} end
+    end
   end
 end
 
@@ -645,6 +656,7 @@ for i, c in ipairs(counters) do
       redis.call('HINCRBY', c.key, 'n', add)
     else
       redis.call('HSET', c.key, 's', c.ws, 'n', add)
+      redis.call('HDEL', c.key, 'r')
       redis.call('PEXPIRE', c.key, math.ceil(c.ttl))
     end
   else
@@ -674,8 +686,11 @@ end
 if admitted then
   for _, r in ipairs(records) do
     local expiry = fmt(now + tonumber(r.ttl) / 1000)
-    redis.call('SET', r.key, r.hits .. '|' .. fmt(now) .. '|' .. expiry, 'NX', 'PX',
+    redis.call('SET', r.key, r.hits .. '|' .. fmt(now) .. '|' .. expiry, 'PX',
       tonumber(r.ttl) + SLACK_MS)
+    if not counters[r.counter].meter then
+      redis.call('HINCRBY', counters[r.counter].key, 'r', r.hits)
+    end
   end
 end
 return {admitted and 1 or 0, fmt(now), counts, shared, bounds, rolled, block, wanted, full, was}

@@ -6,13 +6,15 @@
 -- KEYS  per counter: counter
 -- KEYS  per cap: rows
 -- KEYS  last: the record
--- ARGV  head: now amount negative
+-- ARGV  head: now amount negative own
 -- ARGV  per counter: window
 -- ARGV  per cap: period window
 -- ARGV  per share: cap_index client
 -- KEYS are the counter keys, each cap's rows key, then the record; ARGV is the head, then
 -- for counters, caps and shares in turn: their number, then that many rows.
 --
+-- counter  hash: s = window start, n = count, r = hits of the window's reservations not
+--          settled (admit.lua adds them; the own counter's r loses this one's here)
 -- record   string "<hits>|<at>|<expiry>" while open (at: the admission's clock, expiry: at
 --          + max_duration, past which it counts as gone: the key's own TTL runs on Redis's
 --          clock, with slack for a caller's clock), "settled" once settled.
@@ -50,15 +52,18 @@ else
 end
 redis.call('SET', record, 'settled', 'KEEPTTL')
 
-local a = 4
+local own = tonumber(ARGV[4])
+local a = 5
 local n = tonumber(ARGV[a])
 for i = 1, n do
   local w = tonumber(ARGV[a + i])
-  if refund > 0 then
-    local c = redis.call('HMGET', KEYS[i], 's', 'n')
-    if c[1] == whole(math.floor(at / w) * w) then
-      redis.call('HINCRBY', KEYS[i], 'n', -math.min(refund, tonumber(c[2]) or 0))
-    end
+  local c = redis.call('HMGET', KEYS[i], 's', 'n', 'r')
+  local reserved_in = c[1] == whole(math.floor(at / w) * w)
+  if refund > 0 and reserved_in then
+    redis.call('HINCRBY', KEYS[i], 'n', -math.min(refund, tonumber(c[2]) or 0))
+  end
+  if i == own and reserved_in then  -- settled: no longer reserved (admit.lua's field r)
+    redis.call('HINCRBY', KEYS[i], 'r', -math.min(reserved, tonumber(c[3]) or 0))
   end
   if debt > 0 then
     local start = math.floor(now / w) * w
@@ -66,6 +71,7 @@ for i = 1, n do
       redis.call('HINCRBY', KEYS[i], 'n', debt)
     else
       redis.call('HSET', KEYS[i], 's', whole(start), 'n', debt)
+      redis.call('HDEL', KEYS[i], 'r')
       redis.call('PEXPIRE', KEYS[i], math.ceil((start + w - now) * 1000 + SLACK_MS))
     end
   end
