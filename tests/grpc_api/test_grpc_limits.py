@@ -181,3 +181,39 @@ class TestPreparedCache:
             server.stop()
         assert codes == {"OK"}
         assert growth < 60, growth
+
+
+def _details(target: str, payload: bytes) -> tuple[str, str]:
+    """One call on its own connection: the status code's name and details."""
+    with grpc.insecure_channel(target, [("grpc.use_local_subchannel_pool", 1)]) as channel:
+        call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+        try:
+            call(payload, timeout=30)
+        except grpc.RpcError as error:
+            return str(error.code().name), str(error.details())
+    return "OK", ""
+
+
+class TestDescriptorCount:
+    def test_too_many_descriptors_are_refused_before_any_is_converted(
+        self, tmp_path: Path
+    ) -> None:
+        """10,000 descriptors (200 kB, under the receive limit), the 100th with an override
+        whose unit is UNKNOWN: refused for the count, which is checked first, not for the
+        100th descriptor, which converting them all would find (the server spent 30-40 ms of its
+        event loop per request on it, holding every other call)."""
+        small = [D(entries=[D.Entry(key="client_id", value=f"c{i}")]) for i in range(10_000)]
+        small[99].limit.requests_per_unit = 5  # unit left UNKNOWN
+        payload = rls_pb2.RateLimitRequest(domain="edge", descriptors=small).SerializeToString()
+        server = _serve(tmp_path)
+        try:
+            answer = _details(server.target, payload)
+            unknown = _details(server.target, rls_pb2.RateLimitRequest(
+                domain="edge", descriptors=small[100 - MAX_DESCRIPTORS:100]
+            ).SerializeToString())  # fmt: skip
+        finally:
+            server.stop()
+        assert answer == ("INVALID_ARGUMENT", f"at most {MAX_DESCRIPTORS} descriptors per request")
+        # the same descriptor in a request of 64 is refused for its unit
+        unit = f"descriptor {MAX_DESCRIPTORS - 1}: limit override has unit UNKNOWN"
+        assert unknown == ("INVALID_ARGUMENT", unit)
