@@ -88,6 +88,7 @@ class Pool:
         self.kind = kind
         self.most = most
         self.busy = 0
+        self.started = 0  # calls admitted so far (a drain waits until none come)
         self.detail = f"{most} {what} in progress, the most at once"
         self.evicted_detail = f"no request message yet, and {most} {what} in progress"
         # calls waiting for their first message, oldest first, with their deadline
@@ -104,6 +105,7 @@ class Pool:
             oldest = next(iter(self.waiting))
             self.interrupt(oldest, "evicted")
         self.busy += 1
+        self.started += 1
         return True
 
     def interrupt(self, task: "asyncio.Task[Any]", why: str) -> None:
