@@ -4,10 +4,13 @@ and the read deadline.
 Each kind of call has a budget of its own: rate-limit calls, RLQS streams (long-lived, one
 per Envoy) and the rest (health, reflection). A call beyond its kind's budget is refused at
 once with RESOURCE_EXHAUSTED, before its message is read, so idle RLQS streams or stalled
-health checks never take a rate-limit call's place. A call must deliver its (first) message
-within the read deadline or it ends with DEADLINE_EXCEEDED: a client that sends headers and
-nothing more holds a place for that long at most. HTTP/2's stream limit per connection keeps
-one connection from taking a whole budget.
+health checks never take a rate-limit call's place. When the rate-limit budget is full, a
+call still waiting for its message gives its place to the new call, else one waiting on the
+store does (answered by the failure mode at once): a slow store fills no budget. A call
+must deliver its (first) message within the read deadline or it ends with
+DEADLINE_EXCEEDED: a client that sends headers and nothing more holds a place for that long
+at most. HTTP/2's stream limit per connection keeps one connection from taking a whole
+budget.
 """
 
 import asyncio
@@ -94,16 +97,20 @@ class Pool:
         # calls waiting for their first message, oldest first, with their deadline
         self.waiting: dict[asyncio.Task[Any], float] = {}
         self.interrupted: dict[asyncio.Task[Any], str] = {}  # why: read_timeout, evicted
+        # a call in progress that can give up its place: True when one did (its wait on the
+        # store given up, so the failure mode answers it at once)
+        self.relieve: Callable[[], bool] | None = None
 
     def admit(self) -> bool:
         """Take a place for a new call; when the budget is full, the call that has waited
         longest for its message gives up its place (a real client sends the message with
-        the headers: the waiting ones are stalled). False: every place serves a call."""
+        the headers: the waiting ones are stalled), else one that ``relieve`` answers at
+        once. False: every place serves a call that is neither."""
         if self.busy >= self.most:
-            if not self.waiting:
+            if self.waiting:
+                self.interrupt(next(iter(self.waiting)), "evicted")
+            elif self.relieve is None or not self.relieve():
                 return False
-            oldest = next(iter(self.waiting))
-            self.interrupt(oldest, "evicted")
         self.busy += 1
         self.started += 1
         return True

@@ -1,9 +1,11 @@
 """The RateLimitService servicer and the grpc.aio server around it."""
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -98,6 +100,9 @@ class RateLimitServicer:
         self.pool = pool or guards.Pool(RLS_KIND, budgets.rls, RLS_WHAT)
         self.reader = reader or guards.Reader(budgets.read_timeout)
         self.telemetry = telemetry  # spans and the latency metric; the limiter counts hits
+        # the calls past their message: a full budget gives up the longest store wait of one
+        self._deciding: set[asyncio.Task[Any]] = set()
+        self.pool.relieve = functools.partial(limiter.waits.give_up, self._deciding)
         self._prepared: dict[bytes, _Kept] = {}
         self.options = options or ResponseOptions()
 
@@ -123,6 +128,7 @@ class RateLimitServicer:
         if not pool.admit():
             self.telemetry.refused(RLS_KIND, "busy")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, pool.detail)
+        task = asyncio.current_task()
         try:
             try:
                 payload = await self.reader.first(context, pool)
@@ -133,6 +139,8 @@ class RateLimitServicer:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
             telemetry = self.telemetry
             started = time.perf_counter()
+            if task is not None:
+                self._deciding.add(task)
             if telemetry.tracing:
                 answer, result = await self._traced(payload, context)
             else:
@@ -141,6 +149,8 @@ class RateLimitServicer:
             telemetry.rpc_finished(time.perf_counter() - started, result)
         finally:
             pool.busy -= 1
+            if task is not None:
+                self._deciding.discard(task)
         if isinstance(answer, tuple):
             await context.abort(*answer)
             raise AssertionError("unreachable: abort raises")
