@@ -5,8 +5,9 @@ held their places in --grpc-max-concurrent and in their connection's streams, so
 were refused: with --failure-mode open, 7-8% of the answers during a 3 s SIGSTOP at 200
 calls/s were RESOURCE_EXHAUSTED or UNAVAILABLE (a refused stream), and 5.8-9.6% under
 repeated 300 ms stalls. Through a real server process, a real redis-server stopped with
-SIGSTOP, and a real gRPC client on 4 connections (one connection of grpc's Python client
-has some of its streams refused past 16 at once on a loaded machine, Redis or not).
+SIGSTOP, and a real gRPC client on 4 connections, as Envoy's workers open several (with a
+stream limit per connection of 16, one connection of grpc's Python client had some of its
+streams refused on a loaded machine, Redis or not).
 """
 
 import asyncio

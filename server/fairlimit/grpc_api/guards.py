@@ -4,13 +4,10 @@ and the read deadline.
 Each kind of call has a budget of its own: rate-limit calls, RLQS streams (long-lived, one
 per Envoy) and the rest (health, reflection). A call beyond its kind's budget is refused at
 once with RESOURCE_EXHAUSTED, before its message is read, so idle RLQS streams or stalled
-health checks never take a rate-limit call's place. When the rate-limit budget is full, a
-call still waiting for its message gives its place to the new call, else one waiting on the
-store does (answered by the failure mode at once): a slow store fills no budget. A call
-must deliver its (first) message within the read deadline or it ends with
-DEADLINE_EXCEEDED: a client that sends headers and nothing more holds a place for that long
-at most. HTTP/2's stream limit per connection keeps one connection from taking a whole
-budget.
+health checks never take a rate-limit call's place. A call must deliver its (first) message
+within the read deadline or it ends with DEADLINE_EXCEEDED: a client that sends headers and
+nothing more holds a place for that long at most. HTTP/2's stream limit per connection keeps
+one connection from taking a whole budget.
 """
 
 import asyncio
@@ -84,7 +81,12 @@ def server_options(budgets: Budgets) -> list[tuple[str, int]]:
 
 class Pool:
     """One kind of call's budget: how many are in progress, and which of them are still
-    waiting for their message (those give their place to a new call when it is full)."""
+    waiting for their message (those give their place to a new call when it is full).
+
+    When it is full and none waits for its message, a call waiting on the store gives its
+    place (``relieve``: the rate-limit calls'), answered by the failure mode at once: a
+    slow store fills no budget (issue 38).
+    """
 
     def __init__(self, kind: str, most: int, what: str) -> None:
         """``kind``: the metric's name for it (rls, rlqs, other); ``what``: the refusal's."""
