@@ -5,9 +5,7 @@ held their places in --grpc-max-concurrent and in their connection's streams, so
 were refused: with --failure-mode open, 7-8% of the answers during a 3 s SIGSTOP at 200
 calls/s were RESOURCE_EXHAUSTED or UNAVAILABLE (a refused stream), and 5.8-9.6% under
 repeated 300 ms stalls. Through a real server process, a real redis-server stopped with
-SIGSTOP, and a real gRPC client on 4 connections, as Envoy's workers open several (with a
-stream limit per connection of 16, one connection of grpc's Python client had some of its
-streams refused on a loaded machine, Redis or not).
+SIGSTOP, and a real gRPC client on 4 connections, as Envoy's workers open several.
 """
 
 import asyncio
@@ -16,9 +14,11 @@ import signal
 from collections import Counter
 from pathlib import Path
 
+import aiohttp
 import grpc
 import pytest
 
+from envoy_proxy import envoy_in_front, http_get
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from redis_servers import RedisProcess
@@ -36,6 +36,10 @@ descriptors:
 """
 RATE = 200  # calls a second, open loop: a call is sent on time whatever the others do
 CONNECTIONS = 4
+# A stream limit per connection is another matter (issue 37): grpc refuses a stream past it
+# (REFUSED_STREAM, UNAVAILABLE here) when a connection opens streams before it has read the
+# limit, Redis or not; none is sent here, as none is by default since.
+NO_STREAM_LIMIT = ("--grpc-max-streams-per-connection", "100000")
 # each call's grpc-timeout, seconds: past 0.25 s the server waits on the store no longer
 # (store/deadline.py), so 2 s gets what 1 s does from the server, and leaves room for a test
 # process starved on a loaded machine
@@ -102,7 +106,7 @@ def _serve(tmp_path: Path, redis: RedisProcess, mode: str) -> ServerProcess:
     config = tmp_path / "edge.yaml"
     config.write_text(CONFIG)
     return ServerProcess(["--config", str(config), "--backend", redis.url,
-                          "--failure-mode", mode, "--replicas", "1"])  # fmt: skip
+                          "--failure-mode", mode, "--replicas", "1", *NO_STREAM_LIMIT])  # fmt: skip
 
 
 def _check(answers: list[tuple[str, str]], mode: str) -> Counter[str]:
@@ -143,3 +147,55 @@ class TestStalledRedis:
         finally:
             server.stop()
         assert _check(answers, "open") == {"OK": len(answers)}
+
+
+async def _http_under_load(url: str, fault: "asyncio.Task[None]") -> list[int]:
+    """RATE GETs a second through Envoy (50 clients in turn) until ``fault`` is done and
+    0.3 s more; each one's HTTP status."""
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+        async def get(client: int) -> int:
+            headers = {"x-client-id": f"c{client}"}
+            async with http.get(url, headers=headers, timeout=aiohttp.ClientTimeout(10)) as r:
+                await r.read()
+                return r.status
+
+        calls: list[asyncio.Task[int]] = []
+        start, end = loop.time(), None
+        while end is None or loop.time() < end:
+            if end is None and fault.done():
+                end = loop.time() + 0.3
+            calls.append(asyncio.create_task(get(len(calls) % 50)))
+            await asyncio.sleep(max(0.0, start + len(calls) / RATE - loop.time()))
+            assert len(calls) < 60 * RATE, "the fault never ended"
+        await fault
+        return list(await asyncio.gather(*calls))
+
+
+class TestThroughEnvoy:
+    async def test_envoy_denying_on_failure_lets_every_request_through(
+        self, redis_process: RedisProcess, tmp_path: Path
+    ) -> None:
+        """Envoy with failure_mode_deny: true in front of fairlimit with --failure-mode
+        open: Redis SIGSTOPped for 3 s under 200 requests/s, every request gets 200, and
+        Envoy counts no rate-limit error (each RESOURCE_EXHAUSTED was a 500). Envoy's
+        timeout is 5 s: the server waits on the store 0.25 s at most whatever the deadline,
+        and a machine at a load of 20 has starved the processes for 2 s."""
+        server = ServerProcess(["--backend", redis_process.url, "--failure-mode", "open",
+                                *NO_STREAM_LIMIT])  # fmt: skip
+        edits = {"failure_mode_deny: false": "failure_mode_deny: true",
+                 "timeout: 0.25s": "timeout: 5s"}  # fmt: skip
+        try:
+            with envoy_in_front(server.grpc_port, tmp_path, edits) as proxy:
+                assert (await asyncio.to_thread(http_get, proxy.url))[0] == 200
+                fault = asyncio.create_task(_stop(redis_process, 0.5, 3.0))
+                statuses = await _http_under_load(proxy.url, fault)
+                errors = proxy.stat("cluster.ok.ratelimit.error")
+                allowed = proxy.stat("cluster.ok.ratelimit.failure_mode_allowed")
+                answered = proxy.stat("cluster.ok.ratelimit.ok")
+        finally:
+            server.stop()
+        assert Counter(statuses) == {200: len(statuses)}
+        assert (errors, allowed) == (0, 0)
+        assert answered > len(statuses) / 2  # fairlimit's OK, not Envoy's failure mode

@@ -83,9 +83,9 @@ class Pool:
     """One kind of call's budget: how many are in progress, and which of them are still
     waiting for their message (those give their place to a new call when it is full).
 
-    When it is full and none waits for its message, a call waiting on the store gives its
-    place (``relieve``: the rate-limit calls'), answered by the failure mode at once: a
-    slow store fills no budget (issue 38).
+    When it is full, a call waiting on the store gives its place first (``relieve``: the
+    rate-limit calls'), answered by the failure mode at once: a slow store fills no budget
+    (issue 38).
     """
 
     def __init__(self, kind: str, most: int, what: str) -> None:
@@ -104,14 +104,18 @@ class Pool:
         self.relieve: Callable[[], bool] | None = None
 
     def admit(self) -> bool:
-        """Take a place for a new call; when the budget is full, the call that has waited
-        longest for its message gives up its place (a real client sends the message with
-        the headers: the waiting ones are stalled), else one that ``relieve`` answers at
-        once. False: every place serves a call that is neither."""
+        """Take a place for a new call; when the budget is full, a call that ``relieve``
+        answers at once gives up its place (its wait on the store given up: answered by the
+        failure mode), else the call that has waited longest for its message (a real client
+        sends the message with the headers: the waiting ones are stalled, or their message
+        is still to be read on a busy loop, and end RESOURCE_EXHAUSTED). False: every place
+        serves a call that is neither."""
         if self.busy >= self.most:
-            if self.waiting:
+            if self.relieve is not None and self.relieve():
+                pass
+            elif self.waiting:
                 self.interrupt(next(iter(self.waiting)), "evicted")
-            elif self.relieve is None or not self.relieve():
+            else:
                 return False
         self.busy += 1
         self.started += 1
