@@ -1,6 +1,7 @@
 """Real rate-limit calls while hostile calls hold the server: their codes and latency.
 
     python bench/hostile.py [--rlqs 20] [--stalled 20] [--calls 200] [-- SERVE FLAGS...]
+    python bench/hostile.py --rlqs 0 --stalled 0 --oversized 32    # issue 38
 
 Starts ``fairlimit serve`` (memory backend, a small config), opens ``--rlqs`` RLQS streams
 that never send a report and ``--stalled`` rate-limit calls that send headers and never
@@ -8,6 +9,11 @@ their message, each on its own connection, then makes ``--calls`` real calls fro
 connection, one every 10 ms for as long as the hostile ones are held, each with a 1 s
 deadline. Prints the real calls' codes, p50/p99/max latency, and how the hostile calls
 ended. Issue 26: 32 such calls of either kind made every real call RESOURCE_EXHAUSTED.
+
+``--oversized N`` sends N requests of 10,000 descriptors (200 kB, under the receive limit,
+past the 64 allowed), each on its own connection, together with the first real call, and
+prints how they ended and when the last was refused. Issue 38: 32 of them took up to 1.7 s
+to refuse, and a real call meanwhile waited up to 562 ms.
 """
 
 import argparse
@@ -47,7 +53,22 @@ async def _ended(call: "grpc.aio.Call") -> str:
     return "OK"
 
 
-async def run(target: str, rlqs: int, stalled: int, calls: int) -> None:
+def _oversized() -> bytes:
+    """A RateLimitRequest of 10,000 one-entry descriptors."""
+    d = wire._D
+    entries = [d(entries=[d.Entry(key="client_id", value=f"c{i}")]) for i in range(10_000)]
+    return wire.rls_pb2.RateLimitRequest(domain="edge", descriptors=entries).SerializeToString()
+
+
+async def _refused(target: str, payload: bytes, started: float) -> tuple[str, float]:
+    """One oversized call on its own connection: its code and when it ended (s)."""
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    async with grpc.aio.insecure_channel(target, options) as channel:
+        code = await _ended(channel.unary_unary(wire.METHOD)(payload, timeout=30))
+    return code, time.perf_counter() - started
+
+
+async def run(target: str, rlqs: int, stalled: int, calls: int, oversized: int = 0) -> None:
     release = asyncio.Event()
     options = [("grpc.use_local_subchannel_pool", 1)]
     async with grpc.aio.insecure_channel(target, options) as channel:
@@ -68,6 +89,9 @@ async def run(target: str, rlqs: int, stalled: int, calls: int) -> None:
     async with grpc.aio.insecure_channel(target, options) as channel:
         ask = channel.unary_unary(wire.METHOD)
         payload = wire.message("public", "real")
+        big, flood_started = _oversized(), time.perf_counter()
+        floods = [asyncio.create_task(_refused(target, big, flood_started))
+                  for _ in range(oversized)]  # fmt: skip
         for _ in range(calls):
             started = time.perf_counter()
             try:
@@ -78,6 +102,11 @@ async def run(target: str, rlqs: int, stalled: int, calls: int) -> None:
             seconds.append(time.perf_counter() - started)
             await asyncio.sleep(0.01)
     release.set()
+    if floods:
+        refused = await asyncio.gather(*floods)
+        codes_of = dict(Counter(c for c, _ in refused))
+        print(f"{oversized} requests of 10,000 descriptors: {codes_of}, "
+              f"the last ended after {max(t for _, t in refused) * 1000:.0f} ms")  # fmt: skip
     ended = Counter(await asyncio.gather(*hostile))
     for channel in channels:
         await channel.close()
@@ -93,12 +122,13 @@ def main() -> None:
     parser.add_argument("--rlqs", type=int, default=20)
     parser.add_argument("--stalled", type=int, default=20)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--oversized", type=int, default=0)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp"))
     parser.add_argument("flags", nargs="*", help="extra serve flags (after --)")
     args = parser.parse_args()
     server, target = flood.start_server(args.workdir, args.flags)
     try:
-        asyncio.run(run(target, args.rlqs, args.stalled, args.calls))
+        asyncio.run(run(target, args.rlqs, args.stalled, args.calls, args.oversized))
     finally:
         server.terminate()
         server.wait(30)

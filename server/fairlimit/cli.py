@@ -152,8 +152,8 @@ def _serve_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
         help=f"a call whose (first) message has not arrived by then ends with "
         f"DEADLINE_EXCEEDED (default {d.grpc_read_timeout:g})")  # fmt: skip
     add("--admin-json", choices=["loopback", "on", "off"],
-        help=f"who may POST /json, which spends real quota: loopback peers, anyone who "
-        f"reaches the admin port, or nobody (default {d.admin_json})")  # fmt: skip
+        help=f"where POST /json, which spends real quota, is served: only on an admin port "
+        f"bound to a loopback address, on any, or nowhere (default {d.admin_json})")  # fmt: skip
     add("--admin-timeout", metavar="SECONDS",
         help=f"admin HTTP: the longest a client may take to send headers or a body "
         f"(default {d.admin_timeout:g})")  # fmt: skip

@@ -10,7 +10,8 @@
     ├── RequestError           a ShouldRateLimit request is malformed (INVALID_ARGUMENT)
     ├── ReservationOpen        a reservation's request id holds an open one (OVER_LIMIT)
     ├── StoreUnavailable       the backend cannot answer now (failure mode decides)
-    │   └── DeadlineExceeded   the caller's deadline leaves the backend no time (shed)
+    │   ├── DeadlineExceeded   the caller's deadline leaves the backend no time (shed)
+    │   └── GivenUp            a call's wait on the backend was given up (call budget full)
     ├── UnsupportedBackend     a backend URL the store cannot use (scheme, host, options)
     └── SettingsError          a flag or environment variable is unusable
 """
@@ -60,6 +61,11 @@ class StoreUnavailable(FairlimitError):
 class DeadlineExceeded(StoreUnavailable):
     """The caller's deadline leaves too little time to ask the backend: the call is shed
     (answered by the failure mode, counted apart from backend errors)."""
+
+
+class GivenUp(StoreUnavailable):
+    """A call's wait on the backend was given up before its answer (store/waits.py): the
+    failure mode answers it, as if the backend had failed."""
 
 
 class UnsupportedBackend(FairlimitError):

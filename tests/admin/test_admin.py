@@ -200,24 +200,30 @@ class TestMetrics:
 
 
 class TestJsonIsNotForEveryone:
-    """POST /json spends real quota: by default only loopback peers may ask (issue 26)."""
+    """POST /json spends real quota: by default it is served only on an admin port bound to
+    a loopback address (issue 26; the listener, not the peer, since issue 38: under Istio's
+    sidecar every peer is 127.0.0.6)."""
 
     @pytest.mark.parametrize(
-        ("allowed", "peer", "status"),
+        ("allowed", "host", "status"),
         [
             ("loopback", "127.0.0.1", None),
+            ("loopback", "127.0.0.2", None),
             ("loopback", "::1", None),
+            ("loopback", "localhost", None),
+            ("loopback", "0.0.0.0", 403),
+            ("loopback", "::", 403),
             ("loopback", "10.1.2.3", 403),
             ("loopback", "fe80::1%eth0", 403),
-            ("loopback", None, 403),
-            ("on", "10.1.2.3", None),
+            ("loopback", "fairlimit.example", 403),
+            ("on", "0.0.0.0", None),
             ("off", "127.0.0.1", 404),
         ],
     )
-    def test_who_may_ask(self, allowed: str, peer: str | None, status: int | None) -> None:
+    def test_where_it_is_served(self, allowed: str, host: str, status: int | None) -> None:
         from fairlimit.admin import _json_refusal
 
-        refused = _json_refusal(allowed, peer)
+        refused = _json_refusal(allowed, host)
         assert (None if refused is None else refused.status) == status
 
     async def test_off_answers_404_and_spends_nothing(

@@ -4,9 +4,12 @@ Kubernetes removes a terminating pod from its endpoints only after the pod got S
 until Envoy learns of it, calls keep arriving. Through a real server process.
 """
 
+import asyncio
 import signal
 import urllib.error
 import urllib.request
+from collections import Counter
+from pathlib import Path
 
 import grpc
 import pytest
@@ -68,3 +71,101 @@ class TestDrainDelay:
         code = server.stop()
         assert code == 0
         assert not any("answering calls for" in line for line in server.lines)
+
+
+HEAVY_CONFIG = """\
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {unit: second, requests_per_unit: 100000000}
+    fair_share:
+      active_clients: 100
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 1000000}
+"""
+CONNECTIONS = 4  # each carries at most 10 calls at once: under the 16 streams it may open
+_E = D.Entry
+LOCAL = [("grpc.use_local_subchannel_pool", 1)]  # a connection of the channel's own
+
+
+def _heavy(tag: str) -> bytes:
+    """64 descriptors (the most a request may have), each a client under a fair-share cap."""
+    descriptors = [
+        D(entries=[_E(key="route", value="public"), _E(key="client_id", value=f"{tag}{i}")])
+        for i in range(64)
+    ]
+    return rls_pb2.RateLimitRequest(domain="edge", descriptors=descriptors).SerializeToString()
+
+
+async def _code(channel: grpc.aio.Channel, payload: bytes) -> str:
+    call = channel.unary_unary("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+    try:
+        await call(payload, timeout=30)
+    except grpc.aio.AioRpcError as error:
+        return str(error.code().name)
+    return "OK"
+
+
+class TestDrainAnswersEveryCall:
+    """grpc's stop cancels the calls that reached the server but that its loop had not taken
+    up yet: the drain serves until calls stop coming, then stops (issue 38)."""
+
+    async def test_calls_sent_just_before_sigterm_are_all_answered(self, tmp_path: Path) -> None:
+        """40 calls of 64 descriptors, SIGTERM 10 ms later: each answered OK, exit 0 (30
+        ended CANCELLED; the log showed the drain and the stop 9 ms apart)."""
+        config = tmp_path / "edge.yaml"
+        config.write_text(HEAVY_CONFIG)
+        server = ServerProcess(["--config", str(config)])
+        try:
+            channels = [grpc.aio.insecure_channel(server.target, LOCAL) for _ in range(CONNECTIONS)]
+            for channel in channels:
+                assert await _code(channel, _heavy("warm")) == "OK"
+            calls = [asyncio.create_task(_code(channels[i % CONNECTIONS], _heavy(f"c{i}-")))
+                     for i in range(40)]  # fmt: skip
+            await asyncio.sleep(0.01)
+            server.terminate()
+            codes = await asyncio.gather(*calls)
+            for channel in channels:
+                await channel.close()
+            exit_code = await asyncio.to_thread(server.process.wait, 30)
+        finally:
+            server.stop()
+        assert Counter(codes) == {"OK": 40}
+        assert exit_code == 0
+
+    async def test_calls_during_and_after_the_drain_delay_are_answered(
+        self, tmp_path: Path
+    ) -> None:
+        """About 200 calls a second on 4 connections through SIGTERM, --drain-delay 1 and
+        0.5 s past it, then none (Envoy has learnt the pod is going): every call answered OK,
+        none cancelled when the delay ended (11-18 were), exit 0."""
+        config = tmp_path / "edge.yaml"
+        config.write_text(HEAVY_CONFIG)
+        server = ServerProcess(["--config", str(config), "--drain-delay", "1"])
+        loop = asyncio.get_running_loop()
+        try:
+            channels = [grpc.aio.insecure_channel(server.target, LOCAL) for _ in range(CONNECTIONS)]
+            for channel in channels:
+                assert await _code(channel, _heavy("warm")) == "OK"
+            calls: list[asyncio.Task[str]] = []
+            signalled = False
+            start = loop.time()
+            end = start + 0.5 + 1.0 + 0.5  # SIGTERM after 0.5 s, the delay, 0.5 s more
+            while loop.time() < end and len(calls) < 1000:
+                if not signalled and loop.time() >= start + 0.5:
+                    server.terminate()
+                    signalled = True
+                channel = channels[len(calls) % CONNECTIONS]
+                calls.append(asyncio.create_task(_code(channel, _heavy(f"c{len(calls)}-"))))
+                await asyncio.sleep(0.005)
+            codes = await asyncio.gather(*calls)
+            for channel in channels:
+                await channel.close()
+            exit_code = await asyncio.to_thread(server.process.wait, 30)
+        finally:
+            server.stop()
+        assert signalled
+        assert Counter(codes) == {"OK": len(calls)}
+        assert exit_code == 0

@@ -10,7 +10,7 @@ import pytest
 
 from fairlimit.core.admission import Code
 from fairlimit.errors import StoreUnavailable
-from fairlimit.limiter import BREAK_AFTER, BREAK_SECONDS, Limiter
+from fairlimit.limiter import BREAK_AFTER, BREAK_SECONDS, STALLED, Limiter
 from fairlimit.settings import FailureMode
 from fairlimit.store.memory import MemoryStore
 from helpers import FakeClock, desc, load_text, req
@@ -23,6 +23,7 @@ descriptors:
 """
 
 
+PAST_STALLED = STALLED + 0.001  # (the clock's floats: 1.7e9 + 0.05 - 1.7e9 < 0.05)
 TIMEOUT = 0.05  # seconds a failing call takes (a Redis timeout), on the injected clock
 
 
@@ -123,3 +124,110 @@ class TestBreaker:
         for _ in range(3 * BREAK_AFTER):
             await _ask(limiter)
         assert store.calls == 1 + 3 * BREAK_AFTER
+
+
+class HungStore(MemoryStore):
+    """A memory store whose admit waits until released while ``hung`` (a stopped Redis
+    before its timeout); counts the calls that reached it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hung = False
+        self.calls = 0
+        self.release = asyncio.Event()
+
+    async def admit(self, plan, now):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.hung:
+            await self.release.wait()
+            raise StoreUnavailable("redis: timed out")
+        return await super().admit(plan, now)
+
+
+async def _started(limiter: Limiter) -> "asyncio.Task[Code]":
+    """A call in its own task (as each gRPC call is), run until it waits on the store."""
+    task = asyncio.create_task(_ask(limiter))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    return task
+
+
+@pytest.mark.behaviour
+class TestStalledStore:
+    """A stopped Redis fails nothing until each call's timeout passes: the calls waiting
+    held their places, and fail-open answered RESOURCE_EXHAUSTED (issue 38)."""
+
+    @pytest.mark.parametrize("mode", [FailureMode.OPEN, FailureMode.CLOSED, FailureMode.LOCAL])
+    async def test_a_call_that_waited_with_no_answer_opens_it(
+        self, tmp_path: Path, mode: FailureMode
+    ) -> None:
+        """A call waits STALLED with no answer from the store: the next call is answered by
+        the failure mode at once, and so is the one waiting (its wait given up)."""
+        clock = FakeClock()
+        store = HungStore()
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock, failure_mode=mode)
+        assert await _ask(limiter) is Code.OK
+        clock.advance(0.001)  # the waits below begin after the store's last answer
+        store.hung = True
+        waiting = await _started(limiter)
+        clock.advance(PAST_STALLED)
+        if mode is FailureMode.CLOSED:
+            with pytest.raises(StoreUnavailable):
+                await _ask(limiter)
+            with pytest.raises(StoreUnavailable):
+                await waiting
+        else:
+            assert await _ask(limiter) is Code.OK  # open, or this process's part (local)
+            assert await waiting is Code.OK
+        assert store.calls == 2  # the third call did not wait on the store
+        assert not limiter.backend_healthy
+
+    async def test_a_shorter_wait_leaves_it_closed(self, tmp_path: Path) -> None:
+        """Waits shorter than STALLED, or with an answer since they began, ask the store."""
+        clock = FakeClock()
+        store = HungStore()
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
+        store.hung = True
+        waiting = await _started(limiter)
+        clock.advance(STALLED / 2)
+        second = await _started(limiter)
+        assert store.calls == 2 and not waiting.done() and not second.done()
+        store.release.set()
+        assert {await waiting, await second} == {Code.OK}  # failed open, each on its own
+
+    async def test_after_the_break_one_call_tries_the_store_at_a_time(
+        self, tmp_path: Path
+    ) -> None:
+        """Past BREAK_SECONDS one call tries the still-stalled store; the others are
+        answered at once until it gets an answer, which closes the breaker."""
+        clock = FakeClock()
+        store = HungStore()
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
+        store.hung = True
+        waiting = await _started(limiter)
+        clock.advance(PAST_STALLED)
+        assert await _ask(limiter) is Code.OK and await waiting is Code.OK
+        clock.advance(BREAK_SECONDS)
+        trying = await _started(limiter)
+        assert store.calls == 2
+        assert [await _ask(limiter) for _ in range(5)] == [Code.OK] * 5
+        assert store.calls == 2 and not trying.done()
+        store.hung = False
+        store.release.set()  # the trying call fails; the store answers the next one
+        assert await trying is Code.OK
+        clock.advance(BREAK_SECONDS)
+        assert await _ask(limiter) is Code.OK and store.calls == 3
+        assert limiter.backend_healthy
+
+    async def test_a_full_call_budget_gives_up_the_longest_wait(self, tmp_path: Path) -> None:
+        """give_up (what a full gRPC call budget asks) answers the longest-waiting call of
+        those named by the failure mode at once; a call not named is left waiting."""
+        store = HungStore()
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, FakeClock())
+        store.hung = True
+        first, second = await _started(limiter), await _started(limiter)
+        assert not limiter.waits.give_up(set())
+        assert limiter.waits.give_up({first, second})
+        assert await first is Code.OK and not second.done()
+        store.release.set()
+        assert await second is Code.OK

@@ -200,10 +200,10 @@ class AdminServer:
         408 when the body takes longer than the timeout.
 
         It is answered as a gRPC call would be: the hits are counted, real quota is spent.
-        So by default only a loopback peer may ask (``--admin-json``): 403 for the others,
-        404 with ``off``.
+        So by default it is served only on an admin port bound to a loopback address
+        (``--admin-json``): 403 on one bound to any other, 404 with ``off``.
         """
-        refused = _json_refusal(self.json_from, request.remote)
+        refused = _json_refusal(self.json_from, self.host)
         if refused is not None:
             return refused
         try:
@@ -226,21 +226,34 @@ class AdminServer:
         )
 
 
-def _json_refusal(allowed: str, peer: str | None) -> web.Response | None:
-    """The answer to a ``POST /json`` that ``--admin-json`` does not let through, or None."""
+def _json_refusal(allowed: str, host: str) -> web.Response | None:
+    """The answer to a ``POST /json`` that ``--admin-json`` does not let through on an admin
+    port bound to ``host``, or None.
+
+    ``loopback`` trusts the listener, not the peer: under a sidecar (Istio's inbound traffic
+    arrives from 127.0.0.6) every peer is a loopback address, while a sidecar forwards
+    nothing to a port bound to 127.0.0.1 (issue 38).
+    """
     if allowed == "on":
         return None
     if allowed == "off":
         return web.json_response({"error": "POST /json is off (--admin-json off)"}, status=404)
-    try:
-        loopback = peer is not None and ipaddress.ip_address(peer.split("%")[0]).is_loopback
-    except ValueError:
-        loopback = False  # a Unix socket or an unknown peer
-    if loopback:
+    if loopback_host(host):
         return None
-    error = ("POST /json spends real quota: it answers loopback peers only "
-             "(--admin-json on lets anyone who reaches the admin port ask)")  # fmt: skip
+    error = (f"POST /json spends real quota: it is served only on an admin port bound to a "
+             f"loopback address (--admin-addr 127.0.0.1:PORT), and this one is bound to "
+             f"{host}; --admin-json on serves it on any")  # fmt: skip
     return web.json_response({"error": error}, status=403)
+
+
+def loopback_host(host: str) -> bool:
+    """Whether a listener bound to ``host`` is reachable from this host only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False  # a name (resolved at bind time, maybe to more than loopback)
 
 
 def config_report(loaded: Loaded, rows: tuple[CapRow, ...]) -> dict[str, Any]:

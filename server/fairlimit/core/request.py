@@ -39,6 +39,11 @@ class Request:
         return self.hits or 1
 
 
+def too_many_descriptors() -> RequestError:
+    """The refusal of a request past MAX_DESCRIPTORS (also raised before conversion)."""
+    return RequestError(f"at most {MAX_DESCRIPTORS} descriptors per request")
+
+
 def validate(request: Request) -> None:
     """Reject requests no Envoy would send, or that would abuse the server (RequestError)."""
     if not request.domain:
@@ -46,7 +51,7 @@ def validate(request: Request) -> None:
     if not request.descriptors:
         raise RequestError("rate limit descriptor list must not be empty")
     if len(request.descriptors) > MAX_DESCRIPTORS:
-        raise RequestError(f"at most {MAX_DESCRIPTORS} descriptors per request")
+        raise too_many_descriptors()
     if len(request.domain) > MAX_TEXT or request.hits > MAX_HITS:
         raise RequestError(f"domain longer than {MAX_TEXT} or hits_addend above {MAX_HITS}")
     for index, descriptor in enumerate(request.descriptors):

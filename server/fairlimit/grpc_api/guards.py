@@ -87,29 +87,44 @@ def server_options(budgets: Budgets) -> list[tuple[str, int]]:
 
 class Pool:
     """One kind of call's budget: how many are in progress, and which of them are still
-    waiting for their message (those give their place to a new call when it is full)."""
+    waiting for their message (those give their place to a new call when it is full).
+
+    When it is full, a call waiting on the store gives its place first (``relieve``: the
+    rate-limit calls'), answered by the failure mode at once: a slow store fills no budget
+    (issue 38).
+    """
 
     def __init__(self, kind: str, most: int, what: str) -> None:
         """``kind``: the metric's name for it (rls, rlqs, other); ``what``: the refusal's."""
         self.kind = kind
         self.most = most
         self.busy = 0
+        self.started = 0  # calls admitted so far (a drain waits until none come)
         self.detail = f"{most} {what} in progress, the most at once"
         self.evicted_detail = f"no request message yet, and {most} {what} in progress"
         # calls waiting for their first message, oldest first, with their deadline
         self.waiting: dict[asyncio.Task[Any], float] = {}
         self.interrupted: dict[asyncio.Task[Any], str] = {}  # why: read_timeout, evicted
+        # a call in progress that can give up its place: True when one did (its wait on the
+        # store given up, so the failure mode answers it at once)
+        self.relieve: Callable[[], bool] | None = None
 
     def admit(self) -> bool:
-        """Take a place for a new call; when the budget is full, the call that has waited
-        longest for its message gives up its place (a real client sends the message with
-        the headers: the waiting ones are stalled). False: every place serves a call."""
+        """Take a place for a new call; when the budget is full, a call that ``relieve``
+        answers at once gives up its place (its wait on the store given up: answered by the
+        failure mode), else the call that has waited longest for its message (a real client
+        sends the message with the headers: the waiting ones are stalled, or their message
+        is still to be read on a busy loop, and end RESOURCE_EXHAUSTED). False: every place
+        serves a call that is neither."""
         if self.busy >= self.most:
-            if not self.waiting:
+            if self.relieve is not None and self.relieve():
+                pass
+            elif self.waiting:
+                self.interrupt(next(iter(self.waiting)), "evicted")
+            else:
                 return False
-            oldest = next(iter(self.waiting))
-            self.interrupt(oldest, "evicted")
         self.busy += 1
+        self.started += 1
         return True
 
     def interrupt(self, task: "asyncio.Task[Any]", why: str) -> None:

@@ -114,7 +114,7 @@ class Settings:
     drain_delay: float = 0.0
     # Admin HTTP: seconds a client may take to send a request's headers, or its body.
     admin_timeout: float = 10.0
-    # Who may POST /json (it spends real quota): loopback peers only, anyone, or nobody.
+    # Where POST /json is served (it spends real quota): on a loopback-bound admin port, any, none.
     admin_json: str = "loopback"
     metrics_compat: bool = False  # upstream's Prometheus names next to ours
     metrics_addr: str | None = None  # a listener of its own for /metrics (PROMETHEUS_ADDR)
