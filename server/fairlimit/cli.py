@@ -243,7 +243,7 @@ def _serve_settings(settings: "Settings", worker: int = 0) -> int:
     async def serve() -> int:
         try:  # inside the loop: grpc.aio binds to the running loop
             app = App(settings, metrics_registry=sdk.registry, worker=worker,
-                      metrics_dir=metrics_dir)  # fmt: skip
+                      metrics_dir=metrics_dir, rpc_latency=sdk.latency)  # fmt: skip
         except ConfigError as exc:
             for line in exc.problems:
                 logging.getLogger("fairlimit").error("%s", line)
