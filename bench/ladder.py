@@ -72,7 +72,7 @@ def _telemetry_off() -> None:
     from fairlimit.app import build
     from fairlimit.telemetry import Telemetry
 
-    build.telemetry = lambda settings, given: Telemetry.off()
+    build.telemetry = lambda *_: Telemetry.off()  # whatever build.telemetry is given
 
 
 def _unary_constant() -> None:
