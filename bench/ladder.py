@@ -4,6 +4,7 @@ one layer per step (issue 41).
     python bench/ladder.py                 # 5 rounds of 3 s per rung, about 2 minutes
     python bench/ladder.py --quick         # 2 rounds of 2 s: a smoke test
     python bench/ladder.py --what-if       # also the full server with a layer taken out
+    python bench/ladder.py --baseline ../main   # and the full server of another checkout
 
 Every rung is a process of its own on 127.0.0.1, serving the hot client of
 bench/bench.yaml on memory://. Each is driven by h2load (1 hot client, 16 connections x 2
@@ -27,7 +28,9 @@ The rungs, each the one before plus one layer:
 
 ``--what-if`` adds the full server (route=public) without one thing: ``-histogram``
 (the latency histogram not recorded) and, where importable, ``+uvloop`` / ``-uvloop``
-(the other event loop than the one it runs). A rung is served by this same file:
+(the other event loop than the one it runs). ``--baseline CHECKOUT`` adds ``base:telemetry``
+and ``base:cap``: `fairlimit serve` from that checkout's server/, taking the same turns
+(before and after a change under the same load). A rung is served by this same file:
 ``python bench/ladder.py --serve RUNG -- fairlimit serve flags``.
 """
 
@@ -63,6 +66,7 @@ WHAT_IF: dict[str, tuple[str, str]] = {
     "cap-uvloop": ("public", "cap, on asyncio's own loop"),
 }
 ROUNDS, SECONDS = 5, 3.0
+BASE = "base:"  # rungs served from another checkout (--baseline)
 
 
 # ---- the rungs, served (patched in this process only, before fairlimit starts) ----------
@@ -150,13 +154,18 @@ def serve(rung: str, argv: list[str]) -> int:
 # ---- the measurement -------------------------------------------------------------------
 
 
-def _start(rung: str, workdir: Path) -> tuple[procs.Proc, int]:
+def _start(rung: str, workdir: Path, baseline: Path | None) -> tuple[procs.Proc, int]:
     if rung == "noop":
         return procs.noop(workdir, "ladder-noop")
-    command = [sys.executable, str(procs.BENCH / "ladder.py"), "--serve", rung, "--",
-               "serve", "--config", str(procs.BENCH / "bench.yaml"), "--backend", "memory://",
-               "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]  # fmt: skip
-    proc = procs.Proc(f"ladder-{rung}", command, workdir)
+    flags = ["serve", "--config", str(procs.BENCH / "bench.yaml"), "--backend", "memory://",
+             "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]  # fmt: skip
+    if rung.startswith(BASE):  # as shipped, from the other checkout's server/
+        env = {"PYTHONPATH": str(baseline / "server")} if baseline else None
+        proc = procs.Proc(f"ladder-{rung}", [sys.executable, "-m", "fairlimit", *flags],
+                          workdir, env)  # fmt: skip
+    else:
+        command = [sys.executable, str(procs.BENCH / "ladder.py"), "--serve", rung, "--"]
+        proc = procs.Proc(f"ladder-{rung}", [*command, *flags], workdir)
     return proc, proc.grpc_port()
 
 
@@ -168,8 +177,12 @@ def _ask(port: int, route: str) -> str:
         return wire.overall_code(call(wire.message(route, "hot"), timeout=10))
 
 
-def available(what_if: bool) -> dict[str, tuple[str, str]]:
+def available(what_if: bool, baseline: Path | None = None) -> dict[str, tuple[str, str]]:
     rungs = dict(RUNGS)
+    if baseline is not None:
+        for rung in ("telemetry", "cap"):
+            route, _ = RUNGS[rung]
+            rungs[BASE + rung] = (route, f"{rung}, as shipped from {baseline}")
     if what_if:
         rungs["cap-histogram"] = WHAT_IF["cap-histogram"]
         try:
@@ -186,17 +199,17 @@ def available(what_if: bool) -> dict[str, tuple[str, str]]:
 
 
 def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
-            what_if: bool = False) -> dict[str, Any]:  # fmt: skip
+            what_if: bool = False, baseline: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Every rung up at once (idle ones cost next to nothing), asked once, then ``rounds``
     rounds of h2load in turns; per rung the median CPU µs per request and req/s."""
-    rungs = available(what_if)
+    rungs = available(what_if, baseline)
     running: dict[str, tuple[procs.Proc, int]] = {}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in rungs}
     load = Load(clients=16, streams=2, seconds=seconds, warmup=0.0)
     loadavg = os.getloadavg()
     try:
         for name, (route, _) in rungs.items():
-            running[name] = _start(name, workdir)
+            running[name] = _start(name, workdir, baseline)
             answer = _ask(running[name][1], route)
             if answer != "OK":
                 raise RuntimeError(f"{name} answered {answer} on route={route}")
@@ -242,7 +255,8 @@ def table(results: dict[str, Any]) -> list[str]:
              "-" * 110]  # fmt: skip
     previous = None
     for name, row in rows.items():
-        base = previous if name in RUNGS else rows.get("cap")
+        base = previous if name in RUNGS else rows.get(name.removeprefix(BASE).split("-")[0]
+                                                       .split("+")[0])
         step = "" if base is None else f"{row['cpu_us'] - base['cpu_us']:+.1f}"
         least = "" if base is None else f"{row['least_cpu_us'] - base['least_cpu_us']:+.1f}"
         cpu_ratio = f"{noop['cpu_us'] / row['cpu_us']:.2f}x" if noop else "-"
@@ -256,7 +270,7 @@ def table(results: dict[str, Any]) -> list[str]:
         f"{name} {row['rounds_cpu_us']}" for name, row in rows.items()))  # fmt: skip
     lines.append("vs no-op: the no-op's CPU per request over the rung's (1.00x: as cheap), "
                  "and the rung's req/s over the no-op's; least: the least round's CPU (other "
-                 "load only adds); steps of what-if rows are from cap")
+                 "load only adds); steps of what-if and base: rows are from the rung they vary")
     failed = {name: row["failed"] for name, row in rows.items() if row["failed"]}
     if failed:
         lines.append(f"FAILED requests: {failed}")
@@ -271,6 +285,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, help=f"length of each run (default {SECONDS:g})")
     parser.add_argument("--what-if", action="store_true",
                         help="also the full server without the histogram, on the other loop")
+    parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                        help="also the full server from another checkout (e.g. a worktree of "
+                             "main), in the same turns: before and after in one run")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -283,7 +300,8 @@ def main() -> int:
     seconds = args.seconds or (2.0 if args.quick else SECONDS)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fairlimit-ladder-") as tmp:
-        results = measure(Path(tmp), rounds=rounds, seconds=seconds, what_if=args.what_if)
+        results = measure(Path(tmp), rounds=rounds, seconds=seconds, what_if=args.what_if,
+                          baseline=args.baseline)  # fmt: skip
     results["seconds_total"] = round(time.monotonic() - started, 1)
     out_dir = procs.BENCH / "results"
     out_dir.mkdir(exist_ok=True)
