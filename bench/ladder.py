@@ -5,6 +5,7 @@ one layer per step (issue 41).
     python bench/ladder.py --quick         # 2 rounds of 2 s: a smoke test
     python bench/ladder.py --what-if       # also the full server with a layer taken out
     python bench/ladder.py --baseline ../main   # and the full server of another checkout
+    python bench/ladder.py --rungs cap,cap-uvloop --rounds 15   # an A/B of two rungs
 
 Every rung is a process of its own on 127.0.0.1, serving the hot client of
 bench/bench.yaml on memory://. Each is driven by h2load (1 hot client, 16 connections x 2
@@ -199,10 +200,17 @@ def available(what_if: bool, baseline: Path | None = None) -> dict[str, tuple[st
 
 
 def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
-            what_if: bool = False, baseline: Path | None = None) -> dict[str, Any]:  # fmt: skip
+            what_if: bool = False, baseline: Path | None = None,
+            only: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Every rung up at once (idle ones cost next to nothing), asked once, then ``rounds``
-    rounds of h2load in turns; per rung the median CPU µs per request and req/s."""
-    rungs = available(what_if, baseline)
+    rounds of h2load in turns; per rung the median CPU µs per request and req/s.
+    ``only``: these rungs alone (an A/B of two of them, say)."""
+    rungs = available(what_if or bool(only), baseline)
+    if only:
+        unknown = set(only) - set(rungs)
+        if unknown:
+            raise SystemExit(f"ladder: no rung {sorted(unknown)} (there are {list(rungs)})")
+        rungs = {name: rungs[name] for name in only}
     running: dict[str, tuple[procs.Proc, int]] = {}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in rungs}
     load = Load(clients=16, streams=2, seconds=seconds, warmup=0.0)
@@ -243,6 +251,12 @@ def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
             "loadavg_after": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
 
 
+def _paired(row: dict[str, Any], base: dict[str, Any]) -> float:
+    """The median of the per-round differences of two rungs' CPU per request."""
+    pairs = zip(row["rounds_cpu_us"], base["rounds_cpu_us"], strict=True)
+    return float(statistics.median(a - b for a, b in pairs))
+
+
 def table(results: dict[str, Any]) -> list[str]:
     """The ladder as lines: CPU µs per request, the step from the rung above, vs the no-op."""
     rows = results["rows"]
@@ -250,18 +264,21 @@ def table(results: dict[str, Any]) -> list[str]:
     lines = [f"per-call CPU ladder (memory://, h2load 1 hot client 16x2, {results['rounds']} "
              f"rounds of {results['seconds']:g} s in turns, medians; load average "
              f"{results['loadavg_before']} before, {results['loadavg_after']} after)",
-             f"{'rung':<15}{'CPU µs/req':>11}{'step':>8}{'vs no-op':>9}{'least':>7}"
-             f"{'step':>8}{'req/s':>7}{'vs no-op':>9}  what",
-             "-" * 110]  # fmt: skip
+             f"{'rung':<15}{'CPU µs/req':>11}{'step':>8}{'paired':>8}{'vs no-op':>9}"
+             f"{'least':>7}{'step':>8}{'req/s':>7}{'vs no-op':>9}  what",
+             "-" * 118]  # fmt: skip
     previous = None
+    for row in rows.values():
+        row.setdefault("least_cpu_us", min(row["rounds_cpu_us"]))  # JSON from before it
     for name, row in rows.items():
         base = previous if name in RUNGS else rows.get(name.removeprefix(BASE).split("-")[0]
                                                        .split("+")[0])
         step = "" if base is None else f"{row['cpu_us'] - base['cpu_us']:+.1f}"
         least = "" if base is None else f"{row['least_cpu_us'] - base['least_cpu_us']:+.1f}"
+        paired = "" if base is None else f"{_paired(row, base):+.1f}"
         cpu_ratio = f"{noop['cpu_us'] / row['cpu_us']:.2f}x" if noop else "-"
         rps_ratio = f"{row['rps'] / noop['rps']:.2f}x" if noop else "-"
-        lines.append(f"{name:<15}{row['cpu_us']:>11.1f}{step:>8}{cpu_ratio:>9}"
+        lines.append(f"{name:<15}{row['cpu_us']:>11.1f}{step:>8}{paired:>8}{cpu_ratio:>9}"
                      f"{row['least_cpu_us']:>7.1f}{least:>8}"
                      f"{row['rps']:>7.0f}{rps_ratio:>9}  {row['what']}")  # fmt: skip
         if name in RUNGS:
@@ -269,8 +286,10 @@ def table(results: dict[str, Any]) -> list[str]:
     lines.append("CPU µs/req of each round: " + "; ".join(
         f"{name} {row['rounds_cpu_us']}" for name, row in rows.items()))  # fmt: skip
     lines.append("vs no-op: the no-op's CPU per request over the rung's (1.00x: as cheap), "
-                 "and the rung's req/s over the no-op's; least: the least round's CPU (other "
-                 "load only adds); steps of what-if and base: rows are from the rung they vary")
+                 "and the rung's req/s over the no-op's; paired: the median of the rounds' "
+                 "differences (each round's pair ran back to back); least: the least round's "
+                 "CPU (other load only adds); steps of what-if and base: rows are from the "
+                 "rung they vary")
     failed = {name: row["failed"] for name, row in rows.items() if row["failed"]}
     if failed:
         lines.append(f"FAILED requests: {failed}")
@@ -288,6 +307,7 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
                         help="also the full server from another checkout (e.g. a worktree of "
                              "main), in the same turns: before and after in one run")
+    parser.add_argument("--rungs", help="these rungs alone, comma-separated (e.g. cap,cap-uvloop)")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -301,7 +321,8 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fairlimit-ladder-") as tmp:
         results = measure(Path(tmp), rounds=rounds, seconds=seconds, what_if=args.what_if,
-                          baseline=args.baseline)  # fmt: skip
+                          baseline=args.baseline,
+                          only=args.rungs.split(",") if args.rungs else None)  # fmt: skip
     results["seconds_total"] = round(time.monotonic() - started, 1)
     out_dir = procs.BENCH / "results"
     out_dir.mkdir(exist_ok=True)
