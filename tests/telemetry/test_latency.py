@@ -11,12 +11,15 @@ from opentelemetry.sdk.metrics.export import (
     HistogramDataPoint,
     InMemoryMetricReader,
     Metric,
+    MetricExporter,
+    MetricExportResult,
     MetricsData,
+    PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fairlimit.telemetry import Telemetry, latency
+from fairlimit.telemetry import Telemetry, latency, sdk
 from fairlimit.telemetry.latency import RpcLatency
 from fairlimit.telemetry.sdk import exporting_latency
 
@@ -137,3 +140,63 @@ class TestRpcLatency:
         assert point.bucket_counts == (2, 2, 1)
         assert (point.count, point.min, point.max) == (5, 0.0, 5.0)
         assert point.sum == pytest.approx(5.4000001)
+
+
+class _Kept(MetricExporter):
+    """An OTLP stand-in: keeps what the periodic reader exports."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exported: list[MetricsData] = []
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+               **kwargs: object) -> MetricExportResult:  # fmt: skip
+        self.exported.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        return None
+
+
+class TestExport:
+    def test_the_periodic_otlp_reader_exports_it(self) -> None:
+        """What serve's OTLP reader sends carries the histogram kept outside the SDK."""
+        kept, source = _Kept(), RpcLatency()
+        reader = exporting_latency(
+            PeriodicExportingMetricReader(kept, export_interval_millis=3_600_000), source
+        )
+        provider = MeterProvider(metric_readers=[reader])
+        telemetry = Telemetry(provider, TracerProvider(), rpc_latency=source)
+        telemetry.rpc_finished(0.003, "OK")
+        telemetry.rpc_finished(0.2, "OVER_LIMIT")
+        provider.force_flush()
+        provider.shutdown()
+        points = {
+            dict(p.attributes or {})["result"]: p.count
+            for data in kept.exported for r in data.resource_metrics
+            for s in r.scope_metrics for m in s.metrics if m.name == latency.NAME
+            for p in m.data.data_points
+        }  # fmt: skip
+        assert points == {"OK": 1, "OVER_LIMIT": 1}
+
+    @pytest.mark.parametrize(
+        ("environ", "kept_here"),
+        [
+            ({}, True),
+            ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}, True),
+            ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+              "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "DELTA"}, False),
+            ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+              "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "lowmemory"}, False),
+            ({"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta"}, True),
+        ],
+    )  # fmt: skip
+    def test_delta_histograms_over_otlp_keep_the_sdks(
+        self, environ: dict[str, str], kept_here: bool
+    ) -> None:
+        """Only cumulative points are made here: OTLP asked for delta histograms keeps the
+        SDK's histogram (no OTLP, the delta setting concerns nobody)."""
+        assert sdk.keeps_latency(environ) is kept_here

@@ -102,7 +102,7 @@ def install(environ: Mapping[str, str]) -> Sdk:
 
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
     rpc_latency = None
-    if not ("metrics" in signals and _delta_histograms(environ)):
+    if keeps_latency(environ):
         rpc_latency = RpcLatency()
         for reader in readers:
             exporting_latency(reader, rpc_latency)
@@ -124,9 +124,12 @@ def install(environ: Mapping[str, str]) -> Sdk:
     return sdk
 
 
-def _delta_histograms(environ: Mapping[str, str]) -> bool:
-    """Whether the OTLP exporter asks for histograms as deltas (its temporality setting)."""
-    return environ.get(_TEMPORALITY, "").strip().lower() in ("delta", "lowmemory")
+def keeps_latency(environ: Mapping[str, str]) -> bool:
+    """Whether the latency histogram is kept outside the SDK (``RpcLatency``): unless OTLP
+    exports metrics with histograms as deltas (its temporality setting), which the SDK's own
+    aggregation reports and ours does not."""
+    delta = environ.get(_TEMPORALITY, "").strip().lower() in ("delta", "lowmemory")
+    return not (delta and "metrics" in otlp_signals(environ))
 
 
 def exporting_latency(reader: MetricReader, source: RpcLatency) -> MetricReader:
