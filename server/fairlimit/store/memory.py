@@ -43,8 +43,7 @@ from fairlimit.store.slots import MemorySlots
 _SHRINK = 4  # compact the counter table once it holds under a quarter of its high mark
 # ... of at least this many counters: a few counters ending with their window (a hot
 # client's, every second) leave no memory to give back, and the full collection that gives
-# it back took 35-130 ms each second in a process that has not frozen its heap (the
-# in-process benches, simulate); 0.03-0.2 ms in `serve`, which freezes it after start.
+# it back cost a server 1-10 ms each time (a hundred at a time in-process, without gc.freeze).
 SHRINK_FLOOR = 4096
 _OUTERMOST = (-1,)  # above() of a plan with one share
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
