@@ -41,10 +41,6 @@ from fairlimit.store.reservations import MemoryReservations
 from fairlimit.store.slots import MemorySlots
 
 _SHRINK = 4  # compact the counter table once it holds under a quarter of its high mark
-# ... of at least this many counters: a few counters ending with their window (a hot
-# client's, every second) leave no memory to give back, and the full collection that gives
-# it back cost a server 1-10 ms each time (a hundred at a time in-process, without gc.freeze).
-SHRINK_FLOOR = 4096
 _OUTERMOST = (-1,)  # above() of a plan with one share
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _MMAP_THRESHOLD = 128 * 1024  # glibc's initial value
@@ -326,7 +322,7 @@ class MemoryStore:
                 del self._caps[key]
             else:
                 heapq.heappush(caps, (idle_until, key))
-        if self._high >= SHRINK_FLOOR and len(self._counters) * _SHRINK < self._high:
+        if len(self._counters) * _SHRINK < self._high:
             self._shrink()
 
     def _expire_meters(self, now: float) -> None:
