@@ -185,7 +185,7 @@ def servicer_cost() -> dict[str, Any]:
     from wire import message
 
     sdk = otel_sdk.install({})
-    telemetry = Telemetry()
+    telemetry = Telemetry(rpc_latency=sdk.latency)  # as `serve` makes it
     limiter = Limiter(load([CONFIG]), MemoryStore(), telemetry=telemetry)
     servicer, context = RateLimitServicer(limiter, telemetry), _Context()
     bodies = [message("public", "hot")] * 1000 + [message("public", f"c{i}") for i in range(1000)]

@@ -241,6 +241,14 @@ def limits_rows(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _ladder_rows(results: dict[str, Any]) -> list[str]:
+    if "ladder" not in results:
+        return []
+    from ladder import table as ladder_table  # bench/ladder.py, beside this file
+
+    return ladder_table(results["ladder"])
+
+
 def table(results: dict[str, Any]) -> str:
     machine = results.get("machine", {})
     model = next((s for s in machine.get("lscpu", []) if s.startswith("Model name")), "")
@@ -259,6 +267,8 @@ def table(results: dict[str, Any]) -> str:
         _inproc_rows(results),
         [""],
         limits_rows(results) if "limits" in results else [],
+        [""],
+        _ladder_rows(results),
         [""] + [f"note: {n}" for n in results.get("notes", [])],
     ]
     return "\n".join(line for part in parts for line in part).rstrip()

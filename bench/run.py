@@ -10,7 +10,8 @@ Load: h2load (Debian nghttp2-client, installed here where missing) for one hot c
 bench/loadgen.py for many distinct clients. In-process: per-request cost against the number
 of live clients, memory per client and after expiry, the λ recompute time. Then
 bench/limits.py: a rule of 1 limit beside one of 3, in-process and over gRPC beside its
-own no-op (``--skip limits`` leaves it out).
+own no-op (``--skip limits`` leaves it out). Then bench/ladder.py: server CPU per request
+from the bare no-op to the full server, one layer per step (``--skip ladder``).
 Prints a table and writes bench/results/bench-<time>.json.
 """
 
@@ -28,6 +29,7 @@ from typing import Any
 import envoy_run
 import h2load
 import inproc
+import ladder
 import limits
 import procs
 import report
@@ -364,7 +366,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, help="length of each load run (default 5)")
     parser.add_argument("--many", type=int, default=10_000, help="distinct clients (loadgen)")
     parser.add_argument("--skip", action="append", default=[],
-                        choices=["inproc", "grpc", "envoy", "limits"],
+                        choices=["inproc", "grpc", "envoy", "limits", "ladder"],
                         help="leave a part out")  # fmt: skip
     args = parser.parse_args()
     args.seconds = args.seconds or (2.0 if args.quick else 4.0)
@@ -386,6 +388,11 @@ def main() -> int:
             bench.in_process()
         if "limits" not in args.skip:
             bench.several_limits(redis_binary)
+        if "ladder" not in args.skip:
+            print("== the per-call CPU ladder", file=sys.stderr)
+            bench.results["ladder"] = ladder.measure(
+                Path(tmp), rounds=2 if args.quick else ladder.ROUNDS, seconds=args.seconds
+            )
     bench.results["seconds"] = round(time.monotonic() - started, 1)
     bench.results["machine"]["cpu_during_run"] = _busy_and_steal(cpu, _cpu_times())
     bench.results["machine"]["loadavg_after"] = os.getloadavg()

@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -243,7 +243,7 @@ def _serve_settings(settings: "Settings", worker: int = 0) -> int:
     async def serve() -> int:
         try:  # inside the loop: grpc.aio binds to the running loop
             app = App(settings, metrics_registry=sdk.registry, worker=worker,
-                      metrics_dir=metrics_dir)  # fmt: skip
+                      metrics_dir=metrics_dir, rpc_latency=sdk.latency)  # fmt: skip
         except ConfigError as exc:
             for line in exc.problems:
                 logging.getLogger("fairlimit").error("%s", line)
@@ -253,9 +253,20 @@ def _serve_settings(settings: "Settings", worker: int = 0) -> int:
         return EXIT_OK
 
     try:
-        return asyncio.run(serve())
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(serve())
     finally:
         sdk.shutdown()
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (a dependency on Linux and macOS): a call
+    costs 16-33 µs less CPU on it than on asyncio's own (bench/ladder.py); else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def _limits_judged(c: Classification, rule: Rule) -> list[RateLimit]:

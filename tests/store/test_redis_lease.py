@@ -192,6 +192,25 @@ class TestRule:
             assert leases.take(plan, key, base) is not None
         assert leases.want(plan, key, base + after) == want
 
+    def test_a_plan_takes_blocks_from_its_second_request_on(self, tmp_path: Path) -> None:
+        """No block at a plan's first request, nor after RECENT seconds of quiet (a client
+        asking once would give its block back unused: a second store call); asked again
+        within RECENT, or just after its block ended, a first block of MIN_WANT."""
+        from fairlimit.core.admission import Outcome
+
+        matcher = Matcher(load_text(tmp_path, CONFIG).config)
+        plan = make_plan(req("edge", desc("user=u")), matcher)
+        leases = lease.Leases("c1", margin=0.0)
+        key = lease.shape(plan)
+        assert leases.want(plan, key, 10.0) == 0
+        assert leases.want(plan, key, 10.0 + lease.RECENT) == lease.MIN_WANT
+        assert leases.want(plan, key, 11.0 + 2 * lease.RECENT) == 0  # quiet for a while
+        leases.keep(plan, key, Outcome(True, (0,), (), (), T0 + 0.1), 3, None, 20.0)
+        leases.expired(20.0 + lease.LEASE_TTL)  # its block ended
+        assert leases.want(plan, key, 20.01 + lease.LEASE_TTL) == lease.MIN_WANT
+        leases.expired(30.0)  # a sweep forgets plans quiet for longer than RECENT
+        assert not leases.seen
+
     def test_a_block_ends_with_the_first_window_it_spans(self, tmp_path: Path) -> None:
         """Granted 0.1 s before the second ends, a block is usable for 0.1 s, not its TTL."""
         matcher = Matcher(load_text(tmp_path, CONFIG).config)
@@ -269,6 +288,26 @@ class TestPlainCounters:
             assert await _ask(replicas[0], "alice")
         finally:
             await _close(replicas)
+
+    async def test_clients_asking_once_make_one_script_call_each(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """40 clients asking once each, then closing: one EVALSHA per request and nothing
+        to give back (a first block each, unused, was a release call more per client)."""
+        (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        with redis_server.client() as client:
+            client.config_resetstat()
+        try:
+            for i in range(40):
+                assert await _ask(replica, f"once-{i}")
+                clock.advance(0.01)
+            assert not _leases(replica).blocks
+        finally:
+            await _close([replica])
+        with redis_server.client() as client:
+            evalsha = client.info("commandstats").get("cmdstat_evalsha", {})
+        # a first EVALSHA may fail with NOSCRIPT before the script is loaded: not a call made
+        assert int(evalsha["calls"]) - int(evalsha.get("failed_calls", 0)) == 40, evalsha
 
     async def test_concurrent_requests_take_one_block_at_a_time(
         self, tmp_path: Path, lease_store_factory: StoreFactory

@@ -27,6 +27,7 @@ from fairlimit.limiter import BREAK_SECONDS
 from fairlimit.settings import Settings, parse_address
 from fairlimit.store.degraded import Replicas
 from fairlimit.telemetry import Telemetry, pooled
+from fairlimit.telemetry.latency import RpcLatency
 
 log = logging.getLogger("fairlimit")
 
@@ -45,13 +46,16 @@ class App:
         metrics_registry: CollectorRegistry | None = None,
         worker: int = 0,
         metrics_dir: Path | None = None,
+        rpc_latency: RpcLatency | None = None,
     ) -> None:
+        """``rpc_latency``: where the SDK's readers find the latency histogram
+        (``telemetry.sdk.Sdk.latency``); used when no ``telemetry`` is given."""
         build.check_listeners(settings, worker)  # before anything is made: one line, not a trace
         self.settings = settings
         self.worker = worker  # with --workers N, this process's index; admin HTTP in 0 only
         self.metrics_registry = metrics_registry
         self.metrics_dir = metrics_dir  # with --workers N: where workers share their metrics
-        self.telemetry = build.telemetry(settings, telemetry)
+        self.telemetry = build.telemetry(settings, telemetry, rpc_latency)
         self.source = build.config_source(settings, self._apply, self._reject)
         loaded = self.source.initial()
         self._count_initial = loaded is not None  # a source's later configs count themselves

@@ -20,6 +20,7 @@ from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
 from fairlimit.store.degraded import Replicas
 from fairlimit.telemetry import Telemetry
+from fairlimit.telemetry.latency import RpcLatency
 from fairlimit.telemetry.quota import QuotaTelemetry
 from fairlimit.telemetry.upstream import UpstreamStats
 
@@ -136,9 +137,12 @@ def config_source(settings: Settings, apply: Apply, reject: Reject) -> ConfigSou
     )
 
 
-def telemetry(settings: Settings, given: Telemetry | None) -> Telemetry:
-    """``given`` (on the global providers cli.py installed), or one of our own; set up."""
-    telemetry = given or Telemetry(top_clients=settings.top_clients)
+def telemetry(
+    settings: Settings, given: Telemetry | None, rpc_latency: RpcLatency | None = None
+) -> Telemetry:
+    """``given``, or one of our own (on the global providers cli.py installed, the latency
+    histogram kept in ``rpc_latency`` where the SDK's readers add it); set up."""
+    telemetry = given or Telemetry(top_clients=settings.top_clients, rpc_latency=rpc_latency)
     telemetry.near_limit_ratio = settings.near_limit_ratio
     if settings.metrics_compat:
         telemetry.upstream = UpstreamStats(settings.near_limit_ratio)

@@ -12,7 +12,10 @@ The block's size (``size``; admit.lua computes the same):
 
 - at most the consumer's ``want``: about ``LEASE_SECONDS`` of its own demand on the plan,
   from what it used of its last block (``MIN_WANT`` for a first one, at most ``max_block``),
-  and no more than it will use before the first of the plan's windows ends;
+  and no more than it will use before the first of the plan's windows ends; none at the
+  first request of a plan, nor at one after ``RECENT`` seconds without a request or a
+  block: a client that asks once takes no block it would leave unused (given back, that
+  was a second store call for its one request);
 - at each counter, at most ``(limit - count - hits) / (2 x holders)``, ``holders`` the
   consumers holding blocks of that counter in this window: what is left is never reserved
   away by one consumer, and when little is left every request takes the exact path;
@@ -61,6 +64,7 @@ from fairlimit.core.units import Algorithm, bounds
 LEASE_SECONDS = 0.2  # a block is about this long of the consumer's own demand on the plan
 LEASE_TTL = 0.25  # seconds a block may be used after it is granted
 MIN_WANT = 4  # hits a first block asks for
+RECENT = LEASE_TTL  # a plan asked again within this (or whose block just ended) takes blocks
 MAX_BLOCK = 1_000_000  # hits a block may hold at most (the lease_max setting lowers it)
 MARGIN = 0.005  # seconds before its window ends that a block stops being used
 EPSILON = 1e-9  # as core/sharing.EPSILON: a bound is compared with this slack
@@ -133,6 +137,8 @@ class Leases:
         self.margin = margin
         self.max_block = max_block
         self.blocks: dict[tuple[str, ...], Block] = {}
+        # shapes without a block: when last asked at the store or last holding one
+        self.seen: dict[tuple[str, ...], float] = {}
 
     def take(self, plan: Plan, key: tuple[str, ...], base: float) -> Outcome | None:
         """Admit ``plan`` (of shape ``key``) from its block at the consumer's time ``base``,
@@ -156,6 +162,10 @@ class Leases:
         block holds then is lost to everyone until the window ends)."""
         block = self.blocks.get(key)
         if block is None:
+            last = self.seen.get(key)
+            self.seen[key] = base
+            if last is None or base - last > RECENT:
+                return 0  # its first request (for a while): maybe its only one
             return min(MIN_WANT, self.max_block)
         rate = block.used / max(base - block.taken_at, 0.001)
         now = base + block.offset  # the store's clock
@@ -181,6 +191,7 @@ class Leases:
         counts = [n + c.hits for n, c in zip(outcome.counts, plan.counters, strict=True)]
         shared = [n + s.hits for n, s in zip(outcome.shared, plan.shares, strict=True)]
         old = self.blocks.get(key)
+        self.seen.pop(key, None)
         self.blocks[key] = Block(ref, until, granted, counts, shared, outcome.bounds, base,
                                  now - base)  # fmt: skip
         if old is not None and old.room > 0:
@@ -194,8 +205,11 @@ class Leases:
         out = []
         for k in gone:
             block = self.blocks.pop(k)
+            self.seen[k] = base  # its next request may take a block at once
             if block.room > 0:
                 out.append(block)
+        for k in [k for k, t in self.seen.items() if base - t > RECENT]:
+            del self.seen[k]
         return out
 
     def unused(self) -> list[Block]:
@@ -203,4 +217,5 @@ class Leases:
         yet); forgets them all (to give back on shutdown)."""
         out = [b for b in self.blocks.values() if b.room > 0]
         self.blocks.clear()
+        self.seen.clear()
         return out

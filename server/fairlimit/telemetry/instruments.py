@@ -37,8 +37,10 @@ from fairlimit.core.plan import Plan
 from fairlimit.core.request import Request
 from fairlimit.core.rules import Loaded
 from fairlimit.core.upstream import override_key, stat_key
+from fairlimit.telemetry import latency
 from fairlimit.telemetry.concurrency import SlotInstruments
 from fairlimit.telemetry.fairness import BucketWatch, CapRow, CapTable
+from fairlimit.telemetry.latency import RpcLatency
 from fairlimit.telemetry.tokens import TokenInstruments
 from fairlimit.telemetry.top import DEFAULT_CAPACITY, TopClients, TopRow
 from fairlimit.telemetry.upstream import UpstreamStats
@@ -47,7 +49,6 @@ log = logging.getLogger(__name__)
 
 NEAR_LIMIT_RATIO = 0.8  # envoyproxy/ratelimit's default NEAR_LIMIT_RATIO
 NO_LEVEL = -1.0  # fair_share_level when λ is infinite (uncontended)
-_RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 _RULE_COUNTERS = (
     ("hits", "Hits checked against the rule (upstream's total_hits)"),
@@ -138,7 +139,10 @@ class Telemetry:
         *,
         enabled: bool = True,
         top_clients: int = DEFAULT_CAPACITY,
+        rpc_latency: RpcLatency | None = None,
     ) -> None:
+        """``rpc_latency``: where the latency histogram is kept when the readers add it
+        themselves (``telemetry.sdk``); without it, an SDK histogram records each call."""
         self.enabled = enabled
         self.errors = 0  # recording failures, swallowed so that requests never fail
         self._tracer = trace.get_tracer("fairlimit", __version__, tracer_provider)
@@ -152,12 +156,14 @@ class Telemetry:
             meter.create_observable_counter(
                 f"ratelimit.{name}", [self._rule[name].observe], "{hit}", text
             )
-        self._rpc = meter.create_histogram(
-            "fairlimit.rpc.duration",
-            "s",
-            "ShouldRateLimit latency, by result",
-            explicit_bucket_boundaries_advisory=_RPC_BUCKETS,
-        )
+        self._latency = rpc_latency
+        if rpc_latency is None:
+            self._rpc = meter.create_histogram(
+                latency.NAME,
+                latency.UNIT,
+                latency.DESCRIPTION,
+                explicit_bucket_boundaries_advisory=latency.BOUNDS,
+            )
         self._rpc_attributes: dict[str, dict[str, str]] = {}
         self._backend_errors = meter.create_counter(
             "fairlimit.backend.errors", "{error}", "Store calls that failed (StoreUnavailable)"
@@ -352,11 +358,14 @@ class Telemetry:
         """One ShouldRateLimit call took ``seconds``; ``result`` is its code's name."""
         if not self.enabled:
             return
-        attributes = self._rpc_attributes.get(result)
-        if attributes is None:  # one per code name: the SDK copies what it keeps
-            attributes = self._rpc_attributes[result] = {"result": result}
         try:  # what _safely does, without its call on every request
-            self._rpc.record(seconds, attributes)
+            if self._latency is not None:
+                self._latency.record(seconds, result)
+            else:
+                attributes = self._rpc_attributes.get(result)
+                if attributes is None:  # one per code name: the SDK copies what it keeps
+                    attributes = self._rpc_attributes[result] = {"result": result}
+                self._rpc.record(seconds, attributes)
         except Exception:
             self._failed()
         if self.upstream is not None:

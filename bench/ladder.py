@@ -1,0 +1,337 @@
+"""The per-call CPU ladder: server CPU per request from the bare no-op to the full server,
+one layer per step (issue 41).
+
+    python bench/ladder.py                 # 5 rounds of 3 s per rung, about 2 minutes
+    python bench/ladder.py --quick         # 2 rounds of 2 s: a smoke test
+    python bench/ladder.py --what-if       # also the full server with a layer taken out
+    python bench/ladder.py --baseline ../main   # and the full server of another checkout
+    python bench/ladder.py --rungs cap,cap-uvloop --rounds 15   # an A/B of two rungs
+
+Every rung is a process of its own on 127.0.0.1, serving the hot client of
+bench/bench.yaml on memory://. Each is driven by h2load (1 hot client, 16 connections x 2
+streams, no warm-up: each rung has answered before) for a fixed time, the rungs taking
+turns (A B C ... A B C ...); a rung's CPU per request is the user + system time of its
+process over the run (/proc/PID/stat, every thread) over the requests h2load counted.
+The median of the rounds is shown, and the least round (other load on the machine only
+adds): on a shared machine the CPU a request costs moves far less than the requests a
+second do.
+
+The rungs, each the one before plus one layer:
+
+    noop       bench/noop.py: grpc.aio answering a constant, the request not parsed
+    server     `fairlimit serve` (admin HTTP, SDK, health, reflection, server options),
+               ShouldRateLimit a plain unary call answering a constant; telemetry off
+    guards     + the call budgets and the read deadline (the call read as a stream of
+               one), still answering a constant
+    handler    + the handler: parse, plan, limiter, memory store, response
+    telemetry  + telemetry on: `fairlimit serve` as shipped (route=plain, no cap)
+    cap        the same on route=public, a client limit under a fair_share cap
+
+``--what-if`` adds the full server (route=public) without one thing: ``-histogram``
+(the latency histogram not recorded) and, where importable, ``+uvloop`` / ``-uvloop``
+(the other event loop than the one it runs). ``--baseline CHECKOUT`` adds ``base:telemetry``
+and ``base:cap``: `fairlimit serve` from that checkout's server/, taking the same turns
+(before and after a change under the same load). A rung is served by this same file:
+``python bench/ladder.py --serve RUNG -- fairlimit serve flags``.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h2load
+import procs
+import wire
+from h2load import Load
+from limits import cpu_seconds
+
+# rung -> (route asked, what the server process is)
+RUNGS: dict[str, tuple[str, str]] = {
+    "noop": ("public", "bench/noop.py"),
+    "server": ("plain", "fairlimit serve, a unary handler answering a constant, telemetry off"),
+    "guards": ("plain", "+ call budgets and read deadline, a constant answer"),
+    "handler": ("plain", "+ the handler (parse, plan, limiter, memory), telemetry off"),
+    "telemetry": ("plain", "+ telemetry: fairlimit serve as shipped, no cap"),
+    "cap": ("public", "the same under a fair_share cap"),
+}
+WHAT_IF: dict[str, tuple[str, str]] = {
+    "cap-histogram": ("public", "cap, the latency histogram not recorded"),
+    "cap+uvloop": ("public", "cap, on uvloop"),
+    "cap-uvloop": ("public", "cap, on asyncio's own loop"),
+}
+ROUNDS, SECONDS = 5, 3.0
+BASE = "base:"  # rungs served from another checkout (--baseline)
+
+
+# ---- the rungs, served (patched in this process only, before fairlimit starts) ----------
+
+
+def _telemetry_off() -> None:
+    from fairlimit.app import build
+    from fairlimit.telemetry import Telemetry
+
+    build.telemetry = lambda *_: Telemetry.off()  # whatever build.telemetry is given
+
+
+def _unary_constant() -> None:
+    import grpc
+
+    from fairlimit.grpc_api import servicer
+
+    answer = servicer.rls_pb2.RateLimitResponse(overall_code=1).SerializeToString()
+
+    async def constant(request: bytes, context: object) -> bytes:
+        return answer
+
+    def handler(self: object) -> grpc.GenericRpcHandler:
+        method = grpc.unary_unary_rpc_method_handler(constant)
+        return grpc.method_handlers_generic_handler(servicer.RLS_SERVICE,
+                                                    {"ShouldRateLimit": method})  # fmt: skip
+
+    servicer.RateLimitServicer.handler = handler  # type: ignore[method-assign]
+
+
+def _guarded_constant() -> None:
+    from fairlimit.grpc_api import servicer
+
+    answer = servicer.rls_pb2.RateLimitResponse(overall_code=1)
+
+    async def constant(self: object, payload: bytes, span: object, remaining: object) -> object:
+        return answer
+
+    servicer.RateLimitServicer._answer = constant  # type: ignore[method-assign,assignment]
+
+
+def _no_histogram() -> None:
+    from fairlimit.telemetry import Telemetry
+
+    Telemetry.rpc_finished = lambda self, seconds, result: None  # type: ignore[method-assign]
+
+
+def _event_loop(use_uvloop: bool) -> None:
+    """Serve on uvloop, or on asyncio's own loop (cli.loop_factory picks uvloop if it can;
+    a fairlimit from before it ran asyncio.run, patched here to run uvloop's)."""
+    from fairlimit import cli
+
+    if not use_uvloop:
+        cli.loop_factory = lambda: None  # type: ignore[attr-defined]
+        return
+    import uvloop
+
+    if hasattr(cli, "loop_factory"):
+        cli.loop_factory = lambda: uvloop.new_event_loop
+    else:
+        cli.asyncio.run = uvloop.run  # type: ignore[attr-defined]
+
+
+PATCHES: dict[str, tuple[Callable[[], None], ...]] = {
+    "server": (_telemetry_off, _unary_constant),
+    "guards": (_telemetry_off, _guarded_constant),
+    "handler": (_telemetry_off,),
+    "telemetry": (),
+    "cap": (),
+    "cap-histogram": (_no_histogram,),
+    "cap+uvloop": (lambda: _event_loop(True),),
+    "cap-uvloop": (lambda: _event_loop(False),),
+}
+
+
+def serve(rung: str, argv: list[str]) -> int:
+    sys.path.insert(0, str(procs.ROOT / "server"))
+    for patch in PATCHES[rung]:
+        patch()
+    from fairlimit import cli
+
+    return cli.main(argv)
+
+
+# ---- the measurement -------------------------------------------------------------------
+
+
+def _start(rung: str, workdir: Path, baseline: Path | None) -> tuple[procs.Proc, int]:
+    if rung == "noop":
+        return procs.noop(workdir, "ladder-noop")
+    flags = ["serve", "--config", str(procs.BENCH / "bench.yaml"), "--backend", "memory://",
+             "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]  # fmt: skip
+    if rung.startswith(BASE):  # as shipped, from the other checkout's server/
+        env = {"PYTHONPATH": str(baseline / "server")} if baseline else None
+        proc = procs.Proc(f"ladder-{rung}", [sys.executable, "-m", "fairlimit", *flags],
+                          workdir, env)  # fmt: skip
+    else:
+        command = [sys.executable, str(procs.BENCH / "ladder.py"), "--serve", rung, "--"]
+        proc = procs.Proc(f"ladder-{rung}", [*command, *flags], workdir)
+    return proc, proc.grpc_port()
+
+
+def _ask(port: int, route: str) -> str:
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(wire.METHOD)
+        return wire.overall_code(call(wire.message(route, "hot"), timeout=10))
+
+
+def available(what_if: bool, baseline: Path | None = None) -> dict[str, tuple[str, str]]:
+    rungs = dict(RUNGS)
+    if baseline is not None:
+        for rung in ("telemetry", "cap"):
+            route, _ = RUNGS[rung]
+            rungs[BASE + rung] = (route, f"{rung}, as shipped from {baseline}")
+    if what_if:
+        rungs["cap-histogram"] = WHAT_IF["cap-histogram"]
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            return rungs
+        sys.path.insert(0, str(procs.ROOT / "server"))
+        from fairlimit import cli
+
+        on_uvloop = getattr(cli, "loop_factory", lambda: None)() is not None
+        name = "cap-uvloop" if on_uvloop else "cap+uvloop"
+        rungs[name] = WHAT_IF[name]
+    return rungs
+
+
+def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
+            what_if: bool = False, baseline: Path | None = None,
+            only: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Every rung up at once (idle ones cost next to nothing), asked once, then ``rounds``
+    rounds of h2load in turns; per rung the median CPU µs per request and req/s.
+    ``only``: these rungs alone (an A/B of two of them, say)."""
+    rungs = available(what_if or bool(only), baseline)
+    if only:
+        unknown = set(only) - set(rungs)
+        if unknown:
+            raise SystemExit(f"ladder: no rung {sorted(unknown)} (there are {list(rungs)})")
+        rungs = {name: rungs[name] for name in only}
+    running: dict[str, tuple[procs.Proc, int]] = {}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in rungs}
+    load = Load(clients=16, streams=2, seconds=seconds, warmup=0.0)
+    loadavg = os.getloadavg()
+    try:
+        for name, (route, _) in rungs.items():
+            running[name] = _start(name, workdir, baseline)
+            answer = _ask(running[name][1], route)
+            if answer != "OK":
+                raise RuntimeError(f"{name} answered {answer} on route={route}")
+        bodies = {r: wire.write_body(workdir / f"ladder-{r}.bin", r, "hot")
+                  for r in {route for route, _ in rungs.values()}}  # fmt: skip
+        for i in range(rounds):
+            for name, (proc, port) in running.items():
+                print(f"== ladder, round {i + 1}/{rounds}: {name}", file=sys.stderr)
+                cpu = cpu_seconds(proc.pid)
+                result = h2load.run(h2load.grpc_url(port), load, workdir,
+                                    body=bodies[rungs[name][0]], label=f"ladder-{name}-{i}")
+                done = max(1, result.done)
+                runs[name].append({"cpu_us": (cpu_seconds(proc.pid) - cpu) / done * 1e6,
+                                   "rps": result.rps, "failed": result.failed})  # fmt: skip
+    finally:
+        for proc, _ in running.values():
+            proc.stop()
+    rows = {}
+    for name, results in runs.items():
+        rows[name] = {
+            "what": rungs[name][1],
+            "route": rungs[name][0],
+            "cpu_us": round(statistics.median(r["cpu_us"] for r in results), 1),
+            "least_cpu_us": round(min(r["cpu_us"] for r in results), 1),
+            "rps": round(statistics.median(r["rps"] for r in results), 1),
+            "rounds_cpu_us": [round(r["cpu_us"], 1) for r in results],
+            "failed": sum(int(r["failed"]) for r in results),
+        }
+    return {"rows": rows, "rounds": rounds, "seconds": seconds,
+            "loadavg_before": [round(x, 2) for x in loadavg],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
+
+
+def _paired(row: dict[str, Any], base: dict[str, Any]) -> float:
+    """The median of the per-round differences of two rungs' CPU per request."""
+    pairs = zip(row["rounds_cpu_us"], base["rounds_cpu_us"], strict=True)
+    return float(statistics.median(a - b for a, b in pairs))
+
+
+def table(results: dict[str, Any]) -> list[str]:
+    """The ladder as lines: CPU µs per request, the step from the rung above, vs the no-op."""
+    rows = results["rows"]
+    noop = rows.get("noop", {})
+    lines = [f"per-call CPU ladder (memory://, h2load 1 hot client 16x2, {results['rounds']} "
+             f"rounds of {results['seconds']:g} s in turns, medians; load average "
+             f"{results['loadavg_before']} before, {results['loadavg_after']} after)",
+             f"{'rung':<15}{'CPU µs/req':>11}{'step':>8}{'paired':>8}{'vs no-op':>9}"
+             f"{'least':>7}{'step':>8}{'req/s':>7}{'vs no-op':>9}  what",
+             "-" * 118]  # fmt: skip
+    previous = None
+    for row in rows.values():
+        row.setdefault("least_cpu_us", min(row["rounds_cpu_us"]))  # JSON from before it
+    for name, row in rows.items():
+        base = previous if name in RUNGS else rows.get(name.removeprefix(BASE).split("-")[0]
+                                                       .split("+")[0])
+        step = "" if base is None else f"{row['cpu_us'] - base['cpu_us']:+.1f}"
+        least = "" if base is None else f"{row['least_cpu_us'] - base['least_cpu_us']:+.1f}"
+        paired = "" if base is None else f"{_paired(row, base):+.1f}"
+        cpu_ratio = f"{noop['cpu_us'] / row['cpu_us']:.2f}x" if noop else "-"
+        rps_ratio = f"{row['rps'] / noop['rps']:.2f}x" if noop else "-"
+        lines.append(f"{name:<15}{row['cpu_us']:>11.1f}{step:>8}{paired:>8}{cpu_ratio:>9}"
+                     f"{row['least_cpu_us']:>7.1f}{least:>8}"
+                     f"{row['rps']:>7.0f}{rps_ratio:>9}  {row['what']}")  # fmt: skip
+        if name in RUNGS:
+            previous = row
+    lines.append("CPU µs/req of each round: " + "; ".join(
+        f"{name} {row['rounds_cpu_us']}" for name, row in rows.items()))  # fmt: skip
+    lines.append("vs no-op: the no-op's CPU per request over the rung's (1.00x: as cheap), "
+                 "and the rung's req/s over the no-op's; paired: the median of the rounds' "
+                 "differences (each round's pair ran back to back); least: the least round's "
+                 "CPU (other load only adds); steps of what-if and base: rows are from the "
+                 "rung they vary")
+    failed = {name: row["failed"] for name, row in rows.items() if row["failed"]}
+    if failed:
+        lines.append(f"FAILED requests: {failed}")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--serve", choices=sorted(PATCHES), help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 2 s")
+    parser.add_argument("--rounds", type=int, help=f"rounds (default {ROUNDS})")
+    parser.add_argument("--seconds", type=float, help=f"length of each run (default {SECONDS:g})")
+    parser.add_argument("--what-if", action="store_true",
+                        help="also the full server without the histogram, on the other loop")
+    parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                        help="also the full server from another checkout (e.g. a worktree of "
+                             "main), in the same turns: before and after in one run")
+    parser.add_argument("--rungs", help="these rungs alone, comma-separated (e.g. cap,cap-uvloop)")
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        return serve(args.serve, [a for a in args.rest if a != "--"])
+    if procs.ensure_debian_package("h2load", "nghttp2-client") is None:
+        print("ladder: h2load not found and not installable (Debian nghttp2-client)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    rounds = args.rounds or (2 if args.quick else ROUNDS)
+    seconds = args.seconds or (2.0 if args.quick else SECONDS)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="fairlimit-ladder-") as tmp:
+        results = measure(Path(tmp), rounds=rounds, seconds=seconds, what_if=args.what_if,
+                          baseline=args.baseline,
+                          only=args.rungs.split(",") if args.rungs else None)  # fmt: skip
+    results["seconds_total"] = round(time.monotonic() - started, 1)
+    out_dir = procs.BENCH / "results"
+    out_dir.mkdir(exist_ok=True)
+    out = out_dir / time.strftime("ladder-%Y%m%dT%H%M%S.json")
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print("\n".join(table(results)))
+    print(f"\n(JSON: {out.relative_to(procs.ROOT)}; {results['seconds_total']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

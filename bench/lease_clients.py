@@ -1,0 +1,78 @@
+"""Many clients with leases on: Redis script calls per request (issue 41).
+
+    python bench/lease_clients.py                         # this checkout, 10,000 clients
+    python bench/lease_clients.py --baseline ../main      # and another checkout, in turns
+
+`fairlimit serve` on a redis-server started here with ``?leases=on``, driven by
+bench/loadgen.py cycling ``--clients`` distinct clients on ``route=plain`` (a client limit,
+no cap) and ``route=public`` (under a fair_share cap) for ``--seconds``; each server is
+stopped (giving its blocks back) before Redis's EVALSHA + EVAL count is read, so a block
+given back counts as the call it is. Prints one line per run.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import procs
+
+
+def run(redis: procs.Redis, workdir: Path, server: Path, label: str, route: str,
+        clients: int, seconds: float) -> dict[str, object]:  # fmt: skip
+    url = f"{redis.url}?leases=on&key_prefix={label}-{route}-{os.getpid()}:"
+    command = [sys.executable, "-m", "fairlimit", "serve", "--config",
+               str(procs.BENCH / "bench.yaml"), "--backend", url, "--grpc-addr", "127.0.0.1:0",
+               "--admin-addr", "127.0.0.1:0"]  # fmt: skip
+    env = {"PYTHONPATH": str(server)}
+    proc = procs.Proc(f"lease-{label}-{route}", command, workdir, env)
+    try:
+        port = proc.grpc_port()
+        calls = redis.script_calls()
+        load = [sys.executable, str(procs.BENCH / "loadgen.py"), "--target", f"127.0.0.1:{port}",
+                "--route", route, "--clients", str(clients), "--seconds", f"{seconds:g}",
+                "--warmup", "0"]  # fmt: skip
+        out = subprocess.run(load, capture_output=True, text=True, check=True,
+                             timeout=seconds + 60, env={**os.environ, **env})  # fmt: skip
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        proc.stop()  # its blocks go back now: their calls count
+    done = max(1, int(row["done"]))
+    return {"server": label, "route": route, "requests": row["done"], "rps": row["rps"],
+            "script_calls_per_request": round((redis.script_calls() - calls) / done, 3)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=10_000)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                        help="also `fairlimit serve` from that checkout's server/, in turns")
+    args = parser.parse_args()
+    redis_binary = procs.ensure_debian_package("redis-server", "redis-server")
+    if redis_binary is None:
+        print("lease_clients: redis-server not found", file=sys.stderr)
+        return 2
+    servers = [("this", procs.ROOT / "server")]
+    if args.baseline is not None:
+        servers.insert(0, ("baseline", args.baseline / "server"))
+    with tempfile.TemporaryDirectory(prefix="fairlimit-lease-") as tmp:
+        redis = procs.Redis(redis_binary, Path(tmp))
+        try:
+            for _ in range(args.rounds):
+                for label, server in servers:
+                    for route in ("plain", "public"):
+                        row = run(redis, Path(tmp), server, label, route, args.clients,
+                                  args.seconds)  # fmt: skip
+                        print(json.dumps(row), flush=True)
+        finally:
+            redis.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
