@@ -608,12 +608,13 @@ def roll_light(light: Light, clock: Clock, expected: float) -> None:
 def schedule(row: Row, clock: Clock) -> float:
     """A light request of ``row`` at ``clock``: the window start the client is expected back
     in, one gap (between its last two windows of light requests) on; -1 while it has no gap
-    yet, or one past STALE windows."""
+    yet, a gap of one window (a client seen in the window before is predicted by its rate,
+    ``predicted``: booking it too would count it twice) or one past STALE windows."""
     if row.page != clock.start:
         if row.page >= 0:
             row.gap = (clock.start - row.page) / clock.window
         row.page = clock.start
-    if 0 < row.gap <= STALE:
+    if 1 < row.gap <= STALE:
         return clock.start + row.gap * clock.window
     return -1.0
 

@@ -500,7 +500,7 @@ local function schedule(row, c)
     if row.page >= 0 then row.gap = (c.start - row.page) / c.window end
     row.page = c.start
   end
-  if 0 < row.gap and row.gap <= STALE then return c.start + row.gap * c.window end
+  if 1 < row.gap and row.gap <= STALE then return c.start + row.gap * c.window end
   return -1
 end
 
