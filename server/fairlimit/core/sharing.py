@@ -22,6 +22,12 @@ up to the part of the window still to come. A steady client is so paced linearly
 with no history (a newcomer, a one-shot burst) takes its share at once. Fractions of λ·w_i
 are carried from window to window in a credit below one hit, so remainders rotate.
 
+Light clients (open below their own limit: page loads) that come back at a gap of two
+windows or more are expected again (``Light``, ``schedule``): the cap holds the hits it
+expects and has not seen yet back from its paced clients (``reserve``), each keeping its
+part while its own predicted demand could still take it back (``_for_light``), so a page
+late in a window finds its share and a reserve nobody claims is not wasted (fairness v4).
+
 The division is recomputed from every row (O(n log n)) at each new period, up to ``SPLIT``
 times a period while the cap has had hits enough since (amortised), and at once when a
 request finds the cap newly contended (``contended``; again only after hits enough).
