@@ -190,6 +190,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--format", choices=["text", "json"], default="text",
                           help="the report's form (default text)")  # fmt: skip
+    simulate.add_argument("--phase", type=float, metavar="F",
+                          help="start every repeating phase (page loads) at F (0 to below 1) "
+                          "of its second")  # fmt: skip
     top = sub.add_parser("top", help="a live view of each cap's top clients (admin /top)")
     top.add_argument("--admin-addr", metavar="HOST:PORT", help="the server's admin address")
     top.add_argument("-n", type=int, default=10, metavar="N", help="clients per cap")
@@ -403,6 +406,7 @@ def _check_text(loaded: Loaded, strict: bool) -> None:
 
 def _simulate(args: argparse.Namespace) -> int:
     from fairlimit.simulate import load_scenario, plot, report, run  # only this command
+    from fairlimit.simulate.scenario import at_phase
 
     try:
         if args.plot:
@@ -411,7 +415,10 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"fairlimit: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     try:
-        result = run(load_scenario(args.scenario), args.config)
+        scenario = load_scenario(args.scenario)
+        if args.phase is not None:
+            scenario = at_phase(scenario, args.phase)
+        result = run(scenario, args.config)
     except ConfigError as exc:  # ScenarioError included
         for line in exc.problems:
             print(line, file=sys.stderr)

@@ -768,11 +768,13 @@ class TestVerdictOpen:
         """Nobody held, 550 asked by the open ones: room 50. A limit of 50 under its want of
         61: it wants 50, all the room, so it is paced by its history as a held client (a
         newcomer still finds the cap open): 50 x φ; 10 hits from 5 admitted may end at 15,
-        past the pace; sized, not paced. With room 51 its limit leaves a hit: 50 at once."""
+        past the pace; sized, not paced. With room 51 its limit leaves a hit: 50 at once.
+        It is counted as held (issue 40): open at its limit it would leave a newcomer's
+        insertion no room."""
         full = others(held=0.0, fixed=550.0, rate=0.0)
         row = client(asked=15.0, admitted=15.0, limit=50.0)
         v = verdict(row, full, claim(limit=50.0), LONG, 200)
-        assert (v.kind, v.share, v.bound) == pytest.approx((OPEN, 50.0, 50 * PHI))
+        assert (v.kind, v.share, v.bound) == pytest.approx((HELD, 50.0, 50 * PHI))
         row.admitted = 5.0
         assert verdict(row, full, claim(10, limit=50.0), LONG, 200).bound == 15.0
         assert verdict(row, full, claim(limit=50.0, sized=True), LONG, 200).bound == 50.0
@@ -890,7 +892,8 @@ class TestVerdictExact:
     ) -> None:
         """For any others and asker: share = min(L, λ·w), λ = maxmin.level over the others'
         wants and the asker's (asked + hits + asked, within L); open when its want is at
-        most λ·w, held when more."""
+        most λ·w, held when more, and held too when its want is its own limit and leaves
+        less than a hit of room (paced and counted as a held client, issue 40)."""
         rest, asked, hits, limit, weight, capacity = case
         mine = 2 * asked + hits if limit == INF else min(2 * asked + hits, limit)
         wants = [*halfway_wants(rest), Fraction(mine)]
@@ -898,7 +901,7 @@ class TestVerdictExact:
         exact = level(wants, weights, capacity)
         share, kind = self.insert(rest, (asked, limit, weight), hits, capacity)
         assert share == pytest.approx(float(min(limit, exact * weight)), rel=1e-9)
-        if mine != exact * weight:
+        if mine > exact * weight or (mine < exact * weight and mine != limit):
             assert kind == (OPEN if mine < exact * weight else HELD)
 
 

@@ -19,7 +19,15 @@ from fairlimit.core.concurrency import split, taken
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
-from fairlimit.core.sharing import DIVISION_FIELDS, ROW_FIELDS, WHOLE_FIELDS, Division, Row
+from fairlimit.core.sharing import (
+    CALENDAR,
+    DIVISION_FIELDS,
+    LIGHT_FIELDS,
+    ROW_FIELDS,
+    WHOLE_FIELDS,
+    Division,
+    Row,
+)
 from fairlimit.store.redis import script, slots
 from fairlimit.store.redis.keys import CAP_KINDS, SlotGroup, slot_groups
 from fairlimit.store.redis.script import ADMIT, LAYOUTS, RELEASE, GivenDivision, Layout, Seen
@@ -215,12 +223,14 @@ class TestArgumentBuilders:
 _CONSTANT = re.compile(r"^local ([A-Z_]+) = ([-+.e\d]+)$")
 _NAMES = re.compile(r"^local ([A-Z_]+) = \{((?:'[a-z_]+'(?:, )?)*)\}$")
 _FIELDS = re.compile(r"^local ([A-Z_]+) = \{((?:[a-z_]+ = '[a-z]+'(?:, )?)*)\}$")
+_TEXT = re.compile(r"^local ([A-Z_]+) = '([a-z:]+)'$")
 CONSTANTS = ("ALPHA", "STALE", "SPLIT", "FORCES", "AMORTISE", "LEAD", "BURST", "EPSILON")
+CONSTANTS += ("RELEASE",)
 
 
 def prelude() -> tuple[dict[str, float], dict[str, list[str]], dict[str, dict[str, str]]]:
-    """The generated contract, parsed: constants, name lists and field tables (every line
-    must be one of the three)."""
+    """The generated contract, parsed: constants, name lists and field tables, the text
+    constants as the table "TEXT" (every line must be one of these)."""
     constants: dict[str, float] = {}
     names: dict[str, list[str]] = {}
     fields: dict[str, dict[str, str]] = {}
@@ -231,6 +241,8 @@ def prelude() -> tuple[dict[str, float], dict[str, list[str]], dict[str, dict[st
             names[m[1]] = re.findall(r"'([a-z_]+)'", m[2])
         elif m := _FIELDS.match(line):
             fields[m[1]] = dict(re.findall(r"([a-z_]+) = '([a-z]+)'", m[2]))
+        elif m := _TEXT.match(line):
+            fields.setdefault("TEXT", {})[m[1]] = m[2]
         else:
             raise AssertionError(f"not a contract line: {line!r}")
     return constants, names, fields
@@ -240,7 +252,7 @@ class TestContract:
     """The Lua prelude script.contract() generates from core/sharing.py."""
 
     def test_it_states_every_constant_with_its_python_value(self) -> None:
-        """ALPHA, STALE, SPLIT, FORCES, AMORTISE, LEAD, BURST and EPSILON, each as in
+        """ALPHA, STALE, SPLIT, FORCES, AMORTISE, LEAD, BURST, EPSILON and RELEASE, each as in
         core/sharing.py, SLIDING_PARTS and SMOOTH_EPSILON as in core/units.py and
         core/smooth.py, RESERVATION_OPEN as script.py's reply code, and no other."""
         constants, _, _ = prelude()
@@ -252,11 +264,16 @@ class TestContract:
 
     def test_it_names_every_row_and_division_field_in_order(self) -> None:
         """ROW and DIVISION list the attributes in ROW_FIELDS / DIVISION_FIELDS order (the
-        order admit.lua reads and writes them in), ROW_FIELD and DIVISION_FIELD map each
-        to its hash field."""
+        order admit.lua reads and writes them in), ROW_FIELD, DIVISION_FIELD and
+        LIGHT_FIELD map each to its hash field."""
         _, names, fields = prelude()
         assert names == {"ROW": list(ROW_FIELDS), "DIVISION": list(DIVISION_FIELDS)}
-        assert fields == {"ROW_FIELD": ROW_FIELDS, "DIVISION_FIELD": DIVISION_FIELDS}
+        assert fields == {
+            "ROW_FIELD": ROW_FIELDS,
+            "DIVISION_FIELD": DIVISION_FIELDS,
+            "LIGHT_FIELD": LIGHT_FIELDS,
+            "TEXT": {"CALENDAR": CALENDAR},
+        }
 
     def test_the_row_fields_are_the_rows_attributes(self) -> None:
         """Every attribute of core/sharing.Row has a hash field, each its own; the whole

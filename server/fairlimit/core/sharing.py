@@ -22,6 +22,12 @@ up to the part of the window still to come. A steady client is so paced linearly
 with no history (a newcomer, a one-shot burst) takes its share at once. Fractions of λ·w_i
 are carried from window to window in a credit below one hit, so remainders rotate.
 
+Light clients (open below their own limit: page loads) that come back at a gap of two
+windows or more are expected again (``Light``, ``schedule``): the cap holds the hits it
+expects and has not seen yet back from its paced clients (``reserve``), each keeping its
+part while its own predicted demand could still take it back (``_for_light``), so a page
+late in a window finds its share and a reserve nobody claims is not wasted (fairness v4).
+
 The division is recomputed from every row (O(n log n)) at each new period, up to ``SPLIT``
 times a period while the cap has had hits enough since (amortised), and at once when a
 request finds the cap newly contended (``contended``; again only after hits enough).
@@ -40,6 +46,8 @@ AMORTISE = 8  # recompute at a sub-period only after rows / AMORTISE requests si
 LEAD = 1 / 32  # of a period: how far ahead of the elapsed window a paced client may be
 BURST = 2  # asking this many times faster than its history, a client is bursting
 EPSILON = 1e-9
+RELEASE = 1 / 128  # of a period: a paced client's demand this close to the window's end
+# counts as arriving now (requests come in lumps), so the light reserve is all released by then
 
 # A row's part in the division.
 NONE, OPEN, HELD = 0, 1, 2
@@ -52,6 +60,7 @@ class Row:
         *("admitted", "asked", "credit", "epoch", "fixed", "history", "kind"),
         *("last_admitted", "last_asked", "limit", "mass", "period", "period_admitted"),
         *("period_asked", "previous", "previous_last", "rate", "seen", "weight", "window"),
+        *("page", "gap"),
     )
 
     def __init__(self, limit: float, weight: float) -> None:
@@ -70,6 +79,8 @@ class Row:
         self.kind = NONE
         self.fixed = self.rate = 0.0
         self.limit, self.weight = limit, weight
+        self.page = -1  # the window start of its last light request (``schedule``)
+        self.gap = 0.0  # windows between its last two windows of light requests
 
 
 # Row attribute -> field of the row in the Redis rows hash (``<field>:<client>``); the
@@ -95,8 +106,10 @@ ROW_FIELDS = {
     "rate": "fr",
     "limit": "l",
     "weight": "w",
+    "page": "lg",
+    "gap": "gp",
 }
-WHOLE_FIELDS = frozenset({"window", "period", "epoch", "kind"})
+WHOLE_FIELDS = frozenset({"window", "period", "epoch", "kind", "page"})
 
 
 class Clock:
@@ -423,7 +436,7 @@ class ShareClaim:
     """One client's claim at a cap: what it asks and what bounds it (made per request, so
     slotted and not frozen)."""
 
-    __slots__ = ("capacity", "declared", "hits", "limit", "nested", "sized", "weight")
+    __slots__ = ("capacity", "declared", "hits", "limit", "nested", "reserve", "sized", "weight")
 
     def __init__(
         self,
@@ -440,6 +453,7 @@ class ShareClaim:
         self.declared = declared  # active_clients
         self.sized = sized  # capacity >= active_clients x limit: never paced
         self.nested = nested  # the client is itself a cap (a tenant): it paces its own
+        self.reserve = 0.0  # hits the cap holds for light demand still to come (``reserve``)
 
 
 def contended(division: Division, row: Row, claim: ShareClaim, clock: Clock) -> bool:
@@ -462,12 +476,13 @@ def contended(division: Division, row: Row, claim: ShareClaim, clock: Clock) -> 
 
 class Verdict:
     """A claim's verdict: the most the client may hold after the request (``bound``), its
-    share of the window unpaced (what a cap nested below it may divide), and its part."""
+    share of the window unpaced (what a cap nested below it may divide), its part, and
+    whether its demand is light (open, below its own limit: ``Light``)."""
 
-    __slots__ = ("bound", "kind", "share")
+    __slots__ = ("bound", "kind", "light", "share")
 
-    def __init__(self, bound: float, share: float, kind: int) -> None:
-        self.bound, self.share, self.kind = bound, share, kind
+    def __init__(self, bound: float, share: float, kind: int, light: bool = False) -> None:
+        self.bound, self.share, self.kind, self.light = bound, share, kind, light
 
 
 def verdict(row: Row, division: Division, claim: ShareClaim, clock: Clock, total: float) -> Verdict:
@@ -486,10 +501,12 @@ def verdict(row: Row, division: Division, claim: ShareClaim, clock: Clock, total
         if division.held > 0:  # the level with this client open (its want is below it)
             share = min(share, (room - wanted) / division.held * row.weight)
         if rate or fixed < claim.limit or division.cold or room - wanted >= 1:
-            return Verdict(_cold(share, division, row, claim, clock, total), share, OPEN)
+            bound = _cold(share, division, row, claim, clock, total)
+            return Verdict(bound, share, OPEN, fixed < claim.limit)
         # held by its own limit, which takes all the cap has left: paced as a held client,
-        # so a newcomer still finds the cap open
-        return Verdict(_paced(share, row, division, claim, clock, total), share, OPEN)
+        # so a newcomer still finds the cap open; and counted as one, so a newcomer's
+        # insertion sees it yield (open at its limit it would leave the newcomer no room)
+        return Verdict(_paced(share, row, division, claim, clock, total), share, HELD)
     share = room * row.weight / (division.held + row.weight)
     bound = _paced(share + row.credit, row, division, claim, clock, total)
     return Verdict(bound, share + row.credit, HELD)
@@ -507,25 +524,50 @@ def _bursting(row: Row, share: float, clock: Clock) -> bool:
 def _paced(
     share: float, row: Row, division: Division, claim: ShareClaim, clock: Clock, total: float
 ) -> float:
-    """The bound of a client held at ``share``: what its history predicts it will ask for
+    """The bound of a client held at ``share``: its part of the cap's reserve for light
+    demand is held back while its history says it will ask for it later (``_for_light``);
+    what its history predicts it will ask for
     later in the window waits for later (up to the part still to come); a client asking
     faster than that this period is bursting, and takes its share now; a nested cap paces
     its own clients; a cap sized for its clients is never paced; where nobody has history
     it is paced by the elapsed window."""
-    held_back = 0.0
+    held_back = part = kept = 0.0
     if not claim.sized:
-        ahead = share * (1 - clock.elapsed)
         if division.cold:
-            held_back = ahead
+            held_back = share * (1 - clock.elapsed)
         elif not claim.nested and not _bursting(row, share, clock):
-            held_back = min(ahead, row.history * clock.left)
+            part, kept = _for_light(share, row, division, claim, clock)
+            share -= kept
+            held_back = min(share * (1 - clock.elapsed), row.history * clock.left)
     bound = share - held_back
     if held_back and row.admitted + 1 <= max(bound, 1.0):
         # below its paced share (and a paced client may always hold one request), a request
         # of many hits (tokens) may pass it by less than itself, within its share: else it
         # would wait for the pace to pass a whole request
         bound = max(bound, min(share, row.admitted + max(claim.hits, 1)))
+    if kept and kept >= part:
+        # holding its whole part, it leaves the whole reserve in the cap: the held clients'
+        # fractional shares and credits (and the request above) must not eat into it
+        bound = min(bound, row.admitted + claim.capacity - total - claim.reserve)
     return _cold(bound, division, row, claim, clock, total)
+
+
+def _for_light(share: float, row: Row, division: Division, claim: ShareClaim, clock: Clock
+               ) -> tuple[float, float]:  # fmt: skip
+    """(part, kept): of the cap's reserve for light demand still to come
+    (``claim.reserve``), the paced client's part by weight among the held, and what it
+    keeps of it: as much as its own predicted demand in the rest of the window (at most a
+    period of it, up to RELEASE before the end) covers beside what pacing already keeps
+    for later. So the reserve is released as that demand runs out: a reserve nobody claims
+    in time goes back to the client while it still asks, and is not wasted."""
+    if claim.reserve <= 0:
+        return 0.0, 0.0
+    part = claim.reserve * row.weight / (division.held + row.weight)
+    # at most a period ahead: what it asks while held includes its retries, which stop
+    # once it is admitted, so a longer forecast overstates what it could take back
+    coming = row.history * min(max(0.0, clock.left - RELEASE), 1.0)
+    margin = coming - min(share * (1 - clock.elapsed), coming)
+    return part, (part if part < margin else margin)
 
 
 def _cold(
@@ -538,6 +580,60 @@ def _cold(
     split = claim.capacity * row.weight / max(claim.declared, division.rows + 1)
     paced = claim.capacity * clock.elapsed - (total - row.admitted)
     return min(bound, max(split, paced))
+
+
+class Light:
+    """A cap's light demand: the hits asked this window by clients open below their own
+    limit (page loads, sparse clients, newcomers; ``Verdict.light``), and the hits expected
+    in it from the light clients that come back: each is expected again one gap (between
+    its last two windows of light requests) after its last, with what it asked then
+    (``schedule``; the store keeps that calendar and hands ``roll_light`` the window's)."""
+
+    __slots__ = ("asked", "calendar", "expected", "window")
+
+    def __init__(self) -> None:
+        self.window = -1  # the window start ``asked`` and ``expected`` belong to
+        self.asked = 0.0
+        self.expected = 0.0
+        # window start -> light hits expected in it (Redis: meta fields CALENDAR + start)
+        self.calendar: dict[float, float] = {}
+
+
+# Light attribute -> field of the cap's meta hash in Redis (admit.lua reads and writes them).
+LIGHT_FIELDS = {"window": "lw", "asked": "la", "expected": "le"}
+CALENDAR = "lc:"  # + a window start (whole seconds): the light hits expected in that window
+
+
+def roll_light(light: Light, clock: Clock, expected: float) -> None:
+    """Move ``light`` to ``clock``'s window, ``expected`` the light hits the calendar holds
+    for it (taken out of the calendar by the store)."""
+    if light.window != clock.start:
+        light.window, light.asked, light.expected = clock.start, 0.0, expected
+
+
+def schedule(row: Row, clock: Clock) -> float:
+    """A light request of ``row`` at ``clock``: the window start the client is expected back
+    in, one gap (between its last two windows of light requests) on; -1 while it has no gap
+    yet, a gap of one window (a client seen in the window before is predicted by its rate,
+    ``predicted``: booking it too would count it twice) or one past STALE windows."""
+    if row.page != clock.start:
+        if row.page >= 0:
+            row.gap = (clock.start - row.page) / clock.window
+        row.page = clock.start
+    if 1 < row.gap <= STALE:
+        return clock.start + row.gap * clock.window
+    return -1.0
+
+
+def reserve(light: Light, division: Division, clock: Clock) -> float:
+    """The hits a cap holds back from its paced clients for light demand still to come in
+    the window: what is expected beyond what has come, and beyond the open clients'
+    requests still to come that the division already leaves room for; whole hits, as in
+    ``verdict`` (a fraction of a request predicted holds nothing back)."""
+    if division.cold:
+        return 0.0
+    coming = math.floor(division.rate * clock.left + EPSILON)
+    return max(0.0, math.floor(light.expected - light.asked + EPSILON) - coming)
 
 
 def charge(row: Row, hits: int) -> None:

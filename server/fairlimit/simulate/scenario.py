@@ -3,6 +3,7 @@
 Client entries are read by ``clients``, the reading itself is ``reader``'s.
 """
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from fairlimit.config.loader import yaml_mapping
 from fairlimit.errors import ConfigError, ScenarioError
 from fairlimit.simulate.clients import Client, parse_clients
 from fairlimit.simulate.reader import Reader, Rule, after, within
+from fairlimit.simulate.traffic import Phase
 
 SCENARIO_KEYS = frozenset(
     {"name", "duration", "tick", "domain", "descriptor", "descriptors", "configs", "clients"}
@@ -177,3 +179,22 @@ def load_scenario(path: str | Path) -> Scenario:
     except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError([f"{path}: (file): cannot read: {exc}"]) from exc
     return parse_scenario(text, str(path), Path(path).parent)
+
+
+def at_phase(scenario: Scenario, phase: float) -> Scenario:
+    """``scenario`` with every repeating phase (``every``: page loads, on/off cycles) moved
+    to start at ``phase`` (0 to below 1) of the second it starts in: ``fairlimit simulate
+    --phase``, the pages' phase as a parameter (issue 40)."""
+    if not 0 <= phase < 1:
+        raise ScenarioError([f"--phase: must be from 0 to below 1 (of a second), not {phase}"])
+
+    def moved(p: Phase) -> Phase:
+        if not p.every:
+            return p
+        return dataclasses.replace(p, start=round(math.floor(p.start) + phase, 6))
+
+    clients = tuple(
+        dataclasses.replace(c, phases=tuple(moved(p) for p in c.phases)) for c in scenario.clients
+    )
+    name = f"{scenario.name}, repeating phases at {phase:g} of their second"
+    return dataclasses.replace(scenario, name=name, clients=clients)

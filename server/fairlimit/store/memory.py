@@ -19,6 +19,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 
+from fairlimit.core import sharing
 from fairlimit.core.admission import Outcome, above, admits, demand_seen
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures, figures_of
@@ -37,6 +38,7 @@ from fairlimit.core.sharing import (
     STALE,
     Clock,
     Division,
+    Light,
     Row,
     ShareClaim,
     Verdict,
@@ -48,7 +50,9 @@ from fairlimit.core.sharing import (
     last_period,
     leave,
     record,
+    roll_light,
     same_window,
+    schedule,
     stale_division,
     verdict,
 )
@@ -154,7 +158,7 @@ class _Cap:
 
     __slots__ = (
         *("capacity", "declared", "division", "figures", "last"),
-        *("last_seen", "period", "rows", "window"),
+        *("last_seen", "light", "period", "rows", "window"),
     )
 
     def __init__(self, share: Share) -> None:
@@ -163,6 +167,7 @@ class _Cap:
         self.declared = share.declared
         self.rows: dict[str, Row] = {}
         self.division: Division | None = None
+        self.light = Light()  # the light demand it holds room for (core/sharing.py)
         self.period = -1  # the period the figures were last rolled for
         self.figures: FairnessFigures | None = None
         self.last: tuple[list[Row], Clock] | None = None  # for the figures, until asked
@@ -512,9 +517,13 @@ class MemoryStore:
         admitted = admits(plan, counts, shared, bounds)
         # Admitted, every level admitted: every cap sees the request as demand.
         seen = [True] * len(states) if admitted else demand_seen(plan, counts, shared, bounds)
-        for (_, _, row, _), share, demand in zip(states, plan.shares, seen, strict=True):
+        for (division, _, row, clock), share, demand, v in zip(
+            states, plan.shares, seen, verdicts, strict=True
+        ):
             if demand:
                 record(row, share.hits, now)
+                if v.light and not division.cold:  # cold, everybody is new: nothing light
+                    self._light(share, row, clock)
         # Refused, only the levels of charge_when_over_limit rules are charged (usage that
         # already happened); admitted, every level is.
         _charge(counters, plan, admitted, now)
@@ -619,7 +628,23 @@ class MemoryStore:
                 division = remade
             division.asks += max(share.hits, 1)
             states.append((division, claim, row, clock))
+        for (division, claim, _, clock), share in zip(states, plan.shares, strict=True):
+            light = self._caps[share.cap].light
+            if light.window != clock.start:
+                expected = light.calendar.pop(clock.start, 0.0)
+                for at in [at for at in light.calendar if at < clock.start]:
+                    del light.calendar[at]  # windows nobody asked in
+                roll_light(light, clock, expected)
+            claim.reserve = sharing.reserve(light, division, clock)
         return states
+
+    def _light(self, share: Share, row: Row, clock: Clock) -> None:
+        """Count a light request at its cap, and expect the client back (core/sharing.py)."""
+        light = self._caps[share.cap].light
+        light.asked += share.hits
+        at = schedule(row, clock)
+        if at >= 0:
+            light.calendar[at] = light.calendar.get(at, 0.0) + share.hits
 
     async def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
         return self.slots.acquire(claims, now)

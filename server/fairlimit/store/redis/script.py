@@ -23,7 +23,16 @@ from fairlimit.core import sharing, smooth, units
 from fairlimit.core.admission import above, below
 from fairlimit.core.fairshare import figures_of
 from fairlimit.core.plan import Counter, Plan, Share
-from fairlimit.core.sharing import DIVISION_FIELDS, ROW_FIELDS, WHOLE_FIELDS, Clock, Division, Row
+from fairlimit.core.sharing import (
+    CALENDAR,
+    DIVISION_FIELDS,
+    LIGHT_FIELDS,
+    ROW_FIELDS,
+    WHOLE_FIELDS,
+    Clock,
+    Division,
+    Row,
+)
 from fairlimit.store.redis.keys import SlotGroup
 
 # The fairness figures of the last period, as named in a cap's meta hash.
@@ -83,10 +92,11 @@ def _table(names: Mapping[str, str]) -> str:
 
 
 def contract() -> str:
-    """The Lua prelude generated from core/sharing.py: its constants, and the Row and
-    Division attributes in order with their Redis hash fields (admit.lua reads only these,
-    so the two sides cannot drift apart)."""
-    constants = ("ALPHA", "STALE", "SPLIT", "FORCES", "AMORTISE", "LEAD", "BURST", "EPSILON")
+    """The Lua prelude generated from core/sharing.py: its constants, the Row and Division
+    attributes in order with their Redis hash fields, and the light demand's fields
+    (admit.lua reads only these, so the two sides cannot drift apart)."""
+    constants: tuple[str, ...] = ("ALPHA", "STALE", "SPLIT", "FORCES", "AMORTISE", "LEAD")
+    constants += ("BURST", "EPSILON", "RELEASE")
     lines = [f"local {name} = {_lua(getattr(sharing, name))}" for name in constants]
     lines.append(f"local SLIDING_PARTS = {units.SLIDING_PARTS}")
     lines.append(f"local SMOOTH_EPSILON = {smooth.EPSILON!r}")
@@ -95,6 +105,8 @@ def contract() -> str:
     lines.append(f"local ROW_FIELD = {_table(ROW_FIELDS)}")
     lines.append("local DIVISION = {" + ", ".join(_lua(f) for f in DIVISION_FIELDS) + "}")
     lines.append(f"local DIVISION_FIELD = {_table(DIVISION_FIELDS)}")
+    lines.append(f"local LIGHT_FIELD = {_table(LIGHT_FIELDS)}")
+    lines.append(f"local CALENDAR = {_lua(CALENDAR)}")
     return "\n".join(lines) + "\n"
 
 

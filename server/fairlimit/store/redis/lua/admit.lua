@@ -16,8 +16,8 @@
 --
 -- counter  hash: s = window start, n = count in that window (kind "" or "c"); for
 --          kind "s" p<k> = "<index>:<hits>" of sub-window slot k; for kind "g" t = its tat
--- meta     hash: the division (DIVISION names its fields), cap, declared and the last
---          period's fairness figures f_*
+-- meta     hash: the division (DIVISION names its fields), cap, declared, the last
+--          period's fairness figures f_* and the light demand (LIGHT_FIELD)
 -- rows     hash: per client the fields of core/sharing.Row as <field>:<client> (ROW)
 -- lock     string: the division epoch a replica is computing
 -- now ("" = Redis TIME), may_lock, shadow, sized, force and nested "1" | "0"; total is the
@@ -178,7 +178,7 @@ end
 local function fresh_row(limit, weight)
   local row = {}
   for _, f in ipairs(ROW) do row[f] = 0 end
-  row.window, row.period, row.epoch, row.previous = -1, -1, -1, -1
+  row.window, row.period, row.epoch, row.previous, row.page = -1, -1, -1, -1, -1
   row.kind = NONE
   row.limit, row.weight = limit, weight
   return row
@@ -426,26 +426,41 @@ local function bursting(row, share, c)
   return row.period_asked > BURST * row.history * into(c)
 end
 
+-- core/sharing._for_light: (part, kept)
+local function for_light(share, row, d, s)
+  if s.reserve <= 0 then return 0, 0 end
+  local c = s.cap
+  local part = s.reserve * row.weight / (d.held + row.weight)
+  local coming = row.history * math.min(math.max(0, left(c) - RELEASE), 1)
+  local margin = coming - math.min(share * (1 - elapsed(c)), coming)
+  if part < margin then return part, part end
+  return part, margin
+end
+
 -- core/sharing._paced
 local function paced(share, row, d, s, capacity, total)
   local c = s.cap
-  local held_back = 0
+  local held_back, part, kept = 0, 0, 0
   if not s.sized then
-    local ahead = share * (1 - elapsed(c))
     if d.cold ~= 0 then
-      held_back = ahead
+      held_back = share * (1 - elapsed(c))
     elseif not s.nested and not bursting(row, share, c) then
-      held_back = math.min(ahead, row.history * left(c))
+      part, kept = for_light(share, row, d, s)
+      share = share - kept
+      held_back = math.min(share * (1 - elapsed(c)), row.history * left(c))
     end
   end
   local bound = share - held_back
   if held_back ~= 0 and row.admitted + 1 <= math.max(bound, 1) then
     bound = math.max(bound, math.min(share, row.admitted + math.max(s.hits, 1)))
   end
+  if kept ~= 0 and kept >= part then
+    bound = math.min(bound, row.admitted + capacity - total - s.reserve)
+  end
   return cold(bound, d, row, s, capacity, total)
 end
 
--- (bound, share, kind)
+-- (bound, share, kind, light)
 local function verdict(row, d, s, capacity, total)
   local c = s.cap
   local h = math.max(s.hits, 1)
@@ -460,12 +475,50 @@ local function verdict(row, d, s, capacity, total)
       share = math.min(share, (room - wanted) / d.held * row.weight)
     end
     if rate ~= 0 or fixed < s.limit or d.cold ~= 0 or room - wanted >= 1 then
-      return cold(share, d, row, s, capacity, total), share, OPEN
+      return cold(share, d, row, s, capacity, total), share, OPEN, fixed < s.limit
     end
-    return paced(share, row, d, s, capacity, total), share, OPEN
+    return paced(share, row, d, s, capacity, total), share, HELD, false
   end
   local share = room * row.weight / (d.held + row.weight)
-  return paced(share + row.credit, row, d, s, capacity, total), share + row.credit, HELD
+  return paced(share + row.credit, row, d, s, capacity, total), share + row.credit, HELD, false
+end
+
+-- --- light demand (core/sharing.py: Light, roll_light, schedule, reserve) -----------------
+
+local function load_light(cap)
+  local v = redis.call('HMGET', cap.meta, LIGHT_FIELD.window, LIGHT_FIELD.asked,
+    LIGHT_FIELD.expected)
+  local light = {window = -1, asked = 0, expected = 0}
+  if v[1] then light.window, light.asked, light.expected = num(v[1]), num(v[2]), num(v[3]) end
+  if light.window ~= cap.start then
+    -- the calendar's entry for this window, and those of windows nobody asked in
+    local field = CALENDAR .. whole(cap.start)
+    local expected = num(redis.call('HGET', cap.meta, field) or '0')
+    redis.call('HDEL', cap.meta, field)
+    if light.window >= 0 and (cap.start - light.window) / cap.window <= STALE then
+      for at = light.window + cap.window, cap.start - cap.window, cap.window do
+        redis.call('HDEL', cap.meta, CALENDAR .. whole(at))
+      end
+    end
+    light.window, light.asked, light.expected = cap.start, 0, expected
+  end
+  return light
+end
+
+-- core/sharing.schedule: the window start the client is expected back in (-1: none)
+local function schedule(row, c)
+  if row.page ~= c.start then
+    if row.page >= 0 then row.gap = (c.start - row.page) / c.window end
+    row.page = c.start
+  end
+  if 1 < row.gap and row.gap <= STALE then return c.start + row.gap * c.window end
+  return -1
+end
+
+local function reserve(light, d, c)
+  if d.cold ~= 0 then return 0 end
+  local coming = math.floor(d.rate * left(c) + EPSILON)
+  return math.max(0, math.floor(light.expected - light.asked + EPSILON) - coming)
 end
 
 -- --- sliding windows and GCRA (core/smooth.py) ---------------------------------------------
@@ -580,8 +633,10 @@ for i, s in ipairs(shares) do
   local total = s.cap.total > 0 and counts[s.cap.total] or 0
   local capacity = s.cap.capacity
   if s.parent > 0 and s.parent < i then capacity = math.min(capacity, shares[s.parent].share) end
-  local bound, share, kind = verdict(s.row, s.d, s, capacity, total)
-  s.share, s.kind, s.bound = share, kind, bound
+  if s.cap.light == nil then s.cap.light = load_light(s.cap) end
+  s.reserve = reserve(s.cap.light, s.d, s.cap)
+  local bound, share, kind, light = verdict(s.row, s.d, s, capacity, total)
+  s.share, s.kind, s.bound, s.light = share, kind, bound, light
   if want_block > 0 then  -- its want with this request: a block stays within it
     local f, r = want(s.row, s.cap, math.max(s.hits, 1))
     s.wanted = f + r * left(s.cap)
@@ -605,6 +660,11 @@ for _, s in ipairs(shares) do
     s.row.asked = s.row.asked + s.hits
     s.row.period_asked = s.row.period_asked + s.hits
     s.row.seen = now
+    if s.light and s.d.cold == 0 then
+      s.cap.light.asked = s.cap.light.asked + s.hits
+      local at = schedule(s.row, s.cap)
+      if at >= 0 then redis.call('HINCRBYFLOAT', s.cap.meta, CALENDAR .. whole(at), s.hits) end
+    end
   end
 end
 
@@ -681,6 +741,11 @@ for _, cap in ipairs(caps) do
   redis.call('HSET', cap.meta, DIVISION_FIELD.held, fmt(d.held), DIVISION_FIELD.fixed,
     fmt(d.fixed), DIVISION_FIELD.rate, fmt(d.rate), DIVISION_FIELD.asks, fmt(d.asks),
     DIVISION_FIELD.top, fmt(d.top))
+  local light = cap.light
+  if light then
+    redis.call('HSET', cap.meta, LIGHT_FIELD.window, fmt(light.window), LIGHT_FIELD.asked,
+      fmt(light.asked), LIGHT_FIELD.expected, fmt(light.expected))
+  end
   redis.call('PEXPIRE', cap.meta, cap.keep)
 end
 if admitted then
