@@ -110,16 +110,30 @@ class TestStatusAtCaps:
         status = _status(nested, (199, 0, 0), (0, 0), (math.inf, math.inf))
         assert (status.code, status.limit_remaining) == (Code.OK, 0)
 
-    @pytest.mark.parametrize("share", [10.0, 10 - 1e-12])
+    @pytest.mark.parametrize("share", [600.0, 600 - 1e-12])
     def test_a_share_equal_to_the_own_limit_reports_the_own_limit(
         self, tmp_path: Path, share: float
     ) -> None:
-        """A fair share of 10/s, or a float's rounding of it, at a per-second cap is a
-        600/min client's own rate: the status reports 600 a minute, not 10 a second."""
-        matcher = Matcher(load_text(tmp_path, PER_MINUTE_CLIENTS).config)
+        """A fair share of 600 in a second, or a float's rounding of it, at a cap of
+        1000/s is all a 600/min client may spend in one: the status reports 600 a minute."""
+        config = flat_config(1000, "second", 600, client_unit="minute")
+        matcher = Matcher(load_text(tmp_path, config).config)
         built = plan(req("fair", desc("route=api", "client_id=c", hits=0)), matcher)
         status = _status(built, (0, 0), (0,), (share,))
         assert status.current_limit == RateLimit(600, Unit.MINUTE)
+
+    def test_a_share_below_a_longer_own_limit_reports_the_share(self, tmp_path: Path) -> None:
+        """A fair share of 10 a second holds a 600/min client tighter in the cap's second
+        (it may spend its 600 in one), though 10/s is its average rate: the status
+        reports 10 a second (issue 37)."""
+        matcher = Matcher(load_text(tmp_path, PER_MINUTE_CLIENTS).config)
+        built = plan(req("fair", desc("route=api", "client_id=c", hits=0)), matcher)
+        status = _status(built, (0, 0), (0,), (10.0,))
+        assert status.current_limit is not None
+        assert (status.current_limit.requests_per_unit, status.current_limit.unit) == (
+            10,
+            Unit.SECOND,
+        )
 
     @pytest.mark.parametrize(
         ("config", "windows", "used", "shared", "remaining"),

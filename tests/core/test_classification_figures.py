@@ -11,13 +11,16 @@ from limit_configs import CAP_OF_TWO
 pytestmark = pytest.mark.unit
 
 
-def _cap(tmp_path: Path, active: int, children: str) -> Classification:
+def _cap(tmp_path: Path, active: int, children: str, cap: str = "minute, requests_per_unit: 6000"
+         ) -> Classification:  # fmt: skip
+    """The classification of a cap of 100/s (by default counted per minute, so that its
+    children's per-minute limits are rates within its window)."""
     text = f"""
 domain: d
 descriptors:
   - key: tenant
     value: t
-    rate_limit: {{unit: second, requests_per_unit: 100}}
+    rate_limit: {{unit: {cap}}}
     fair_share: {{active_clients: {active}}}
     descriptors:
 {children}
@@ -65,6 +68,28 @@ class TestFigures:
 
     def test_a_zero_open_client_needs_nothing(self, tmp_path: Path) -> None:
         assert _cap(tmp_path, 3, OPEN % 0).required_per_second == 0.0
+
+    def test_a_limit_of_a_longer_window_counts_whole_in_the_caps(self, tmp_path: Path) -> None:
+        """600 a minute under a per-second cap may be spent in one second: 600/s a client,
+        not its average 10/s, and the message says so (issue 37)."""
+        found = _cap(tmp_path, 4, OPEN % 600, cap="second, requests_per_unit: 100")
+        assert (found.required_per_second, found.per_client_per_second) == (2400.0, 600.0)
+        assert found.is_warning
+        assert found.message.endswith(
+            "(600/s x 4 active clients; a client may spend its 600 per minute in one 1s window"
+            " of the cap, 10/s on average): contention shifts to the cap"
+        )
+
+    def test_a_shorter_limit_beside_a_longer_one_sets_the_rate(self, tmp_path: Path) -> None:
+        """30/s and 1000 a minute under a per-second cap: 30/s a client (the minute's 1000
+        cannot all come in one second), and no word of spending it at once."""
+        both = """      - key: user
+        rate_limits:
+          - {unit: second, requests_per_unit: 30}
+          - {unit: minute, requests_per_unit: 1000}"""
+        found = _cap(tmp_path, 3, both, cap="second, requests_per_unit: 100")
+        assert (found.required_per_second, found.per_client_per_second) == (90.0, 30.0)
+        assert "at once" not in found.message and "in one" not in found.message
 
 
 SEVERAL = (

@@ -43,6 +43,14 @@ class TestEffectiveLimit:
         reported = _effective_limit(LEAF, _at_cap(Unit.MINUTE), 540.0)
         assert (reported.requests_per_unit, reported.unit) == (540, Unit.MINUTE)
 
+    def test_a_share_below_a_longer_limit_reports_the_share(self) -> None:
+        """1000 an hour may all be spent in one second: a share of 6 a second is the
+        tighter in the cap's window, though above the hour's average 0.278/s (issue 37)."""
+        hourly = RateLimit(1000, Unit.HOUR)
+        reported = _effective_limit(hourly, _at_cap(Unit.SECOND), 6.0)
+        assert (reported.requests_per_unit, reported.unit) == (6, Unit.SECOND)
+        assert _effective_limit(hourly, _at_cap(Unit.SECOND), 1000.0) is hourly
+
     def test_the_reported_share_keeps_the_rules_name(self) -> None:
         """The share stands in for the named limit: its name goes with it."""
         assert _effective_limit(LEAF, _at_cap(Unit.SECOND), 4.0).name == "per-client"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fairlimit.core.keys import key_path
 from fairlimit.core.plan import Charge, Counter, DescriptorPlan, Plan, Share
-from fairlimit.core.rules import RateLimit, Rule
+from fairlimit.core.rules import RateLimit, Rule, most_within
 from fairlimit.core.units import bounds, seconds_until, seconds_until_reset
 
 UNLIMITED_REMAINING = 4294967295
@@ -204,12 +204,14 @@ def _name(dplan: DescriptorPlan, charge: Charge, key: str) -> str:
 
 
 def _effective_limit(leaf: RateLimit, charge: Charge, fair: float) -> RateLimit:
-    """The client's bound at a cap as a limit in the cap's unit, when tighter than its own."""
+    """The client's bound at a cap as a limit in the cap's unit, when tighter than its own
+    in the cap's window (a share of 6 a second is tighter than 1000 an hour, which may all
+    be spent in one second, though 6/s is above its average 0.278/s)."""
     if fair == math.inf:
         return leaf
     cap = charge.limit
     whole = math.floor(fair + _EPSILON)
-    if whole / cap.window >= leaf.per_second:
+    if whole >= most_within((leaf,), cap.window):
         return leaf
     return RateLimit(whole, cap.unit, name=leaf.name, seconds=cap.seconds)
 

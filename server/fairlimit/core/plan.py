@@ -5,7 +5,6 @@ Each descriptor charges its matched limit (or the request's override) and every
 """
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING
 from fairlimit.core.keys import counter_key, key_paths
 from fairlimit.core.matching import Match, Matcher
 from fairlimit.core.request import Descriptor, Request
-from fairlimit.core.rules import RateLimit, Rule
+from fairlimit.core.rules import RateLimit, Rule, most_within
 from fairlimit.core.units import Shape
 
 if TYPE_CHECKING:
@@ -45,7 +44,7 @@ class Share:
     client: str
     capacity: int
     window: int
-    client_limit: float
+    client_limit: float  # the most its own limits admit in one window of the cap's
     weight: float
     hits: int
     shadow: bool
@@ -133,14 +132,6 @@ class _Builder:
         return at
 
 
-def _client_rate(child: Rule) -> float:
-    """A client's limit per second under a cap: its tightest own limit's (inf: unlimited)."""
-    limits = child.limits
-    if not limits or limits[0].unlimited:
-        return math.inf
-    return min(limit.per_second for limit in limits)
-
-
 def _cap_charges(
     builder: _Builder,
     paths: Sequence[str],
@@ -156,7 +147,7 @@ def _cap_charges(
         cap, fair_share = trail[depth], trail[depth].fair_share
         if fair_share is None:
             continue
-        rate = _client_rate(trail[depth + 1])
+        child = trail[depth + 1].limits
         client = descriptor.entries[depth + 1][1]
         for limit in cap.limits:
             if limit.name in replaced:
@@ -167,7 +158,7 @@ def _cap_charges(
                 client,
                 limit.requests_per_unit,
                 limit.window,
-                rate * limit.window,
+                most_within(child, limit.window),
                 fair_share.weight(client),
                 hits,
                 cap.shadow_mode,

@@ -1,6 +1,7 @@
 """The frozen model of a loaded descriptor configuration."""
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from types import MappingProxyType
@@ -47,6 +48,43 @@ class RateLimit:
     @property
     def algorithm(self) -> Algorithm:
         return Algorithm.FIXED if self.shape is None else self.shape.algorithm
+
+
+# The shortest a calendar window of each unit can be, as a part of its nominal length: a
+# day of 23 hours, a week one hour short, a February (a year of 365 days is nominal).
+_CALENDAR_SHORTEST = 0.9
+
+
+def most_within(limits: Sequence[RateLimit], window: int) -> float:
+    """The most hits ``limits`` together admit one client in a fixed epoch-aligned window of
+    ``window`` seconds (a cap's): the least of each limit's most (inf: none, or unlimited).
+
+    A limit of a longer window may be spent whole in one of the cap's windows (1000/hour
+    is up to 1000 in one second), not its average rate (0.278 in a second, which is no
+    request at all): each limit holds in its own window, the cap shares its own.
+    """
+    if not limits or limits[0].unlimited:
+        return math.inf
+    return min(_most_within(limit, window) for limit in limits)
+
+
+def _most_within(limit: RateLimit, window: int) -> float:
+    """The most ``limit`` admits in an epoch-aligned window of ``window`` seconds: its
+    count times the number of its own windows that one can meet."""
+    count, own = limit.requests_per_unit, limit.window
+    shape = limit.shape
+    if shape is not None and shape.algorithm is Algorithm.GCRA:
+        # burst + 1 at once, then one every own / count seconds
+        return shape.burst + math.ceil(count * window / own)
+    if shape is not None and shape.algorithm is Algorithm.SLIDING:
+        return count * math.ceil(window / own)  # no span of its window passes the count
+    if shape is not None and shape.calendar is not None:
+        if own > window and 900 % window == 0:  # civil midnights fall on quarter hours
+            return count
+        return count * (1 + math.ceil(window / (own * _CALENDAR_SHORTEST)))
+    # epoch-aligned windows of both lengths: a window of ``window`` starts at a multiple
+    # of their gcd into one of ``own``, and meets 1 + ceil((window - gcd) / own) of them
+    return count * (1 + math.ceil((window - math.gcd(window, own)) / own))
 
 
 @dataclass(frozen=True, slots=True)

@@ -574,12 +574,15 @@ def _cold(
     bound: float, division: Division, row: Row, claim: ShareClaim, clock: Clock, total: float
 ) -> float:
     """At a cap where nobody has history, a client takes at most its equal split among the
-    active clients declared (or seen), or what the elapsed window leaves beside the others."""
+    active clients declared (or seen), or what the elapsed window leaves beside the others,
+    and always one hit: a split below one (a cap of 5 a minute for 10 declared clients) is
+    no request at all, and would refuse a new client's first one while nothing is
+    contended (the cap's own counter still holds the cap)."""
     if not division.cold or claim.sized:
         return bound
     split = claim.capacity * row.weight / max(claim.declared, division.rows + 1)
     paced = claim.capacity * clock.elapsed - (total - row.admitted)
-    return min(bound, max(split, paced))
+    return min(bound, max(split, paced, 1.0))
 
 
 class Light:

@@ -1,7 +1,9 @@
 """The sum-of-limits rule and the classification of every cap and shared bucket.
 
 For a ``fair_share`` cap: ``required = sum of the explicitly-valued children's limits + (active
-- explicit children) x the value-less child's limit`` (per second). ``cap >= required`` is
+- explicit children) x the value-less child's limit``, each child's limit being the most its
+own limits admit in one of the cap's windows (a daily quota under a per-second cap counts
+whole: it may be spent in one second), per second. ``cap >= required`` is
 per-client-buckets, ``cap < required`` is weighted-fair-queue (a warning). A limited node
 outside any cap whose path has only fixed values is global-bucket-only (a note). A limited
 node outside any cap with a value-less or wildcard level keeps a bucket per client: ``check``
@@ -13,7 +15,8 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from fairlimit.core.rules import Config, Domain, Rule, walk
+from fairlimit.core.describe import duration_text, limit_words
+from fairlimit.core.rules import Config, Domain, RateLimit, Rule, most_within, walk
 
 
 class Mode(enum.Enum):
@@ -63,12 +66,21 @@ def rate(per_second: float) -> str:
     return f"{text}/s"
 
 
-def _limit_per_second(rule: Rule) -> float:
-    """A client's rate under a cap: its tightest limit's (inf: none, or unlimited)."""
-    limits = rule.limits
-    if not limits or limits[0].unlimited:
-        return math.inf
-    return min(limit.per_second for limit in limits)
+def _most_per_second(rule: Rule, window: int) -> float:
+    """A client's rate under a cap whose window is ``window`` s: the most its own limits
+    admit in one such window, per second (inf: none, or unlimited). A limit of a longer
+    window counts whole, as a client may spend it in one of the cap's windows."""
+    return most_within(rule.limits, window) / window
+
+
+def _spent_at_once(rule: Rule, window: int) -> RateLimit | None:
+    """The limit of ``rule`` that sets its most in a window of ``window`` s when that limit's
+    own window is longer (a daily quota under a per-second cap), else None."""
+    most = most_within(rule.limits, window)
+    for limit in rule.limits:
+        if not limit.unlimited and limit.window > window and most_within((limit,), window) == most:
+            return limit
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +90,11 @@ class _Sum:
     explanation: str
 
 
-def _required(cap: Rule, active: int) -> _Sum:
-    explicit = sorted((_limit_per_second(c) for c in cap.children if c.is_fixed), reverse=True)
+def _required(cap: Rule, active: int, window: int) -> _Sum:
+    named_children = [c for c in cap.children if c.is_fixed]
+    explicit = sorted((_most_per_second(c, window) for c in named_children), reverse=True)
     open_children = [c for c in cap.children if not c.is_fixed]
-    per_client = max((_limit_per_second(c) for c in open_children), default=None)
+    per_client = max((_most_per_second(c, window) for c in open_children), default=None)
     if active <= len(explicit):
         total = sum(explicit[:active])
         return _Sum(total, per_client, f"largest {active} of {len(explicit)} named clients")
@@ -100,17 +113,32 @@ def _required(cap: Rule, active: int) -> _Sum:
     )
 
 
+def _at_once(cap: Rule, window: int) -> str:
+    """What a client limit of a longer window than the cap's means for the sum, in words
+    (the value-less child's first, then the named ones'), or ``""``."""
+    children = sorted(cap.children, key=lambda c: c.is_fixed)
+    for child in children:
+        limit = _spent_at_once(child, window)
+        if limit is not None:
+            return (
+                f"; a client may spend its {limit_words(limit)} in one {duration_text(window)}"
+                f" window of the cap, {rate(limit.per_second)} on average"
+            )
+    return ""
+
+
 def classify_cap(domain: Domain, cap: Rule, index: int = 0) -> Classification:
     """The classification of one ``fair_share`` cap, by its limit ``index`` (named in the
     message when the cap has several)."""
     assert cap.fair_share is not None and cap.rate_limit is not None
     active = cap.fair_share.active_clients
     cap_rate = cap.limits[index].per_second
-    needed = _required(cap, active)
+    window = cap.limits[index].window
+    needed = _required(cap, active, window)
     named = f"rate_limits[{index}]: " if len(cap.limits) > 1 else ""
     figures = (
         f"global cap {rate(cap_rate)} %s sum of per-client limits "
-        f"{rate(needed.required)} ({needed.explanation})"
+        f"{rate(needed.required)} ({needed.explanation}{_at_once(cap, window)})"
     )
     if cap_rate >= needed.required:
         mode = Mode.PER_CLIENT_BUCKETS

@@ -22,8 +22,8 @@ from fairlimit.core.keys import key_path
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Charge, Plan, plan
 from fairlimit.core.request import Request
-from fairlimit.core.rules import Loaded
-from fairlimit.core.units import Algorithm, Shape
+from fairlimit.core.rules import Loaded, RateLimit
+from fairlimit.core.units import Algorithm, Shape, bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,3 +154,24 @@ def tree(loaded: Loaded, requests: Sequence[Request], root: str | None) -> Tree:
         if lv.key != root and lv.algorithm is Algorithm.GCRA
     }
     return Tree(root, levels, tuple(_chain(p, root) for p in plans), limits, longer, paced)
+
+
+def most_between(limits: Sequence[RateLimit], start: float, end: float) -> float:
+    """The most hits ``limits`` together admit one client from ``start`` to ``end``."""
+    return min((_most_between(limit, start, end) for limit in limits), default=math.inf)
+
+
+def _most_between(limit: RateLimit, start: float, end: float) -> float:
+    if limit.unlimited:
+        return math.inf
+    count, window, shape = limit.requests_per_unit, limit.window, limit.shape
+    span = end - start
+    if shape is not None and shape.algorithm is Algorithm.GCRA:
+        return shape.burst + math.ceil(count * span / window)
+    if shape is not None and shape.algorithm is Algorithm.SLIDING:
+        return count * math.ceil(span / window)
+    met, at = 0, start  # the fixed windows (epoch-aligned or civil) the span meets
+    while at < end:
+        at = bounds(window, shape, at)[1]
+        met += 1
+    return count * met

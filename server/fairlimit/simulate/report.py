@@ -8,10 +8,11 @@ from typing import Any
 
 from fairlimit.core.fairshare import FairnessFigures, fairness_figures
 from fairlimit.core.matching import Matcher
-from fairlimit.core.plan import plan
+from fairlimit.core.plan import Plan, plan
 from fairlimit.core.request import Request
-from fairlimit.core.rules import Loaded
+from fairlimit.core.rules import Loaded, RateLimit
 from fairlimit.core.units import Algorithm, Shape
+from fairlimit.simulate.levels import most_between
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +102,23 @@ class SharedLimit:
     capacity: float  # per second
     limits: tuple[float, ...]  # per client, per second: its own limit under the cap
     weights: tuple[float, ...]
+    # per client: the limits of the rule just below the cap (none outside a cap), which
+    # bound it over a span longer than the cap's window too (a quota of 1000 an hour is
+    # at most 1000 in a minute, however much of the cap is left each second)
+    own: tuple[tuple[RateLimit, ...], ...] = ()
 
-    def figures(self, demands: Sequence[float], admitted: Sequence[float]) -> FairnessFigures:
-        """The fairness figures for per-second ``demands`` and ``admitted``, per client."""
-        return fairness_figures(demands, admitted, self.limits, self.weights, self.capacity)
+    def figures(
+        self, demands: Sequence[float], admitted: Sequence[float], start: float, end: float
+    ) -> FairnessFigures:
+        """The fairness figures for per-second ``demands`` and ``admitted`` from ``start``
+        to ``end`` (the limiter's clock), per client: its limit is the least of its limit
+        in the cap's window and the most its own limits admit in that span, per second."""
+        span = end - start
+        limits = [
+            min(limit, most_between(own, start, end) / span) if own else limit
+            for limit, own in zip(self.limits, self.own or [()] * len(self.limits), strict=True)
+        ]
+        return fairness_figures(demands, admitted, limits, self.weights, self.capacity)
 
 
 def shared_limit(loaded: Loaded, requests: Sequence[Request]) -> SharedLimit | None:
@@ -133,7 +147,19 @@ def shared_limit(loaded: Loaded, requests: Sequence[Request]) -> SharedLimit | N
         limit / window,
         tuple(s.client_limit / s.window if s else limit / window for s in shares),
         tuple(s.weight if s else 1.0 for s in shares),
+        tuple(_below_cap(p, common[0]) for p in plans),
     )
+
+
+def _below_cap(request_plan: Plan, cap: str) -> tuple[RateLimit, ...]:
+    """The limits of the rule just below the cap counted at ``cap`` (none outside a cap)."""
+    for dplan in request_plan.descriptors:
+        trail = dplan.match.trail if dplan.match is not None else ()
+        for charge in dplan.charges:
+            if charge.share is not None and request_plan.shares[charge.share].cap == cap:
+                depth = next((i for i, r in enumerate(trail) if r is charge.rule), -1)
+                return trail[depth + 1].limits if 0 <= depth < len(trail) - 1 else ()
+    return ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -246,6 +246,8 @@ class Run:
             figures = self.shared.figures(
                 [t.steady_attempted / span for t in self.tallies],
                 [t.steady_admitted / span for t in self.tallies],
+                EPOCH + self.scenario.steady[0],
+                EPOCH + self.scenario.steady[1],
             )
         return ConfigResult(
             label,

@@ -417,7 +417,7 @@ local function cold(bound, d, row, s, capacity, total)
   if d.cold == 0 or s.sized then return bound end
   local split = capacity * row.weight / math.max(s.cap.declared, d.rows + 1)
   local paced = capacity * elapsed(s.cap) - (total - row.admitted)
-  return math.min(bound, math.max(split, paced))
+  return math.min(bound, math.max(split, paced, 1))
 end
 
 -- core/sharing._bursting
