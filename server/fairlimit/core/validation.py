@@ -212,6 +212,7 @@ def uncapped_rules(config: Config) -> list[Classification]:
             if rule.is_fixed and all(a.is_fixed for a in ancestors):
                 continue  # a global bucket: classify's
             per_client = any(_per_value(r) for r in (*ancestors, rule))
+            tightest = min(limit.per_second for limit in rule.limits)  # no cap's window here
             mode = Mode.PER_CLIENT_BUCKETS if per_client else Mode.GLOBAL_BUCKET_ONLY
             message = PER_CLIENT_MESSAGE if per_client else GLOBAL_BUCKET_MESSAGE
             out.append(
@@ -221,7 +222,7 @@ def uncapped_rules(config: Config) -> list[Classification]:
                     mode,
                     message,
                     rule.limits[0].per_second,
-                    per_client_per_second=_limit_per_second(rule) if per_client else None,
+                    per_client_per_second=tightest if per_client else None,
                 )
             )
     return out
