@@ -35,7 +35,10 @@ class Waits:
     async def wait(self, call: Awaitable[_T], now: float) -> _T:
         """``call``'s answer, noted as waited for since ``now``; GivenUp when give_up()
         picked this call (its store call is cancelled, as a timeout would)."""
-        task = asyncio.current_task()
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # driven without an event loop (bench/inproc.py): none to give up
+            task = None
         if task is None:
             return await call
         self._since[task] = now
