@@ -21,16 +21,15 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections import Counter
 from pathlib import Path
 
-import aiohttp
-
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests" / "support")]
 
 import envoy_run  # noqa: E402
 import procs  # noqa: E402
+
+from envoy_proxy import burst  # noqa: E402
 
 QUICKSTART = ROOT / "examples" / "envoy" / "descriptors" / "quickstart.yaml"
 COUNTERS = {
@@ -39,20 +38,6 @@ COUNTERS = {
     "cluster.fairlimit.upstream_rq_rx_reset": "reset",
     "cluster.fairlimit.upstream_rq_timeout": "timeout",
 }
-
-
-async def burst(url: str, n: int) -> Counter[int]:
-    """``n`` requests from alice at once, each on its own connection: their statuses."""
-    connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-
-        async def one() -> int:
-            async with session.get(url, headers={"x-client-id": "alice"}) as response:
-                await response.read()
-                return response.status
-
-        return Counter(await asyncio.gather(*(one() for _ in range(n))))
 
 
 def counters(admin: int) -> dict[str, int]:

@@ -21,7 +21,7 @@ from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairness_cases import flat_config
 from redis_servers import RedisProcess
-from servers import ServerProcess
+from servers import ServerProcess, replicas_of
 
 pytestmark = [pytest.mark.process, pytest.mark.asyncio]
 
@@ -85,11 +85,8 @@ def replicas(redis_server: RedisProcess, tmp_path: Path) -> Iterator[list[Server
         client.flushall()
     config = tmp_path / "fair.yaml"
     config.write_text(CONFIG)
-    url = redis_server.url + "?timeout=1"
-    servers = [ServerProcess(["--config", str(config), "--backend", url]) for _ in range(2)]
-    yield servers
-    for server in servers:
-        server.stop()
+    with replicas_of(config, redis_server.url + "?timeout=1") as servers:
+        yield servers
 
 
 class TestTwoReplicasOnOneRedis:

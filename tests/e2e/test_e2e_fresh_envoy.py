@@ -9,33 +9,17 @@ lets the request through: 200 requests at once from a client allowed 10 a minute
 
 import asyncio
 import time
-from collections import Counter
 from pathlib import Path
 
-import aiohttp
 import pytest
 
-from envoy_proxy import EXAMPLE, EnvoyProcess, envoy_in_front
+from envoy_proxy import EXAMPLE, EnvoyProcess, burst, envoy_in_front
 from servers import fairlimit_server
 
 pytestmark = pytest.mark.process
 
 QUICKSTART = EXAMPLE.parent / "descriptors" / "quickstart.yaml"  # alice: 10 a minute
 BURST = 200
-
-
-async def _burst(url: str, n: int) -> Counter[int]:
-    """``n`` requests from alice at once, each on a connection of its own: their statuses."""
-    connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-
-        async def one() -> int:
-            async with session.get(url, headers={"x-client-id": "alice"}) as response:
-                await response.read()
-                return response.status
-
-        return Counter(await asyncio.gather(*(one() for _ in range(n))))
 
 
 def _answered(envoy: EnvoyProcess) -> tuple[int, int]:
@@ -54,10 +38,10 @@ class TestFreshEnvoy:
                 envoy_in_front(server.grpc_port, tmp_path) as envoy,
             ):
                 minute = time.time() // 60
-                first = asyncio.run(_burst(envoy.url, BURST))
+                first = asyncio.run(burst(envoy.url, BURST, seconds=30))
                 assert envoy.failed_calls() == {}
                 time.sleep(1)  # the issue's second burst, on connections Envoy has open
-                second = asyncio.run(_burst(envoy.url, BURST))
+                second = asyncio.run(burst(envoy.url, BURST, seconds=30))
                 assert envoy.failed_calls() == {}
                 answered = _answered(envoy)
                 straddled = time.time() // 60 != minute

@@ -9,6 +9,7 @@ rate-limit timeout becomes 5 s here: a loaded test machine may stall fairlimit t
 and the counters would blame it for the machine.
 """
 
+import asyncio
 import functools
 import http.client
 import json
@@ -17,10 +18,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from helpers import STARTUP_SECONDS, require
 from servers import free_port
@@ -63,6 +67,21 @@ def http_get(
             return response.status, {k.lower(): v for k, v in response.headers.items()}, body
     except urllib.error.HTTPError as error:
         return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
+
+
+async def burst(url: str, n: int, client: str = "alice", seconds: float = 60) -> Counter[int]:
+    """``n`` GETs of ``url`` from ``client`` (x-client-id) at once, each on a connection of
+    its own, as a fresh crowd of users would: how many got each status."""
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    timeout = aiohttp.ClientTimeout(total=seconds)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def one() -> int:
+            async with session.get(url, headers={"x-client-id": client}) as response:
+                await response.read()
+                return response.status
+
+        return Counter(await asyncio.gather(*(one() for _ in range(n))))
 
 
 def bootstrap(example: Path = EXAMPLE, edits: dict[str, str] | None = None) -> str:

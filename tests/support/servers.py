@@ -129,6 +129,17 @@ def fairlimit_server(
         server.stop()
 
 
+@contextmanager
+def replicas_of(config: Path, backend: str, count: int = 2) -> Iterator[list[ServerProcess]]:
+    """``count`` fairlimit processes serving ``config`` on one ``backend``, stopped after."""
+    servers = [ServerProcess(["--config", str(config), "--backend", backend]) for _ in range(count)]
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "PYTHONPATH": str(ROOT / "server"), **(env or {})}
     return subprocess.run(
