@@ -49,7 +49,7 @@ if [ "${1:-}" = --changed-since ]; then
   echo "$names" | sed 's/^/  /'
 fi
 mkdir -p "$work"
-for name in tests descriptors examples pyproject.toml; do
+for name in tests descriptors examples bench pyproject.toml; do
   ln -sfn "$root/$name" "$work/$name"
 done
 if [ "$work" = .mutmut-redis ]; then
