@@ -6,6 +6,9 @@
 #   bash tests/mutate.sh show fairlimit.core.keys.x_escape__mutmut_3
 #   bash tests/mutate.sh tally [--survivors]            # the figures per module (a table)
 #   bash tests/mutate.sh --redis run "fairlimit.store.redis.keys*"   # store/redis/, with Redis
+#   bash tests/mutate.sh --changed-since main          # the functions changed since main
+#   bash tests/mutate.sh --redis --changed-since main  # ... of store/redis/ and core/lease.py
+#   bash tests/mutate.sh tally --changed-since main    # their figures only
 #
 # mutmut works in .mutmut/ (git-ignored), where src/ links to server/: it names a mutant's
 # module by the file's path and strips only a leading "src.", so the names then match the
@@ -15,20 +18,38 @@
 # --redis works in .mutmut-redis/ instead, on the Python side of the Redis store, each mutant
 # running the tests with "redis" in their id (real redis-server processes, which must be
 # installed): the configuration is pyproject's with only those two settings changed.
+#
+# --changed-since REF runs the mutants of the functions changed since REF (git diff REF:
+# committed or not; tests/mutation_changes.py names them as mutmut does), then prints their
+# figures, the survival rate to quote in an issue's note.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 work=.mutmut
+redis=()
 if [ "${1:-}" = --redis ]; then
   shift
   work=.mutmut-redis
+  redis=(--redis)
 fi
 if [ "${1:-}" = tally ]; then
   shift
-  exec python tests/mutation_tally.py --work "$work" "$@"
+  exec python tests/mutation_tally.py --work "$work" "${redis[@]}" "$@"
+fi
+since=
+if [ "${1:-}" = --changed-since ]; then
+  since="${2:?--changed-since needs a git ref}"
+  shift 2
+  names=$(python tests/mutation_changes.py mutmut "$since" "${redis[@]}")
+  if [ -z "$names" ]; then
+    echo "no function mutmut mutates here has changed since $since"
+    exit 0
+  fi
+  echo "functions changed since $since:"
+  echo "$names" | sed 's/^/  /'
 fi
 mkdir -p "$work"
-for name in tests descriptors examples pyproject.toml; do
+for name in tests descriptors examples bench pyproject.toml; do
   ln -sfn "$root/$name" "$work/$name"
 done
 if [ "$work" = .mutmut-redis ]; then
@@ -41,4 +62,12 @@ ln -sfn "$root/server" "$work/src"
 mkdir -p "$work/mutants"
 ln -sfn src "$work/mutants/server"
 cd "$work"
+if [ -n "$since" ]; then
+  set -f  # the patterns are mutmut's, not the shell's: one a line, none with a space
+  # shellcheck disable=SC2086
+  mutmut run $names
+  set +f
+  cd "$root"
+  exec python tests/mutation_tally.py --work "$work" "${redis[@]}" --changed-since "$since"
+fi
 exec mutmut "$@"

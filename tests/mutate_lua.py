@@ -16,6 +16,10 @@ repository's own scripts are never written, so an interrupted run leaves nothing
     python tests/mutate_lua.py results                 # the figures per script (markdown)
     python tests/mutate_lua.py results --survivors     # and each surviving mutant
     python tests/mutate_lua.py show admit:312:40:cmp   # one mutant's line, before and after
+    python tests/mutate_lua.py run --changed-since main    # what changed since main
+    python tests/mutate_lua.py list --changed-since main   # ... without running them
+    python tests/mutate_lua.py results --changed-since main    # ... their figures
+    python tests/mutate_lua.py run admit --per-function 3 --seed 43  # every function, 3 each
 
 Operators, one at a time, in code (never in comments or string literals): a comparison
 changed (``<`` and ``<=``, ``>`` and ``>=`` swapped, ``==`` and ``~=`` swapped), a binary
@@ -31,7 +35,11 @@ is a survivor, a failure a kill, the timeout a timeout (detected). Verdicts pers
 second run resumes, a changed script is tried again, and ``--again`` tries the survivors
 again (after a test was added). ``--sample N`` tries N mutants of each script drawn with
 ``--seed`` (the same draw every time); ``--budget MINUTES`` stops starting mutants after
-that long (the rest stay "not checked"). Needs ``redis-server``.
+that long (the rest stay "not checked"). ``--per-function N`` draws N of each function's
+mutants instead (and N of the code outside functions), so a sample covers every function.
+``--changed-since REF`` keeps the mutants of the scripts changed since the git ref REF
+(``git diff REF``, the work tree included): those in a function with a changed line, and
+those on a changed line outside functions. Needs ``redis-server``.
 """
 
 import argparse
@@ -47,7 +55,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,6 +205,37 @@ def mutants(script: str, text: str) -> list[Mutant]:
     return found
 
 
+def functions(text: str) -> list[tuple[str, int, int]]:
+    """(name, first line, last line) of each function of a script: the scripts define them
+    at the start of a line, and end them with the first ``end`` at the start of a line."""
+    found: list[tuple[str, int, int]] = []
+    lines = text.split("\n")
+    for number, line in enumerate(lines, start=1):
+        head = _FUNCTION.match(line)
+        if head:
+            last = next(n for n in range(number + 1, len(lines) + 1)
+                        if lines[n - 1].rstrip() == "end")  # fmt: skip
+            found.append((head[1], number, last))
+    return found
+
+
+_FUNCTION = re.compile(r"^(?:local\s+)?function\s+([A-Za-z_][\w.:]*)")
+
+
+def part_of(m: Mutant, spans: list[tuple[str, int, int]]) -> str:
+    """The function a mutant is in ("" outside functions)."""
+    return next((name for name, first, last in spans if first <= m.line <= last), "")
+
+
+def changed(script: str, text: str, lines: set[int]) -> list[Mutant]:
+    """The mutants of the functions ``lines`` touch, and those on ``lines`` outside
+    functions."""
+    spans = functions(text)
+    touched = {part_of(Mutant(script, n, 0, "", "", ""), spans) for n in lines}
+    return [m for m in mutants(script, text)
+            if (part_of(m, spans) or None) in touched or m.line in lines]  # fmt: skip
+
+
 def scripts() -> list[str]:
     return sorted(p.stem for p in (ROOT / LUA).glob("*.lua"))
 
@@ -226,7 +265,42 @@ def _key(m: Mutant, digest: str) -> str:
     return f"{m.name}@{digest}"
 
 
-def _chosen(script: str, found: list[Mutant], sample: int | None, seed: int) -> list[Mutant]:
+Choose = Callable[[str, str], list[Mutant]]  # (script, its text) -> the mutants to try
+
+
+def chooser(
+    sample: int | None, seed: int, per_function: int | None = None, since: str | None = None
+) -> Choose:
+    """The mutants a run (list, results) is about: every one, a sample of them, or those
+    changed since a git ref."""
+    lines = None
+    if since is not None:
+        from mutation_changes import changed_lines
+
+        lines = {Path(p).stem: n for p, n in changed_lines(since, [str(LUA)], ROOT).items()}
+
+    def choose(script: str, text: str) -> list[Mutant]:
+        if lines is not None:
+            return changed(script, text, lines[script]) if script in lines else []
+        return _chosen(script, text, sample, seed, per_function)
+
+    return choose
+
+
+def _chosen(
+    script: str, text: str, sample: int | None, seed: int, per_function: int | None
+) -> list[Mutant]:
+    found = mutants(script, text)
+    if per_function is not None:
+        spans = functions(text)
+        parts: dict[str, list[Mutant]] = {}
+        for m in found:
+            parts.setdefault(part_of(m, spans), []).append(m)
+        kept = set()
+        for name, each in parts.items():
+            draw = random.Random(f"{seed}:{script}:{name}")
+            kept.update(m.name for m in draw.sample(each, min(per_function, len(each))))
+        return [m for m in found if m.name in kept]
     if sample is None or sample >= len(found):
         return found
     drawn = random.Random(f"{seed}:{script}").sample(range(len(found)), sample)
@@ -326,13 +400,9 @@ def _interrupted(signum: int, frame: object) -> None:
 
 
 def run(
-    names: Sequence[str],
-    sample: int | None,
-    seed: int,
-    budget: float | None,
-    again: bool,
+    names: Sequence[str], choose: Choose, budget: float | None, again: bool,
     only: Sequence[str] = (),
-) -> None:
+) -> None:  # fmt: skip
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _interrupted)
     results = _load_results()
@@ -342,7 +412,7 @@ def run(
         for script in names:
             text = space.texts[script]
             digest = _digest(text)
-            todo = [m for m in _chosen(script, mutants(script, text), sample, seed)
+            todo = [m for m in choose(script, text)
                     if _key(m, digest) not in results
                     or (again and results[_key(m, digest)]["verdict"] == "survived")]  # fmt: skip
             if only:
@@ -380,8 +450,9 @@ def run(
 COLUMNS = ("does not load", "killed", "timeout", "survived", "error", "not checked")
 
 
-def tally(survivors: bool) -> None:
-    """The figures per script of the scripts as they are now ("tried": mutants judged)."""
+def tally(survivors: bool, choose: Choose | None = None) -> None:
+    """The figures per script of the scripts as they are now ("tried": mutants judged);
+    of those ``choose`` picks, if given."""
     results = _load_results()
     rows = ["| script | mutants | tried | " + " | ".join(COLUMNS) + " |",
             "| --- |" + " ---: |" * (len(COLUMNS) + 2)]  # fmt: skip
@@ -390,7 +461,9 @@ def tally(survivors: bool) -> None:
     for script in scripts():
         text = (ROOT / LUA / f"{script}.lua").read_text()
         digest = _digest(text)
-        every = mutants(script, text)
+        every = mutants(script, text) if choose is None else choose(script, text)
+        if not every:
+            continue
         counts: Counter[str] = Counter()
         for m in every:
             found = results.get(_key(m, digest))
@@ -434,12 +507,22 @@ def main() -> None:
     parser.add_argument("--survivors", action="store_true", help="results: list survivors")
     parser.add_argument("--again", action="store_true", help="run: try the survivors again")
     parser.add_argument("--mutant", action="append", default=[], help="run: only this one")
+    parser.add_argument(
+        "--per-function",
+        type=int,
+        metavar="N",
+        help="N mutants of each function (and of the code outside them)",
+    )
+    parser.add_argument(
+        "--changed-since", metavar="REF", help="the mutants of what changed since the git ref REF"
+    )
     args = parser.parse_args()
     if args.command == "show":
         show(args.names[0])
         return
+    choose = chooser(args.sample, args.seed, args.per_function, args.changed_since)
     if args.command == "results":
-        tally(args.survivors)
+        tally(args.survivors, choose if args.changed_since or args.per_function else None)
         return
     names = args.names or scripts()
     unknown = set(names) - set(scripts())
@@ -448,10 +531,10 @@ def main() -> None:
     if args.command == "list":
         for script in names:
             text = (ROOT / LUA / f"{script}.lua").read_text()
-            for m in _chosen(script, mutants(script, text), args.sample, args.seed):
+            for m in choose(script, text):
                 print(f"{m.name}: {m.old.strip()!r} -> {m.new.strip()!r}")
         return
-    run(names, args.sample, args.seed, args.budget, args.again, args.mutant)
+    run(names, choose, args.budget, args.again, args.mutant)
 
 
 if __name__ == "__main__":

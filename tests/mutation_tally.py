@@ -3,12 +3,14 @@
     python tests/mutation_tally.py               # the table
     python tests/mutation_tally.py --survivors   # and every surviving mutant's name
     python tests/mutation_tally.py --redis-config  # pyproject for the Redis store's run
+    python tests/mutation_tally.py --changed-since main  # the functions changed since main
 
 Reads the verdicts mutmut keeps beside its mutated copy (.mutmut/mutants/src/**/*.meta) and
 names them as mutmut does; needs mutmut installed (docs/mutation.md).
 """
 
 import argparse
+import fnmatch
 import json
 import re
 from collections import Counter
@@ -72,6 +74,14 @@ def main() -> None:
     parser.add_argument("--survivors", action="store_true", help="list the surviving mutants")
     parser.add_argument("--work", default=".mutmut", help="mutmut's folder (.mutmut-redis)")
     parser.add_argument("--redis-config", action="store_true", help=redis_config.__doc__)
+    parser.add_argument(
+        "--changed-since", metavar="REF", help="only the mutants of the functions changed since REF"
+    )
+    parser.add_argument(
+        "--redis",
+        action="store_true",
+        help="--changed-since: the functions the Redis store's run mutates",
+    )
     args = parser.parse_args()
     if args.redis_config:
         print(redis_config((ROOT / "pyproject.toml").read_text()), end="")
@@ -81,6 +91,14 @@ def main() -> None:
         str(meta.relative_to(copy / "fairlimit")).removesuffix(".meta"): verdicts(meta)
         for meta in sorted(copy.glob("fairlimit/**/*.py.meta"))
     }
+    if args.changed_since is not None:
+        from mutation_changes import mutmut_names
+
+        names = mutmut_names(args.changed_since, args.redis)
+        modules = {
+            module: {k: v for k, v in found.items() if any(fnmatch.fnmatch(k, p) for p in names)}
+            for module, found in modules.items()
+        }
     print("\n".join(table({m: v for m, v in modules.items() if v})))
     checked = Counter(v for found in modules.values() for v in found.values())
     run = checked["killed"] + checked["timeout"] + checked["survived"]

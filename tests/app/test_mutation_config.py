@@ -151,3 +151,88 @@ class TestTheLuaRunner:
         }  # fmt: skip
         for m in mutate_lua.mutants("t", text):
             assert m.apply(text) != text
+
+
+def _touch(path: Path, after: str) -> int:
+    """Append a comment to the line after the first that starts with ``after`` (stripped):
+    a one-line change. Returns that line's number."""
+    lines = path.read_text().split("\n")
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith(after)) + 1
+    lines[at] += " -- touched" if path.suffix == ".lua" else "  # touched"
+    path.write_text("\n".join(lines))
+    return at + 1
+
+
+@pytest.mark.process
+class TestChangedSince:
+    """--changed-since REF: the mutation tools run on a tiny change in a repository of their
+    own (the tools, pyproject and a few sources, committed), as programs."""
+
+    TOOLS = ("tests/mutate_lua.py", "tests/mutation_changes.py", "tests/mutation_tally.py")
+    SOURCES = ("server/fairlimit/store/degraded.py", "server/fairlimit/core/lease.py")
+
+    @pytest.fixture
+    def repo(self, tmp_path: Path) -> Path:
+        lua = "server/fairlimit/store/redis/lua"
+        for name in (*self.TOOLS, *self.SOURCES, "pyproject.toml"):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text((ROOT / name).read_text())
+        (tmp_path / lua).mkdir(parents=True)
+        for script in (ROOT / lua).glob("*.lua"):
+            (tmp_path / lua / script.name).write_text(script.read_text())
+        git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+        for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "base"]):
+            subprocess.run([*git, *args], cwd=tmp_path, check=True, capture_output=True)
+        return tmp_path
+
+    @staticmethod
+    def _run(repo: Path, *args: str) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        done = subprocess.run([sys.executable, *args], cwd=repo, env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    def test_lua_mutants_of_the_changed_function_only(self, repo: Path) -> None:
+        """One line of release.lua's add() changed: `list --changed-since HEAD` lists the
+        mutants of add() and of no other function or script; `results` counts them."""
+        import mutate_lua
+
+        script = repo / "server/fairlimit/store/redis/lua/release.lua"
+        line = _touch(script, "local function add(")
+        text = script.read_text()
+        (span,) = [s for s in mutate_lua.functions(text) if s[0] == "add"]
+        listed = self._run(repo, "tests/mutate_lua.py", "list", "--changed-since", "HEAD")
+        expected = [m for m in mutate_lua.mutants("release", text) if span[1] <= m.line <= span[2]]
+        assert [row.split(": ")[0] for row in listed] == [m.name for m in expected]
+        assert f"release:{line}:0:line" in [m.name for m in expected]
+        shown = self._run(repo, "tests/mutate_lua.py", "results", "--changed-since", "HEAD")
+        assert [row.split(" |")[0] for row in shown[2:4]] == ["| release.lua", "| **total**"]
+        assert shown[2].split(" | ")[1:3] == [str(len(expected)), "0"]  # mutants, tried
+
+    def test_mutmut_names_of_the_changed_functions_in_each_run(self, repo: Path) -> None:
+        """A line changed in degraded.py's _add(), in Replicas.place() and in lease.py's
+        eligible(): the memory run's names are the first two (as mutmut spells them), the
+        Redis store's run's the third (only its tests reach core/lease.py)."""
+        _touch(repo / "server/fairlimit/store/degraded.py", "def _add(")
+        _touch(repo / "server/fairlimit/store/degraded.py", "n = max(self.configured")
+        _touch(repo / "server/fairlimit/core/lease.py", "def eligible(")
+        memory = self._run(repo, "tests/mutation_changes.py", "mutmut", "HEAD")
+        redis = self._run(repo, "tests/mutation_changes.py", "mutmut", "HEAD", "--redis")
+        assert memory == [
+            "fairlimit.store.degraded.xǁReplicasǁplace__mutmut_*",
+            "fairlimit.store.degraded.x__add__mutmut_*",
+        ]
+        assert redis == ["fairlimit.core.lease.x_eligible__mutmut_*"]
+        assert "mutmut run $names" in SCRIPT and "--changed-since" in SCRIPT
+
+    def test_the_names_are_mutmuts(self) -> None:
+        """mutation_changes names a function and a method as mutmut does (when installed)."""
+        format_utils = pytest.importorskip("mutmut.utils.format_utils")
+        import mutation_changes
+
+        source = "def f():\n    pass\nclass C:\n    @property\n    def m(self):\n        pass\n"
+        assert [name for name, _, _ in mutation_changes.functions(source)] == [
+            format_utils.make_mutant_key("f"), format_utils.make_mutant_key("m", "C")
+        ]  # fmt: skip
+        assert mutation_changes.functions(source)[1][1:] == (4, 6)  # the decorator's line on

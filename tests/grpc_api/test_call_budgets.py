@@ -322,6 +322,43 @@ class TestReadDeadline:
         assert sorted(codes) == ["INVALID_ARGUMENT"] * 31 + ["RESOURCE_EXHAUSTED"] * 9
         assert counted == {"busy": 0, "evicted": 9}
 
+    def test_a_new_call_in_a_full_budget_ends_the_oldest_stalled_call(self, tmp_path: Path) -> None:
+        """A budget of 4 filled by 4 stalled rate-limit calls opened one after another: a
+        fifth ends the oldest at once with RESOURCE_EXHAUSTED, and the three younger stay
+        open (once given an end of stream they end INVALID_ARGUMENT, unsent), as does the
+        fifth. Evicting the youngest instead would shed the call a slow client is about to
+        complete, and keep the one most likely dead."""
+        server = _serve(tmp_path, "--grpc-read-timeout", "60", "--grpc-max-concurrent", "4")
+
+        async def scenario() -> tuple[list[str], list[bool], dict[str, float]]:
+            release = asyncio.Event()
+            channels: list[grpc.aio.Channel] = []
+            tasks: list[asyncio.Task[str]] = []
+            try:
+                for held in range(1, 6):  # one at a time: their order is known
+                    opened, started = await _stalled(
+                        server, RLS, 1, release, channels=1, held=min(held, 4)
+                    )
+                    channels += opened
+                    tasks += started
+                evicted = functools.partial(_refused, server, "rls")
+                await _until(lambda: evicted().get("evicted") == 1, evicted)
+                await asyncio.wait(tasks, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+                done = [task.done() for task in tasks]
+                counted = _refused(server, "rls")
+            except BaseException:
+                await _drop(channels, tasks)
+                raise
+            return await _close(channels, release, tasks), done, counted
+
+        try:
+            codes, done, counted = asyncio.run(scenario())
+        finally:
+            server.stop()
+        assert done == [True, False, False, False, False]
+        assert codes == ["RESOURCE_EXHAUSTED"] + ["INVALID_ARGUMENT"] * 4
+        assert counted == {"busy": 0, "evicted": 1}
+
     def test_calls_without_a_message_end_at_the_read_deadline(self, tmp_path: Path) -> None:
         """40 rate-limit calls that send headers only, each on its own connection: 8 take
         the places of the first 8, the other 32 end with DEADLINE_EXCEEDED at

@@ -338,6 +338,29 @@ class TestSmooth:
         clock.t = MINUTE_START + 120
         assert await codes(limiter, clock, 10, 0, "sliding=a") == "+" * 9 + "-"
 
+    async def test_hits_in_the_oldest_sub_window_still_count(
+        self, make_limiter: Callable[..., Limiter], clock: FakeClock
+    ) -> None:
+        """10/min sliding, counted in 3 s sub-windows: 10 admitted at 1 s are still counted
+        at 62.9 s, in the 21st sub-window from theirs, the oldest the count covers (a
+        minute and a little more); at 63 s they are out, and 10 more are admitted."""
+        limiter = make_limiter(
+            """
+            domain: d
+            descriptors:
+              - key: sliding
+                rate_limit: {unit: minute, requests_per_unit: 10, algorithm: sliding}
+            """
+        )
+        clock.t = MINUTE_START + 1
+        assert await codes(limiter, clock, 10, 0, "sliding=a") == "+" * 10
+        clock.t = MINUTE_START + 60
+        assert await codes(limiter, clock, 1, 0, "sliding=a") == "-"
+        clock.t = MINUTE_START + 62.9
+        assert await codes(limiter, clock, 1, 0, "sliding=a") == "-"
+        clock.t = MINUTE_START + 63
+        assert await codes(limiter, clock, 11, 0, "sliding=a") == "+" * 10 + "-"
+
 
 # --- the bound: no span of one window admits more than limit + burst --------------------
 

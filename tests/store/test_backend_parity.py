@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fairlimit.config.loader import parse_domain
@@ -53,6 +53,9 @@ class Shape:
     global_limit: bool  # a plain counter rule generic_key=global beside the caps
     global_slots: bool  # ... that declares concurrency too
     nested: bool  # route=org > tenant > user
+    cap_window: int = 1  # seconds, of the flat cap (route=api)
+    capacity: int = 0  # ... and its limit
+    active: int = 1  # ... and its active_clients
 
 
 def _limit(unit: str, n: int) -> str:
@@ -88,17 +91,23 @@ slot_ttls = st.sampled_from([None, 2, 5, 30])  # None: the default 300 s
 
 
 @st.composite
-def configs(draw: st.DrawFn, nested: bool = True) -> Shape:
+def configs(draw: st.DrawFn, nested: bool = True, contended: bool = False) -> Shape:
     """A fair-share cap over per-client limits, sometimes a nested tenant cap (``nested``),
-    a plain counter and concurrency at the cap, the clients or the counter."""
+    a plain counter and concurrency at the cap, the clients or the counter. ``contended``:
+    a small cap declaring 1 to 3 clients, each allowed at least its part of the cap among
+    them (so more clients asking enough are held at fractional shares), often exactly
+    that: the cap is then sized for the clients it declares, never paced, and a client
+    held at its share takes it whole."""
     unit = draw(units)
-    capacity = draw(capacities)
-    active = draw(st.integers(1, 6))
+    capacity = draw(st.integers(5, 20) if contended else capacities)
+    active = draw(st.integers(1, 3) if contended else st.integers(1, 6))
     weighted = draw(st.lists(st.sampled_from(FLAT), unique=True, max_size=3))
     weights = {c: draw(st.sampled_from([0.5, 2.0, 3.0])) for c in weighted}
     even = max(1, capacity // active)  # capacity / active: the client limit below or above
-    client_limit = draw(st.one_of(st.integers(1, even), st.integers(even, 2 * capacity)))
-    client_unit = draw(st.one_of(st.just(unit), units))
+    # contended: from the most that keeps the cap sized for the clients it declares up
+    below = st.integers(1, even) if not contended else st.nothing()
+    client_limit = draw(st.just(even) | st.integers(even, 2 * capacity) | below)
+    client_unit = draw(st.just(unit) if contended else st.one_of(st.just(unit), units))
     # No concurrency cap on the fair-share cap itself: its fair split of slots differs on
     # Redis after a release (SLOT_RELEASED below, a known difference kept as its own test).
     where = draw(st.sampled_from(["none", "none", "client", "global"]))
@@ -156,7 +165,11 @@ def configs(draw: st.DrawFn, nested: bool = True) -> Shape:
         )
     yaml = f"domain: {DOMAIN}\ndescriptors:\n" + "\n".join(nodes) + "\n"
     flat_slots = cap_slots is not None or client_slots is not None
-    return Shape(yaml, flat_slots, global_limit, global_slots is not None, with_nested)
+    window = 1 if unit == "second" else 60
+    return Shape(
+        yaml, flat_slots, global_limit, global_slots is not None, with_nested, window, capacity,
+        active,
+    )  # fmt: skip
 
 
 # --- traffic -----------------------------------------------------------------------------
@@ -223,11 +236,64 @@ def traffic(draw: st.DrawFn, shape: Shape) -> list[Step]:
 
 
 @st.composite
+def rounds(draw: st.DrawFn, shape: Shape) -> list[Step]:
+    """Steady contention at the flat cap over several of its windows in a row: 2 to 5
+    clients, each asking its own number of times a window, evenly spread from a phase of
+    its own, from a window of its own to a later one (so newcomers arrive and clients go
+    quiet), now and then with the plain counter's descriptor too. The random steps above
+    seldom fill a cap two windows in a row, and a minute cap's never: yet that is where
+    fairness v3's history and prediction build up, and where a fraction of a client's
+    share is carried to the next window as a credit (core/sharing.py, admit.lua)."""
+    windows = draw(st.integers(3, 6))
+    # more clients than the cap declares, mostly: its share is then under their limits
+    many = draw(st.integers(min(shape.active + 1, len(FLAT)), len(FLAT)) | st.integers(2, 5))
+    clients = draw(st.permutations(FLAT))[:many]
+    hits = draw(st.sampled_from([None, None, 1, 2]))
+    even = max(1, shape.capacity // len(clients))  # about each one's share
+    per_window = round(shape.cap_window / GRID)
+    events: list[tuple[int, str, bool]] = []
+    for client in clients:
+        times = draw(st.integers(even + 1, 3 * even + 2) | st.integers(1, even))
+        # spread over the whole window, or over a part of it from a phase (0: a burst)
+        span = draw(st.sampled_from([1.0, 1.0, 0.5, 0.1, 0.0]))
+        phase = draw(st.integers(0, 99)) / 100 * (1 - span)
+        first = draw(st.integers(0, windows - 3))
+        last = draw(st.integers(first + 3, windows))
+        both = shape.global_limit and draw(st.booleans())
+        events += [
+            (round((w + phase + span * j / times) * per_window), client, both)
+            for w in range(first, last)
+            for j in range(times)
+        ]
+    return _in_order(events, hits)
+
+
+def _in_order(events: list[tuple[int, str, bool]], hits: int | None) -> list[Step]:
+    """Steps from (tick, flat client, with the plain counter too) events, the first 300."""
+    steps: list[Step] = []
+    now = 0
+    for at, client, both in sorted(events)[:300]:
+        steps.append(Step(at - now, Ask(client, None, both, hits, False, None)))
+        now = at
+    return steps
+
+
+@st.composite
+def contention(draw: st.DrawFn) -> tuple[Shape, float, list[Step]]:
+    """(config, the clock's start, traffic): rounds only."""
+    shape = draw(configs(nested=True, contended=True))
+    offset = draw(st.integers(0, int(60 / GRID) - 1)) * GRID
+    return shape, START + offset, draw(rounds(shape))
+
+
+@st.composite
 def cases(draw: st.DrawFn, nested: bool = True) -> tuple[Shape, float, list[Step]]:
-    """(config, the clock's start, traffic)."""
-    shape = draw(configs(nested))
+    """(config, the clock's start, traffic): random steps, or (as often) rounds at a cap
+    small enough for its clients to fill it every window."""
+    in_rounds = draw(st.booleans())
+    shape = draw(configs(nested, contended=in_rounds))
     offset = draw(st.integers(0, int(60 / GRID) - 1)) * GRID  # anywhere in a minute
-    return shape, START + offset, draw(traffic(shape))
+    return shape, START + offset, draw(rounds(shape) if in_rounds else traffic(shape))
 
 
 # --- running -----------------------------------------------------------------------------
@@ -445,6 +511,40 @@ descriptors:
     [_ask("c0"), Step(0, Done(0)), _ask("c1")],
 )
 
+# Three clients at a cap of 10 a second sized for the 2 it declares (5 a second each), each
+# asking 6 times a second, evenly, for 8 seconds: each is held at 3.33 and admitted 3, and
+# the third of a hit it is owed each second is carried as a credit until it makes a whole
+# one (a 4 every third second). The random steps never drew it: a credit term dropped from
+# the memory store (core/sharing.py) was seen by no parity test.
+CREDITS = (
+    Shape(
+        f"""domain: {DOMAIN}
+descriptors:
+  - key: route
+    value: api
+    rate_limit: {{unit: second, requests_per_unit: 10}}
+    fair_share: {{active_clients: 2}}
+    descriptors:
+      - key: client_id
+        rate_limit: {{unit: second, requests_per_unit: 5}}
+""",
+        flat_slots=False,
+        global_limit=False,
+        global_slots=False,
+        nested=False,
+    ),
+    START,
+    _in_order(
+        [
+            (round((w + (j + k / 10) / 6) / GRID), FLAT[k], False)
+            for w in range(8)
+            for k in range(3)
+            for j in range(6)
+        ],
+        None,
+    ),
+)
+
 _settings = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -461,6 +561,7 @@ NO_CACHE = {"local_cache": 0}
 class TestBackendParity:
     @_settings
     @given(case=cases(nested=True))
+    @example(case=CREDITS)
     async def test_memory_and_redis_agree(
         self, redis_store_factory: StoreFactory, case: tuple[Shape, float, list[Step]]
     ) -> None:
@@ -469,7 +570,19 @@ class TestBackendParity:
         await _parity(redis_store_factory, "redis", case, **NO_CACHE)
 
     @_settings
+    @given(case=contention())
+    @example(case=CREDITS)
+    async def test_memory_and_redis_agree_under_steady_contention(
+        self, redis_store_factory: StoreFactory, case: tuple[Shape, float, list[Step]]
+    ) -> None:
+        """Memory and one standalone Redis over rounds at a small cap only: a credit
+        decides some answer in about one of these in five (one in ten of the mixed draws
+        above; docs/mutation.md), so that 25 examples all but always reach one."""
+        await _parity(redis_store_factory, "redis", case, **NO_CACHE)
+
+    @_settings
     @given(case=cases(nested=False))
+    @example(case=CREDITS)
     async def test_memory_and_redis_cluster_agree(
         self, redis_cluster_store_factory: StoreFactory, case: tuple[Shape, float, list[Step]]
     ) -> None:

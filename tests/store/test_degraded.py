@@ -48,6 +48,13 @@ descriptors:
     concurrency: {max_in_flight: 5, max_duration: 30}
 """
 
+PER_MINUTE = """
+domain: edge
+descriptors:
+  - key: client_id
+    rate_limit: {unit: minute, requests_per_unit: 10}
+"""
+
 
 class Switch:
     """A real store behind a switch: ``down``, every call fails at once as a lost backend's
@@ -331,6 +338,31 @@ class TestBack:
         assert await codes(direct, ("client_id=x",), 6) == [OK] * 5 + [OVER]
         at_cap = (await codes(direct, ("route=public", "user=u3"), 9)).count(OK)
         assert at_cap <= 9 - alone
+
+    async def test_a_store_back_in_the_next_window_starts_it_from_zero(
+        self, store: Store, clock: FakeClock, tmp_path: Path
+    ) -> None:
+        """10 a minute over 2 processes: 5 admitted here while away. The store answers
+        again in the next minute, with no traffic in between: what was admitted in the
+        minute that ended is owed to nothing, so the new minute admits 10, not 5 (written
+        back into it, the last minute's admissions would count twice)."""
+        switch = Switch(store)
+        loaded = load_text(tmp_path, PER_MINUTE)
+        limiter = Limiter(loaded, switch, clock, failure_mode=FailureMode.LOCAL,
+                          replicas=placed("a", "b"))  # fmt: skip
+        clock.t = 1_700_000_041.0  # a second into a minute (1_700_000_040 starts one)
+        switch.down = True
+        assert await codes(limiter, ("client_id=x",), 6) == [OK] * 5 + [OVER]
+        clock.t = 1_700_000_101.0  # a second into the next minute
+        switch.down = False
+        await limiter.watch_backend()  # the serve loop's ping: the store answers
+        await limiter.close()  # waits for the write-back
+        assert limiter.local is not None and limiter.local.returned_at is not None
+        clock.advance(RETURN_GRACE)
+        await limiter.watch_backend()
+        assert not limiter.local.active and not limiter.local.owes
+        direct = Limiter(loaded, store, clock)  # no switch, no local state
+        assert await codes(direct, ("client_id=x",), 11) == [OK] * 10 + [OVER]
 
     async def test_for_a_while_back_the_part_still_bounds_each_replica(
         self, store: Store, clock: FakeClock, tmp_path: Path
