@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
-from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from fair_calls import ask
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from fairness_cases import flat_config
 from redis_servers import RedisProcess
 from servers import ServerProcess, replicas_of
@@ -33,27 +33,12 @@ PAGE = 8
 BATCH_CALLS = 8  # the batch job's calls in flight
 
 
-def _request(client: str) -> rls_pb2.RateLimitRequest:
-    entries = [
-        ratelimit_pb2.RateLimitDescriptor.Entry(key="route", value="api"),
-        ratelimit_pb2.RateLimitDescriptor.Entry(key="client_id", value=client),
-    ]
-    return rls_pb2.RateLimitRequest(
-        domain="fair", descriptors=[ratelimit_pb2.RateLimitDescriptor(entries=entries)]
-    )
-
-
-async def _ask(stub: rls_pb2_grpc.RateLimitServiceStub, client: str) -> bool:
-    reply = await stub.ShouldRateLimit(_request(client), timeout=5)
-    return bool(reply.overall_code == rls_pb2.RateLimitResponse.OK)
-
-
 async def _batch(stub: rls_pb2_grpc.RateLimitServiceStub, until: float, got: list[float]) -> int:
     """One of the batch job's callers: asks back to back until ``until``; admitted times."""
     asked = 0
     while time.monotonic() < until and asked < 100_000:  # bounded either way
         asked += 1
-        if await _ask(stub, "batch"):
+        if await ask(stub, "batch"):
             got.append(time.monotonic())
     return asked
 
@@ -66,7 +51,7 @@ async def _user(
     at = start + offset
     while at + 0.1 < start + SECONDS:
         await asyncio.sleep(max(0.0, at - time.monotonic()))
-        answers = await asyncio.gather(*(_ask(stub, name) for _ in range(PAGE)))
+        answers = await asyncio.gather(*(ask(stub, name) for _ in range(PAGE)))
         asked += PAGE
         admitted += sum(answers)
         at += 2.0

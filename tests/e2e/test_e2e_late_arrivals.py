@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
-from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from fair_calls import ask
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from fairness_cases import flat_config
 from redis_servers import RedisProcess
 from servers import ServerProcess, replicas_of
@@ -34,27 +34,12 @@ PHASE = 0.9  # of the second, where every page starts
 BATCH_CALLS = 8  # the batch job's calls in flight
 
 
-def _request(client: str) -> rls_pb2.RateLimitRequest:
-    entries = [
-        ratelimit_pb2.RateLimitDescriptor.Entry(key="route", value="api"),
-        ratelimit_pb2.RateLimitDescriptor.Entry(key="client_id", value=client),
-    ]
-    return rls_pb2.RateLimitRequest(
-        domain="fair", descriptors=[ratelimit_pb2.RateLimitDescriptor(entries=entries)]
-    )
-
-
-async def _ask(stub: rls_pb2_grpc.RateLimitServiceStub, client: str) -> bool:
-    reply = await stub.ShouldRateLimit(_request(client), timeout=5)
-    return bool(reply.overall_code == rls_pb2.RateLimitResponse.OK)
-
-
 async def _batch(stub: rls_pb2_grpc.RateLimitServiceStub, until: float) -> int:
     """One of the batch job's callers: asks back to back until ``until``."""
     asked = 0
     while time.monotonic() < until and asked < 100_000:  # bounded either way
         asked += 1
-        await _ask(stub, "batch")
+        await ask(stub, "batch")
     return asked
 
 
@@ -67,7 +52,7 @@ async def _user(
     second = first
     while second + 1 <= SECONDS:
         await asyncio.sleep(max(0.0, start + second + PHASE - time.monotonic()))
-        answers = await asyncio.gather(*(_ask(stub, name) for _ in range(PAGE)))
+        answers = await asyncio.gather(*(ask(stub, name) for _ in range(PAGE)))
         pages.append((PAGE, sum(answers)))
         second += 2
     return pages
