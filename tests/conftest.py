@@ -4,6 +4,7 @@ Fixtures only (and the check that every test has a kind); shared helpers (FakeCl
 load_text, skip_or_fail, ...) live in helpers.py.
 """
 
+import itertools
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -71,6 +72,22 @@ async def store(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[S
         made = await factory()
     yield made
     await made.close()
+
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture
+def open_store(backend: str, request: pytest.FixtureRequest) -> Callable[[], Store]:
+    """Opens a store of ``backend`` per example (property tests: one store per Hypothesis
+    example); on Redis a fresh key prefix on the test's server, not a new server."""
+    if backend == "memory":
+        return MemoryStore
+    from fairlimit.store.redis import open_redis
+    from redis_servers import suite_url
+
+    server = request.getfixturevalue("redis_server" if backend == "redis" else "redis_cluster")
+    return lambda: open_redis(suite_url(server.url, key_prefix=f"ex{next(_prefixes)}:"))
 
 
 @pytest.fixture

@@ -17,11 +17,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fair_calls import ask
+from fair_calls import ask, replicas_on
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2_grpc
 from fairness_cases import flat_config
 from redis_servers import RedisProcess
-from servers import ServerProcess, replicas_of
+from servers import ServerProcess
 
 pytestmark = [pytest.mark.process, pytest.mark.asyncio]
 
@@ -60,11 +60,7 @@ async def _user(
 
 @pytest.fixture
 def replicas(redis_server: RedisProcess, tmp_path: Path) -> Iterator[list[ServerProcess]]:
-    with redis_server.client() as client:
-        client.flushall()
-    config = tmp_path / "fair.yaml"
-    config.write_text(CONFIG)
-    with replicas_of(config, redis_server.url + "?timeout=1") as servers:
+    with replicas_on(redis_server, tmp_path, CONFIG) as servers:
         yield servers
 
 

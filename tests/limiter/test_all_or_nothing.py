@@ -2,7 +2,6 @@
 counter, and the simple counters hold their limits exactly."""
 
 import asyncio
-import itertools
 from collections import Counter
 from collections.abc import Callable
 
@@ -15,9 +14,7 @@ from fairlimit.core.admission import Code
 from fairlimit.core.rules import Config, Loaded
 from fairlimit.limiter import Limiter
 from fairlimit.store.base import Store
-from fairlimit.store.memory import MemoryStore
 from helpers import FakeClock, desc, req
-from redis_servers import suite_url
 
 pytestmark = pytest.mark.behaviour
 
@@ -54,18 +51,6 @@ EXAMPLES = {
     backend: min(n, settings.default.max_examples)
     for backend, n in {"memory": 60, "redis": 15, "redis-cluster": 10}.items()
 }
-_prefixes = itertools.count()
-
-
-@pytest.fixture
-def open_store(backend: str, request: pytest.FixtureRequest) -> Callable[[], Store]:
-    """Opens a store of ``backend`` per example; on Redis a fresh key prefix, not a new server."""
-    if backend == "memory":
-        return MemoryStore
-    from fairlimit.store.redis import open_redis
-
-    server = request.getfixturevalue("redis_server" if backend == "redis" else "redis_cluster")
-    return lambda: open_redis(suite_url(server.url, key_prefix=f"aon{next(_prefixes)}:"))
 
 
 async def _check(store: Store, steps: list[Step]) -> None:

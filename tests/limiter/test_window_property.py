@@ -4,7 +4,6 @@ periods, odd intervals, sliding and gcra, several limits per rule, weights and n
 Hypothesis properties on every backend, time from an injected clock."""
 
 import asyncio
-import itertools
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable
@@ -20,9 +19,7 @@ from fairlimit.config.loader import load
 from fairlimit.core.admission import Code
 from fairlimit.limiter import Limiter
 from fairlimit.store.base import Store
-from fairlimit.store.memory import MemoryStore
 from helpers import FakeClock, desc, req
-from redis_servers import suite_url
 from strategies import LimitSpec, TreeSpec, window_trees
 
 pytestmark = pytest.mark.behaviour
@@ -45,18 +42,6 @@ EXAMPLES = {
     backend: min(n, settings.default.max_examples)
     for backend, n in {"memory": 80, "redis": 20, "redis-cluster": 12}.items()
 }
-_prefixes = itertools.count()
-
-
-@pytest.fixture
-def open_store(backend: str, request: pytest.FixtureRequest) -> Callable[[], Store]:
-    """Opens a store of ``backend`` per example; on Redis a fresh key prefix, not a new server."""
-    if backend == "memory":
-        return MemoryStore
-    from fairlimit.store.redis import open_redis
-
-    server = request.getfixturevalue("redis_server" if backend == "redis" else "redis_cluster")
-    return lambda: open_redis(suite_url(server.url, key_prefix=f"win{next(_prefixes)}:"))
 
 
 def _limiter(tree: TreeSpec, store: Store, clock: FakeClock) -> Limiter:
