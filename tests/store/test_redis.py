@@ -7,6 +7,7 @@ by the behaviour suite (test_admission.py, test_fair_share_invariants.py) on eve
 import asyncio
 import dataclasses
 import gc
+import hashlib
 import math
 import os
 import random
@@ -33,7 +34,7 @@ from fairlimit.errors import StoreUnavailable, UnsupportedBackend
 from fairlimit.limiter import BREAK_SECONDS, Limiter
 from fairlimit.store import open_store
 from fairlimit.store.memory import MemoryStore
-from fairlimit.store.redis import RedisStore, parse_url
+from fairlimit.store.redis import RedisStore, parse_url, script
 from helpers import FakeClock, desc, load_text, req
 from redis_servers import RedisClusterProcesses, RedisProcess, RedisSentinel, free_port
 from servers import ServerProcess
@@ -326,6 +327,21 @@ class TestDemandExchange:
             await store.close()
 
 
+ONE_SCRIPT = """
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 100000}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: client_id
+        rate_limits:
+          - {unit: second, requests_per_unit: 1000}
+          - {unit: minute, requests_per_unit: 10000, algorithm: sliding}
+          - {unit: second, requests_per_unit: 100, algorithm: gcra, burst: 200}
+"""
+
+
 class TestScriptCache:
     """Redis-only: the script lives in Redis's script cache, which a failover or SCRIPT
     FLUSH empties."""
@@ -344,6 +360,32 @@ class TestScriptCache:
         finally:
             await store.close()
         assert (first.admitted, second.admitted, second.counts) == (True, True, (1,))
+
+    async def test_the_admit_parts_are_one_script_called_once_a_request(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, tmp_path: Path
+    ) -> None:
+        """The admit script is kept as parts (lua/admit/) and registered joined: after SCRIPT
+        FLUSH, a client with a fixed, a sliding and a GCRA limit under a cap asks six times
+        at one instant (the first makes the cap's division: a hand-back, one call more);
+        Redis then holds one script, whose SHA is that of script.source("admit"), and the
+        five later requests, all admitted, ran it once each."""
+        store = await redis_store_factory()
+        plan = plan_of(Matcher(load_text(tmp_path, ONE_SCRIPT).config),
+                       desc("tenant=t", "client_id=a"))  # fmt: skip
+        joined = hashlib.sha1(script.source("admit").encode()).hexdigest()
+        try:
+            with redis_server.client() as client:
+                client.script_flush()
+            assert (await store.admit(plan, T0)).admitted
+            before = evalsha_calls(redis_server)
+            outcomes = [await store.admit(plan, T0) for _ in range(5)]
+            calls = evalsha_calls(redis_server) - before
+        finally:
+            await store.close()
+        assert all(o.admitted for o in outcomes) and calls == 5
+        with redis_server.client() as client:
+            assert client.info("memory")["number_of_cached_scripts"] == 1
+            assert client.script_exists(joined) == [True]
 
 
 class TestLocalCache:

@@ -2,9 +2,10 @@
 .lua file's opening comment and stride constants against the Python layouts, the argument
 builders against the layouts' field names, the prelude generated from core/sharing.py
 (constants, Row and Division fields), and the texts that cross the boundary (a given
-division, a rows hash, admit.lua's reply) parsed as the other side parses them. No Redis
-needed."""
+division, a rows hash, the admit script's reply) parsed as the other side parses them, and the
+admit script's parts (lua/admit/). No Redis needed."""
 
+import itertools
 import math
 import re
 from pathlib import Path
@@ -307,6 +308,54 @@ class TestContract:
             assert script.source(layout.script) == (
                 script.text("clock") + script.contract() + script.text(layout.script)
             )
+
+
+LUA = Path(script.__file__).parent / "lua"
+MAX_PART_LINES = 250
+LUA_MAX_LOCALS = 200  # Lua 5.1's LUAI_MAXVARS: locals of one function, the main chunk too
+
+
+def top_level_locals(source: str) -> int:
+    """The locals a script declares outside its functions (at the start of a line): those
+    count against the main chunk's limit, whichever part declares them."""
+    found = 0
+    for line in source.splitlines():
+        if line.startswith("local function "):
+            found += 1
+        elif line.startswith("local "):
+            found += len(line.removeprefix("local ").split("=")[0].split(","))
+    return found
+
+
+class TestAdmitParts:
+    """The admit script kept as one file per concept in lua/admit/, joined by script.py into
+    the one script registered (issue 42)."""
+
+    def test_every_file_is_a_part_joined_once_in_the_stated_order(self) -> None:
+        """PARTS names each file of lua/admit/ once; the admit script is their texts joined
+        in that order, and each part's first line states its place in it."""
+        parts = script.PARTS[ADMIT.script]
+        assert sorted(parts) == sorted(p.stem for p in (LUA / "admit").glob("*.lua"))
+        texts = [(LUA / "admit" / f"{part}.lua").read_text() for part in parts]
+        assert script.text(ADMIT.script) == script.join(texts)
+        for place, (part, text) in enumerate(zip(parts, texts, strict=True), start=1):
+            assert text.startswith(f"-- admit/{part}.lua: part {place}"), part
+
+    @pytest.mark.parametrize("part", script.PARTS[ADMIT.script])
+    def test_each_part_is_short_and_opens_with_what_it_reads_and_defines(self, part: str) -> None:
+        """At most 250 lines, opening with a comment that has a KEYS and an ARGV line (what
+        it reads of them) and names what it defines for the parts after it."""
+        lines = (LUA / "admit" / f"{part}.lua").read_text().splitlines()
+        assert len(lines) <= MAX_PART_LINES
+        opening = list(itertools.takewhile(lambda line: line.startswith("--"), lines))
+        assert any(line.startswith("-- KEYS") for line in opening), part
+        assert any(line.startswith("-- ARGV") for line in opening), part
+        assert any("Defines" in line for line in opening), part
+
+    def test_the_joined_script_stays_under_luas_limit_of_locals(self) -> None:
+        """The parts share one chunk, so their top-level locals (with clock.lua's and the
+        contract's) count against one limit of 200: Redis refuses to load a script past it."""
+        assert top_level_locals(script.source(ADMIT.script)) < LUA_MAX_LOCALS
 
 
 def lua_given_division(text: str) -> dict[str, float | str]:

@@ -1,5 +1,5 @@
 -- admit/args.lua: part 1 of the admit script, which script.py joins from the files of
--- lua/admit/ in the order of script.ADMIT_PARTS (args rows division verdict meters decide
+-- lua/admit/ in the order of script.PARTS (args rows division verdict meters decide
 -- lease charge) into one script, called once per slot group by EVALSHA: the all-or-nothing
 -- admission of one slot group of a plan, with the division hand-back (core/admission.py
 -- and core/sharing.py state the rule, store/memory.py is the reference; store/redis/store.py
@@ -8,7 +8,7 @@
 -- neither is a hand-kept copy). The parts share one chunk: each file uses what the files
 -- before it define, and the body runs from here through decide, lease and charge.
 --
--- This part reads every KEYS and ARGV (the layout below) and defines for the later parts:
+-- This part reads every KEYS and ARGV (the layout below). Defines, for the later parts:
 -- num fmt whole list calendar (helpers), SLACK_MS FIGURES NONE OPEN HELD (constants),
 -- may_lock lock_ms holder want_block now (the head), counters caps shares n (the rows) and
 -- records (the ARGV tail); a record still open returns {3, now} here.

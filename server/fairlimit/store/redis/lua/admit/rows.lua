@@ -1,7 +1,8 @@
 -- admit/rows.lua: part 2 of the admit script (lua/admit/args.lua states its layout and
 -- the order of the parts): the clock of a cap and a client's row at it.
 -- KEYS: each cap's rows hash (s.cap.rows: <field>:<client>, ROW_FIELD), read and written
--- by load_row and save_row. ARGV: none (args.lua parsed it).
+-- by load_row and save_row.
+-- ARGV: none (args.lua parsed it).
 -- Reads: ROW ROW_FIELD ALPHA STALE LEAD (contract), NONE num fmt (args.lua).
 -- Defines: left elapsed into (core/sharing.Clock); fresh_row load_row save_row fold
 -- predicted want part (core/sharing.py).
