@@ -4,7 +4,7 @@ A request is all or nothing: it is admitted only if every counter and every fair
 claim it touches admits it, and only then does any counter move, except its forced levels
 (``charge_when_over_limit``, or every level under upstream's semantics), which a refused
 request moves too. The store applies this rule atomically (``store/memory.py`` in Python,
-``store/redis/lua/admit.lua`` for Redis); this module says what the rule is
+``store/redis/lua/admit/`` for Redis); this module says what the rule is
 (``core/plan.py`` says what a request charges).
 """
 

@@ -8,7 +8,7 @@ admitted. The consumer then admits the plan's next requests from the block, with
 call, until the block runs out or expires; the next request goes to the store again and may
 take a new block.
 
-The block's size (``size``; admit.lua computes the same):
+The block's size (``size``; lua/admit/lease.lua computes the same):
 
 - at most the consumer's ``want``: about ``LEASE_SECONDS`` of its own demand on the plan,
   from what it used of its last block (``MIN_WANT`` for a first one, at most ``max_block``),

@@ -1,7 +1,7 @@
 """Fairness v3 at a cap: client rows, the division of the cap, and the per-request rule.
 
 The memory store keeps these values in objects, the Redis script in hash fields; both run the
-same closed forms (``store/redis/lua/admit.lua`` mirrors this module function by function,
+same closed forms (``store/redis/lua/admit/`` mirrors this module function by function,
 and ``ROW_FIELDS`` / ``DIVISION_FIELDS`` name the hash fields), so both give the same doubles.
 
 The rule (docs/fairness.md states it with its reasons). Per cap of C hits per window W, with
@@ -602,7 +602,7 @@ class Light:
         self.calendar: dict[float, float] = {}
 
 
-# Light attribute -> field of the cap's meta hash in Redis (admit.lua reads and writes them).
+# Light attribute -> field of the cap's meta hash in Redis (lua/admit/ reads and writes them).
 LIGHT_FIELDS = {"window": "lw", "asked": "la", "expected": "le"}
 CALENDAR = "lc:"  # + a window start (whole seconds): the light hits expected in that window
 

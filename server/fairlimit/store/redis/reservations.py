@@ -1,10 +1,10 @@
-"""Reservations of token budgets in Redis (core/reserve.py): the record keys, admit.lua's
-reservation tail, and settle.lua's arguments.
+"""Reservations of token budgets in Redis (core/reserve.py): the record keys, the admit
+script's reservation tail, and settle.lua's arguments.
 
 A record sits in the slot of its descriptor's counters (the same hash tag, so one call
-reaches both on a Cluster): ``<prefix>{<tag>}v:<counter key>#rsv:<request id>``. admit.lua
-writes it (SET NX, expiring after max_duration) when it admits; settle.lua reads and marks
-it settled, and moves the counters.
+reaches both on a Cluster): ``<prefix>{<tag>}v:<counter key>#rsv:<request id>``. The admit
+script writes it (lua/admit/charge.lua: SET, expiring after max_duration) when it admits;
+settle.lua reads and marks it settled, and moves the counters.
 """
 
 import math
@@ -24,8 +24,8 @@ def record_name(prefix: str, tag: str, counter: str, request_id: str) -> str:
 def admit_tail(
     plan: Plan, g: SlotGroup, prefix: str, cluster: bool
 ) -> tuple[list[str], list[str | int]]:
-    """The record KEYS and the ARGV tail admit.lua keeps reservations by, for the plan's
-    reservations whose own counter is in group ``g`` (none: nothing is added)."""
+    """The record KEYS and the ARGV tail the admit script keeps reservations by, for the
+    plan's reservations whose own counter is in group ``g`` (none: nothing is added)."""
     if not plan.reserve:
         return [], []
     tags = anchors(plan, cluster)

@@ -40,7 +40,7 @@ from fairlimit.store.redis.keys import SlotGroup
 
 # The fairness figures of the last period, as named in a cap's meta hash.
 FIGURES = ("f_u", "f_a", "f_l", "f_j", "f_t", "f_s")
-NEED_LEVEL = 2  # admit.lua's first reply element when it hands λ back
+NEED_LEVEL = 2  # the admit script's first reply element when it hands λ back
 RESERVATION_OPEN = 3  # its first reply element when a reservation's id is still open
 
 
@@ -118,7 +118,7 @@ def _table(names: Mapping[str, str]) -> str:
 def contract() -> str:
     """The Lua prelude generated from core/sharing.py: its constants, the Row and Division
     attributes in order with their Redis hash fields, and the light demand's fields
-    (admit.lua reads only these, so the two sides cannot drift apart)."""
+    (the admit script reads only these, so the two sides cannot drift apart)."""
     constants: tuple[str, ...] = ("ALPHA", "STALE", "SPLIT", "FORCES", "AMORTISE", "LEAD")
     constants += ("BURST", "EPSILON", "RELEASE")
     lines = [f"local {name} = {_lua(getattr(sharing, name))}" for name in constants]
@@ -182,7 +182,7 @@ _NO_DIVISION = GivenDivision("", "", ("",) * len(FIGURES))
 
 
 def _kind(c: Counter, around: float) -> tuple[str, str]:
-    """(kind, extra) of a counter for admit.lua and release.lua: "" a fixed window; "c" a
+    """(kind, extra) of a counter for the admit script and release.lua: "" a fixed window; "c" a
     calendar one with the boundaries of the window before, this one and the one after
     ``around`` (the script picks by its own clock); "s" sliding; "g" GCRA with its burst
     (admit) and interval (release)."""
@@ -217,8 +217,8 @@ def admit_args(
     given: Mapping[str, GivenDivision],
     lease: tuple[str, int] = ("", 0),
 ) -> list[str | int]:
-    """ARGV of admit.lua (ADMIT); ``now`` "" = Redis TIME, ``lock`` = (may lock, lock ms),
-    ``lease`` = (consumer, hits of the block it asks for; 0 = none)."""
+    """ARGV of the admit script (ADMIT); ``now`` "" = Redis TIME, ``lock`` = (may lock,
+    lock ms), ``lease`` = (consumer, hits of the block it asks for; 0 = none)."""
     args: list[str | int] = [now, int(lock[0]), lock[1], lease[0], lease[1], len(g.counters)]
     around = _around(now) if any(plan.counters[i].shape for i in g.counters) else 0.0
     for i in g.counters:
@@ -245,9 +245,10 @@ def admit_args(
 
 
 def release_args(plan: Plan, g: SlotGroup, now: str, block: int | None = None) -> list[str | int]:
-    """ARGV of release.lua (RELEASE): undo what admit.lua charged at ``now`` (not the charges
-    of charge_when_over_limit rules: a refused request keeps those), or, with ``block``,
-    give back that many unused hits of a lease block granted at ``now``, demand included."""
+    """ARGV of release.lua (RELEASE): undo what the admit script charged at ``now`` (not the
+    charges of charge_when_over_limit rules: a refused request keeps those), or, with
+    ``block``, give back that many unused hits of a lease block granted at ``now``, demand
+    included."""
     args: list[str | int] = [now, int(block is not None), len(g.counters)]
     for i in g.counters:
         c = plan.counters[i]
@@ -290,7 +291,7 @@ def rows_of(flat: Sequence[str]) -> dict[str, Row]:
 
 
 def division_text(division: Division) -> str:
-    """The division's values in DIVISION_FIELDS order, as admit.lua reads them."""
+    """The division's values in DIVISION_FIELDS order, as the admit script reads them."""
     values = (getattr(division, name) for name in DIVISION_FIELDS)
     return ",".join(v if isinstance(v, str) else _num(v) for v in values)
 
@@ -325,7 +326,8 @@ def _divide(
 
 
 def divisions_wanted(plan: Plan, g: SlotGroup, reply: Sequence[Any]) -> dict[str, GivenDivision]:
-    """The division of each cap an admit.lua hand-back (``reply[0] == NEED_LEVEL``) asked for."""
+    """The division of each cap a hand-back of the admit script (``reply[0] == NEED_LEVEL``)
+    asked for."""
     given: dict[str, GivenDivision] = {}
     now = float(reply[1])
     for index, epoch, flat, asker, extra, closing in reply[2]:
@@ -338,7 +340,7 @@ def divisions_wanted(plan: Plan, g: SlotGroup, reply: Sequence[Any]) -> dict[str
 
 @dataclass(slots=True)
 class Seen:
-    """One group's admit.lua reply: the counters as they stood, and whether it charged."""
+    """One group's admit script reply: the counters as they stood, and whether it charged."""
 
     admitted: bool
     now: float

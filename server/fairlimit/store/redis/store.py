@@ -1,14 +1,14 @@
-"""RedisStore: one atomic admit.lua call per slot group, λ per cap by lock, a local
+"""RedisStore: one atomic admit script call per slot group, λ per cap by lock, a local
 over-limit cache in front.
 
 Requests spanning several slots (descriptors under different caps, on Redis Cluster only)
 are admitted in two phases so that a rejected request still consumes nothing: every slot
-group runs admit.lua in parallel and charges itself only if it admits (a reservation);
-when any group rejects or fails, the groups that charged run release.lua, which decrements
-exactly what they added. The residual race: between reservation and release (one round
-trip) other requests see the reserved hits and may be rejected although the request that
-held them is finally refused - never over-admitted. If the release itself fails, the
-reserved hits stay charged until their window ends.
+group runs the admit script in parallel and charges itself only if it admits (a
+reservation); when any group rejects or fails, the groups that charged run release.lua,
+which decrements exactly what they added. The residual race: between reservation and
+release (one round trip) other requests see the reserved hits and may be rejected although
+the request that held them is finally refused - never over-admitted. If the release
+itself fails, the reserved hits stay charged until their window ends.
 
 With ``?leases=on`` the exact call of a plan in one slot group may also reserve a lease
 block for this process (core/lease.py states the rule); the plan's next requests are then

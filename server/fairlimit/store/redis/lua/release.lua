@@ -1,6 +1,7 @@
--- release.lua: undo what admit.lua charged for one slot group of a multi-slot request that
--- another group refused (store/redis/store.py, the two-phase admission across slots), or
--- give back the unused hits of a lease block (core/lease.py; demand = "1").
+-- release.lua: undo what the admit script (lua/admit/) charged for one slot group of a
+-- multi-slot request that another group refused (store/redis/store.py, the two-phase
+-- admission across slots), or give back the unused hits of a lease block (core/lease.py;
+-- demand = "1").
 --
 -- The layout (script.RELEASE states it too; tests/store/test_redis_script.py checks both agree):
 -- KEYS  per counter: counter
@@ -12,15 +13,15 @@
 -- KEYS are the counter keys, then each cap's keys; ARGV is the head, then for counters,
 -- caps and shares in turn: their number, then that many rows.
 --
--- now is the clock admit.lua replied with, so the windows and the period are the ones it
--- charged; a count is decremented only while that window (or period) is still the current
--- one, as a later window starts from zero anyway. cap_index is 1-based into the caps. The
--- client's part in the division stays as admit.lua left it. A refused reservation's
--- demand was real and stays (demand = "0"); a lease block's unused hits were counted as
--- demand when reserved and are taken out of it too (demand = "1").
--- kind and extra as admit.lua's, but a GCRA counter's extra is its interval (seconds a hit
--- takes to come back): its tat moves back by hits x interval; a sliding window's hits come
--- off the sub-window of now.
+-- now is the clock the admit script replied with, so the windows and the period are the
+-- ones it charged; a count is decremented only while that window (or period) is still the
+-- current one, as a later window starts from zero anyway. cap_index is 1-based into the
+-- caps. The client's part in the division stays as the admit script left it. A refused
+-- reservation's demand was real and stays (demand = "0"); a lease block's unused hits were
+-- counted as demand when reserved and are taken out of it too (demand = "1").
+-- kind and extra as the admit script's, but a GCRA counter's extra is its interval
+-- (seconds a hit takes to come back): its tat moves back by hits x interval; a sliding
+-- window's hits come off the sub-window of now.
 -- Returns 1.
 
 local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 4, 2, 3, 1

@@ -1,6 +1,7 @@
 -- settle.lua: settle one reservation of a token budget, once (core/reserve.py states the
 -- rule; store/memory.py MemoryStore.settle is the reference; store/redis/reservations.py
--- builds the arguments; admit.lua keeps the record when it admits a reserving request).
+-- builds the arguments; lua/admit/charge.lua keeps the record when it admits a reserving
+-- request).
 --
 -- The layout (store/redis/reservations.py SETTLE states it too):
 -- KEYS  per counter: counter
@@ -14,7 +15,7 @@
 -- for counters, caps and shares in turn: their number, then that many rows.
 --
 -- counter  hash: s = window start, n = count, r = hits of the window's reservations not
---          settled (admit.lua adds them; the own counter's r loses this one's here)
+--          settled (admit/charge.lua adds them; the own counter's r loses this one's here)
 -- record   string "<hits>|<at>|<expiry>" while open (at: the admission's clock, expiry: at
 --          + max_duration, past which it counts as gone: the key's own TTL runs on Redis's
 --          clock, with slack for a caller's clock), "settled" once settled.
@@ -62,7 +63,7 @@ for i = 1, n do
   if refund > 0 and reserved_in then
     redis.call('HINCRBY', KEYS[i], 'n', -math.min(refund, tonumber(c[2]) or 0))
   end
-  if i == own and reserved_in then  -- settled: no longer reserved (admit.lua's field r)
+  if i == own and reserved_in then  -- settled: no longer reserved (admit/charge.lua's r)
     redis.call('HINCRBY', KEYS[i], 'r', -math.min(reserved, tonumber(c[3]) or 0))
   end
   if debt > 0 then
