@@ -1,6 +1,6 @@
 """Admission at fair-share caps (core/admission), on plans of nested caps: a claim's bound
 and what a status promises agree, and a refused request is demand only at the caps whose
-levels below it admitted it (what store/memory.py records, and admit.lua mirrors)."""
+levels below it admitted it (what store/memory.py records, and lua/admit/decide.lua mirrors)."""
 
 import math
 from pathlib import Path

@@ -243,7 +243,7 @@ def rounds(draw: st.DrawFn, shape: Shape) -> list[Step]:
     quiet), now and then with the plain counter's descriptor too. The random steps above
     seldom fill a cap two windows in a row, and a minute cap's never: yet that is where
     fairness v3's history and prediction build up, and where a fraction of a client's
-    share is carried to the next window as a credit (core/sharing.py, admit.lua)."""
+    share is carried to the next window as a credit (core/sharing.py, lua/admit/rows.lua)."""
     windows = draw(st.integers(3, 6))
     # more clients than the cap declares, mostly: its share is then under their limits
     many = draw(st.integers(min(shape.active + 1, len(FLAT)), len(FLAT)) | st.integers(2, 5))

@@ -274,7 +274,7 @@ class TestOneClock:
         self, redis_store_factory: Factory, redis_server: RedisProcess, tmp_path: Path
     ) -> None:
         """With clock=redis every script reads Redis TIME (clock.lua), whatever its caller
-        passes: admit.lua's clock, the expiry acquire.lua gives a slot (that clock plus
+        passes: the admit script's clock, the expiry acquire.lua gives a slot (that clock plus
         max_duration) and the end of demand.lua's report (plus its TTL) each lie between two
         reads of TIME around the call (within a microsecond, for the float sums)."""
         store = await redis_store_factory(clock="redis")

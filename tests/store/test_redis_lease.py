@@ -1,4 +1,4 @@
-"""Lease blocks (core/lease.py) on Redis (admit.lua reserves them, release.lua gives them
+"""Lease blocks (core/lease.py) on Redis (lua/admit/lease.lua sizes them, release.lua gives them
 back): the rule's parts, the Lua sizing against core.lease.size, and two replicas (two
 RedisStores on one Redis) on an injected clock: never more admitted than a limit or a cap,
 the limit reached exactly when both keep asking, fair shares at a contended cap as without
@@ -586,7 +586,7 @@ class TestUnderACap:
     async def test_the_script_sizes_each_block_as_the_rule_says(
         self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
     ) -> None:
-        """admit.lua's block for each of 60 calls (two consumers, wants from 1 to 60,
+        """The admit script's block for each of 60 calls (two consumers, wants from 1 to 60,
         requests of 1 to 13 hits, a roomy cap and a plain counter of 100 a minute filling
         up) equals core.lease.size of the call's own reply: the counters as they stood, the
         holders, the client's admitted count and bound, each less the request's hits."""

@@ -1,7 +1,7 @@
 """Redis-only: several limits on one rule cost one script call per request, as one limit does.
 
 A rule's limits (``rate_limits``: fixed, sliding, GCRA) are counters of one descriptor, so
-their keys share the descriptor's hash tag and sit in one slot group: admit.lua checks and
+their keys share the descriptor's hash tag and sit in one slot group: the admit script checks and
 charges them all in the one call (store/redis/store.py). Counted on the real server: the
 script calls in ``INFO commandstats``, and every command clients sent (MONITOR, which tells
 them apart from the commands a script runs inside Redis), so that a store making a call, or

@@ -201,7 +201,7 @@ class TestArgumentBuilders:
         assert [r["sized"] for r in shares] == [0, 1]
 
     def test_release_rows_carry_the_named_fields(self, plan: Plan, groups: list[SlotGroup]) -> None:
-        """release_args, cut by RELEASE, gives back what admit.lua charged, by name."""
+        """release_args, cut by RELEASE, gives back what the admit script charged, by name."""
         for g in groups:
             got = rows(script.release_args(plan, g, "12.5"), RELEASE)
             assert got["head"] == [{"now": "12.5", "demand": 0}]
@@ -265,7 +265,7 @@ class TestContract:
 
     def test_it_names_every_row_and_division_field_in_order(self) -> None:
         """ROW and DIVISION list the attributes in ROW_FIELDS / DIVISION_FIELDS order (the
-        order admit.lua reads and writes them in), ROW_FIELD, DIVISION_FIELD and
+        order the admit script reads and writes them in), ROW_FIELD, DIVISION_FIELD and
         LIGHT_FIELD map each to its hash field."""
         _, names, fields = prelude()
         assert names == {"ROW": list(ROW_FIELDS), "DIVISION": list(DIVISION_FIELDS)}
@@ -359,7 +359,7 @@ class TestAdmitParts:
 
 
 def lua_given_division(text: str) -> dict[str, float | str]:
-    """admit.lua's given_division: "," separated values in DIVISION order, each a number
+    """admit/division.lua's given_division: "," separated values in DIVISION order, each a number
     ("inf" the infinite one) but the last, excluded, which is the rest of the text."""
     out: dict[str, float | str] = {}
     at = 0
@@ -376,7 +376,7 @@ def lua_given_division(text: str) -> dict[str, float | str]:
 
 
 def lua_fmt(x: float) -> str:
-    """admit.lua's fmt: %.17g, "inf" for the infinite."""
+    """admit/args.lua's fmt: %.17g, "inf" for the infinite."""
     return "inf" if x == math.inf else f"{x:.17g}"
 
 
@@ -428,7 +428,7 @@ class TestDivisionText:
 class TestRowsOf:
     @staticmethod
     def hgetall(rows: dict[str, Row]) -> list[str]:
-        """A rows hash as HGETALL returns it, flat, as admit.lua's save_row writes it
+        """A rows hash as HGETALL returns it, flat, as admit/rows.lua's save_row writes it
         (<field>:<client> = fmt(value)), the clients' fields interleaved."""
         pairs = [
             [f"{field}:{client}", lua_fmt(float(getattr(row, name)))]
@@ -456,7 +456,7 @@ class TestRowsOf:
 
     @given(st.lists(FINITE | st.just(math.inf), min_size=len(ROW_FIELDS), max_size=len(ROW_FIELDS)))
     def test_any_values_come_back_as_the_same_doubles(self, values: list[float]) -> None:
-        """Any doubles written as admit.lua writes them read back as the same (the whole
+        """Any doubles written as the admit script writes them read back as the same (the whole
         fields as the ints they stand for)."""
         row = Row(1.0, 1.0)
         for name, value in zip(ROW_FIELDS, values, strict=True):
@@ -481,7 +481,7 @@ class TestReplies:
     def test_a_hand_back_is_answered_with_the_division_it_asked_for(
         self, plan: Plan, groups: list[SlotGroup]
     ) -> None:
-        """admit.lua hands back the public cap (index 1) at 12.5 for the first remake forced
+        """The admit script hands back the public cap (index 1) at 12.5 for the first remake forced
         in sub-period 50 (id FORCES x 50 + 1) by heavy asking 1, no rows yet: the division
         given has that epoch, and its text reads back (the Lua's parse) as made at 12.5 with
         heavy counted (1 row) and excluded, forced once, cold, nothing contended."""
