@@ -57,7 +57,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -241,7 +241,7 @@ def changed(script: str, text: str, lines: set[int]) -> list[Mutant]:
             if (part_of(m, spans) or None) in touched or m.line in lines]  # fmt: skip
 
 
-def _named(folder: Path) -> dict[str, Path]:
+def named(folder: Path) -> dict[str, Path]:
     """The scripts in a lua/ folder by name: <stem> for lua/<stem>.lua, <dir>/<stem> for the
     parts lua/<dir>/<stem>.lua of a script kept as parts."""
     found = [*folder.glob("*.lua"), *folder.glob("*/*.lua")]
@@ -249,7 +249,7 @@ def _named(folder: Path) -> dict[str, Path]:
 
 
 def scripts() -> list[str]:
-    return sorted(_named(ROOT / LUA))
+    return sorted(named(ROOT / LUA))
 
 
 def expand(names: Sequence[str]) -> list[str]:
@@ -333,6 +333,23 @@ def _chosen(
 # --- running -----------------------------------------------------------------------------
 
 
+def registered(texts: Mapping[str, str], script: str, text: str) -> str:
+    """The source Redis is given for ``script`` with ``text`` as its file, the other files
+    as ``texts`` holds them: clock.lua, the generated contract, then the script, as
+    script.source builds it (clock.lua's mutants go before the admit script; a part's
+    mutant is joined with the script's other parts)."""
+    sys.path.insert(0, str(ROOT / "server"))
+    from fairlimit.store.redis.script import PARTS, contract, join
+
+    def body(name: str) -> str:
+        return text if name == script else texts[name]
+
+    target = "admit" if script == "clock" else script.split("/")[0]
+    parts = PARTS.get(target)
+    whole = join([body(f"{target}/{part}") for part in parts]) if parts else body(target)
+    return body("clock") + contract() + whole
+
+
 class Workspace:
     """A copy of the sources and tests in a temporary folder, and a redis-server to ask
     whether a mutant compiles; both go away on close (also when interrupted)."""
@@ -352,28 +369,17 @@ class Workspace:
         self._redis = RedisProcess(self.root / "redis-check").start()
         # the scripts as copied: what every mutant starts from (the repository's files may
         # change while a run goes on; the run judges the copy it started with)
-        self.texts = {name: p.read_text() for name, p in _named(self.root / LUA).items()}
+        self.texts = {name: p.read_text() for name, p in named(self.root / LUA).items()}
 
     def write(self, script: str, text: str) -> None:
         (self.root / LUA / f"{script}.lua").write_text(text)
 
     def loads(self, script: str, text: str) -> bool:
         """Whether Redis compiles the registered source of ``script`` with ``text`` as its
-        file (clock.lua's text is put before the admit script's, and a part of a script is
-        joined with the others, as script.source does)."""
-        sys.path.insert(0, str(ROOT / "server"))
-        from fairlimit.store.redis.script import PARTS, contract, join
-
-        def body(name: str) -> str:
-            return text if name == script else self.texts[name]
-
-        target = "admit" if script == "clock" else script.split("/")[0]
-        parts = PARTS.get(target)
-        whole = join([body(f"{target}/{p}") for p in parts]) if parts else body(target)
-        source = body("clock") + contract() + whole
+        file (``registered``)."""
         with self._redis.client() as client:
             try:
-                client.script_load(source)
+                client.script_load(registered(self.texts, script, text))
             except Exception:  # redis.ResponseError: the compile error
                 return False
         return True

@@ -25,6 +25,9 @@ MUTMUT: dict[str, Any] = PYPROJECT["tool"]["mutmut"]
 SCRIPT = (ROOT / "tests" / "mutate.sh").read_text()
 
 
+LUA = Path("server/fairlimit/store/redis/lua")
+
+
 def mutate_lua_scripts() -> list[str]:
     import mutate_lua
 
@@ -137,6 +140,29 @@ class TestTheLuaRunner:
         root, scripts = done.stdout.split(" ", 1)
         assert scripts.strip() == str(sorted(mutate_lua_scripts()))
         assert not Path(root).exists()
+
+    def test_a_part_is_judged_in_the_script_it_is_joined_into(self) -> None:
+        """Each part of the admit script (lua/admit/) is a script of the runner, and its
+        mutant is compiled as the whole admit script with it in its place: unmutated, what
+        Redis is given is script.source("admit") itself; a mutant of a part changes that
+        text at that part only, and a mutant of clock.lua goes before the admit script."""
+        import mutate_lua
+        from fairlimit.store.redis import script
+
+        texts = {name: path.read_text() for name, path in mutate_lua.named(ROOT / LUA).items()}
+        parts = [f"admit/{part}" for part in script.PARTS["admit"]]
+        assert [name for name in mutate_lua.scripts() if name.startswith("admit")] == sorted(parts)
+        assert mutate_lua.expand(["admit", "clock"]) == [*sorted(parts), "clock"]
+        for name in (*parts, "clock"):
+            assert mutate_lua.registered(texts, name, texts[name]) == script.source("admit")
+        line = next(m for m in mutate_lua.mutants("admit/lease", texts["admit/lease"])
+                    if m.op == "cmp")  # fmt: skip
+        mutated = mutate_lua.registered(texts, "admit/lease", line.apply(texts["admit/lease"]))
+        before, after = script.source("admit").split("\n"), mutated.split("\n")
+        changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+        assert len(changed) == 1 and after[changed[0]].strip() == (
+            line.apply(texts["admit/lease"]).split("\n")[line.line - 1].strip()
+        )
 
     def test_mutants_leave_comments_strings_and_unary_minus_alone(self) -> None:
         import mutate_lua
