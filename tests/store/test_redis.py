@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 import pytest
+import redis
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
@@ -386,6 +387,21 @@ class TestScriptCache:
         with redis_server.client() as client:
             assert client.info("memory")["number_of_cached_scripts"] == 1
             assert client.script_exists(joined) == [True]
+
+    def test_a_script_error_is_located_in_the_part_that_raised_it(
+        self, redis_server: RedisProcess
+    ) -> None:
+        """A Redis error names a line of the joined script (user_script:<n>): a counter count
+        that is not a number stops the admit script in args.lua's loop over the counters,
+        and script.locate names that file and line."""
+        with redis_server.client() as client, pytest.raises(redis.ResponseError) as raised:
+            client.eval(script.source("admit"), 0, "12.5", "0", "250", "", "0", "x")
+        found = re.search(r"user_script:(\d+):", str(raised.value))
+        assert found, str(raised.value)
+        where, _, line = script.locate("admit", int(found[1])).rpartition(":")
+        assert where == "admit/args.lua"
+        text = (Path(script.__file__).parent / "lua" / where).read_text().split("\n")
+        assert text[int(line) - 1].strip() == "for i = 1, tonumber(ARGV[a]) do"
 
 
 class TestLocalCache:

@@ -352,6 +352,24 @@ class TestAdmitParts:
         assert any(line.startswith("-- ARGV") for line in opening), part
         assert any("Defines" in line for line in opening), part
 
+    @pytest.mark.parametrize("name", [ADMIT.script, RELEASE.script])
+    def test_every_line_registered_is_located_in_the_file_it_was_written_in(
+        self, name: str
+    ) -> None:
+        """locate(script, n) names the file and line that line n of the registered source
+        came from (clock.lua, the generated contract, the script's file or part), each
+        part's first line as its line 1."""
+        registered = script.source(name).split("\n")
+        for number, line in enumerate(registered[:-1], start=1):
+            where, _, at = script.locate(name, number).rpartition(":")
+            written = script.contract() if where == "contract" else (LUA / where).read_text()
+            assert written.split("\n")[int(at) - 1] == line, (number, where, at)
+        starts = [script.locate(name, n) for n in range(1, len(registered))]
+        files = [f"{name}/{part}.lua" for part in script.PARTS.get(name, ())] or [f"{name}.lua"]
+        assert [f"{f}:1" in starts for f in ("clock.lua", "contract", *files)] == [True] * (
+            2 + len(files)
+        )
+
     def test_the_joined_script_stays_under_luas_limit_of_locals(self) -> None:
         """The parts share one chunk, so their top-level locals (with clock.lua's and the
         contract's) count against one limit of 200: Redis refuses to load a script past it."""

@@ -140,6 +140,27 @@ def source(script: str) -> str:
     return text("clock") + contract() + text(script)
 
 
+def locate(script: str, line: int) -> str:
+    """Where line ``line`` of what is registered for ``script`` was written, as "<file>:<line>"
+    (a Redis error names the line as ``user_script:<line>``): clock.lua, the contract
+    (generated: "contract:<line>"), or the script's file, for a script kept as parts the
+    part's (a blank line between two parts counts as the earlier part's last)."""
+    pieces = [("clock.lua", text("clock")), ("contract", contract())]
+    parts = PARTS.get(script)
+    if parts is None:
+        pieces.append((f"{script}.lua", text(script)))
+    else:
+        texts = [_file(f"lua/{script}/{part}.lua") for part in parts]
+        joined = [t + "\n" for t in texts[:-1]] + texts[-1:]  # as join() puts them
+        pieces += [(f"{script}/{part}.lua", t) for part, t in zip(parts, joined, strict=True)]
+    at = line
+    for name, body in pieces:
+        if 1 <= at <= body.count("\n"):
+            return f"{name}:{at}"
+        at -= body.count("\n")
+    raise ValueError(f"{script} has no line {line}")
+
+
 @dataclass(frozen=True, slots=True)
 class Scripts:
     """The scripts as registered with one client (EVALSHA, EVAL after NOSCRIPT)."""
