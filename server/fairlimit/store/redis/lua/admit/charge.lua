@@ -4,9 +4,10 @@
 -- records kept (admitted), and the reply.
 -- KEYS: counters (n, s, r, t, p<k>, L:<consumer>), each cap's rows and meta, the records.
 -- ARGV: none.
--- Reads: everything before: counters caps shares records (args.lua), admitted counts
--- shared bounds rolled wanted was (decide.lua), block (lease.lua), meter_charge meter_full
--- (meters.lua), enter (division.lua), save_row (rows.lua).
+-- Reads: DIVISION_FIELD LIGHT_FIELD (contract), counters caps shares records holder
+-- SLACK_MS now fmt (args.lua), admitted counts shared bounds rolled wanted was (decide.lua),
+-- block (lease.lua), meter_charge meter_full (meters.lua), enter (division.lua), save_row
+-- (rows.lua).
 -- Defines: full; returns {1 | 0, now, counts, admitted, bounds, rolled, block, wanted,
 -- full, was}.
 

@@ -5,10 +5,12 @@
 -- request is admitted, and the demand each cap sees.
 -- KEYS: counters (HMGET s n), each cap's rows (HGETALL for a hand-back), meta (calendar).
 -- ARGV: none.
--- Reads: caps shares counters may_lock now (args.lua) and the functions of rows.lua,
--- division.lua, verdict.lua and meters.lua.
--- Defines: need admitted counts shared bounds rolled wanted was; per share s.d s.row
--- s.share s.kind s.bound s.light s.reserve s.wanted s.over; per counter c.current c.over.
+-- Reads: FORCES EPSILON CALENDAR (contract), caps shares counters may_lock want_block
+-- now fmt whole (args.lua) and the functions of rows.lua, division.lua, verdict.lua and
+-- meters.lua.
+-- Defines: need admitted counts shared bounds rolled wanted was; per cap cap.division
+-- cap.light (cap.rolled: division_of); per share s.d s.row s.share s.kind s.bound s.light
+-- s.reserve s.wanted s.over; per counter c.current c.over (a meter: c.tat or c.parts).
 
 -- --- the decision ---------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 -- KEYS: each cap's rows hash (s.cap.rows: <field>:<client>, ROW_FIELD), read and written
 -- by load_row and save_row.
 -- ARGV: none (args.lua parsed it).
--- Reads: ROW ROW_FIELD ALPHA STALE LEAD (contract), NONE num fmt (args.lua).
+-- Reads: ROW ROW_FIELD ALPHA STALE LEAD (contract), NONE OPEN HELD num fmt (args.lua).
 -- Defines: left elapsed into (core/sharing.Clock); fresh_row load_row save_row fold
 -- predicted want part (core/sharing.py).
 
