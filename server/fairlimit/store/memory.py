@@ -183,8 +183,8 @@ class _Cap:
             # A row is dropped once folding it would give a fresh one: its history gone
             # (STALE periods untouched) and its window neither this one nor the one before
             # (what it asked last window still predicts its demand; an hour cap's client
-            # back after 64 s must not start its share afresh; the admit script keeps rows as
-            # long as the cap).
+            # back after 64 s must not start its share afresh; admit.lua keeps rows as long
+            # as the cap).
             stale, last = clock.period - STALE, clock.start - clock.window
             if any(row.period < stale and row.window < last for row in self.rows.values()):
                 self.rows = {
@@ -537,7 +537,7 @@ class MemoryStore:
 
     def _refuse_open(self, plan: Plan, now: float) -> None:
         """Raise ReservationOpen when a reservation's id still holds an open one: two
-        requests by one id would settle each other's (the admit script refuses them too)."""
+        requests by one id would settle each other's (admit.lua refuses them too)."""
         for reserve in plan.reserve:
             own = own_counter(plan, reserve.descriptor)
             if own is not None:
