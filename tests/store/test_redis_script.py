@@ -8,6 +8,7 @@ admit script's parts (lua/admit/). No Redis needed."""
 import itertools
 import math
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -369,6 +370,16 @@ class TestAdmitParts:
         assert [f"{f}:1" in starts for f in ("clock.lua", "contract", *files)] == [True] * (
             2 + len(files)
         )
+
+    def test_every_lua_file_is_shipped_in_the_package(self) -> None:
+        """pyproject's package-data globs match every .lua file the store reads, the parts
+        in lua/admit/ too (an installed server, the container's, has only what they match)."""
+        pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+        globs = pyproject["tool"]["setuptools"]["package-data"]["fairlimit"]
+        package = LUA.parents[3]  # server/fairlimit
+        files = [p.relative_to(package) for p in LUA.rglob("*.lua")]
+        assert len(files) > len(script.PARTS[ADMIT.script])
+        assert [f for f in files if not any(f.match(g) for g in globs)] == []
 
     def test_the_joined_script_stays_under_luas_limit_of_locals(self) -> None:
         """The parts share one chunk, so their top-level locals (with clock.lua's and the
