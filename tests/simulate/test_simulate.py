@@ -408,6 +408,39 @@ class TestScenarioErrors:
             with pytest.raises(ScenarioError):
                 load_scenario(path)
 
+    @pytest.mark.parametrize(
+        "config", ["descriptors/edge.yaml", "descriptors/scenarios/configs/fairlimit.yaml"]
+    )
+    def test_a_config_given_as_the_scenario_says_what_a_scenario_needs(self, config: str) -> None:
+        """A rate-limit config given where the scenario goes exits 2 with one line naming
+        the file, what it is and what a scenario needs (not the template's errors)."""
+        code, out, err = _cli("simulate", str(ROOT / config))
+        assert (code, out, err.splitlines()) == (2, "", [
+            f"{ROOT / config}: (file): a rate-limit config, not a scenario: a scenario needs"
+            " name, duration, clients, a request template (descriptor or descriptors, each a"
+            " list of {key, value}) and configs (each {label, path}, naming a config like this"
+            " one); see 'Writing a scenario' in docs/fair-sharing.md"
+        ])  # fmt: skip
+
+    def test_a_scenario_with_a_mistaken_template_is_not_taken_for_a_config(
+        self, tmp_path: Path
+    ) -> None:
+        """A scenario (it has a name, clients, ...) whose descriptors are rules rather than
+        lists of {key, value} gets the template's own error."""
+        rules = [{"key": "route", "value": "{client}"}]
+        path = _write_case(tmp_path, {"descriptor": DROP, "descriptors": rules})
+        code, _, err = _cli("simulate", str(path))
+        assert code == 2
+        assert err.splitlines()[0] == (
+            f"{path}: descriptors[0]: must be a non-empty list of {{key, value}}"
+        )
+
+    def test_every_file_of_the_scenarios_folder_is_a_scenario(self) -> None:
+        """descriptors/scenarios/ holds scenarios only; their configs are in configs/."""
+        folder = ROOT / "descriptors" / "scenarios"
+        for path in sorted(folder.glob("*.yaml")):
+            assert load_scenario(path).configs, path
+
     def test_a_broken_config_exits_2_with_the_loaders_message(self, tmp_path: Path) -> None:
         """A config the loader rejects exits 2 with the loader's own FILE: PATH: message."""
         path = _write_case(tmp_path, {})

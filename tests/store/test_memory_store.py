@@ -18,8 +18,9 @@ from fairlimit.core.admission import Code
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import plan
 from fairlimit.limiter import Limiter
-from fairlimit.store.memory import EXPIRE_STEP, MemoryStore, _glibc
+from fairlimit.store.memory import MemoryStore
 from fairlimit.store.reservations import MemoryReservations
+from fairlimit.store.sweep import EXPIRE_STEP, _glibc
 from fairness_cases import flat_config
 from helpers import FakeClock, desc, load_text, req, skip_or_fail
 from maxmin import Number, level
@@ -564,7 +565,7 @@ class TestRowsOfAnEndedWindow:
         for second in (50, 79):
             clock.t = hour + second
             await self._asks(limiter, "z", 50)
-        rows = store._caps["fair/route=api#3600"].rows
+        rows = store.fair.table["fair/route=api#3600"].rows
         assert "y" not in rows and "x" in rows
         clock.t = hour + 80
         assert 1399 <= await self._asks(limiter, "x", 1500) <= 1401  # 1800 - 400
@@ -591,5 +592,5 @@ class TestRowsOfAnEndedWindow:
         clock.t = minute + 1
         await self._asks(limiter, "v", 1)
         assert level([10_000, 10_000], [1, 1], 60) == 30
-        assert "y" not in store._caps["fair/route=api#60"].rows
+        assert "y" not in store.fair.table["fair/route=api#60"].rows
         assert 29.0 <= (await store.caps())["fair/route=api#60"].level <= 31.0

@@ -190,11 +190,5 @@ def grpc(settings: Settings, limiter: Limiter, quota: QuotaService) -> GrpcServe
         response_options(settings),
         (settings.max_connection_age, settings.max_connection_age_grace),
         quota=quota,
-        budgets=Budgets(
-            rls=settings.grpc_max_concurrent,
-            rlqs=settings.rlqs_max_streams,
-            per_connection=settings.grpc_max_streams_per_connection,
-            read_timeout=settings.grpc_read_timeout,
-            max_receive=settings.grpc_max_receive_bytes,
-        ),
+        budgets=Budgets.of(settings),
     )

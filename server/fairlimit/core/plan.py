@@ -7,16 +7,12 @@ Each descriptor charges its matched limit (or the request's override) and every
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from fairlimit.core.keys import counter_key, key_paths
 from fairlimit.core.matching import Match, Matcher
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import RateLimit, Rule, most_within
 from fairlimit.core.units import Shape
-
-if TYPE_CHECKING:
-    from fairlimit.core.reserve import Reserve
 
 
 # A plan is built on every request, so its classes are slotted but not frozen: a frozen
@@ -82,13 +78,25 @@ class DescriptorPlan:
 
 
 @dataclass(slots=True)  # not frozen: built per request (see Counter)
+class Reserve:
+    """A reservation to keep if the request is admitted (core/reserve.py makes them from
+    the request; the plan carries them to the store)."""
+
+    request_id: str
+    descriptor: int  # index into the rates request's descriptors (and so the plan's)
+    hits: int  # the estimate reserved
+    ttl: float  # max_duration
+    rule: Rule
+
+
+@dataclass(slots=True)  # not frozen: built per request (see Counter)
 class Plan:
     """Everything a request charges, deduplicated across its descriptors."""
 
     descriptors: tuple[DescriptorPlan, ...]
     counters: tuple[Counter, ...]
     shares: tuple[Share, ...]
-    reserve: tuple["Reserve", ...] = ()  # kept by the store when admitted (core/reserve.py)
+    reserve: tuple[Reserve, ...] = ()  # kept by the store when admitted (core/reserve.py)
 
 
 class _Builder:

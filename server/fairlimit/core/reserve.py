@@ -23,23 +23,13 @@ from fairlimit.core import concurrency
 from fairlimit.core.keys import counter_key, key_paths
 from fairlimit.core.matching import Match, Matcher
 from fairlimit.core.plan import Plan
+from fairlimit.core.plan import Reserve as Reserve  # kept with the plan that carries it
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import Config, Rule, walk
 
 RECORD_SUFFIX = "#rsv:"
 MAX_AVERAGES = 10_000  # counter keys whose average real cost is kept (least recent dropped)
 AVERAGE_WEIGHT = 0.2  # EWMA weight of the newest real cost
-
-
-@dataclass(slots=True)  # not frozen: built per request (see core/plan.py)
-class Reserve:
-    """A reservation to keep if the request is admitted."""
-
-    request_id: str
-    descriptor: int  # index into the rates request's descriptors (and so the plan's)
-    hits: int  # the estimate reserved
-    ttl: float  # max_duration
-    rule: Rule
 
 
 @dataclass(slots=True)  # not frozen: built per request

@@ -5,14 +5,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
+from fairlimit.core.classification import Classification
 from fairlimit.core.units import Algorithm, Shape, Unit
-
-if TYPE_CHECKING:
-    # validation classifies these rules, so it imports this module: a type-only import
-    # keeps the two from importing each other at run time.
-    from fairlimit.core.validation import Classification
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,11 +203,11 @@ class Loaded:
     """A loaded configuration with its classification and the files it came from."""
 
     config: Config
-    classifications: tuple["Classification", ...]
+    classifications: tuple[Classification, ...]
     files: tuple[PurePath, ...]
     # the concurrency caps' classifications (core/concurrency.py), kept apart from the rate
     # caps' because a node can be both and each has its own verdict
-    concurrency: tuple["Classification", ...] = ()
+    concurrency: tuple[Classification, ...] = ()
 
     @property
     def warnings(self) -> list[str]:
@@ -223,7 +218,7 @@ class Loaded:
         """Advice that is never an error (global buckets, as upstream has them)."""
         return [c.line for c in (*self.classifications, *self.concurrency) if c.is_note]
 
-    def verdicts_by_path(self) -> dict[str, list["Classification"]]:
+    def verdicts_by_path(self) -> dict[str, list[Classification]]:
         """The rate classifications of each classified rule, in order (a cap has one per
         limit, ``Classification.limit`` says which)."""
         out: dict[str, list[Classification]] = {}

@@ -10,52 +10,16 @@ node outside any cap with a value-less or wildcard level keeps a bucket per clie
 lists those too (``per_client_rules``), so that it counts every limit it read.
 """
 
-import enum
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+# The verdicts this module works out, named here for its callers; defined apart so that a
+# loaded config (core/rules.py) holds them without importing this module.
+from fairlimit.core.classification import Classification as Classification
+from fairlimit.core.classification import Mode as Mode
 from fairlimit.core.describe import duration_text, limit_words
 from fairlimit.core.rules import Config, Domain, RateLimit, Rule, most_within, walk
-
-
-class Mode(enum.Enum):
-    PER_CLIENT_BUCKETS = "per-client-buckets"
-    WEIGHTED_FAIR_QUEUE = "weighted-fair-queue"
-    GLOBAL_BUCKET_ONLY = "global-bucket-only"
-
-
-@dataclass(frozen=True, slots=True)
-class Classification:
-    """One cap's (or shared bucket's) verdict, with the figures behind it."""
-
-    source: str
-    path: str
-    mode: Mode
-    message: str
-    cap_per_second: float
-    required_per_second: float | None = None
-    per_client_per_second: float | None = None
-    active_clients: int | None = None
-    # which of the rule's limits a cap's verdict is about (a cap is classified once per
-    # limit); None: the whole rule (a global bucket counts every limit it has)
-    limit: int | None = None
-
-    @property
-    def is_warning(self) -> bool:
-        """A contended cap: allowed, shared fairly; ``--strict`` refuses it."""
-        return self.mode is Mode.WEIGHTED_FAIR_QUEUE
-
-    @property
-    def is_note(self) -> bool:
-        """A global bucket: advice, never an error. It behaves as in envoyproxy/ratelimit,
-        so a plain upstream config passes ``check --strict``."""
-        return self.mode is Mode.GLOBAL_BUCKET_ONLY
-
-    @property
-    def line(self) -> str:
-        """``FILE: PATH: message``, as every config message is printed."""
-        return f"{self.source}: {self.path}: {self.message}"
 
 
 def rate(per_second: float) -> str:

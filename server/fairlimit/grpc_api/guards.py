@@ -24,6 +24,7 @@ from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit._proto.envoy.type.v3 import ratelimit_unit_pb2
 from fairlimit.core.request import MAX_DESCRIPTORS, MAX_ENTRIES, MAX_HITS, MAX_TEXT
+from fairlimit.settings import Settings
 
 
 def largest_request() -> int:
@@ -42,23 +43,34 @@ def largest_request() -> int:
     return request.ByteSize()
 
 
-# Envoy's requests are a few hundred bytes, and an RLQS report about 100 bytes a bucket:
-# 256 KiB holds a report of a stream's most buckets with room to spare. 0 means the largest
-# request the bounds admit (2.1 MB), for callers that send requests near every bound.
-DEFAULT_MAX_RECEIVE = 256 * 1024
-OTHER_CALLS = 8  # health checks and reflection at once: probes, grpcurl
+OTHER_CALLS = 8  # health checks and reflection at once: probes, grpcurl (not a flag)
 
 
 @dataclass(frozen=True)
 class Budgets:
-    """What one process serves at once (--grpc-max-concurrent, --rlqs-max-streams, ...)."""
+    """What one process serves at once (--grpc-max-concurrent, --rlqs-max-streams, ...).
 
-    rls: int = 32  # ShouldRateLimit calls in progress
-    rlqs: int = 64  # RLQS streams open
+    The values come from the settings (``Budgets.of``), whose defaults are the server's:
+    nothing here has a default of its own that could drift from the flags'.
+    """
+
+    rls: int  # ShouldRateLimit calls in progress
+    rlqs: int  # RLQS streams open
+    per_connection: int  # HTTP/2 streams one connection may have open; 0: no limit sent
+    read_timeout: float  # seconds for a call's (first) message to arrive
+    max_receive: int  # 0: the largest request the bounds admit
     other: int = OTHER_CALLS
-    per_connection: int = 0  # HTTP/2 streams one connection may have open; 0: no limit sent
-    read_timeout: float = 1.0  # seconds for a call's (first) message to arrive
-    max_receive: int = DEFAULT_MAX_RECEIVE
+
+    @classmethod
+    def of(cls, settings: Settings) -> "Budgets":
+        """The budgets ``settings`` set (``Budgets.of(Settings())``: the defaults)."""
+        return cls(
+            rls=settings.grpc_max_concurrent,
+            rlqs=settings.rlqs_max_streams,
+            per_connection=settings.grpc_max_streams_per_connection,
+            read_timeout=settings.grpc_read_timeout,
+            max_receive=settings.grpc_max_receive_bytes,
+        )
 
     @property
     def receive_limit(self) -> int:

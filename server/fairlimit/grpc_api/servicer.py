@@ -22,6 +22,7 @@ from fairlimit.grpc_api.rlqs import RLQS_SERVICE, QuotaServicer
 from fairlimit.grpc_api.tls import TlsFiles
 from fairlimit.limiter import Limiter, Prepared
 from fairlimit.quota import QuotaService
+from fairlimit.settings import Settings
 from fairlimit.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class RateLimitServicer:
         reader: guards.Reader | None = None,
     ) -> None:
         self.limiter = limiter
-        budgets = guards.Budgets()
+        budgets = guards.Budgets.of(Settings())
         self.pool = pool or guards.Pool(RLS_KIND, budgets.rls, RLS_WHAT)
         self.reader = reader or guards.Reader(budgets.read_timeout)
         self.telemetry = telemetry  # spans and the latency metric; the limiter counts hits
@@ -232,7 +233,7 @@ class GrpcServer:
         *,
         budgets: guards.Budgets | None = None,
     ) -> None:
-        budgets = budgets or guards.Budgets()
+        budgets = budgets or guards.Budgets.of(Settings())
         # SO_REUSEPORT only where workers share the port on purpose: otherwise a second server
         # on a busy port must fail to bind rather than quietly take half of its connections.
         server_options = [("grpc.so_reuseport", int(reuse_port)), *guards.server_options(budgets)]

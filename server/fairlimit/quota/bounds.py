@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 
 from fairlimit.quota.stream import QuotaStream
-from fairlimit.store.memory import trim_malloc
+from fairlimit.store.sweep import trim_malloc
 from fairlimit.telemetry.quota import QuotaTelemetry
 
 log = logging.getLogger(__name__)

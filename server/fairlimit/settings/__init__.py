@@ -92,8 +92,11 @@ class Settings:
     # A config that limits nothing (no descriptor file in a directory given, no limit at
     # all) is refused at start and on reload unless this is set.
     allow_empty_config: bool = False
-    # The largest gRPC message received (256 KiB); 0: the largest request the bounds admit
-    # (~2.1 MB).
+    # The largest gRPC message received. Envoy's requests are a few hundred bytes, and an RLQS
+    # report about 100 bytes a bucket: 256 KiB holds a report of a stream's most buckets with
+    # room to spare. 0: the largest request the bounds admit (~2.1 MB), for callers that send
+    # requests near every bound. These call budgets' defaults are the only ones
+    # (grpc_api/guards.py's Budgets are made from them).
     grpc_max_receive_bytes: int = 256 * 1024
     # Rate-limit calls served at once; beyond, RESOURCE_EXHAUSTED. With the RLQS streams and
     # the receive limit it bounds the memory a flood of maximal requests can take.

@@ -122,12 +122,31 @@ def _steady(reader: Reader, raw: object, duration: float) -> tuple[float, float]
     return start, reader.number(node, "stop", "steady.stop", rule, duration) or duration
 
 
+NOT_A_SCENARIO = (
+    "a rate-limit config, not a scenario: a scenario needs name, duration, clients, a request"
+    " template (descriptor or descriptors, each a list of {key, value}) and configs (each"
+    " {label, path}, naming a config like this one); see 'Writing a scenario' in"
+    " docs/fair-sharing.md"
+)
+
+
+def _is_config(raw: Mapping[str, Any]) -> bool:
+    """Whether ``raw`` is a rate-limit config given as a scenario: its descriptors are rules
+    (mappings; a scenario's are lists of {key, value}) and it has none of a scenario's own
+    keys (a scenario with a mistaken template gets the template's errors)."""
+    descriptors = raw.get("descriptors")
+    rules = isinstance(descriptors, list) and any(isinstance(d, Mapping) for d in descriptors)
+    return rules and not {"name", "duration", "clients", "configs"} & raw.keys()
+
+
 def parse_scenario(text: str, source: str, base: Path) -> Scenario:
     """One scenario file's text -> Scenario; ScenarioError lists every problem."""
     try:
         raw = yaml_mapping(text, source, "a scenario")
     except ConfigError as exc:  # the YAML reader is the config loader's
         raise ScenarioError(exc.problems) from exc
+    if _is_config(raw):
+        raise ScenarioError([f"{source}: (file): {NOT_A_SCENARIO}"])
     reader = Reader(source)
     reader.mapping(raw, "(file)", SCENARIO_KEYS)
     name = reader.text(raw, "name", "name")

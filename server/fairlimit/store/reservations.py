@@ -44,7 +44,7 @@ class MemoryReservations:
 
     def expire(self, now: float, budget: int, dropped: list[object] | None = None) -> bool:
         """Drop the records whose time is up by ``now``, ``budget`` at most; True when more
-        are due. ``dropped``: where they go, to be freed later (store/memory.py says why)."""
+        are due. ``dropped``: where they go, to be freed later (store/sweep.py says why)."""
         expiries, records = self._expiries, self._records
         if not expiries.due(now):
             return False
