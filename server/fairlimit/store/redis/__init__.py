@@ -4,7 +4,9 @@ What each module owns:
 
 - ``keys.py``: key names, hash tags, the anchor cap of each counter, a plan's slot groups
 - ``script.py``: the KEYS/ARGV contract with ``lua/`` (layouts, argument builders, reply
-  parsers, script registration) and the λ computed for a hand-back
+  parsers, script registration)
+- ``division.py``: a hand-back's division: the rows read by HSCAN in bounded steps, the
+  division computed, inline or (a large cap) in the background
 - ``lua/``: one script per operation: ``admit.lua`` (admission, with the division hand-back),
   ``release.lua`` (undo a reservation of a multi-slot request), ``acquire.lua`` and
   ``release_slot.lua`` (concurrency slots)

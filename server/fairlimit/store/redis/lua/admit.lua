@@ -44,11 +44,14 @@
 --       division this call wrote; block = the hits reserved, 0 = none; wanted = each
 --       share's want, only when a block was asked for; full and was = per counter when it
 --       is full again after this call and before it, for kinds "s" and "g", else "0"), or
---       {2, now, {cap index, epoch, rows as a flat hash, asker, extra, closing}...} when
+--       {2, now, {cap index, epoch, fields, asker, extra, closing, in_force}...} when
 --       this call won the lock of a cap whose division is due (asker "") or that a request
---       found newly contended (asker = its client, extra = its hits); closing is λ of the
---       window before when the division in force knows it, else "": nothing was recorded
---       or charged; divide and call again with it.
+--       found newly contended (asker = its client, extra = its hits); fields is HLEN of the
+--       cap's rows (the caller reads them with HSCAN, in bounded steps: no call returns or
+--       walks every row); closing is λ of the window before when the division in force
+--       knows it, else ""; in_force 1 when a division is in force: nothing was recorded
+--       or charged; divide and call again with it, or (a large cap) call again without
+--       it: the lock held, the division in force decides meanwhile.
 -- ARGV tail, only for a request that reserves (store/redis/reservations.py): the number of
 -- records, then per record its hits, max_duration in ms and its own counter's 1-based
 -- index; their keys follow the caps' in KEYS. A record still open (not settled, not past its expiry) refuses the call at
@@ -368,7 +371,9 @@ end
 -- when the cap has no rows; 'compute' when this call must hand back for it.
 local function division_of(cap)
   local d = load_division(cap)
-  if cap.given_e ~= '' and math.floor(tonumber(cap.given_e) / FORCES) == cap.epoch and
+  -- a division made for an earlier sub-period (in the background, store/redis/division.py)
+  -- is still taken when it is newer than the one in force
+  if cap.given_e ~= '' and math.floor(tonumber(cap.given_e) / FORCES) <= cap.epoch and
       (d == nil or tonumber(cap.given_e) > d.epoch) then
     d = given_division(cap)
     write_division(cap, d)
@@ -378,7 +383,10 @@ local function division_of(cap)
     else
       for f = 1, 6 do redis.call('HSET', cap.meta, FIGURES[f], fig[f]) end
     end
-    redis.call('DEL', cap.lock)
+    -- the lock, unless a later division's computer holds it now
+    if tonumber(redis.call('GET', cap.lock) or '0') <= tonumber(cap.given_e) then
+      redis.call('DEL', cap.lock)
+    end
     cap.rolled = true
     return d
   end
@@ -586,8 +594,8 @@ local need = {}
 for j, cap in ipairs(caps) do
   local d, held = division_of(cap)
   if d == 'compute' then
-    table.insert(need, {j, whole(FORCES * cap.epoch), redis.call('HGETALL', cap.rows), '', '0',
-      closing_of(held, cap)})
+    table.insert(need, {j, whole(FORCES * cap.epoch), redis.call('HLEN', cap.rows), '', '0',
+      closing_of(held, cap), held and 1 or 0})
   end
   cap.division = d
 end
@@ -604,8 +612,8 @@ for _, s in ipairs(shares) do
   local id = FORCES * s.cap.epoch + forced
   if contended(s.d, s.row, s, s.cap.capacity) and may_lock and take_lock(s.cap, id) then
     local extra = math.max(s.hits, 1)
-    table.insert(need, {0, whole(id), redis.call('HGETALL', s.cap.rows),
-      s.client, whole(extra), closing_of(s.d, s.cap)})
+    table.insert(need, {0, whole(id), redis.call('HLEN', s.cap.rows),
+      s.client, whole(extra), closing_of(s.d, s.cap), 1})
     for j, cap in ipairs(caps) do
       if cap == s.cap then need[#need][1] = j end
     end
