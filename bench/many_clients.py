@@ -1,14 +1,16 @@
 """Many clients on Redis (issue 41): plain counters beside a fair_share cap, same clients.
 
     python bench/many_clients.py --clients 10000 --seconds 8
-    python bench/many_clients.py --clients 100000 --seconds 8 --leases
+    python bench/many_clients.py --clients 100000 --seconds 8 --prefill
 
 Starts a throwaway redis-server (SLOWLOG at 1 ms) and fairlimit on it (bench/bench.yaml),
 then runs bench/loadgen.py on route=plain (a per-client counter) and route=public (the same
 counter under a fair_share cap), taking turns (``--rounds``), and prints one row per route:
 requests/s, p99, admit.lua µs per call (INFO commandstats), script calls over 1 ms
-(SLOWLOG) and the slowest, and the answers given by the failure mode (fairlimit's
-backend errors and shed calls). Everything binds 127.0.0.1 and is stopped at the end.
+(SLOWLOG) and the slowest, with the commands SLOWLOG names, and the answers given by the
+failure mode (fairlimit's backend errors and shed calls). ``--prefill`` first gives the
+cap a row for every client (a copy of one real row): a run reaches only a few thousand.
+Everything binds 127.0.0.1 and is stopped at the end.
 """
 
 import argparse
@@ -17,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,10 @@ _FAIL_OPEN = ("backend_errors", "shed")  # answered by the failure mode
 def _name(command: object) -> str:
     text = command.decode() if isinstance(command, bytes) else str(command)
     return text.split()[0].upper() if text else "?"
+
+
+def _counts(by_name: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in by_name.items())
 
 
 def _script_stats(redis: procs.Redis) -> tuple[int, float]:
@@ -43,7 +50,7 @@ def _run(route: str, redis: procs.Redis, proc: procs.Proc, port: int, clients: i
     result = _loadgen_route(port, route, clients, seconds)
     after = proc.metrics()
     calls2, usec2 = _script_stats(redis)
-    slow = redis.client.slowlog_get(10_000)
+    slow = redis.client.slowlog_get(100_000)
     return {
         "route": route,
         "rps": result["rps"],
@@ -52,7 +59,7 @@ def _run(route: str, redis: procs.Redis, proc: procs.Proc, port: int, clients: i
         "calls": calls2 - calls,
         "slowlog_over_1ms": len(slow),
         "slowest_ms": round(max((s["duration"] for s in slow), default=0) / 1000, 1),
-        "slow_commands": sorted({_name(s["command"]) for s in slow}),
+        "slow_commands": dict(Counter(_name(s["command"]) for s in slow).most_common()),
         "failure_mode": sum(after.get(k, 0.0) - before.get(k, 0.0) for k in _FAIL_OPEN),
         "codes": result["codes"],
     }
@@ -67,6 +74,20 @@ def _loadgen_route(port: int, route: str, clients: int, seconds: float) -> dict[
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+def _prefill(redis: procs.Redis, port: int, clients: int) -> None:
+    """A row for each client at the fair cap, as if each had asked once (the load generator
+    reaches a few thousand clients in a run): one real request, its row copied."""
+    _loadgen_route(port, "public", 1, 0.5)
+    (key,) = redis.client.scan_iter(match="*}r:*")
+    row = {f.partition(":")[0]: v for f, v in redis.client.hgetall(key).items()}
+    pipe = redis.client.pipeline(transaction=False)
+    for i in range(clients):
+        pipe.hset(key, mapping={f"{f}:c{i:07d}": v for f, v in row.items()})
+        if i % 1000 == 999:
+            pipe.execute()
+    pipe.execute()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=10_000)
@@ -74,6 +95,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--leases", action="store_true", help="?leases=on")
     parser.add_argument("--redis-server", default="redis-server")
+    parser.add_argument("--log", type=Path, help="keep fairlimit's log here")
+    parser.add_argument("--prefill", action="store_true",
+                        help="give the cap a row for each of the clients before the runs")
     a = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="many-clients-") as tmp:
         work = Path(tmp)
@@ -81,8 +105,11 @@ def main() -> int:
         proc = None
         try:
             redis.client.config_set("slowlog-log-slower-than", 1000)
+            redis.client.config_set("slowlog-max-len", 100_000)
             url = redis.url + ("?leases=on" if a.leases else "")
             proc, port = procs.fairlimit(work, "fairlimit", url)
+            if a.prefill:
+                _prefill(redis, port, a.clients)
             rows = []
             for _ in range(a.rounds):
                 for route in ("plain", "public"):
@@ -93,6 +120,8 @@ def main() -> int:
         finally:
             if proc is not None:
                 proc.stop()
+                if a.log:
+                    a.log.write_text(proc.text())
             redis.stop()
     print(f"clients={a.clients} seconds={a.seconds} leases={'on' if a.leases else 'off'} "
           f"rows-hash fields={fields}")
@@ -101,7 +130,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['route']} | {r['rps']} | {r['p99_ms']} | {r['usec_per_call']} | {r['calls']} "
-              f"| {r['slowlog_over_1ms']} | {r['slowest_ms']} | {','.join(r['slow_commands'])} "
+              f"| {r['slowlog_over_1ms']} | {r['slowest_ms']} | {_counts(r['slow_commands'])} "
               f"| {r['failure_mode']:g} |")
     return 0
 

@@ -21,6 +21,7 @@ division is an estimate remade every sub-period; the next one reads it whole).
 import asyncio
 import contextvars
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,14 @@ from fairlimit.store.redis.script import FIGURES, GivenDivision, division_text, 
 
 log = logging.getLogger(__name__)
 
-SCAN_COUNT = 1000  # hash fields asked for per HSCAN step (about 45 clients' rows)
+SCAN_COUNT = 128  # hash fields asked for per HSCAN step (about 6 clients' rows): well under
+# a millisecond of Redis time per step, on a loaded machine too
+# After a division made in the background, the cap's task rests REST times as long as it
+# took before it makes the next: a division reads every row, so at most 1 / (1 + REST) of
+# a core goes to a large cap's divisions, however often they fall due (each period, and at
+# a quarter period after rows / AMORTISE requests); meanwhile requests update the division
+# in force (core/sharing.leave and enter) and only λ waits.
+REST = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +137,9 @@ def _made(wanted: _Wanted, flat: list[str]) -> GivenDivision:
 
 
 class Background:
-    """The divisions of large caps, made off the request path: one task per cap at a time;
-    a hand-back for a newer division while it is out waits for it (the newest only)."""
+    """The divisions of large caps, made off the request path: one task per cap at a time,
+    resting REST times a division's duration after it; a hand-back for a newer division
+    while the task is out waits for it (the newest only)."""
 
     def __init__(self, client: "aioredis.Redis | RedisCluster", hand_in: HandIn,
                  timeout: float) -> None:  # fmt: skip
@@ -164,10 +173,12 @@ class Background:
     async def _run(self, cap: str, wanted: _Wanted) -> None:
         try:
             while True:
+                began = time.monotonic()
                 try:
                     await self._make(wanted)
                 except StoreUnavailable as exc:
                     log.warning("redis: a division made in the background was lost: %s", exc)
+                await asyncio.sleep((time.monotonic() - began) * REST)
                 waiting = self._next.pop(cap, None)
                 if waiting is None:
                     return
