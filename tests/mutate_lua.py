@@ -3,7 +3,9 @@
 mutmut mutates Python only; this plants one small bug at a time in a .lua file and runs the
 Redis tests that go through that script. A mutant is a modified copy of the file, loaded by
 the normal path (store/redis/script.py reads the package's lua/ folder and prepends
-clock.lua and the generated contract): the sources, tests and their data are copied to a
+clock.lua and the generated contract): the admit script is kept as parts (lua/admit/*.lua,
+joined by script.py), and each part is a script here, named admit/<part>; "admit" on the
+command line stands for all of them. The sources, tests and their data are copied to a
 work folder, the mutant is written there, and the tests run against that copy. The
 repository's own scripts are never written, so an interrupted run leaves nothing behind.
 
@@ -11,11 +13,11 @@ repository's own scripts are never written, so an interrupted run leaves nothing
     python tests/mutate_lua.py run acquire demand      # some scripts
     python tests/mutate_lua.py run admit --sample 120 --seed 29 --budget 40
     python tests/mutate_lua.py run clock --again       # the survivors, after a new test
-    python tests/mutate_lua.py run admit --mutant admit:355:0:line   # one mutant again
+    python tests/mutate_lua.py run admit --mutant admit/decide:24:0:line  # one again
     python tests/mutate_lua.py list admit              # the mutants, without running them
     python tests/mutate_lua.py results                 # the figures per script (markdown)
     python tests/mutate_lua.py results --survivors     # and each surviving mutant
-    python tests/mutate_lua.py show admit:312:40:cmp   # one mutant's line, before and after
+    python tests/mutate_lua.py show admit/verdict:13:12:cmp   # one mutant, before and after
     python tests/mutate_lua.py run --changed-since main    # what changed since main
     python tests/mutate_lua.py list --changed-since main   # ... without running them
     python tests/mutate_lua.py results --changed-since main    # ... their figures
@@ -100,8 +102,11 @@ _DEMAND = (
     "tests/quota/test_quota_service.py",
     "tests/quota/test_rlqs_inputs.py",
 )
+# The parts of the admit script (lua/admit/, joined by store/redis/script.py), each a script
+# here: admit/<part>.
+ADMIT_PARTS = tuple(sorted(f"admit/{p.stem}" for p in (ROOT / LUA / "admit").glob("*.lua")))
 TESTS: dict[str, tuple[str, ...]] = {
-    "admit": _RATES,
+    **{part: _RATES for part in ADMIT_PARTS},
     "release": _RATES,
     "acquire": _SLOTS,
     "release_slot": _SLOTS,
@@ -236,8 +241,25 @@ def changed(script: str, text: str, lines: set[int]) -> list[Mutant]:
             if (part_of(m, spans) or None) in touched or m.line in lines]  # fmt: skip
 
 
+def _named(folder: Path) -> dict[str, Path]:
+    """The scripts in a lua/ folder by name: <stem> for lua/<stem>.lua, <dir>/<stem> for the
+    parts lua/<dir>/<stem>.lua of a script kept as parts."""
+    found = [*folder.glob("*.lua"), *folder.glob("*/*.lua")]
+    return {p.relative_to(folder).with_suffix("").as_posix(): p for p in found}
+
+
 def scripts() -> list[str]:
-    return sorted(p.stem for p in (ROOT / LUA).glob("*.lua"))
+    return sorted(_named(ROOT / LUA))
+
+
+def expand(names: Sequence[str]) -> list[str]:
+    """Script names as given on the command line: a script kept as parts ("admit") stands for
+    each of its parts."""
+    known = scripts()
+    found: list[str] = []
+    for name in names:
+        found += [name] if name in known else [n for n in known if n.startswith(f"{name}/")]
+    return found
 
 
 def _digest(text: str) -> str:
@@ -277,7 +299,8 @@ def chooser(
     if since is not None:
         from mutation_changes import changed_lines
 
-        lines = {Path(p).stem: n for p, n in changed_lines(since, [str(LUA)], ROOT).items()}
+        found = changed_lines(since, [str(LUA)], ROOT).items()
+        lines = {Path(p).relative_to(LUA).with_suffix("").as_posix(): n for p, n in found}
 
     def choose(script: str, text: str) -> list[Mutant]:
         if lines is not None:
@@ -329,22 +352,25 @@ class Workspace:
         self._redis = RedisProcess(self.root / "redis-check").start()
         # the scripts as copied: what every mutant starts from (the repository's files may
         # change while a run goes on; the run judges the copy it started with)
-        self.texts = {p.stem: p.read_text() for p in (self.root / LUA).glob("*.lua")}
+        self.texts = {name: p.read_text() for name, p in _named(self.root / LUA).items()}
 
     def write(self, script: str, text: str) -> None:
         (self.root / LUA / f"{script}.lua").write_text(text)
 
     def loads(self, script: str, text: str) -> bool:
         """Whether Redis compiles the registered source of ``script`` with ``text`` as its
-        file (clock.lua's text is put before admit.lua's, as script.source does)."""
+        file (clock.lua's text is put before the admit script's, and a part of a script is
+        joined with the others, as script.source does)."""
         sys.path.insert(0, str(ROOT / "server"))
-        from fairlimit.store.redis.script import contract
+        from fairlimit.store.redis.script import PARTS, contract, join
 
         def body(name: str) -> str:
             return text if name == script else self.texts[name]
 
-        target = "admit" if script == "clock" else script
-        source = body("clock") + contract() + body(target)
+        target = "admit" if script == "clock" else script.split("/")[0]
+        parts = PARTS.get(target)
+        whole = join([body(f"{target}/{p}") for p in parts]) if parts else body(target)
+        source = body("clock") + contract() + whole
         with self._redis.client() as client:
             try:
                 client.script_load(source)
@@ -524,8 +550,8 @@ def main() -> None:
     if args.command == "results":
         tally(args.survivors, choose if args.changed_since or args.per_function else None)
         return
-    names = args.names or scripts()
-    unknown = set(names) - set(scripts())
+    names = expand(args.names) if args.names else scripts()
+    unknown = {name for name in args.names if not expand([name])}
     if unknown:
         raise SystemExit(f"no such script: {sorted(unknown)}")
     if args.command == "list":

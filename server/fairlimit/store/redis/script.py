@@ -4,7 +4,10 @@ the argument builders, the reply parsers and the registration of the scripts.
 Each script takes KEYS as the counter keys, then for each cap the keys its layout names;
 ARGV as the layout's head, then for counters, caps and shares in turn: their number, then
 that many rows of the layout's fields. Each .lua file states the same layout in its opening
-comment; tests/store/test_redis_script.py checks the two against each other.
+comment; tests/store/test_redis_script.py checks the two against each other. The admit
+script is long: it is kept as one file per concept in lua/admit/ (PARTS names them), joined
+here in that fixed order into the one script registered, so a request still costs one
+EVALSHA per slot group; its layout comment opens the first part, lua/admit/args.lua.
 """
 
 import dataclasses
@@ -74,9 +77,30 @@ RELEASE = Layout(
 LAYOUTS = (ADMIT, RELEASE)
 
 
+# The scripts kept as parts, lua/<script>/<part>.lua, and the order they are joined in: each
+# part uses what the parts before it define (one Lua chunk), and the body runs through them
+# top to bottom. Each part's opening comment states what it reads and defines.
+PARTS: dict[str, tuple[str, ...]] = {
+    ADMIT.script: ("args", "rows", "division", "verdict", "meters", "decide", "lease", "charge"),
+}
+
+
+def _file(path: str) -> str:
+    return resources.files(__package__).joinpath(path).read_text()
+
+
+def join(texts: Sequence[str]) -> str:
+    """A script's parts as one text: in the order given, a blank line between two."""
+    return "\n".join(texts)
+
+
 def text(script: str) -> str:
-    """``lua/<script>.lua`` as written: its opening comment states its KEYS/ARGV contract."""
-    return resources.files(__package__).joinpath(f"lua/{script}.lua").read_text()
+    """``lua/<script>.lua`` as written, or the parts of ``script`` (PARTS) joined: its opening
+    comment states its KEYS/ARGV contract."""
+    parts = PARTS.get(script)
+    if parts is None:
+        return _file(f"lua/{script}.lua")
+    return join([_file(f"lua/{script}/{part}.lua") for part in parts])
 
 
 def _lua(value: object) -> str:

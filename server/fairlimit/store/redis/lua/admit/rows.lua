@@ -1,0 +1,120 @@
+-- admit/rows.lua: part 2 of the admit script (lua/admit/args.lua states its layout and
+-- the order of the parts): the clock of a cap and a client's row at it.
+-- KEYS: each cap's rows hash (s.cap.rows: <field>:<client>, ROW_FIELD), read and written
+-- by load_row and save_row. ARGV: none (args.lua parsed it).
+-- Reads: ROW ROW_FIELD ALPHA STALE LEAD (contract), NONE num fmt (args.lua).
+-- Defines: left elapsed into (core/sharing.Clock); fresh_row load_row save_row fold
+-- predicted want part (core/sharing.py).
+
+-- --- the clock (core/sharing.Clock) ---------------------------------------------------------
+
+local function left(c)
+  return (c.finish - c.now) / c.period_len
+end
+
+local function elapsed(c)
+  return math.min(1, (c.now - c.start + LEAD * c.period_len) / c.window)
+end
+
+local function into(c)
+  return (c.now - c.period * c.period_len) / c.period_len + LEAD
+end
+
+-- --- rows (core/sharing.py: fold, predicted, want, part) ------------------------------------
+
+local function fresh_row(limit, weight)
+  local row = {}
+  for _, f in ipairs(ROW) do row[f] = 0 end
+  row.window, row.period, row.epoch, row.previous, row.page = -1, -1, -1, -1, -1
+  row.kind = NONE
+  row.limit, row.weight = limit, weight
+  return row
+end
+
+local function load_row(s)
+  local fields = {}
+  for i, f in ipairs(ROW) do fields[i] = ROW_FIELD[f] .. ':' .. s.client end
+  local v = redis.call('HMGET', s.cap.rows, unpack(fields))
+  if v[1] == false then return fresh_row(s.limit, s.weight) end
+  local row = {}
+  for i, f in ipairs(ROW) do row[f] = num(v[i] or '0') end
+  row.limit, row.weight = s.limit, s.weight
+  return row
+end
+
+local function save_row(s, row)
+  local args = {}
+  for _, f in ipairs(ROW) do
+    table.insert(args, ROW_FIELD[f] .. ':' .. s.client)
+    table.insert(args, fmt(row[f]))
+  end
+  redis.call('HSET', s.cap.rows, unpack(args))
+  redis.call('PEXPIRE', s.cap.rows, s.cap.keep)
+end
+
+local function fold(row, c, closing)
+  if row.period < c.period then
+    local gap = c.period - row.period
+    if gap > STALE then
+      row.history, row.mass, row.last_asked, row.last_admitted = 0, 0, 0, 0
+    elseif row.period >= 0 then
+      if gap == 1 then
+        row.last_asked, row.last_admitted = row.period_asked, row.period_admitted
+      else
+        row.last_asked, row.last_admitted = 0, 0
+      end
+      local keep = 1 - ALPHA
+      local decay = keep ^ (gap - 1)
+      local total = (ALPHA * row.period_asked + keep * row.history * row.mass) * decay
+      row.mass = 1 - (1 - (ALPHA + keep * row.mass)) * decay
+      row.history = total / row.mass
+    end
+    row.period_asked, row.period_admitted = 0, 0
+    row.period = c.period
+  end
+  if row.window ~= c.start then
+    local carried = 0
+    local follows = row.window == c.start - c.window
+    if follows then row.previous = row.asked else row.previous = -1 end
+    row.previous_last = row.seen
+    if row.asked > row.admitted and follows then
+      local share = math.min(row.asked, row.limit, closing * row.weight)
+      local left_over = share + row.credit - row.admitted
+      if 0 < left_over and left_over < 1 then carried = left_over end
+    end
+    row.credit = carried
+    row.admitted, row.asked = 0, 0
+    row.window = c.start
+  end
+end
+
+local function predicted(row, c)
+  if row.previous < 0 then
+    return row.asked / math.max(1, (c.now - c.start) / c.period_len)
+  end
+  local since = c.now - c.window
+  local inside = 0
+  if row.previous_last > since then
+    local spread = row.previous_last - (c.start - c.window)
+    if spread > 0 then
+      inside = math.min(1, (row.previous_last - since) / spread)
+    else
+      inside = 1
+    end
+  end
+  return (row.asked + row.previous * inside) * c.period_len / c.window
+end
+
+local function want(row, c, extra)
+  local fixed, rate = row.asked + extra, predicted(row, c)
+  if fixed + rate * left(c) > row.limit then return row.limit, 0 end
+  return fixed, rate
+end
+
+local function part(row, c, level)
+  local fixed, rate = want(row, c, 0)
+  local wanted = fixed + rate * left(c)
+  if wanted <= 0 then return NONE, 0, 0 end
+  if wanted > level * row.weight then return HELD, 0, 0 end
+  return OPEN, fixed, rate
+end

@@ -1,0 +1,127 @@
+-- admit/verdict.lua: part 4 of the admit script (lua/admit/args.lua states its layout and
+-- the order of the parts): a share's bound under the division (contended, cold, paced,
+-- verdict) and the light demand at a cap (load_light, schedule, reserve).
+-- KEYS: each cap's meta hash (LIGHT_FIELD and the calendar's CALENDAR<start> fields).
+-- ARGV: none.
+-- Reads: FORCES AMORTISE EPSILON BURST RELEASE STALE LIGHT_FIELD CALENDAR (contract),
+-- num whole OPEN HELD (args.lua), want left elapsed into (rows.lua).
+-- Defines: contended cold bursting for_light paced verdict load_light schedule reserve.
+
+-- --- the verdict (core/sharing.py: contended, verdict, _cold) -------------------------------
+
+local function contended(d, row, s, capacity)
+  if d.held > 0 or d.forced >= FORCES - 1 then return false end
+  if d.forced ~= 0 and d.asks * AMORTISE < d.rows then return false end
+  local fixed, rate = want(row, s.cap, math.max(s.hits, 1))
+  local wanted = fixed + rate * left(s.cap)
+  local room = capacity - d.fixed - d.rate * left(s.cap)
+  return wanted > room + EPSILON and d.top > room / row.weight + EPSILON
+end
+
+local function cold(bound, d, row, s, capacity, total)
+  if d.cold == 0 or s.sized then return bound end
+  local split = capacity * row.weight / math.max(s.cap.declared, d.rows + 1)
+  local paced = capacity * elapsed(s.cap) - (total - row.admitted)
+  return math.min(bound, math.max(split, paced, 1))
+end
+
+-- core/sharing._bursting
+local function bursting(row, share, c)
+  if row.history * c.window / c.period_len >= share then return false end
+  return row.period_asked > BURST * row.history * into(c)
+end
+
+-- core/sharing._for_light: (part, kept)
+local function for_light(share, row, d, s)
+  if s.reserve <= 0 then return 0, 0 end
+  local c = s.cap
+  local part = s.reserve * row.weight / (d.held + row.weight)
+  local coming = row.history * math.min(math.max(0, left(c) - RELEASE), 1)
+  local margin = coming - math.min(share * (1 - elapsed(c)), coming)
+  if part < margin then return part, part end
+  return part, margin
+end
+
+-- core/sharing._paced
+local function paced(share, row, d, s, capacity, total)
+  local c = s.cap
+  local held_back, part, kept = 0, 0, 0
+  if not s.sized then
+    if d.cold ~= 0 then
+      held_back = share * (1 - elapsed(c))
+    elseif not s.nested and not bursting(row, share, c) then
+      part, kept = for_light(share, row, d, s)
+      share = share - kept
+      held_back = math.min(share * (1 - elapsed(c)), row.history * left(c))
+    end
+  end
+  local bound = share - held_back
+  if held_back ~= 0 and row.admitted + 1 <= math.max(bound, 1) then
+    bound = math.max(bound, math.min(share, row.admitted + math.max(s.hits, 1)))
+  end
+  if kept ~= 0 and kept >= part then
+    bound = math.min(bound, row.admitted + capacity - total - s.reserve)
+  end
+  return cold(bound, d, row, s, capacity, total)
+end
+
+-- (bound, share, kind, light)
+local function verdict(row, d, s, capacity, total)
+  local c = s.cap
+  local h = math.max(s.hits, 1)
+  local fixed, rate = want(row, c, h)
+  local l = left(c)
+  local wanted = fixed + rate * l
+  local coming = math.floor(d.rate * l + EPSILON)
+  local room = math.max(0, capacity - d.fixed - coming)
+  if wanted * (d.held + row.weight) <= room * row.weight + EPSILON then
+    local share = s.limit
+    if d.held > 0 then
+      share = math.min(share, (room - wanted) / d.held * row.weight)
+    end
+    if rate ~= 0 or fixed < s.limit or d.cold ~= 0 or room - wanted >= 1 then
+      return cold(share, d, row, s, capacity, total), share, OPEN, fixed < s.limit
+    end
+    return paced(share, row, d, s, capacity, total), share, HELD, false
+  end
+  local share = room * row.weight / (d.held + row.weight)
+  return paced(share + row.credit, row, d, s, capacity, total), share + row.credit, HELD, false
+end
+
+-- --- light demand (core/sharing.py: Light, roll_light, schedule, reserve) -----------------
+
+local function load_light(cap)
+  local v = redis.call('HMGET', cap.meta, LIGHT_FIELD.window, LIGHT_FIELD.asked,
+    LIGHT_FIELD.expected)
+  local light = {window = -1, asked = 0, expected = 0}
+  if v[1] then light.window, light.asked, light.expected = num(v[1]), num(v[2]), num(v[3]) end
+  if light.window ~= cap.start then
+    -- the calendar's entry for this window, and those of windows nobody asked in
+    local field = CALENDAR .. whole(cap.start)
+    local expected = num(redis.call('HGET', cap.meta, field) or '0')
+    redis.call('HDEL', cap.meta, field)
+    if light.window >= 0 and (cap.start - light.window) / cap.window <= STALE then
+      for at = light.window + cap.window, cap.start - cap.window, cap.window do
+        redis.call('HDEL', cap.meta, CALENDAR .. whole(at))
+      end
+    end
+    light.window, light.asked, light.expected = cap.start, 0, expected
+  end
+  return light
+end
+
+-- core/sharing.schedule: the window start the client is expected back in (-1: none)
+local function schedule(row, c)
+  if row.page ~= c.start then
+    if row.page >= 0 then row.gap = (c.start - row.page) / c.window end
+    row.page = c.start
+  end
+  if 1 < row.gap and row.gap <= STALE then return c.start + row.gap * c.window end
+  return -1
+end
+
+local function reserve(light, d, c)
+  if d.cold ~= 0 then return 0 end
+  local coming = math.floor(d.rate * left(c) + EPSILON)
+  return math.max(0, math.floor(light.expected - light.asked + EPSILON) - coming)
+end
