@@ -13,7 +13,7 @@ import pytest
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
-from fairlimit.core.sharing import FORCES, ROW_FIELDS, SPLIT
+from fairlimit.core.sharing import FORCES, ROW_FIELDS, SPLIT, STALE
 from fairlimit.store.redis import division, script
 from fairlimit.store.redis.keys import slot_groups
 from fairlimit.store.redis.script import ADMIT, NEED_LEVEL
@@ -189,5 +189,33 @@ class TestBackgroundDivision:
             with redis_server.client() as client:
                 assert int(client.hget(meta, "e") or -1) >= first
             assert store._background.made == 0
+        finally:
+            await store.close()
+
+
+class TestStaleRows:
+    """Redis-only: rows are fields of one hash that lives as long as its cap is used (memory
+    drops a row object at a new period)."""
+
+    async def test_a_row_stale_at_a_division_is_dropped_and_a_live_one_kept(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
+    ) -> None:
+        """Client old asks once; new asks STALE + 2 periods later, when the cap's division
+        is due: old's row (no history left, its window long gone) is dropped, every field
+        of it, as memory drops it; new's row stays, and old asking again starts afresh."""
+        store = await redis_store_factory(local_cache=0)
+        (g,) = slot_groups(client_plan(matcher, "old"), "fairlimit:", False)
+        rows = g.cap_keys[0]["rows"]
+        later = T0 + STALE + 2  # periods of 1 s at this per-second cap
+        try:
+            assert (await store.admit(client_plan(matcher, "old"), T0)).admitted
+            assert (await store.admit(client_plan(matcher, "new"), later)).admitted
+            async with asyncio.timeout(OUTLAST):
+                while await store._client.hexists(rows, "ws:old"):
+                    await asyncio.sleep(0.01)
+            with redis_server.client() as client:
+                fields = client.hkeys(rows)
+            assert sorted(f.partition(":")[2] for f in fields) == ["new"] * len(ROW_FIELDS)
+            assert (await store.admit(client_plan(matcher, "old"), later)).admitted
         finally:
             await store.close()

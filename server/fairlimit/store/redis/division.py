@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 SCAN_COUNT = 128  # hash fields asked for per HSCAN step (about 6 clients' rows): well under
 # a millisecond of Redis time per step, on a loaded machine too
+PRUNE_STEP = 16  # clients whose stale rows one prune.lua call drops (16 x 22 fields)
 # After a division made in the background, the cap's task rests REST times as long as it
 # took before it makes the next: a division reads every row, so at most 1 / (1 + REST) of
 # a core goes to a large cap's divisions, however often they fall due (each period, and at
@@ -119,8 +120,19 @@ def divide(share: Share, rows: dict[str, Row], now: float, back: HandBack) -> Gi
     return GivenDivision(str(division.epoch), division_text(division), figures)
 
 
+def stale(share: Share, rows: dict[str, Row], now: float) -> tuple[int, int, list[str]]:
+    """(stale period, last window, clients): the rows that folding at ``now`` would make
+    fresh ones, those of a period below the first and a window below the second (the
+    memory store drops the same rows at a new period)."""
+    clock = Clock(share.window, share.period, now)
+    period, last = clock.period - sharing.STALE, clock.start - clock.window
+    return period, last, [c for c, r in rows.items() if r.period < period and r.window < last]
+
+
 # Hands a division in: (plan, the group of the one cap, the division) -> done.
 HandIn = Callable[[Plan, SlotGroup, dict[str, GivenDivision]], Awaitable[None]]
+# Runs prune.lua: (KEYS, ARGV) -> its reply.
+Prune = Callable[[list[str], list[str | int]], Awaitable[Any]]
 
 
 @dataclass(slots=True)
@@ -131,9 +143,11 @@ class _Wanted:
     back: HandBack
 
 
-def _made(wanted: _Wanted, flat: list[str]) -> GivenDivision:
+def _made(wanted: _Wanted, flat: list[str]) -> tuple[GivenDivision, tuple[int, int, list[str]]]:
     share = wanted.plan.shares[wanted.group.cap_share[0]]
-    return divide(share, rows_of(flat), wanted.now, wanted.back)
+    rows = rows_of(flat)
+    dropped = stale(share, rows, wanted.now)  # before divide adds a newcomer's fresh row
+    return divide(share, rows, wanted.now, wanted.back), dropped
 
 
 class Background:
@@ -141,10 +155,11 @@ class Background:
     resting REST times a division's duration after it; a hand-back for a newer division
     while the task is out waits for it (the newest only)."""
 
-    def __init__(self, client: "aioredis.Redis | RedisCluster", hand_in: HandIn,
+    def __init__(self, client: "aioredis.Redis | RedisCluster", hand_in: HandIn, prune: Prune,
                  timeout: float) -> None:  # fmt: skip
         self._client = client
         self._hand_in = hand_in
+        self._prune = prune
         self._timeout = timeout
         self._out: dict[str, int] = {}  # cap key -> the epoch of the division being made
         self._next: dict[str, _Wanted] = {}  # cap key -> the newer hand-back waiting
@@ -190,11 +205,34 @@ class Background:
         flat = await read_fields(self._client, wanted.group.cap_keys[0]["rows"], self._timeout)
         # parsing and water-filling a large cap's rows is CPU work: in a thread, so the
         # event loop keeps answering requests meanwhile
-        made = await asyncio.to_thread(_made, wanted, flat)
+        made, dropped = await asyncio.to_thread(_made, wanted, flat)
         with unavailable():
             async with asyncio.timeout(self._timeout):
                 await self._hand_in(wanted.plan, wanted.group, {wanted.group.caps[0]: made})
         self.made += 1
+        await self._drop(wanted.group.cap_keys[0]["rows"], *dropped)
+
+    def drop(self, key: str, period: int, last: int, clients: list[str]) -> None:
+        """Drop the stale rows of ``clients`` from the rows hash ``key``, in the background."""
+        if not clients:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._drop(key, period, last, clients), context=contextvars.Context()
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drop(self, key: str, period: int, last: int, clients: list[str]) -> None:
+        """prune.lua, PRUNE_STEP clients a call (best effort: a row left is dropped at the
+        next division)."""
+        for at in range(0, len(clients), PRUNE_STEP):
+            try:
+                with unavailable():
+                    async with asyncio.timeout(self._timeout):
+                        await self._prune([key], [period, last, *clients[at : at + PRUNE_STEP]])
+            except StoreUnavailable as exc:
+                log.debug("redis: stale rows not dropped: %s", exc)
+                return
 
     async def close(self) -> None:
         pending = list(self._tasks)

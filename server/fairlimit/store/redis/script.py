@@ -145,6 +145,7 @@ class Scripts:
     admit: AsyncScript
     release: AsyncScript
     settle: AsyncScript  # token budgets (store/redis/reservations.py)
+    prune: AsyncScript  # stale client rows (store/redis/division.py)
 
 
 def register(client: "aioredis.Redis | RedisCluster") -> Scripts:
@@ -152,6 +153,7 @@ def register(client: "aioredis.Redis | RedisCluster") -> Scripts:
         client.register_script(source(ADMIT.script)),
         client.register_script(source(RELEASE.script)),
         client.register_script(source("settle")),
+        client.register_script(source("prune")),
     )
 
 

@@ -145,7 +145,9 @@ class RedisStore:
         self._slots = RedisSlots(client, options.key_prefix, cluster, self._call)
         self._demand = client.register_script(script.source("demand"))
         self._demand_key = f"{options.key_prefix}rlqs-demand"
-        self._background = division.Background(client, self._hand_in, max(options.timeout, 1.0))
+        self._background = division.Background(
+            client, self._hand_in, self._prune, max(options.timeout, 1.0)
+        )
 
     @property
     def _caller_clock(self) -> bool:
@@ -312,10 +314,16 @@ class RedisStore:
             if not division.inline(back, self._options.inline_rows, not self._caller_clock):
                 self._background.want(plan, g, now, back)
                 continue
+            key = g.cap_keys[back.index]["rows"]
             timeout = deadline.timeout(self._options.timeout)
-            rows = await division.read_rows(self._client, g.cap_keys[back.index]["rows"], timeout)
+            rows = await division.read_rows(self._client, key, timeout)
+            self._background.drop(key, *division.stale(share, rows, now))
             given[g.caps[back.index]] = division.divide(share, rows, now, back)
         return given
+
+    async def _prune(self, keys: list[str], args: list[str | int]) -> None:
+        """prune.lua (not a request's call: not batched, not counted in round_trips)."""
+        await self._scripts.prune(keys=keys, args=args)
 
     async def _hand_in(self, plan: Plan, g: SlotGroup, given: dict[str, GivenDivision]) -> None:
         """A division made in the background handed in: admit.lua with the cap alone."""
