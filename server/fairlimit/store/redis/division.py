@@ -16,6 +16,9 @@ admit.lua call of no counters and no shares. A division made for an earlier sub-
 still taken when it is newer than the one in force. Rows are read as HSCAN returns them:
 a row written between two steps may mix its fields from before and after that request (a
 division is an estimate remade every sub-period; the next one reads it whole).
+
+The rows a division finds stale (those the memory store drops at a new period) are then
+dropped by prune.lua, PRUNE_STEP clients a call, in the background.
 """
 
 import asyncio
