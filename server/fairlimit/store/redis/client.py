@@ -55,7 +55,7 @@ class Options:
     leases: str = "off"  # "on": admit from local lease blocks (core/lease.py)
     lease_max: int = 1_000_000  # hits a lease block may hold at most (bounds the slack)
     # a cap of more clients has its division made in the background (store/redis/division.py)
-    inline_rows: int = 256
+    inline_rows: int = 64  # its rows read inline in at most 11 HSCAN steps
 
 
 @dataclass(frozen=True, slots=True)
