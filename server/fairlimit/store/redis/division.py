@@ -196,6 +196,8 @@ class Background:
                     await self._make(wanted)
                 except StoreUnavailable as exc:
                     log.warning("redis: a division made in the background was lost: %s", exc)
+                except Exception:  # a task's error is nobody's to catch: the cap goes on
+                    log.exception("redis: a division made in the background failed")
                 await asyncio.sleep((time.monotonic() - began) * REST)
                 waiting = self._next.pop(cap, None)
                 if waiting is None:
