@@ -28,8 +28,12 @@ import procs
 _FAIL_OPEN = ("backend_errors", "shed")  # answered by the failure mode
 
 
+def _text(command: object) -> str:
+    return command.decode(errors="replace") if isinstance(command, bytes) else str(command)
+
+
 def _name(command: object) -> str:
-    text = command.decode() if isinstance(command, bytes) else str(command)
+    text = _text(command)
     return text.split()[0].upper() if text else "?"
 
 
@@ -59,6 +63,7 @@ def _run(route: str, redis: procs.Redis, proc: procs.Proc, port: int, clients: i
         "calls": calls2 - calls,
         "slowlog_over_1ms": len(slow),
         "slowest_ms": round(max((s["duration"] for s in slow), default=0) / 1000, 1),
+        "slowest": _text(max(slow, key=lambda s: s["duration"])["command"])[:300] if slow else "",
         "slow_commands": dict(Counter(_name(s["command"]) for s in slow).most_common()),
         "failure_mode": sum(after.get(k, 0.0) - before.get(k, 0.0) for k in _FAIL_OPEN),
         "codes": result["codes"],
