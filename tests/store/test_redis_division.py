@@ -137,24 +137,26 @@ class TestBackgroundDivision:
     """Redis-only: a large cap's division made off the request path (memory divides inline,
     in-process)."""
 
+    @pytest.mark.parametrize("backend", ["redis", "redis-cluster"])
     async def test_a_large_caps_division_is_made_in_the_background(
-        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
+        self, backend: str, matcher: Matcher, request: pytest.FixtureRequest
     ) -> None:
         """On Redis's clock, at a cap of more clients than inline_rows, the request that wins
         a due division's lock is decided by the division in force (the hand-back, then the
         request), and the division is handed in by a background task (a third call): the
-        cap's meta then holds a newer division and the lock is gone."""
-        store = await redis_store_factory(clock="redis", inline_rows=10, local_cache=0)
+        cap's meta then holds a newer division and the lock is gone (one Redis, a Cluster)."""
+        factory = request.getfixturevalue(f"{backend.replace('-', '_')}_store_factory")
+        store = await factory(clock="redis", inline_rows=10, local_cache=0)
         plan = client_plan(matcher, "c0")
-        (g,) = slot_groups(plan, "fairlimit:", False)
+        (g,) = slot_groups(plan, "fairlimit:", backend == "redis-cluster")
         meta, lock = g.cap_keys[0]["meta"], g.cap_keys[0]["lock"]
+        client = store._client
         try:
             await _clients(store, matcher, 40, 0.0)
-            with redis_server.client() as client:
-                first = int(client.hget(meta, "e") or -1)
-                # the division in force made a period ago: the next request finds it due
-                client.hset(meta, "e", str(first - FORCES * SPLIT))
-                client.delete(lock)
+            first = int(await client.hget(meta, "e") or -1)
+            # the division in force made a period ago: the next request finds it due
+            await client.hset(meta, "e", str(first - FORCES * SPLIT))
+            await client.delete(lock)
             trips = store.round_trips
             assert (await store.admit(plan, 0.0)).admitted
             async with asyncio.timeout(OUTLAST):
@@ -162,9 +164,8 @@ class TestBackgroundDivision:
                     await asyncio.sleep(0.01)
             # the hand-back, the request decided, and the division handed in
             assert store.round_trips == trips + 3
-            with redis_server.client() as client:
-                assert int(client.hget(meta, "e") or -1) >= first
-                assert client.get(lock) is None
+            assert int(await client.hget(meta, "e") or -1) >= first
+            assert await client.get(lock) is None
         finally:
             await store.close()
 
