@@ -102,6 +102,8 @@ _DEMAND = (
     "tests/quota/test_quota_service.py",
     "tests/quota/test_rlqs_inputs.py",
 )
+# prune.lua (stale client rows dropped after a division): the division tests on Redis
+_PRUNE = ("tests/store/test_redis_division.py",)
 # The parts of the admit script (lua/admit/, joined by store/redis/script.py), each a script
 # here: admit/<part>.
 ADMIT_PARTS = tuple(sorted(f"admit/{p.stem}" for p in (ROOT / LUA / "admit").glob("*.lua")))
@@ -112,7 +114,8 @@ TESTS: dict[str, tuple[str, ...]] = {
     "release_slot": _SLOTS,
     "demand": _DEMAND,
     "settle": _SETTLE,
-    "clock": tuple(dict.fromkeys(_SLOTS + _DEMAND + _RATES + _SETTLE)),
+    "prune": _PRUNE,
+    "clock": tuple(dict.fromkeys(_SLOTS + _DEMAND + _RATES + _SETTLE + _PRUNE)),
 }
 # The slowest test of the rate suites runs a three-master cluster through a long Hypothesis
 # search (38 s unmutated); its standalone twin runs the same scripts.

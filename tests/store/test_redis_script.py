@@ -30,7 +30,7 @@ from fairlimit.core.sharing import (
     Division,
     Row,
 )
-from fairlimit.store.redis import script, slots
+from fairlimit.store.redis import division, script, slots
 from fairlimit.store.redis.keys import CAP_KINDS, SlotGroup, slot_groups
 from fairlimit.store.redis.script import ADMIT, LAYOUTS, RELEASE, GivenDivision, Layout, Seen
 from fairlimit.store.redis.slots import ACQUIRE, SLOT_LAYOUTS, SlotLayout
@@ -510,16 +510,17 @@ class TestReplies:
     def test_a_hand_back_is_answered_with_the_division_it_asked_for(
         self, plan: Plan, groups: list[SlotGroup]
     ) -> None:
-        """The admit script hands back the public cap (index 1) at 12.5 for the first remake forced
-        in sub-period 50 (id FORCES x 50 + 1) by heavy asking 1, no rows yet: the division
-        given has that epoch, and its text reads back (the Lua's parse) as made at 12.5 with
-        heavy counted (1 row) and excluded, forced once, cold, nothing contended."""
+        """The admit script hands back the public cap (index 1) at 12.5 for the first remake
+        forced in sub-period 50 (id FORCES x 50 + 1) by heavy asking 1, no rows yet (HLEN 0, a
+        division in force): the division given has that epoch, and its text reads back (the
+        Lua's parse) as made at 12.5 with heavy counted (1 row) and excluded, forced once,
+        cold, nothing contended."""
         g = next(g for g in groups if g.shares)
         epoch = sharing.FORCES * 50 + 1
-        reply = [script.NEED_LEVEL, "12.5", [[1, str(epoch), [], "heavy", "1", ""]]]
-        given = script.divisions_wanted(plan, g, reply)
-        assert list(given) == [g.caps[0]]
-        made = given[g.caps[0]]
+        reply = [script.NEED_LEVEL, "12.5", [[1, str(epoch), 0, "heavy", "1", "", 1]]]
+        now, (back,) = division.hand_backs(reply)
+        assert (now, back.index, back.fields, back.in_force) == (12.5, 0, 0, True)
+        made = division.divide(plan.shares[g.cap_share[back.index]], {}, now, back)
         assert made.epoch == str(epoch) and made.figures == ("",) * len(script.FIGURES)
         parsed = lua_given_division(made.values)
         picked = ("epoch", "at", "level", "rows", "forced", "excluded", "cold", "closing")

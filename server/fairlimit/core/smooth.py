@@ -12,7 +12,7 @@ them as it decides a fixed window (``count + hits > limit`` refuses):
   ``tat`` moves on by ``window / limit`` per hit; ``burst + 1`` hits fit at once, refilled
   at ``limit`` per window, so any span of one window admits at most ``limit + burst``.
 
-store/memory.py keeps the state and store/redis/lua/admit/meters.lua does the same
+store/counters.py keeps the state and store/redis/lua/admit/meters.lua does the same
 arithmetic in the same order, so both backends reach the same doubles.
 """
 

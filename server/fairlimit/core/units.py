@@ -45,7 +45,7 @@ class Algorithm(enum.Enum):
     GCRA = "gcra"
 
 
-# A sliding window is counted in this many sub-windows (store/memory.py, lua/admit/meters.lua).
+# A sliding window is counted in this many sub-windows (store/counters.py, lua/admit/meters.lua).
 SLIDING_PARTS = 20
 CALENDAR_UNITS = (Unit.DAY, Unit.WEEK, Unit.MONTH, Unit.YEAR)
 

@@ -65,8 +65,8 @@ class MemoryCap:
             # A row is dropped once folding it would give a fresh one: its history gone
             # (STALE periods untouched) and its window neither this one nor the one before
             # (what it asked last window still predicts its demand; an hour cap's client
-            # back after 64 s must not start its share afresh; admit.lua keeps rows as long
-            # as the cap).
+            # back after 64 s must not start its share afresh; on Redis, prune.lua drops the
+            # same rows a few at a time after a division).
             stale, last = clock.period - STALE, clock.start - clock.window
             if any(row.period < stale and row.window < last for row in self.rows.values()):
                 self.rows = {

@@ -4,8 +4,8 @@ Every ``admit`` runs without awaiting, so on one event loop it is atomic by cons
 The state is kept by concept: counters and meters (store/counters.py), fair-share caps
 (store/caps.py), concurrency pools (store/slots.py) and token budgets
 (store/reservations.py); this module runs the admission rule over them (core/admission.py,
-the rule admit.lua runs for Redis). Expiry runs in steps, and the memory it frees is handed
-back (store/sweep.py).
+the rule Redis's admit script, store/redis/lua/admit/, runs too). Expiry runs in steps, and
+the memory it frees is handed back (store/sweep.py).
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -172,7 +172,7 @@ class MemoryStore:
 
     def _refuse_open(self, plan: Plan, now: float) -> None:
         """Raise ReservationOpen when a reservation's id still holds an open one: two
-        requests by one id would settle each other's (admit.lua refuses them too)."""
+        requests by one id would settle each other's (the admit script refuses them too)."""
         for reserve in plan.reserve:
             own = own_counter(plan, reserve.descriptor)
             if own is not None:

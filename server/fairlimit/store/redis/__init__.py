@@ -4,11 +4,13 @@ What each module owns:
 
 - ``keys.py``: key names, hash tags, the anchor cap of each counter, a plan's slot groups
 - ``script.py``: the KEYS/ARGV contract with ``lua/`` (layouts, argument builders, reply
-  parsers, script registration) and the λ computed for a hand-back
+  parsers, script registration)
+- ``division.py``: a hand-back's division: the rows read by HSCAN in bounded steps, the
+  division computed, inline or (a large cap) in the background
 - ``lua/``: one script per operation: ``admit/`` (admission, with the division hand-back;
   one file per concept, joined into one script by script.py), ``release.lua`` (undo a
   reservation of a multi-slot request), ``acquire.lua`` and ``release_slot.lua``
-  (concurrency slots)
+  (concurrency slots), ``prune.lua`` (a cap's stale rows dropped a few at a time)
 - ``slots.py``: the concurrency pools: their keys, the slot scripts' contract and calls
 - ``store.py``: RedisStore (one call per slot group, two-phase across slots, the cap registry)
 - ``client.py``: the URL, its options and the redis-py client; Redis errors -> StoreUnavailable

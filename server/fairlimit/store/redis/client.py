@@ -54,6 +54,8 @@ class Options:
     lock_ms: int = 250  # how long a replica may take to compute λ before another takes over
     leases: str = "off"  # "on": admit from local lease blocks (core/lease.py)
     lease_max: int = 1_000_000  # hits a lease block may hold at most (bounds the slack)
+    # a cap of more clients has its division made in the background (store/redis/division.py)
+    inline_rows: int = 64  # its rows read inline in at most 11 HSCAN steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,7 @@ _OPTION_TYPES: dict[str, type] = {
     "lock_ms": int,
     "leases": str,
     "lease_max": int,
+    "inline_rows": int,
 }
 _CLIENT_QUERY = frozenset(
     {"db", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
@@ -115,6 +118,8 @@ def _options(query: Mapping[str, str]) -> Options:
         raise UnsupportedBackend("lease_max must be 1 or more")
     if options.local_cache < 0:
         raise UnsupportedBackend("local_cache must be 0 (off) or more")
+    if options.inline_rows < 0:
+        raise UnsupportedBackend("inline_rows must be 0 or more")
     if "{" in options.key_prefix or "}" in options.key_prefix:
         raise UnsupportedBackend("key_prefix must not contain { or }")
     return options

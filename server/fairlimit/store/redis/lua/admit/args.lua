@@ -53,11 +53,14 @@
 --       division this call wrote; block = the hits reserved, 0 = none; wanted = each
 --       share's want, only when a block was asked for; full and was = per counter when it
 --       is full again after this call and before it, for kinds "s" and "g", else "0"), or
---       {2, now, {cap index, epoch, rows as a flat hash, asker, extra, closing}...} when
+--       {2, now, {cap index, epoch, fields, asker, extra, closing, in_force}...} when
 --       this call won the lock of a cap whose division is due (asker "") or that a request
---       found newly contended (asker = its client, extra = its hits); closing is λ of the
---       window before when the division in force knows it, else "": nothing was recorded
---       or charged; divide and call again with it.
+--       found newly contended (asker = its client, extra = its hits); fields is HLEN of the
+--       cap's rows (the caller reads them with HSCAN, in bounded steps: no call returns or
+--       walks every row); closing is λ of the window before when the division in force
+--       knows it, else ""; in_force 1 when a division is in force: nothing was recorded
+--       or charged; divide and call again with it, or (a large cap) call again without
+--       it: the lock held, the division in force decides meanwhile.
 -- ARGV tail, only for a request that reserves (store/redis/reservations.py): the number of
 -- records, then per record its hits, max_duration in ms and its own counter's 1-based
 -- index; their keys follow the caps' in KEYS. A record still open (not settled, not past its expiry) refuses the call at

@@ -3,7 +3,7 @@
 -- {2, ...}), each share's row folded and left out of its division (or a hand-back when it
 -- finds the cap contended), the counters' counts and the shares' bounds, so whether the
 -- request is admitted, and the demand each cap sees.
--- KEYS: counters (HMGET s n), each cap's rows (HGETALL for a hand-back), meta (calendar).
+-- KEYS: counters (HMGET s n), each cap's rows (HLEN for a hand-back), meta (calendar).
 -- ARGV: none.
 -- Reads: FORCES EPSILON CALENDAR (contract), caps shares counters may_lock want_block
 -- now fmt whole (args.lua) and the functions of rows.lua, division.lua, verdict.lua and
@@ -18,8 +18,8 @@ local need = {}
 for j, cap in ipairs(caps) do
   local d, held = division_of(cap)
   if d == 'compute' then
-    table.insert(need, {j, whole(FORCES * cap.epoch), redis.call('HGETALL', cap.rows), '', '0',
-      closing_of(held, cap)})
+    table.insert(need, {j, whole(FORCES * cap.epoch), redis.call('HLEN', cap.rows), '', '0',
+      closing_of(held, cap), held and 1 or 0})
   end
   cap.division = d
 end
@@ -36,8 +36,8 @@ for _, s in ipairs(shares) do
   local id = FORCES * s.cap.epoch + forced
   if contended(s.d, s.row, s, s.cap.capacity) and may_lock and take_lock(s.cap, id) then
     local extra = math.max(s.hits, 1)
-    table.insert(need, {0, whole(id), redis.call('HGETALL', s.cap.rows),
-      s.client, whole(extra), closing_of(s.d, s.cap)})
+    table.insert(need, {0, whole(id), redis.call('HLEN', s.cap.rows),
+      s.client, whole(extra), closing_of(s.d, s.cap), 1})
     for j, cap in ipairs(caps) do
       if cap == s.cap then need[#need][1] = j end
     end

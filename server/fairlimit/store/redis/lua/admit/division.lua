@@ -105,7 +105,9 @@ end
 -- when the cap has no rows; 'compute' when this call must hand back for it.
 local function division_of(cap)
   local d = load_division(cap)
-  if cap.given_e ~= '' and math.floor(tonumber(cap.given_e) / FORCES) == cap.epoch and
+  -- a division made for an earlier sub-period (in the background, store/redis/division.py)
+  -- is still taken when it is newer than the one in force
+  if cap.given_e ~= '' and math.floor(tonumber(cap.given_e) / FORCES) <= cap.epoch and
       (d == nil or tonumber(cap.given_e) > d.epoch) then
     d = given_division(cap)
     write_division(cap, d)
@@ -115,7 +117,10 @@ local function division_of(cap)
     else
       for f = 1, 6 do redis.call('HSET', cap.meta, FIGURES[f], fig[f]) end
     end
-    redis.call('DEL', cap.lock)
+    -- the lock, unless a later division's computer holds it now
+    if tonumber(redis.call('GET', cap.lock) or '0') <= tonumber(cap.given_e) then
+      redis.call('DEL', cap.lock)
+    end
     cap.rolled = true
     return d
   end

@@ -1,0 +1,144 @@
+"""Many clients on Redis (issue 41): plain counters beside a fair_share cap, same clients.
+
+    python bench/many_clients.py --clients 10000 --seconds 8
+    python bench/many_clients.py --clients 100000 --seconds 8 --prefill
+
+Starts a throwaway redis-server (SLOWLOG at 1 ms) and fairlimit on it (bench/bench.yaml),
+then runs bench/loadgen.py on route=plain (a per-client counter) and route=public (the same
+counter under a fair_share cap), taking turns (``--rounds``), and prints one row per route:
+requests/s, p99, admit.lua µs per call (INFO commandstats), script calls over 1 ms
+(SLOWLOG) and the slowest, with the commands SLOWLOG names, and the answers given by the
+failure mode (fairlimit's backend errors and shed calls). ``--prefill`` first gives the
+cap a row for every client (a copy of one real row): a run reaches only a few thousand.
+Everything binds 127.0.0.1 and is stopped at the end.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import procs
+
+_FAIL_OPEN = ("backend_errors", "shed")  # answered by the failure mode
+
+
+def _text(command: object) -> str:
+    return command.decode(errors="replace") if isinstance(command, bytes) else str(command)
+
+
+def _name(command: object) -> str:
+    text = _text(command)
+    return text.split()[0].upper() if text else "?"
+
+
+def _counts(by_name: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in by_name.items())
+
+
+def _script_stats(redis: procs.Redis) -> tuple[int, float]:
+    stats = redis.client.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0)), float(stats.get("usec", 0))
+
+
+def _run(route: str, redis: procs.Redis, proc: procs.Proc, port: int, clients: int,
+         seconds: float) -> dict[str, Any]:  # fmt: skip
+    redis.client.slowlog_reset()
+    calls, usec = _script_stats(redis)
+    before = proc.metrics()
+    result = _loadgen_route(port, route, clients, seconds)
+    after = proc.metrics()
+    calls2, usec2 = _script_stats(redis)
+    slow = redis.client.slowlog_get(100_000)
+    return {
+        "route": route,
+        "rps": result["rps"],
+        "p99_ms": result["p99_ms"],
+        "usec_per_call": round((usec2 - usec) / max(1, calls2 - calls), 1),
+        "calls": calls2 - calls,
+        "slowlog_over_1ms": len(slow),
+        "slowest_ms": round(max((s["duration"] for s in slow), default=0) / 1000, 1),
+        "slowest": _text(max(slow, key=lambda s: s["duration"])["command"])[:300] if slow else "",
+        "slow_commands": dict(Counter(_name(s["command"]) for s in slow).most_common()),
+        "failure_mode": sum(after.get(k, 0.0) - before.get(k, 0.0) for k in _FAIL_OPEN),
+        "codes": result["codes"],
+    }
+
+
+def _loadgen_route(port: int, route: str, clients: int, seconds: float) -> dict[str, Any]:
+    command = [sys.executable, str(procs.BENCH / "loadgen.py"), "--target", f"127.0.0.1:{port}",
+               "--route", route, "--clients", str(clients), "--seconds", f"{seconds:g}"]
+    env = {**os.environ, "PYTHONPATH": str(procs.ROOT / "server")}
+    out = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120,
+                         check=True, env=env)  # fmt: skip
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _prefill(redis: procs.Redis, port: int, clients: int) -> None:
+    """A row for each client at the fair cap, as if each had asked once (the load generator
+    reaches a few thousand clients in a run): one real request, its row copied."""
+    _loadgen_route(port, "public", 1, 0.5)
+    (key,) = redis.client.scan_iter(match="*}r:*")
+    row = {f.partition(":")[0]: v for f, v in redis.client.hgetall(key).items()}
+    pipe = redis.client.pipeline(transaction=False)
+    for i in range(clients):
+        pipe.hset(key, mapping={f"{f}:c{i:07d}": v for f, v in row.items()})
+        if i % 1000 == 999:
+            pipe.execute()
+    pipe.execute()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=10_000)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--leases", action="store_true", help="?leases=on")
+    parser.add_argument("--redis-server", default="redis-server")
+    parser.add_argument("--log", type=Path, help="keep fairlimit's log here")
+    parser.add_argument("--prefill", action="store_true",
+                        help="give the cap a row for each of the clients before the runs")
+    a = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="many-clients-") as tmp:
+        work = Path(tmp)
+        redis = procs.Redis(a.redis_server, work)
+        proc = None
+        try:
+            redis.client.config_set("slowlog-log-slower-than", 1000)
+            redis.client.config_set("slowlog-max-len", 100_000)
+            url = redis.url + ("?leases=on" if a.leases else "")
+            proc, port = procs.fairlimit(work, "fairlimit", url)
+            if a.prefill:
+                _prefill(redis, port, a.clients)
+            rows = []
+            for _ in range(a.rounds):
+                for route in ("plain", "public"):
+                    rows.append(_run(route, redis, proc, port, a.clients, a.seconds))
+                    print(json.dumps(rows[-1]), file=sys.stderr)
+            rows_hash = [k for k in redis.client.scan_iter(match="*}r:*", count=1000)]
+            fields = sum(int(redis.client.hlen(k)) for k in rows_hash)
+        finally:
+            if proc is not None:
+                proc.stop()
+                if a.log:
+                    a.log.write_text(proc.text())
+            redis.stop()
+    print(f"clients={a.clients} seconds={a.seconds} leases={'on' if a.leases else 'off'} "
+          f"rows-hash fields={fields}")
+    print("| route | req/s | p99 ms | admit.lua µs/call | calls | SLOWLOG >1 ms | slowest ms "
+          "| slow commands | failure mode |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['route']} | {r['rps']} | {r['p99_ms']} | {r['usec_per_call']} | {r['calls']} "
+              f"| {r['slowlog_over_1ms']} | {r['slowest_ms']} | {_counts(r['slow_commands'])} "
+              f"| {r['failure_mode']:g} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

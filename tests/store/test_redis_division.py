@@ -1,0 +1,223 @@
+"""Redis-only: a cap's division at scale (issue 41). A Lua script blocks every other command on
+its Redis while it runs, so no admit.lua call may do work that grows with the clients of a
+cap; the rows are read outside the script (store/redis/division.py). Memory has no script.
+"""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import Plan
+from fairlimit.core.plan import plan as make_plan
+from fairlimit.core.sharing import FORCES, ROW_FIELDS, SPLIT, STALE
+from fairlimit.store.redis import division, script
+from fairlimit.store.redis.keys import slot_groups
+from fairlimit.store.redis.script import ADMIT, NEED_LEVEL
+from helpers import desc, load_text, req
+from redis_servers import RedisProcess
+
+pytestmark = pytest.mark.behaviour
+
+T0 = 1_700_000_000.0
+OUTLAST = 10.0  # bounds a wait for background work without timing it
+# Commands a test or the store sends itself (not from inside a script).
+_OUTSIDE = frozenset({"evalsha", "eval", "hscan", "info", "sadd", "expire", "script|load", "hello"})
+
+CONFIG = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {unit: second, requests_per_unit: 100000000}
+    fair_share: {active_clients: 100}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: second, requests_per_unit: 1000000}
+"""
+
+Factory = Callable[..., Awaitable[Any]]
+
+
+@pytest.fixture
+def matcher(tmp_path: Path) -> Matcher:
+    return Matcher(load_text(tmp_path, CONFIG).config)
+
+
+def client_plan(matcher: Matcher, client: str) -> Plan:
+    return make_plan(req("edge", desc("route=public", f"client_id={client}")), matcher)
+
+
+def _stats(server: RedisProcess) -> dict[str, int]:
+    with server.client() as client:
+        stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def _inside(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The commands run between two snapshots that no client sent: those of scripts."""
+    grown = {k: after[k] - before.get(k, 0) for k in after if k not in _OUTSIDE}
+    return {k: v for k, v in grown.items() if v}
+
+
+def _size(reply: object) -> int:
+    """Elements in a (nested) script reply."""
+    if isinstance(reply, list):
+        return sum(_size(x) for x in reply)
+    return 1
+
+
+async def _clients(store: Any, matcher: Matcher, n: int, at: float) -> None:
+    """``n`` clients ask once each at ``at`` (in batches: one pipeline each)."""
+    for first in range(0, n, 200):
+        plans = [client_plan(matcher, f"c{i}") for i in range(first, min(n, first + 200))]
+        outcomes = await asyncio.gather(*(store.admit(p, at) for p in plans))
+        assert all(o.admitted for o in outcomes)
+
+
+async def _call(store: Any, plan: Plan, at: float, given: dict[str, Any]) -> Any:
+    """admit.lua for ``plan`` at ``at``, as the store calls it (may lock, ``given``)."""
+    (g,) = slot_groups(plan, "fairlimit:", False)
+    args = script.admit_args(plan, g, repr(at), (True, 250), given)
+    return await store._scripts.admit(keys=script.keys(ADMIT, g), args=args)
+
+
+class TestScriptCallsAtScale:
+    """Redis-only: what one admit.lua call does, as the clients of a cap grow 100-fold."""
+
+    async def _measure(self, store: Any, server: RedisProcess, matcher: Matcher, n: int
+                       ) -> tuple[dict[str, int], ...]:  # fmt: skip
+        """The commands inside the hand-back of a due division, inside the call given the
+        division, and inside the next request's call, at a cap of ``n`` clients."""
+        await _clients(store, matcher, n, T0)
+        later = T0 + 1.3  # a new period: the cap's division is due
+        plan = client_plan(matcher, "c0")
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        snapshots = [_stats(server)]
+        reply = await _call(store, plan, later, {})
+        snapshots.append(_stats(server))
+        assert int(reply[0]) == NEED_LEVEL
+        assert _size(reply) == 2 + 7  # NEED_LEVEL, now, one cap's seven fields: no rows
+        now, (back,) = division.hand_backs(reply)
+        assert back.fields == n * len(ROW_FIELDS)  # the rows are there, and not returned
+        rows = await division.read_rows(store._client, g.cap_keys[0]["rows"], OUTLAST)
+        assert len(rows) == n
+        made = division.divide(plan.shares[g.cap_share[0]], rows, now, back)
+        snapshots.append(_stats(server))
+        assert int((await _call(store, plan, later, {g.caps[0]: made}))[0]) == 1
+        snapshots.append(_stats(server))
+        assert int((await _call(store, client_plan(matcher, "c1"), later, {}))[0]) == 1
+        snapshots.append(_stats(server))
+        at = snapshots  # HSCAN ran between the second and the third
+        return _inside(at[0], at[1]), _inside(at[2], at[3]), _inside(at[3], at[4])
+
+    async def test_commands_and_reply_of_a_call_do_not_grow_with_the_clients(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
+    ) -> None:
+        """At a cap of 100 and of 10,000 clients, a division due is handed back with the
+        same reply size and the same commands inside the script (its rows are not returned:
+        the caller reads them with HSCAN), the call that takes the division runs the same
+        commands, and so does the next request's call."""
+        measured = []
+        for n in (100, 10_000):
+            # a generous timeout: the clients are written in pipelines of 200 calls
+            store = await redis_store_factory(local_cache=0, timeout=OUTLAST)
+            try:
+                measured.append(await self._measure(store, redis_server, matcher, n))
+            finally:
+                await store.close()
+        small, large = measured
+        assert small == large
+
+
+class TestBackgroundDivision:
+    """Redis-only: a large cap's division made off the request path (memory divides inline,
+    in-process)."""
+
+    @pytest.mark.parametrize("backend", ["redis", "redis-cluster"])
+    async def test_a_large_caps_division_is_made_in_the_background(
+        self, backend: str, matcher: Matcher, request: pytest.FixtureRequest
+    ) -> None:
+        """On Redis's clock, at a cap of more clients than inline_rows, the request that wins
+        a due division's lock is decided by the division in force (the hand-back, then the
+        request), and the division is handed in by a background task (a third call): the
+        cap's meta then holds a newer division and the lock is gone (one Redis, a Cluster)."""
+        factory = request.getfixturevalue(f"{backend.replace('-', '_')}_store_factory")
+        store = await factory(clock="redis", inline_rows=10, local_cache=0)
+        plan = client_plan(matcher, "c0")
+        (g,) = slot_groups(plan, "fairlimit:", backend == "redis-cluster")
+        meta, lock = g.cap_keys[0]["meta"], g.cap_keys[0]["lock"]
+        client = store._client
+        try:
+            await _clients(store, matcher, 40, 0.0)
+            first = int(await client.hget(meta, "e") or -1)
+            # the division in force made a period ago: the next request finds it due
+            await client.hset(meta, "e", str(first - FORCES * SPLIT))
+            await client.delete(lock)
+            trips = store.round_trips
+            assert (await store.admit(plan, 0.0)).admitted
+            async with asyncio.timeout(OUTLAST):
+                while store._background.made == 0:
+                    await asyncio.sleep(0.01)
+            # the hand-back, the request decided, and the division handed in
+            assert store.round_trips == trips + 3
+            assert int(await client.hget(meta, "e") or -1) >= first
+            assert await client.get(lock) is None
+        finally:
+            await store.close()
+
+    async def test_a_small_caps_division_is_made_inline(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
+    ) -> None:
+        """At a cap of no more clients than inline_rows, the division is handed in before
+        the request is decided (two calls: the hand-back, then the request with the division
+        made from the rows read by HSCAN between them), none in the background."""
+        store = await redis_store_factory(clock="redis", inline_rows=100, local_cache=0)
+        plan = client_plan(matcher, "c0")
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        meta = g.cap_keys[0]["meta"]
+        try:
+            await _clients(store, matcher, 40, 0.0)
+            with redis_server.client() as client:
+                first = int(client.hget(meta, "e") or -1)
+                client.hset(meta, "e", str(first - FORCES * SPLIT))
+                client.delete(g.cap_keys[0]["lock"])
+            trips = store.round_trips
+            assert (await store.admit(plan, 0.0)).admitted
+            assert store.round_trips == trips + 2
+            with redis_server.client() as client:
+                assert int(client.hget(meta, "e") or -1) >= first
+            assert store._background.made == 0
+        finally:
+            await store.close()
+
+
+class TestStaleRows:
+    """Redis-only: rows are fields of one hash that lives as long as its cap is used (memory
+    drops a row object at a new period)."""
+
+    async def test_a_row_stale_at_a_division_is_dropped_and_a_live_one_kept(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
+    ) -> None:
+        """Client old asks once; new asks STALE + 2 periods later, when the cap's division
+        is due: old's row (no history left, its window long gone) is dropped, every field
+        of it, as memory drops it; new's row stays, and old asking again starts afresh."""
+        store = await redis_store_factory(local_cache=0)
+        (g,) = slot_groups(client_plan(matcher, "old"), "fairlimit:", False)
+        rows = g.cap_keys[0]["rows"]
+        later = T0 + STALE + 2  # periods of 1 s at this per-second cap
+        try:
+            assert (await store.admit(client_plan(matcher, "old"), T0)).admitted
+            assert (await store.admit(client_plan(matcher, "new"), later)).admitted
+            async with asyncio.timeout(OUTLAST):
+                while await store._client.hexists(rows, "ws:old"):
+                    await asyncio.sleep(0.01)
+            with redis_server.client() as client:
+                fields = client.hkeys(rows)
+            assert sorted(f.partition(":")[2] for f in fields) == ["new"] * len(ROW_FIELDS)
+            assert (await store.admit(client_plan(matcher, "old"), later)).admitted
+        finally:
+            await store.close()
