@@ -154,7 +154,7 @@ class TestParityWithMemory:
         with redis_server.client() as client:
             flat = [x for kv in client.hgetall(g.cap_keys[0]["rows"]).items() for x in kv]
         got: Row = script.rows_of(flat)["a"]
-        want: Row = memory._caps[plan.shares[0].cap].rows["a"]
+        want: Row = memory.fair.table[plan.shares[0].cap].rows["a"]
         assert (got.history, got.mass) == pytest.approx((want.history, want.mass))
 
     async def test_a_window_partly_seen_before_predicts_as_on_memory(
