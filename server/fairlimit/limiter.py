@@ -10,7 +10,7 @@ come back - a spurious refusal, never an admission past a limit. If that release
 (backend gone) the slot expires after its rule's max_duration.
 
 Under ``--failure-mode local`` a request the store cannot decide is decided by this process
-alone, to its part of every limit (store/degraded.py, core/parts.py), from the first
+alone, to its part of every limit (policy/local.py, core/parts.py), from the first
 failure on. Once the store answers again, what was admitted alone is written back into it,
 and for RETURN_GRACE seconds a request must be admitted both by this process's part and by
 the store: the other processes come back (and write back) a little later, and until they
@@ -47,10 +47,11 @@ from fairlimit.core.reserve import split as split_tokens
 from fairlimit.core.rules import Loaded, walk
 from fairlimit.core.tally import Tally
 from fairlimit.errors import DeadlineExceeded, ReservationOpen, StoreUnavailable
+from fairlimit.policy.local import LocalLimits
 from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
 from fairlimit.store.deadline import DEADLINE
-from fairlimit.store.degraded import LocalLimits, Replicas
+from fairlimit.store.replicas import Replicas
 from fairlimit.store.waits import Waits
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.fairness import CapRow

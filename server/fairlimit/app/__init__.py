@@ -25,7 +25,7 @@ from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.limiter import BREAK_SECONDS
 from fairlimit.settings import Settings, parse_address
-from fairlimit.store.degraded import Replicas
+from fairlimit.store.replicas import Replicas
 from fairlimit.telemetry import Telemetry, pooled
 from fairlimit.telemetry.latency import RpcLatency
 
@@ -62,7 +62,7 @@ class App:
         if loaded is None:  # nothing until the source sends a first config
             loaded = assemble([], (), charge_over_limit=settings.charges_over_limit)
         _log_notes(loaded)
-        # --failure-mode local: each process's part of a limit (store/degraded.py); the RLQS
+        # --failure-mode local: each process's part of a limit (store/replicas.py); the RLQS
         # demand exchange says which processes share the store
         replicas = Replicas(settings.replicas * settings.workers)
         self.limiter = build.limiter(settings, loaded, self.telemetry, replicas)

@@ -18,7 +18,7 @@ from fairlimit.limiter import Limiter
 from fairlimit.quota import QuotaService
 from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
-from fairlimit.store.degraded import Replicas
+from fairlimit.store.replicas import Replicas
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.latency import RpcLatency
 from fairlimit.telemetry.quota import QuotaTelemetry
