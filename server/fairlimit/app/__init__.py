@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from fairlimit.admin import AdminServer, JsonCodec, SideListener
+from fairlimit.admin import AdminServer, JsonCodec
 from fairlimit.admin.rlqs import rlqs_report
 from fairlimit.app import build
 from fairlimit.app.build import DRIP_SECONDS
@@ -70,7 +70,7 @@ class App:
         self.quota = build.quota(settings, self.limiter, self.telemetry, replicas)
         self.grpc = build.grpc(settings, self.limiter, self.quota)
         self.admin = None if worker else self._admin(metrics_registry)
-        self.side = [] if self.admin is None else self._side_listeners(self.admin)
+        self.side = [] if self.admin is None else build.side_listeners(settings, self.admin)
         self._tasks: set[asyncio.Task[object]] = set()
         self._stopping = asyncio.Event()
         self._hurry = asyncio.Event()  # a second SIGTERM: no more drain delay
@@ -96,19 +96,6 @@ class App:
             timeout=self.settings.admin_timeout,
             json_from=self.settings.admin_json,
         )
-
-    def _side_listeners(self, admin: AdminServer) -> list[SideListener]:
-        """upstream's debug port (text /rlconfig) and PROMETHEUS_ADDR, where asked for."""
-        listeners = []
-        if self.settings.debug_addr is not None:
-            host, port = parse_address("--debug-addr", self.settings.debug_addr)
-            routes = {"/rlconfig": admin.rlconfig_text}
-            listeners.append(SideListener(host, port, routes, self.settings.admin_timeout))
-        if self.settings.metrics_addr is not None:
-            host, port = parse_address("--metrics-addr", self.settings.metrics_addr)
-            routes = {self.settings.metrics_path: admin.metrics}
-            listeners.append(SideListener(host, port, routes, self.settings.admin_timeout))
-        return listeners
 
     def _has_config(self, loaded: Loaded) -> bool:
         """Ready as far as the config goes: always, unless readiness needs a domain loaded."""
