@@ -133,9 +133,10 @@ class Limiter:
             tokens = self._tokens.split(request, active.matcher)
             if tokens is not None:
                 return Prepared(request, None, None, active, tokens)
-        slots = self._slots.split(request, active)
-        if slots is not None and (slots.acquire or slots.release):
-            return Prepared(request, None, slots, active)
+        if active.slots:
+            slots = self._slots.split(request, active)
+            if slots is not None and (slots.acquire or slots.release):
+                return Prepared(request, None, slots, active)
         return Prepared(request, make_plan(request, active.matcher), None, active)
 
     def current(self, prepared: Prepared) -> bool:

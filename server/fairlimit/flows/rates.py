@@ -15,8 +15,8 @@ from fairlimit.core.request import Request
 from fairlimit.core.reserve import Reserve
 from fairlimit.core.tally import Tally
 from fairlimit.flows.decision import Decision
+from fairlimit.policy.answers import Unanswered, open_statuses
 from fairlimit.policy.answers import statuses as statuses_of
-from fairlimit.policy.answers import unanswered
 from fairlimit.store.base import Store
 from fairlimit.telemetry import Telemetry
 
@@ -52,22 +52,18 @@ class RatesFlow:
         tally = self._tally
         if tally.on and plan.shares:
             tally.add(request, plan)  # RLS demand at caps, for the RLQS division
-        outcome = await self._admit(plan, now)
-        statuses = statuses_of(plan, outcome, now)
-        if unanswered(outcome):
+        # a plan with no counters charges nothing: admitted without asking the store
+        outcome = await self._store.admit(plan, now) if plan.counters else Outcome(True, (), (), ())
+        if isinstance(outcome, Unanswered):  # let through: nothing decided to record
+            statuses = open_statuses(len(plan.descriptors))
             return Decision(Code.OK, statuses, True, time.perf_counter() - started)
+        statuses = statuses_of(plan, outcome, now)
         code = admission.overall(statuses, self._quota_mode)
         if code is Code.OK and Code.OVER_LIMIT in [s.code for s in statuses]:
             code, statuses = await self._without_quotas_over(request, statuses, now, plan, matcher)
         self._telemetry.decided(request, statuses, now, plan)
         code = Code.OK if self._shadow else code
         return Decision(code, statuses, backend_seconds=time.perf_counter() - started)
-
-    async def _admit(self, plan: Plan, now: float) -> Outcome:
-        """The store's outcome of ``plan`` (a plan with no counters charges nothing)."""
-        if not plan.counters:
-            return Outcome(True, (), (), ())
-        return await self._store.admit(plan, now)
 
     async def _without_quotas_over(
         self,
@@ -94,8 +90,8 @@ class RatesFlow:
             return admission.overall(statuses, self._quota_mode), statuses
         rest = Request(request.domain, tuple(request.descriptors[i] for i in keep), request.hits)
         plan = make_plan(rest, matcher)
-        outcome = await self._admit(plan, now)
-        if unanswered(outcome):
+        outcome = await self._store.admit(plan, now) if plan.counters else Outcome(True, (), (), ())
+        if isinstance(outcome, Unanswered):
             return Code.OK, statuses  # failure-open, as for any request
         merged = list(statuses)
         for index, status in zip(keep, statuses_of(plan, outcome, now), strict=True):

@@ -65,8 +65,8 @@ def open_statuses(descriptors: int) -> tuple[Status, ...]:
 def statuses(plan: Plan, outcome: Outcome, now: float) -> tuple[Status, ...]:
     """Each descriptor's status from an admit's answer to ``plan`` at ``now`` (the store's
     clock when it gives one); OK with no limit for an answer let through."""
-    if isinstance(outcome, Unlimited):
+    if isinstance(outcome, Unanswered):
         return open_statuses(len(plan.descriptors))
-    if isinstance(outcome, DecidedHere) and outcome.plan is not None:
+    if type(outcome) is DecidedHere and outcome.plan is not None:
         plan = outcome.plan
     return admission.statuses(plan, outcome, now if outcome.now is None else outcome.now)
