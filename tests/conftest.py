@@ -103,8 +103,8 @@ def make_limiter(store: Store, clock: FakeClock, tmp_path: Path) -> Callable[...
 KINDS = ("unit", "behaviour", "process")  # pyproject's markers: `-m unit` and so on
 # The folders under tests/, one per package of server/fairlimit (and e2e, deploy): each test
 # is also marked with its folder, so `-m quota` runs the tests of quota/ and nothing else.
-PACKAGES = ("admin", "app", "config", "core", "deploy", "e2e", "grpc_api", "limiter", "quota",
-            "settings", "simulate", "store", "telemetry")  # fmt: skip
+PACKAGES = ("admin", "app", "config", "core", "deploy", "e2e", "grpc_api", "limiter", "policy",
+            "quota", "settings", "simulate", "store", "telemetry")  # fmt: skip
 TESTS = Path(__file__).resolve().parent
 
 

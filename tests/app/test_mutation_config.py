@@ -51,13 +51,14 @@ class TestWhatIsMutated:
         assert [_server_path(p) for p in MUTMUT["source_paths"]] == ["server/fairlimit"]
         assert 'ln -sfn "$root/server" "$work/src"' in SCRIPT
 
-    def test_core_config_store_and_quota_each_have_modules_to_mutate(self) -> None:
-        """Every only_mutate pattern matches Python files in the repository."""
+    def test_core_config_store_policy_and_quota_each_have_modules_to_mutate(self) -> None:
+        """Every only_mutate pattern matches Python files in the repository (policy/: the
+        local limits of --failure-mode local, mutated since they lived in store/)."""
         files = [str(p.relative_to(ROOT)) for p in (ROOT / "server").rglob("*.py")]
         for pattern in MUTMUT["only_mutate"]:
             assert fnmatch.filter(files, _server_path(pattern)), pattern
         packages = {_server_path(p).split("/")[2] for p in MUTMUT["only_mutate"]}
-        assert packages == {"core", "config", "store", "quota"}
+        assert packages == {"core", "config", "store", "policy", "quota"}
 
 
 class TestHowMutantsRun:
@@ -195,7 +196,11 @@ class TestChangedSince:
     own (the tools, pyproject and a few sources, committed), as programs."""
 
     TOOLS = ("tests/mutate_lua.py", "tests/mutation_changes.py", "tests/mutation_tally.py")
-    SOURCES = ("server/fairlimit/store/degraded.py", "server/fairlimit/core/lease.py")
+    SOURCES = (
+        "server/fairlimit/policy/local.py",
+        "server/fairlimit/store/replicas.py",
+        "server/fairlimit/core/lease.py",
+    )
 
     @pytest.fixture
     def repo(self, tmp_path: Path) -> Path:
@@ -237,17 +242,17 @@ class TestChangedSince:
         assert shown[2].split(" | ")[1:3] == [str(len(expected)), "0"]  # mutants, tried
 
     def test_mutmut_names_of_the_changed_functions_in_each_run(self, repo: Path) -> None:
-        """A line changed in degraded.py's _add(), in Replicas.place() and in lease.py's
+        """A line changed in policy/local.py's _add(), in Replicas.place() and in lease.py's
         eligible(): the memory run's names are the first two (as mutmut spells them), the
         Redis store's run's the third (only its tests reach core/lease.py)."""
-        _touch(repo / "server/fairlimit/store/degraded.py", "def _add(")
-        _touch(repo / "server/fairlimit/store/degraded.py", "n = max(self.configured")
+        _touch(repo / "server/fairlimit/policy/local.py", "def _add(")
+        _touch(repo / "server/fairlimit/store/replicas.py", "n = max(self.configured")
         _touch(repo / "server/fairlimit/core/lease.py", "def eligible(")
         memory = self._run(repo, "tests/mutation_changes.py", "mutmut", "HEAD")
         redis = self._run(repo, "tests/mutation_changes.py", "mutmut", "HEAD", "--redis")
         assert memory == [
-            "fairlimit.store.degraded.xǁReplicasǁplace__mutmut_*",
-            "fairlimit.store.degraded.x__add__mutmut_*",
+            "fairlimit.policy.local.x__add__mutmut_*",
+            "fairlimit.store.replicas.xǁReplicasǁplace__mutmut_*",
         ]
         assert redis == ["fairlimit.core.lease.x_eligible__mutmut_*"]
         assert "mutmut run $names" in SCRIPT and "--changed-since" in SCRIPT

@@ -3,8 +3,9 @@
 Every ``fairlimit`` import (absolute or relative, at module level, inside a function or under
 ``TYPE_CHECKING``) must point into the importer's own layer-package or a layer to its left:
 
-    errors, _proto <- core <- config, store, telemetry, settings <- limiter
-        <- grpc_api, admin, simulate <- app, workers, topview <- cli  (quota is limiter's sibling)
+    errors, _proto <- core <- config, store, telemetry, settings <- policy <- flows
+        <- limiter <- grpc_api, admin, simulate <- app, workers, topview <- cli
+    (quota is limiter's sibling)
 
 Packages of one layer do not import each other. core/ imports only the standard library, and
 grpc, redis and the generated code stay with their owning packages.
@@ -36,6 +37,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fairlimit", "errors", "_proto"),
     ("core",),
     ("config", "store", "telemetry", "settings"),
+    ("policy",),  # the failure policy around the store (breaker, shedding, local mode)
+    ("flows",),  # the limiter's three flows: rates, slots, tokens
     ("limiter", "quota"),
     ("grpc_api", "admin", "simulate"),
     ("app", "workers", "topview"),  # topview: the admin port's terminal client, for cli
@@ -162,7 +165,7 @@ class TestLayerRule:
         source = "def f():\n    from fairlimit.limiter import Limiter\n"
         assert self._check(tmp_path, "core/zz_probe.py", source) == [
             "core/zz_probe.py:2 imports fairlimit.limiter: core (layer 1) may not import"
-            " limiter (layer 3)"
+            " limiter (layer 5)"
         ]
 
     def test_relative_and_type_checking_imports_are_resolved(self, tmp_path: Path) -> None:

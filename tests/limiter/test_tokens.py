@@ -338,7 +338,7 @@ class TestMetrics:
         limiter = Limiter(load_text(tmp_path, TOKENS), MemoryStore(), FakeClock(MINUTE),
                           telemetry=telemetry)  # fmt: skip
         no_id = Request("llm", (Descriptor((("provider", "llm"), ("tenant", "a")), None, 5, True),))
-        with caplog.at_level(logging.WARNING, logger="fairlimit.limiter"):
+        with caplog.at_level(logging.WARNING, logger="fairlimit.flows.tokens"):
             await limiter.should_rate_limit(start("a", "r1", 60))
             await limiter.should_rate_limit(done("a", "r1", 25))
             await limiter.should_rate_limit(start("a", "r2", 70))

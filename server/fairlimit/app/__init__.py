@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from fairlimit.admin import AdminServer, JsonCodec, SideListener
+from fairlimit.admin import AdminServer, JsonCodec
 from fairlimit.admin.rlqs import rlqs_report
 from fairlimit.app import build
 from fairlimit.app.build import DRIP_SECONDS
@@ -25,7 +25,7 @@ from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.proto_json import request_from_json, response_to_json
 from fairlimit.limiter import BREAK_SECONDS
 from fairlimit.settings import Settings, parse_address
-from fairlimit.store.degraded import Replicas
+from fairlimit.store.replicas import Replicas
 from fairlimit.telemetry import Telemetry, pooled
 from fairlimit.telemetry.latency import RpcLatency
 
@@ -62,7 +62,7 @@ class App:
         if loaded is None:  # nothing until the source sends a first config
             loaded = assemble([], (), charge_over_limit=settings.charges_over_limit)
         _log_notes(loaded)
-        # --failure-mode local: each process's part of a limit (store/degraded.py); the RLQS
+        # --failure-mode local: each process's part of a limit (store/replicas.py); the RLQS
         # demand exchange says which processes share the store
         replicas = Replicas(settings.replicas * settings.workers)
         self.limiter = build.limiter(settings, loaded, self.telemetry, replicas)
@@ -70,7 +70,7 @@ class App:
         self.quota = build.quota(settings, self.limiter, self.telemetry, replicas)
         self.grpc = build.grpc(settings, self.limiter, self.quota)
         self.admin = None if worker else self._admin(metrics_registry)
-        self.side = [] if self.admin is None else self._side_listeners(self.admin)
+        self.side = [] if self.admin is None else build.side_listeners(settings, self.admin)
         self._tasks: set[asyncio.Task[object]] = set()
         self._stopping = asyncio.Event()
         self._hurry = asyncio.Event()  # a second SIGTERM: no more drain delay
@@ -96,19 +96,6 @@ class App:
             timeout=self.settings.admin_timeout,
             json_from=self.settings.admin_json,
         )
-
-    def _side_listeners(self, admin: AdminServer) -> list[SideListener]:
-        """upstream's debug port (text /rlconfig) and PROMETHEUS_ADDR, where asked for."""
-        listeners = []
-        if self.settings.debug_addr is not None:
-            host, port = parse_address("--debug-addr", self.settings.debug_addr)
-            routes = {"/rlconfig": admin.rlconfig_text}
-            listeners.append(SideListener(host, port, routes, self.settings.admin_timeout))
-        if self.settings.metrics_addr is not None:
-            host, port = parse_address("--metrics-addr", self.settings.metrics_addr)
-            routes = {self.settings.metrics_path: admin.metrics}
-            listeners.append(SideListener(host, port, routes, self.settings.admin_timeout))
-        return listeners
 
     def _has_config(self, loaded: Loaded) -> bool:
         """Ready as far as the config goes: always, unless readiness needs a domain loaded."""

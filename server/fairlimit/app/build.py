@@ -5,6 +5,7 @@ import logging
 import socket
 from pathlib import Path
 
+from fairlimit.admin import AdminServer, SideListener
 from fairlimit.config.source import Apply, ConfigSource, Reject
 from fairlimit.config.watch import ConfigWatcher
 from fairlimit.core.rules import Loaded
@@ -18,7 +19,7 @@ from fairlimit.limiter import Limiter
 from fairlimit.quota import QuotaService
 from fairlimit.settings import Settings, parse_address
 from fairlimit.store import open_store
-from fairlimit.store.degraded import Replicas
+from fairlimit.store.replicas import Replicas
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.latency import RpcLatency
 from fairlimit.telemetry.quota import QuotaTelemetry
@@ -147,6 +148,20 @@ def telemetry(
     if settings.metrics_compat:
         telemetry.upstream = UpstreamStats(settings.near_limit_ratio)
     return telemetry
+
+
+def side_listeners(settings: Settings, admin: AdminServer) -> list[SideListener]:
+    """upstream's debug port (text /rlconfig) and PROMETHEUS_ADDR, where asked for."""
+    listeners = []
+    if settings.debug_addr is not None:
+        host, port = parse_address("--debug-addr", settings.debug_addr)
+        routes = {"/rlconfig": admin.rlconfig_text}
+        listeners.append(SideListener(host, port, routes, settings.admin_timeout))
+    if settings.metrics_addr is not None:
+        host, port = parse_address("--metrics-addr", settings.metrics_addr)
+        routes = {settings.metrics_path: admin.metrics}
+        listeners.append(SideListener(host, port, routes, settings.admin_timeout))
+    return listeners
 
 
 def limiter(

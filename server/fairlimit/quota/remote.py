@@ -17,7 +17,7 @@ from fairlimit.errors import StoreUnavailable
 from fairlimit.quota import peers
 from fairlimit.quota.stream import QuotaStream
 from fairlimit.store.base import Store
-from fairlimit.store.degraded import Replicas
+from fairlimit.store.replicas import Replicas
 
 log = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ from fairlimit.quota.stream import (
 )
 from fairlimit.quota.usage import UsageLedger
 from fairlimit.store.base import Store
-from fairlimit.store.degraded import Replicas
+from fairlimit.store.replicas import Replicas
 from fairlimit.telemetry.quota import QuotaTelemetry, Streams
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ class FailureMode(enum.Enum):
 
     OPEN = "open"  # answer OK when the backend is down, and count it
     CLOSED = "closed"  # answer UNAVAILABLE so Envoy's failure_mode_deny decides
-    LOCAL = "local"  # decide alone, to this process's part of every limit (store/degraded.py)
+    LOCAL = "local"  # decide alone, to this process's part of every limit (policy/local.py)
 
 
 def bundled_descriptors() -> Path:

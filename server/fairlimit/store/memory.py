@@ -41,7 +41,7 @@ class MemoryStore:
 
     ``seed``: the count a counter starts a window at, by its key and the window's start
     (0 without one): the local store of ``--failure-mode local`` starts each counter at what
-    the shared store last showed of it (store/degraded.py).
+    the shared store last showed of it (policy/local.py).
     """
 
     def __init__(self, seed: Callable[[str, int], int] | None = None) -> None:

@@ -1,22 +1,21 @@
 """``--failure-mode local``: what a process decides alone while the shared store is away.
 
-``Replicas`` says how many processes share the store and this one's place among them: at
-least ``--replicas`` x ``--workers``, and at least the processes that handed the store a
-report at the last exchange (``quota/peers.py``; every process does, RLQS or not). While the
-store answers, ``LocalLimits.saw`` keeps the count it showed of each counter this window.
-Once it fails, a MemoryStore of this process decides: each plan ``core.parts.scaled`` to this
-process's part, each counter starting the window at the count last seen (so a window the
-outage cuts in two does not start again from zero here). What it admitted (or charged by
-``charge_when_over_limit``) is kept by plan, and when the store answers again it is written
-back (``pay``): every level of the plan charged with those hits as a shadow level (shadow
-levels never refuse, so the store charges them all), in the windows still running. Then the
-local state is dropped: the shared counters hold the outage's admissions and decide again.
-A write-back that fails is kept for the next time the store answers.
+``Replicas`` (store/replicas.py) says how many processes share the store and this one's
+place among them. While the store answers, ``LocalLimits.saw`` keeps the count it showed of
+each counter this window. Once it fails, a MemoryStore of this process decides: each plan
+``core.parts.scaled`` to this process's part, each counter starting the window at the count
+last seen (so a window the outage cuts in two does not start again from zero here). What it
+admitted (or charged by ``charge_when_over_limit``) is kept by plan, and when the store
+answers again it is written back (``pay``): every level of the plan charged with those hits
+as a shadow level (shadow levels never refuse, so the store charges them all), in the
+windows still running. Then the local state is dropped: the shared counters hold the
+outage's admissions and decide again. A write-back that fails is kept for the next time the
+store answers.
 """
 
 import asyncio
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
@@ -28,33 +27,10 @@ from fairlimit.errors import StoreUnavailable
 from fairlimit.store.base import Store
 from fairlimit.store.deadline import DEADLINE
 from fairlimit.store.memory import MemoryStore
+from fairlimit.store.replicas import Replicas
 
 SEEN_KEPT = 10_000  # counters seen before the table of last-seen counts is first pruned
 PAYING = 32  # write-back calls out at once
-
-
-class Replicas:
-    """How many processes share the store, and this one's place among them."""
-
-    def __init__(self, configured: int = 0) -> None:
-        self.configured = configured  # --replicas x --workers (0: not given)
-        self.consumer: str | None = None  # this process's id in the demand exchange
-        self.seen: tuple[str, ...] = ()  # the ids of the last exchange, this one's included
-
-    def saw(self, consumer: str, others: Iterable[str]) -> None:
-        """The processes of an exchange that reached the store (``others``: the rest)."""
-        self.consumer = consumer
-        self.seen = tuple(sorted({consumer, *others}))
-
-    def place(self) -> tuple[int, int]:
-        """(processes, this one's index): at least the configured count and the processes
-        last seen; the index in the sorted ids of those seen, so that processes that saw the
-        same ones take different places. A process that has seen none takes the last place,
-        the one that never gets a remainder (``core.parts.part``)."""
-        n = max(self.configured, len(self.seen), 1)
-        if self.consumer is not None and self.consumer in self.seen:
-            return n, self.seen.index(self.consumer)
-        return n, n - 1
 
 
 @dataclasses.dataclass(slots=True)

@@ -1,6 +1,6 @@
 """--failure-mode local (degraded mode): while the store is away each process limits alone,
 to its part of every limit (core/parts.py), and writes what it admitted back into the store
-once it answers again (store/degraded.py). The behaviour tests run over every backend: the
+once it answers again (policy/local.py). The behaviour tests run over every backend: the
 store is real, only a switch in front of it makes it fail as a lost backend does."""
 
 import asyncio
@@ -23,8 +23,8 @@ from fairlimit.limiter import BREAK_SECONDS, RETURN_GRACE, Limiter
 from fairlimit.quota import QuotaService
 from fairlimit.settings import FailureMode, Settings
 from fairlimit.store.base import Store
-from fairlimit.store.degraded import Replicas
 from fairlimit.store.memory import MemoryStore
+from fairlimit.store.replicas import Replicas
 from fairlimit.telemetry import Telemetry
 from helpers import FakeClock, desc, load_text, req
 

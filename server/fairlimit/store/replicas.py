@@ -1,0 +1,33 @@
+"""How many processes share the store, and this one's place among them.
+
+At least ``--replicas`` x ``--workers``, and at least the processes that handed the store a
+report at the last exchange (``quota/peers.py``; every process does, RLQS or not). A process
+limiting alone (``--failure-mode local``, policy/local.py) takes its part of every limit by
+this place (``core.parts.part``).
+"""
+
+from collections.abc import Iterable
+
+
+class Replicas:
+    """How many processes share the store, and this one's place among them."""
+
+    def __init__(self, configured: int = 0) -> None:
+        self.configured = configured  # --replicas x --workers (0: not given)
+        self.consumer: str | None = None  # this process's id in the demand exchange
+        self.seen: tuple[str, ...] = ()  # the ids of the last exchange, this one's included
+
+    def saw(self, consumer: str, others: Iterable[str]) -> None:
+        """The processes of an exchange that reached the store (``others``: the rest)."""
+        self.consumer = consumer
+        self.seen = tuple(sorted({consumer, *others}))
+
+    def place(self) -> tuple[int, int]:
+        """(processes, this one's index): at least the configured count and the processes
+        last seen; the index in the sorted ids of those seen, so that processes that saw the
+        same ones take different places. A process that has seen none takes the last place,
+        the one that never gets a remainder (``core.parts.part``)."""
+        n = max(self.configured, len(self.seen), 1)
+        if self.consumer is not None and self.consumer in self.seen:
+            return n, self.seen.index(self.consumer)
+        return n, n - 1
