@@ -162,7 +162,7 @@ class Reader:
         the call's (``asyncio.current_task()``, which the caller has read already)."""
         if task is None:  # not on a task: cannot be interrupted, wait as long as it takes
             return await context.read()
-        pool.waiting[task] = asyncio.get_running_loop().time() + self.timeout
+        pool.waiting[task] = task.get_loop().time() + self.timeout  # the running loop's
         try:
             return await context.read()
         except asyncio.CancelledError:
