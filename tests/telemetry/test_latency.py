@@ -9,7 +9,6 @@ from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     HistogramDataPoint,
-    InMemoryMetricReader,
     Metric,
     MetricExporter,
     MetricExportResult,
@@ -21,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from fairlimit.telemetry import Telemetry, latency, sdk
 from fairlimit.telemetry.latency import RpcLatency
-from fairlimit.telemetry.sdk import exporting_latency
+from fairlimit.telemetry.sdk import LatencyCollector, LatencyExporter
 
 pytestmark = pytest.mark.unit
 
@@ -38,16 +37,20 @@ CALLS = [
 
 
 class Exported:
-    """A meter provider with a Prometheus reader and an in-memory one, and the Telemetry
-    recording on it: through the SDK's histogram, or kept in an RpcLatency."""
+    """A meter provider with a Prometheus reader and an OTLP-like periodic one, and the
+    Telemetry recording on it: through the SDK's histogram, or kept in an RpcLatency and
+    exported as ``serve`` does (``sdk.LatencyCollector``, ``sdk.LatencyExporter``)."""
 
     def __init__(self, local: bool) -> None:
         self.registry = CollectorRegistry()
-        self.memory = InMemoryMetricReader()
-        readers = [PrometheusMetricReader(registry=self.registry), self.memory]
+        self.kept = _Kept()
+        exporter: MetricExporter = self.kept
         self.latency = RpcLatency() if local else None
         if self.latency is not None:
-            readers = [exporting_latency(reader, self.latency) for reader in readers]
+            self.registry.register(LatencyCollector(self.latency))
+            exporter = LatencyExporter(exporter, self.latency)
+        self.periodic = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
+        readers = [PrometheusMetricReader(registry=self.registry), self.periodic]
         self.provider = MeterProvider(metric_readers=readers,
                                       exemplar_filter=AlwaysOffExemplarFilter())  # fmt: skip
         self.telemetry = Telemetry(self.provider, TracerProvider(), rpc_latency=self.latency)
@@ -62,8 +65,9 @@ class Exported:
         return [line for line in lines if "fairlimit_rpc_duration" in line]
 
     def metric(self) -> tuple[Metric, MetricsData]:
-        data = self.memory.get_metrics_data()
-        assert data is not None
+        """What the periodic reader exports on a flush (a collection)."""
+        self.periodic.force_flush()
+        data = self.kept.exported[-1]
         found = [(m, s.scope) for r in data.resource_metrics for s in r.scope_metrics
                  for m in s.metrics if m.name == latency.NAME]  # fmt: skip
         assert len(found) == 1, found
@@ -165,8 +169,8 @@ class TestExport:
     def test_the_periodic_otlp_reader_exports_it(self) -> None:
         """What serve's OTLP reader sends carries the histogram kept outside the SDK."""
         kept, source = _Kept(), RpcLatency()
-        reader = exporting_latency(
-            PeriodicExportingMetricReader(kept, export_interval_millis=3_600_000), source
+        reader = PeriodicExportingMetricReader(
+            LatencyExporter(kept, source), export_interval_millis=3_600_000
         )
         provider = MeterProvider(metric_readers=[reader])
         telemetry = Telemetry(provider, TracerProvider(), rpc_latency=source)

@@ -142,7 +142,7 @@ def telemetry(
     settings: Settings, given: Telemetry | None, rpc_latency: RpcLatency | None = None
 ) -> Telemetry:
     """``given``, or one of our own (on the global providers cli.py installed, the latency
-    histogram kept in ``rpc_latency`` where the SDK's readers add it); set up."""
+    histogram kept in ``rpc_latency``, which ``telemetry.sdk`` exports); set up."""
     telemetry = given or Telemetry(top_clients=settings.top_clients, rpc_latency=rpc_latency)
     telemetry.near_limit_ratio = settings.near_limit_ratio
     if settings.metrics_compat:

@@ -231,14 +231,23 @@ def _status(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, now: float) -> 
     """A charged descriptor's status: the level that denied it (the least left of those
     over), else the level with the least left; levels run out together wait for the last.
     Limit, remaining and name all come from that one level, so a 429 names what refused."""
-    levels = [_level(plan, outcome, dplan, charge, now) for charge in dplan.charges]
+    charges = dplan.charges
+    if len(charges) == 1:  # one level (most descriptors): it is the one reported
+        lv = _level(plan, outcome, dplan, charges[0], now)
+        code = Code.OVER_LIMIT if lv.over else Code.OK
+        return Status(code, lv.limit, lv.remaining, lv.reset, dplan.rule, lv.shadow_over, lv.name)
+    levels = [_level(plan, outcome, dplan, charge, now) for charge in charges]
     denying = [lv for lv in levels if lv.over]
     shadowed = any(lv.shadow_over for lv in levels)
     # the least left; of levels tied there, the tightest (a share below the own limit)
-    chosen = min(denying or levels, key=lambda lv: (lv.remaining, lv.limit.per_second))
+    chosen = min(denying or levels, key=_least_left)
     reset = max(lv.reset for lv in denying or levels if lv.remaining == chosen.remaining)
     code = Code.OVER_LIMIT if denying else Code.OK
     return Status(code, chosen.limit, chosen.remaining, reset, dplan.rule, shadowed, chosen.name)
+
+
+def _least_left(level: _Level) -> tuple[int, float]:
+    return level.remaining, level.limit.per_second
 
 
 def statuses(plan: Plan, outcome: Outcome, now: float) -> tuple[Status, ...]:

@@ -115,10 +115,11 @@ WHOLE_FIELDS = frozenset({"window", "period", "epoch", "kind", "page"})
 class Clock:
     """Where ``now`` sits for a cap of ``window`` s: period, sub-period, window start.
 
-    A plain slotted class, worked out once: one is made per claim of every request.
+    A plain slotted class, worked out once: one is made per claim of every request, and
+    a request reads ``left`` several times.
     """
 
-    __slots__ = ("end", "epoch", "now", "period", "period_len", "start", "window")
+    __slots__ = ("end", "epoch", "left", "now", "period", "period_len", "start", "window")
 
     def __init__(self, window: int, period_len: float, now: float) -> None:
         self.window, self.period_len, self.now = window, period_len, now
@@ -126,11 +127,7 @@ class Clock:
         self.epoch = math.floor(now * SPLIT / period_len)
         self.start = math.floor(now / window) * window
         self.end = self.start + window
-
-    @property
-    def left(self) -> float:
-        """Periods left in the window."""
-        return (self.end - self.now) / self.period_len
+        self.left = (self.end - now) / period_len  # periods left in the window
 
     @property
     def into(self) -> float:
@@ -436,7 +433,10 @@ class ShareClaim:
     """One client's claim at a cap: what it asks and what bounds it (made per request, so
     slotted and not frozen)."""
 
-    __slots__ = ("capacity", "declared", "hits", "limit", "nested", "reserve", "sized", "weight")
+    __slots__ = (
+        *("capacity", "declared", "hits", "limit", "nested", "reserve", "sized", "wanted"),
+        "weight",
+    )
 
     def __init__(
         self,
@@ -454,6 +454,9 @@ class ShareClaim:
         self.sized = sized  # capacity >= active_clients x limit: never paced
         self.nested = nested  # the client is itself a cap (a tenant): it paces its own
         self.reserve = 0.0  # hits the cap holds for light demand still to come (``reserve``)
+        # the row's want with this request, once ``contended`` has worked it out: ``verdict``
+        # asks the same of the same row (its request not yet recorded)
+        self.wanted: tuple[float, float] | None = None
 
 
 def contended(division: Division, row: Row, claim: ShareClaim, clock: Clock) -> bool:
@@ -466,7 +469,7 @@ def contended(division: Division, row: Row, claim: ShareClaim, clock: Clock) -> 
         return False
     if division.forced and division.asks * AMORTISE < division.rows:
         return False  # remade for a request already: again once hits enough have come
-    fixed, rate = want(row, clock, max(claim.hits, 1))
+    fixed, rate = claim.wanted = want(row, clock, max(claim.hits, 1))
     wanted = fixed + rate * clock.left
     room = claim.capacity - division.fixed - division.rate * clock.left
     # this client held at the room left is exact unless an open client wants more than the
@@ -488,8 +491,7 @@ class Verdict:
 def verdict(row: Row, division: Division, claim: ShareClaim, clock: Clock, total: float) -> Verdict:
     """The claim's verdict at the cap whose counter stands at ``total``. The row has left
     the division."""
-    h = max(claim.hits, 1)
-    fixed, rate = want(row, clock, h)
+    fixed, rate = claim.wanted or want(row, clock, max(claim.hits, 1))
     left = clock.left
     wanted = fixed + rate * left
     # the open clients' requests still to come, whole: a fraction of one is no request

@@ -167,12 +167,14 @@ class Reader:
         self.detail = f"no request message within {timeout:g} s (--grpc-read-timeout)"
         self.pools: list[Pool] = []
 
-    async def first(self, context: grpc.aio.ServicerContext, pool: Pool) -> Any:
-        """The call's first message, or grpc.aio.EOF; TooSlow when interrupted."""
-        task = asyncio.current_task()
+    async def first(
+        self, context: grpc.aio.ServicerContext, pool: Pool, task: "asyncio.Task[Any] | None"
+    ) -> Any:
+        """The call's first message, or grpc.aio.EOF; TooSlow when interrupted. ``task``:
+        the call's (``asyncio.current_task()``, which the caller has read already)."""
         if task is None:  # not on a task: cannot be interrupted, wait as long as it takes
             return await context.read()
-        pool.waiting[task] = asyncio.get_running_loop().time() + self.timeout
+        pool.waiting[task] = task.get_loop().time() + self.timeout  # the running loop's
         try:
             return await context.read()
         except asyncio.CancelledError:
@@ -270,7 +272,7 @@ async def _serve(
     context: grpc.aio.ServicerContext,
 ) -> Any:
     """Run ``original`` on the call's messages once the first is in (TooSlow before)."""
-    first = await reader.first(context, pool)
+    first = await reader.first(context, pool, asyncio.current_task())
     if first is grpc.aio.EOF:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message")
     result = original(first if unary_request else _rest(first, context), context)

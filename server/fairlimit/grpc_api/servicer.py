@@ -132,7 +132,7 @@ class RateLimitServicer:
         task = asyncio.current_task()
         try:
             try:
-                payload = await self.reader.first(context, pool)
+                payload = await self.reader.first(context, pool, task)
             except guards.TooSlow as slow:
                 self.telemetry.refused(RLS_KIND, slow.why)
                 await context.abort(*self.reader.details(pool, slow))

@@ -141,8 +141,8 @@ class Telemetry:
         top_clients: int = DEFAULT_CAPACITY,
         rpc_latency: RpcLatency | None = None,
     ) -> None:
-        """``rpc_latency``: where the latency histogram is kept when the readers add it
-        themselves (``telemetry.sdk``); without it, an SDK histogram records each call."""
+        """``rpc_latency``: where the latency histogram is kept when ``telemetry.sdk``
+        exports it itself; without it, an SDK histogram records each call."""
         self.enabled = enabled
         self.errors = 0  # recording failures, swallowed so that requests never fail
         self._tracer = trace.get_tracer("fairlimit", __version__, tracer_provider)

@@ -3,10 +3,10 @@
 The OpenTelemetry SDK's ``Histogram.record`` costs 10-30 µs of a call's CPU in the server
 (a measurement object, attribute copying and hashing, three locks, the exemplar path), a
 tenth of the whole call. The API has no observable histogram, so ``fairlimit serve`` keeps
-the counts here and its readers add them, as the SDK's own cumulative explicit-bucket
-aggregation would report them, to what they collect (``telemetry/sdk.py``). Where no reader
-adds them (tests with readers of their own, OTLP with delta temporality) ``Telemetry``
-records through the SDK instead: both routes export the same metric.
+the counts here and exports them as the SDK's own cumulative explicit-bucket aggregation
+would report them (``telemetry/sdk.py``: a Prometheus collector, an exporter around OTLP's).
+Where nothing exports them (tests with readers of their own, OTLP with delta temporality)
+``Telemetry`` records through the SDK instead: both routes export the same metric.
 """
 
 import math

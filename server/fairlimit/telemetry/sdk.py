@@ -8,15 +8,18 @@ Metrics always go to a Prometheus registry that the admin ``/metrics`` renders. 
 span is recorded, but the W3C context still flows.
 
 The ShouldRateLimit latency histogram is aggregated by ``telemetry.latency`` (the SDK's
-per-call record path was a tenth of a call's CPU); every reader made here adds it to what it
-collects, as the SDK would have reported it. OTLP with delta temporality for histograms
+per-call record path was a tenth of a call's CPU) and exported, as the SDK's cumulative
+explicit-bucket aggregation would report it, through public interfaces only: a
+prometheus_client collector on ``/metrics``'s registry (``LatencyCollector``) and an
+exporter around OTLP's (``LatencyExporter``). OTLP with delta temporality for histograms
 keeps the SDK's own aggregation (``Sdk.latency`` is None then).
 """
 
 import dataclasses
+import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +31,8 @@ from opentelemetry.sdk.metrics.export import (
     Histogram,
     HistogramDataPoint,
     Metric,
+    MetricExporter,
+    MetricExportResult,
     MetricReader,
     MetricsData,
     PeriodicExportingMetricReader,
@@ -38,6 +43,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import HistogramMetricFamily
 
 from fairlimit import __version__
 from fairlimit.telemetry import latency
@@ -49,6 +55,9 @@ _ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 _PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
 _TEMPORALITY = "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE"
 SCOPE = "fairlimit"  # the meter's name (telemetry/instruments.py)
+# what the Prometheus reader names fairlimit.rpc.duration (unit s: _seconds; the family
+# adds _bucket, _count and _sum)
+_PROMETHEUS_NAME = "fairlimit_rpc_duration_seconds"
 
 
 @dataclass
@@ -97,15 +106,16 @@ def install(environ: Mapping[str, str]) -> Sdk:
     registry = CollectorRegistry()
     readers: list[MetricReader] = [PrometheusMetricReader(registry=registry)]
     signals = otlp_signals(environ)
+    rpc_latency = RpcLatency() if keeps_latency(environ) else None
+    if rpc_latency is not None:
+        registry.register(LatencyCollector(rpc_latency))
     if "metrics" in signals:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
-    rpc_latency = None
-    if keeps_latency(environ):
-        rpc_latency = RpcLatency()
-        for reader in readers:
-            exporting_latency(reader, rpc_latency)
+        exporter: MetricExporter = OTLPMetricExporter()
+        if rpc_latency is not None:
+            exporter = LatencyExporter(exporter, rpc_latency)
+        readers.append(PeriodicExportingMetricReader(exporter))
     # No exemplars: the Prometheus text exposition does not carry them, and the default
     # trace-based filter costs every histogram record about 3 µs (a third of it).
     provider = MeterProvider(
@@ -132,16 +142,54 @@ def keeps_latency(environ: Mapping[str, str]) -> bool:
     return not (delta and "metrics" in otlp_signals(environ))
 
 
-def exporting_latency(reader: MetricReader, source: RpcLatency) -> MetricReader:
-    """``reader``, which from now on adds ``fairlimit.rpc.duration`` from ``source`` to what
-    it collects (cumulative, as the SDK's explicit-bucket aggregation reports it)."""
-    receive = reader._receive_metrics  # what every reader implements; collect() calls it
+class LatencyCollector:
+    """The latency histogram on ``/metrics``: a prometheus_client custom collector on the
+    registry ``serve``'s Prometheus reader renders into, writing the lines that reader
+    writes for the SDK's own histogram (name, HELP, TYPE, the scope's labels, buckets)."""
 
-    def receive_with_latency(metrics_data: MetricsData, *args: Any, **kwargs: Any) -> None:
-        receive(with_latency(metrics_data, source), *args, **kwargs)
+    def __init__(self, source: RpcLatency) -> None:
+        self.source = source
+        self.scope = {"otel_scope_name": SCOPE, "otel_scope_schema_url": "",
+                      "otel_scope_version": __version__}  # fmt: skip
 
-    reader._receive_metrics = receive_with_latency  # type: ignore[method-assign]
-    return reader
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        points = self.source.points()
+        if not points:
+            return  # no series before the first call, as the SDK's
+        family = HistogramMetricFamily(
+            _PROMETHEUS_NAME, latency.DESCRIPTION, labels=[*self.scope, "result"]
+        )
+        bounds = [str(bound) for bound in self.source.bounds] + ["+Inf"]
+        for p in points:
+            buckets = list(zip(bounds, itertools.accumulate(p.bucket_counts), strict=True))
+            family.add_metric([*self.scope.values(), p.result], buckets, p.sum)
+        yield family
+
+
+class LatencyExporter(MetricExporter):
+    """A metric exporter that sends what it is given with the latency histogram added
+    (``with_latency``), through ``inner`` (OTLP's): the SDK's public exporter interface."""
+
+    def __init__(self, inner: MetricExporter, source: RpcLatency) -> None:
+        # the reader aggregates for this exporter: with the inner one's preferences
+        super().__init__(
+            preferred_temporality=getattr(inner, "_preferred_temporality", None),
+            preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
+        )
+        self.inner = inner
+        self.source = source
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        return self.inner.export(with_latency(metrics_data, self.source), timeout_millis,
+                                 **kwargs)  # fmt: skip
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.inner.shutdown(timeout_millis, **kwargs)
 
 
 def with_latency(metrics_data: MetricsData, source: RpcLatency) -> MetricsData:
