@@ -213,20 +213,25 @@ def _water_levels(want: Floats, weight: Floats, cap: Ints, capacity: Floats) -> 
         return level
     order = np.lexsort((want / weight, cap))
     w, wt, c = want[order], weight[order], cap[order]
+    # An infinite want (an unmeasured bucket without a limit of its own) is over any level:
+    # it ends its cap's filling, so the sums count it as 0 (they would turn to nan).
+    endless = np.isinf(w)
+    finite = np.where(endless, 0.0, w)
     starts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
     ends = np.r_[starts[1:], len(c)]
     seg = np.repeat(np.arange(len(starts)), ends - starts)
-    cw, cwt = np.r_[0.0, np.cumsum(w)], np.r_[0.0, np.cumsum(wt)]
+    cw, cwt = np.r_[0.0, np.cumsum(finite)], np.r_[0.0, np.cumsum(wt)]
     before_w = cw[:-1] - cw[starts][seg]  # wants of the clients before, in the cap
     before_wt = cwt[:-1] - cwt[starts][seg]
     caps = c[starts]
-    sum_w, sum_wt = cw[ends] - cw[starts], cwt[ends] - cwt[starts]
+    sum_wt = cwt[ends] - cwt[starts]
     cap_c = capacity[caps]
+    more = (cw[ends] - cw[starts] > cap_c) | np.logical_or.reduceat(endless, starts)
     with np.errstate(divide="ignore", invalid="ignore"):
         at = (cap_c[seg] - before_w) / (sum_wt[seg] - before_wt)
-    over = w > at * wt
+    over = endless | (w > at * wt)
     first = np.minimum.reduceat(np.where(over, np.arange(len(w)), len(w)), starts)
-    found = (first < len(w)) & (sum_w > cap_c)
+    found = (first < len(w)) & more
     level[caps[found]] = at[first[found]]
     return level
 
