@@ -164,7 +164,9 @@ class Divider:
         rows = np.fromiter((b.row for b in subs), np.intp, n)
         taken = np.ones(n, dtype=bool) if dirty is None else self._dirty_rows(dirty)[rows]
         picked = np.flatnonzero(taken)
-        demand = np.array([b.demand for b in subs], dtype=np.float64)
+        # only the holders of the regions divided are read further
+        chosen = subs if len(picked) == n else [subs[i] for i in picked.tolist()]
+        demand = np.array([b.demand for b in chosen], dtype=np.float64)
         interval = np.repeat([s.interval for s, _, _ in spans],
                              [hi - lo for _, lo, hi in spans]).astype(np.float64)  # fmt: skip
         yield
@@ -175,18 +177,17 @@ class Divider:
         result = divide(
             table,
             np.concatenate([rows[picked], np.array(remote_rows, dtype=np.intp)]),
-            np.concatenate([demand[picked], far]),
+            np.concatenate([demand, far]),
             np.concatenate([interval[picked], far_interval]),
         )
         codes, extra = result.codes[: len(picked)], result.extra[: len(picked)]
-        for i, planned, part in zip(picked.tolist(), codes.tolist(), extra.tolist(), strict=True):
-            b = subs[i]
+        for b, planned, part in zip(chosen, codes.tolist(), extra.tolist(), strict=True):
             b.planned, b.extra = planned, part
-        current = np.array([b.code for b in subs], dtype=np.uint64)
+        current = np.array([b.code for b in chosen], dtype=np.uint64)
         new = np.zeros(n, dtype=np.uint64)
         new[picked] = codes
         moved = np.zeros(n, dtype=bool)
-        moved[picked] = changed(current[picked], codes)
+        moved[picked] = changed(current, codes)
         if dirty is None:
             self.levels, self.headroom = result.levels, result.headroom
         else:
@@ -195,7 +196,6 @@ class Divider:
         self.divisions += 1
         self.divided_at, self.dirty = self.now(), False
         yield
-        new_codes, moves = new.tolist(), moved.tolist()
         for stream, lo, hi in spans:
             if self.closes != closes:
                 return
@@ -205,11 +205,12 @@ class Divider:
                 sending = sending | (taken[lo:hi] & np.isin(rows[lo:hi], renewed))
                 actions = list(abandoned)
             ttl = stream.ttl
-            for i in (np.flatnonzero(sending) + lo).tolist():
+            at = np.flatnonzero(sending) + lo
+            for i, move, code in zip(at.tolist(), moved[at].tolist(), new[at].tolist(),
+                                     strict=True):  # fmt: skip
                 held = subs[i]
                 strategy: Strategy | None = held.strategy
-                if moves[i]:
-                    code = new_codes[i]
+                if move:
                     strategy = strategy_of(code)
                     held.assign(strategy, code)
                 assert strategy is not None
