@@ -213,11 +213,20 @@ def code_of(strategy: Strategy | None) -> int:
     return strategy.value
 
 
+_BY_CODE: dict[int, Strategy] = {}  # strategy_of's, as bounded as _BUCKETS
+
+
 def strategy_of(code: int) -> Strategy:
     """The strategy of a code (not NONE)."""
-    if code < TOKEN:
-        return Blanket(code)
-    return token_shape(code >> 32, code & UINT32_MAX)
+    found = _BY_CODE.get(code)
+    if found is None:
+        if len(_BY_CODE) >= _BUCKETS_MAX:
+            _BY_CODE.clear()
+        if code < TOKEN:
+            found = _BY_CODE[code] = Blanket(code)
+        else:
+            found = _BY_CODE[code] = token_shape(code >> 32, code & UINT32_MAX)
+    return found
 
 
 def depth_of(rate: float, bottlenecked: bool, interval: float | None) -> int:

@@ -9,6 +9,7 @@ the service reads and updates it, and hands what to send to ``send``.
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from fairlimit.core.bucket import BucketKey
 from fairlimit.core.matching import Entry
@@ -39,9 +40,9 @@ class Usage:
     denied: int
 
 
-@dataclass(frozen=True, slots=True)
-class Assign:
-    """Apply ``strategy`` to the bucket for ``ttl`` whole seconds."""
+class Assign(NamedTuple):
+    """Apply ``strategy`` to the bucket for ``ttl`` whole seconds (a named tuple: a division
+    sends one per bucket renewed, 50,000 at a time, and a frozen dataclass took 1 µs each)."""
 
     bucket: Mapping[str, str]
     strategy: Strategy
