@@ -7,6 +7,7 @@ several buckets, one to three Envoys per bucket, demands unmeasured, idle or any
 past the cap."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,10 +26,15 @@ from fairlimit.core.quota import (
     strategy_of,
     token_bucket,
 )
+from fairlimit.quota import Abandon, Assign, QuotaService, Usage
 from fairlimit.quota.division import Table, changed, divide
+from fairlimit.quota.targets import COMPACT_FROM
+from fairlimit.store.memory import MemoryStore
+from helpers import ROOT, FakeClock, load_text
 from maxmin import level as exact_level
 
 pytestmark = pytest.mark.unit
+MANY = (ROOT / "descriptors" / "rlqs" / "many-clients.yaml").read_text()
 
 CAPS = ("edge/a#1", "edge/b#1", "edge/c#1")
 
@@ -131,3 +137,33 @@ class TestDivisionInArrays:
         for strategy in (Blanket.ALLOW_ALL, Blanket.DENY_ALL, token_bucket(12.3, 7),
                          token_bucket(1e12, 2**40)):  # fmt: skip
             assert strategy_of(code_of(strategy)) == strategy
+
+
+class TestTableCompaction:
+    async def test_a_report_abandoning_most_buckets_compacts_the_table_and_divides(
+        self, tmp_path: Path
+    ) -> None:
+        """An Envoy holds 1,100 buckets; 1,000 go idle, and the periodic report that lists
+        them all abandons them: the table, now mostly rows of buckets gone, is made again in
+        that report's division. The buckets it abandoned are not renewed (their rows were
+        of the old table: the division indexed the new one with them), and the 100 left
+        are assigned as a division from scratch would."""
+        loaded = load_text(tmp_path, MANY)
+        clock = FakeClock()
+        service = QuotaService(lambda: loaded, MemoryStore(), clock.now, abandon_after=10.0,
+                               max_buckets_per_stream=2000, max_buckets=2000)  # fmt: skip
+        sent: list[Assign | Abandon] = []
+        stream = service.open(sent.extend)
+        clients = [{"route": "public", "client_id": f"c{i}"} for i in range(COMPACT_FROM + 76)]
+        await service.report(stream, "edge", [Usage(c, 0, 5) for c in clients])
+        clock.advance(11.0)
+        sent.clear()
+        await service.report(stream, "edge", [Usage(c, 0, 5 if i < 100 else 0)
+                                              for i, c in enumerate(clients)])  # fmt: skip
+        assert sum(isinstance(a, Abandon) for a in sent) == len(clients) - 100
+        assert len(service.targets.table) == 100
+        assigned = {a.bucket["client_id"] for a in sent if isinstance(a, Assign)}
+        assert assigned == {f"c{i}" for i in range(100)}
+        holders = [Holder(stream.ident, key, b.target, b.demand, stream.interval)
+                   for key, b in stream.buckets.items()]  # fmt: skip
+        assert service.allocation.strategies == allocate(holders).strategies

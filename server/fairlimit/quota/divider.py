@@ -140,8 +140,9 @@ class Divider:
             self.changed = None
         targets.compact(self.streams.values(), len(self.remote.targets))
         table = targets.table
-        # the reported buckets' rows: their regions are divided, and they are renewed
-        renewed = np.array([b.row for b in renewing], dtype=np.intp)
+        # the reported buckets' rows: their regions are divided, and they are renewed (not
+        # those the report abandoned: row -1, and a compaction gives them none)
+        renewed = np.array([b.row for b in renewing if b.row >= 0], dtype=np.intp)
         changed_regions, self.changed = self.changed, set()
         closes = self.closes
         regions = targets.regions

@@ -110,6 +110,7 @@ class Intake:
         for key in idle:
             held = stream.buckets.pop(key)
             self.divider.mark(key, held.target)  # its region re-divides without it
+            held.row = -1  # in no table from now on (it may be in the report's renewals)
             out.append(Abandon(held.bucket))
         self.room.dropped(len(idle))
         return out
