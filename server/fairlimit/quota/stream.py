@@ -108,7 +108,11 @@ class Subscription:
 
     def start_span(self) -> None:
         """A report came: the next span starts under the strategy in force."""
-        self.peak = None if self.strategy is None else most(self.strategy)
+        strategy = self.strategy
+        if type(strategy) is TokenBucket:  # most(strategy), inline: every line of a report
+            self.peak = (strategy.tokens_per_fill / strategy.fill_seconds, strategy.max_tokens)
+        else:
+            self.peak = None if strategy is None else most(strategy)
 
     def measure(self, requests: int, now: float, interval: float) -> None:
         """Add a report's requests; a span of half an interval or more makes a demand."""
