@@ -21,6 +21,9 @@ BucketKey = tuple[tuple[str, str], ...]  # the bucket map as sorted (key, value)
 
 def bucket_key(bucket: Mapping[str, str]) -> BucketKey:
     """The bucket map in a hashable, order-free form."""
+    if len(bucket) == 2:  # the common shape (route and client), without a sort: per line
+        first, second = bucket.items()
+        return (first, second) if first < second else (second, first)
     return tuple(sorted(bucket.items()))
 
 

@@ -183,12 +183,49 @@ def token_bucket(rate: float, depth: int) -> TokenBucket:
     Buckets are immutable and few distinct ones recur, so each is made once (a bounded
     table, cleared when full): a division assigns tens of thousands."""
     per_fill = min(UINT32_MAX, max(1, math.floor(rate * FILL_SECONDS + 1e-9)))
-    key = (min(UINT32_MAX, max(1, depth)), per_fill)
-    found = _BUCKETS.get(key)
+    return token_shape(per_fill, min(UINT32_MAX, max(1, depth)))
+
+
+def token_shape(per_fill: int, depth: int) -> TokenBucket:
+    """The token bucket of ``per_fill`` tokens a fill, ``depth`` deep (both within uint32),
+    made once (see ``token_bucket``)."""
+    found = _BUCKETS.get((depth, per_fill))
     if found is None:
         if len(_BUCKETS) >= _BUCKETS_MAX:
             _BUCKETS.clear()
-        found = _BUCKETS[key] = TokenBucket(key[0], per_fill, FILL_SECONDS)
+        found = _BUCKETS[(depth, per_fill)] = TokenBucket(depth, per_fill, FILL_SECONDS)
+    return found
+
+
+# A strategy as one integer: a blanket rule its value (0 allow all, 1 deny all), a token
+# bucket tokens_per_fill << 32 | max_tokens (both at least 1, so at least 2**32), and no
+# strategy yet NONE (equal to no other).
+ALLOW, DENY, NONE = 0, 1, 2
+TOKEN = 1 << 32
+
+
+def code_of(strategy: Strategy | None) -> int:
+    """``strategy`` as its code."""
+    if strategy is None:
+        return NONE
+    if isinstance(strategy, TokenBucket):
+        return strategy.tokens_per_fill << 32 | strategy.max_tokens
+    return strategy.value
+
+
+_BY_CODE: dict[int, Strategy] = {}  # strategy_of's, as bounded as _BUCKETS
+
+
+def strategy_of(code: int) -> Strategy:
+    """The strategy of a code (not NONE)."""
+    found = _BY_CODE.get(code)
+    if found is None:
+        if len(_BY_CODE) >= _BUCKETS_MAX:
+            _BY_CODE.clear()
+        if code < TOKEN:
+            found = _BY_CODE[code] = Blanket(code)
+        else:
+            found = _BY_CODE[code] = token_shape(code >> 32, code & UINT32_MAX)
     return found
 
 
@@ -315,6 +352,14 @@ class Regions:
     def root(self, handle: object) -> object:
         """A region as ``of`` gave it, after the links made since."""
         return self._find(handle) if isinstance(handle, str) else handle
+
+    @staticmethod
+    def handle(key: BucketKey, target: Target) -> object:
+        """The region of bucket ``key`` governed by ``target``, to be rooted (``root``)
+        later: marking a report's every bucket costs no lookup."""
+        if target.blanket is not None or not target.caps:
+            return key
+        return target.caps[0].cap
 
     def of(self, key: BucketKey, target: Target) -> object:
         """The region of bucket ``key`` governed by ``target`` (added first)."""

@@ -9,10 +9,11 @@ the service reads and updates it, and hands what to send to ``send``.
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from fairlimit.core.bucket import BucketKey
 from fairlimit.core.matching import Entry
-from fairlimit.core.quota import Blanket, Strategy, Target, most
+from fairlimit.core.quota import NONE, Blanket, Strategy, Target, TokenBucket, code_of, most
 
 # Envoy 1.40's RLQS client reports every 5 s whatever the buckets' reporting_interval says
 # (a hard-coded interval in its filter_persistence.cc); a stream is taken to report at least
@@ -39,9 +40,9 @@ class Usage:
     denied: int
 
 
-@dataclass(frozen=True, slots=True)
-class Assign:
-    """Apply ``strategy`` to the bucket for ``ttl`` whole seconds."""
+class Assign(NamedTuple):
+    """Apply ``strategy`` to the bucket for ``ttl`` whole seconds (a named tuple: a division
+    sends one per bucket renewed, 50,000 at a time, and a frozen dataclass took 1 µs each)."""
 
     bucket: Mapping[str, str]
     strategy: Strategy
@@ -62,8 +63,9 @@ Send = Callable[[Sequence[Action]], None]
 class Subscription:
     """One stream's subscription to one bucket."""
 
-    __slots__ = ("active_at", "allowed", "bucket", "counted", "demand", "denied", "entries",
-                 "peak", "since", "strategy", "target")  # fmt: skip
+    __slots__ = ("active_at", "allowed", "bucket", "code", "counted", "demand", "denied",
+                 "entries", "extra", "peak", "planned", "row", "since", "strategy",
+                 "target")  # fmt: skip
 
     def __init__(self, bucket: Mapping[str, str], now: float) -> None:
         self.bucket = dict(bucket)
@@ -79,18 +81,38 @@ class Subscription:
         # them; None before the first
         self.peak: tuple[float, int] | None = None
         self.allowed = self.denied = 0  # totals, for /rlconfig
+        # for the division (quota/division.py): the bucket's row in its table, the strategy
+        # in force as a code, and the last division's own (before settling) and this
+        # holder's part of the headroom (nan: none)
+        self.row = -1
+        self.code = NONE
+        self.planned = NONE
+        self.extra = math.nan
 
-    def assign(self, strategy: Strategy) -> None:
-        """``strategy`` is sent to the Envoy (and in force there from now on)."""
+    def assign(self, strategy: Strategy, code: int | None = None) -> None:
+        """``strategy`` (whose ``code_of`` is ``code`` when given) is sent to the Envoy
+        (and in force there from now on)."""
         self.strategy = strategy
-        rate, depth = most(strategy)
-        if self.peak is not None:
-            rate, depth = max(rate, self.peak[0]), max(depth, self.peak[1])
+        self.code = code_of(strategy) if code is None else code
+        if type(strategy) is TokenBucket:  # most(strategy), inline: 50,000 a division
+            rate, depth = strategy.tokens_per_fill / strategy.fill_seconds, strategy.max_tokens
+        else:
+            rate, depth = most(strategy)
+        peak = self.peak
+        if peak is not None:
+            if peak[0] > rate:
+                rate = peak[0]
+            if peak[1] > depth:
+                depth = peak[1]
         self.peak = (rate, depth)
 
     def start_span(self) -> None:
         """A report came: the next span starts under the strategy in force."""
-        self.peak = None if self.strategy is None else most(self.strategy)
+        strategy = self.strategy
+        if type(strategy) is TokenBucket:  # most(strategy), inline: every line of a report
+            self.peak = (strategy.tokens_per_fill / strategy.fill_seconds, strategy.max_tokens)
+        else:
+            self.peak = None if strategy is None else most(strategy)
 
     def measure(self, requests: int, now: float, interval: float) -> None:
         """Add a report's requests; a span of half an interval or more makes a demand."""
@@ -142,11 +164,14 @@ def bounded(usage: Usage, held: Subscription | None, span: float | None) -> Usag
     were sent for the bucket since its last report, ``span`` seconds ago, the allowed ones
     at most what the largest of them can have let through (ALLOWED_SLACK times its rate
     times the span and its depth). The usage itself when nothing is cut."""
-    allowed = min(usage.allowed, MAX_REPORTED)
-    denied = min(usage.denied, MAX_REPORTED)
-    if span is not None and held is not None and held.peak is not None:
+    allowed, denied = usage.allowed, usage.denied
+    if allowed > MAX_REPORTED:
+        allowed = MAX_REPORTED
+    if denied > MAX_REPORTED:
+        denied = MAX_REPORTED
+    if allowed and span is not None and held is not None and held.peak is not None:
         rate, depth = held.peak
-        if not math.isinf(rate):
+        if rate != math.inf:
             allowed = min(allowed, math.ceil(ALLOWED_SLACK * (rate * span + depth)))
     if allowed == usage.allowed and denied == usage.denied:
         return usage
