@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Write the test tools' pins anew from the newest releases: tests/constraints.txt (every Python
-# package the test and plot extras bring, at the version pip picks today) and the npm versions
-# of buf and the helm layer at the top of tests/run.sh.
+# package the test and plot extras bring, and xds-protos, at the version pip picks today) and
+# the npm versions of buf and the helm layer at the top of tests/run.sh.
 #
 #   bash tests/refresh-pins.sh && bash tests/run.sh    # then commit both files if it passes
 #
@@ -14,7 +14,9 @@ cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 python3 -m venv "$tmp/venv"
-"$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check '.[test,plot]'
+# xds-protos too (tests/run.sh installs it apart, outside site-packages, without its
+# dependencies: pinned with the rest, it agrees with their protobuf and grpcio)
+"$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check '.[test,plot]' xds-protos
 {
   echo "# The Python packages tests/run.sh installs, pinned (pip install -c). Written by"
   echo "# tests/refresh-pins.sh on $(date -u +%F) with $("$tmp/venv/bin/python" --version);"

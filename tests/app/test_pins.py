@@ -47,3 +47,19 @@ class TestPins:
         assert re.search(r"^BUF_VERSION=\d+\.\d+\.\d+ ", text, re.M)
         assert re.search(r"^HELM_LAYER_VERSION=\d+\.\d+\.\d+ ", text, re.M)
         assert '"${PIP_PINS[@]}" -e' in text
+
+    def test_xds_protos_is_pinned_and_kept_out_of_site_packages(self) -> None:
+        """xds-protos overwrites opentelemetry-proto's files (issue 41): not an extra; run.sh
+        installs it, pinned, into the venv's own xds-protos/ directory; refresh-pins pins it."""
+        extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+        named = {_name(r) for extra in extras["optional-dependencies"].values() for r in extra}
+        assert "xds-protos" not in named
+        assert "xds-protos" in pins()
+        text = RUN.read_text()
+        assert 'XDS_PROTOS="$VIRTUAL_ENV/xds-protos"' in text
+        assert re.search(
+            r'--no-deps --upgrade \\\n\s+--target "\$XDS_PROTOS" "\$\{PIP_PINS\[@\]\}" xds-protos',
+            text,
+        )
+        refresh = (ROOT / "tests" / "refresh-pins.sh").read_text()
+        assert "'.[test,plot]' xds-protos" in refresh

@@ -2,7 +2,9 @@
 
 Upstream descriptors (xds-protos) are only ever loaded in subprocesses: they register the
 same full names as ours in protobuf's default descriptor pool, so the two cannot share one
-process.
+process. tests/run.sh installs xds-protos into the venv's ``xds-protos/`` directory, outside
+site-packages (its own opentelemetry/proto files would replace opentelemetry-proto's), and
+only those subprocesses put it on their path.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit._proto.envoy.type.v3 import ratelimit_strategy_pb2
-from helpers import require, require_module
+from helpers import require, require_module, skip_or_fail
 
 pytestmark = pytest.mark.process
 
@@ -216,12 +218,20 @@ print(json.dumps({"response": dump(response), "reports": dump(reports)}))
 """
 
 
-def run_python(*args: str, stdin: str = "") -> str:
-    """Run this interpreter with ``server/`` importable; return stdout, fail on error."""
+# Where tests/run.sh installs xds-protos (pip install --target): not site-packages.
+XDS_PROTOS = Path(sys.prefix) / "xds-protos"
+
+
+def run_python(*args: str, stdin: str = "", upstream: bool = True) -> str:
+    """Run this interpreter with ``server/`` (and, when ``upstream``, xds-protos) importable;
+    return stdout, fail on error."""
+    path = [str(REPO_ROOT / "server")]
+    if upstream:
+        if not (XDS_PROTOS / "envoy" / "service" / "ratelimit" / "v3" / "rls_pb2.py").is_file():
+            skip_or_fail(f"xds-protos is not in {XDS_PROTOS} (bash tests/run.sh installs it)")
+        path.append(str(XDS_PROTOS))
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT / "server"), env.get("PYTHONPATH")) if p
-    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*path, env.get("PYTHONPATH")) if p)
     proc = subprocess.run(
         [sys.executable, *args],
         input=stdin,
@@ -238,7 +248,8 @@ def run_python(*args: str, stdin: str = "") -> str:
 
 def dump_descriptors(prefix: str) -> dict[str, Any]:
     """Every type of MODULES under ``prefix``, described field by field."""
-    result: dict[str, Any] = json.loads(run_python("-c", DUMP, prefix, *MODULES))
+    out = run_python("-c", DUMP, prefix, *MODULES, upstream=prefix == UPSTREAM)
+    result: dict[str, Any] = json.loads(out)
     return result
 
 
@@ -336,7 +347,7 @@ def upstream_rlqs_peer() -> dict[str, Any]:
 class TestGeneratedCode:
     def test_is_not_stale(self) -> None:
         """proto/generate.py --check finds the committed tree identical to a fresh one."""
-        out = run_python(str(REPO_ROOT / "proto" / "generate.py"), "--check")
+        out = run_python(str(REPO_ROOT / "proto" / "generate.py"), "--check", upstream=False)
         assert "up to date" in out
 
     def test_check_reports_changed_missing_and_extra_files(self, tmp_path: Path) -> None:
