@@ -182,7 +182,7 @@ class TestRuleCounters:
             def add(self, *args: object) -> None:
                 raise RuntimeError("exporter exploded")
 
-        telemetry._rule["hits"] = Broken()  # type: ignore[assignment]
+        telemetry._rules.tallies["hits"] = Broken()  # type: ignore[assignment]
         limiter = make_limiter(RULES, telemetry=telemetry)
         for _ in range(2):
             decision = await limiter.should_rate_limit(req("edge", desc("route=public")))

@@ -1,8 +1,9 @@
 """What fairlimit tells monitoring: instruments, fairness figures per cap, the SDK wiring.
 
 - ``instruments``: the ``Telemetry`` object the limiter records into, made through the
-  OpenTelemetry API only (per-rule hit counters, RPC latency, backend errors, config loads,
-  and the per-cap fairness gauges).
+  OpenTelemetry API only, holding the instrument groups: ``rules`` (per-rule hit counters),
+  ``calls`` (RPC latency, shed and refused calls, backend errors, config loads) and ``caps``
+  (the per-cap fairness gauges).
 - ``concurrency``: slots in flight, refused acquires and expired slots per pool rule.
 - ``fairness``: one row of fairness figures per classified rule, folded from the store's cap
   reports and, for global buckets, measured on the request path (``/rlconfig`` reads them too).
