@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fairlimit.config.loader import load
 from fairlimit.core import lease
 from fairlimit.core.admission import Code
 from fairlimit.core.matching import Matcher
@@ -716,3 +717,118 @@ class TestOnACluster:
             assert _store(limiter).round_trips >= calls + 10  # two slots, each call exact
         finally:
             await store.close()  # type: ignore[attr-defined]
+
+
+UPSTREAM = """
+domain: up
+descriptors:
+  - key: client_id
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: path
+    rate_limit: {unit: second, requests_per_unit: 1000}
+"""
+
+
+def _upstream_request(client: str = "x") -> object:
+    return req("up", desc(f"client_id={client}"), desc("path=/a"))
+
+
+async def _upstream_limiter(
+    tmp_path: Path, factory: StoreFactory, clock: FakeClock, **options: object
+) -> Limiter:
+    """A limiter under upstream's semantics (every level counts a refused hit)."""
+    path = tmp_path / "up.yaml"
+    path.write_text(UPSTREAM)
+    loaded = load([path], charge_over_limit=True)
+    return Limiter(loaded, await factory(**options), clock)  # type: ignore[arg-type]
+
+
+def _counter(redis_server: RedisProcess, limiter: Limiter, prefix: str, index: int) -> int:
+    """Counter ``index`` of the upstream request's plan, as Redis holds it (its window's)."""
+    plan = make_plan(_upstream_request(), limiter._active.matcher)  # type: ignore[arg-type]
+    (g,) = slot_groups(plan, prefix, False)
+    with redis_server.client() as client:
+        return int(client.hget(g.counter_keys[index], "n") or 0)
+
+
+@pytest.mark.behaviour
+class TestRefusedHitsCharged:
+    """Where refused hits are charged (upstream's semantics: ``charge_when_over_limit`` on
+    every level), plans take blocks too; a refusal the over-limit cache answers here owes
+    its hits, which reach the counters at the sweep, before the plan's next script call,
+    and on close."""
+
+    async def test_same_answers_and_counts_as_without_leases_with_few_calls(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """A client at 100 a minute, beside a path at 1000 a second, asks 600 times in 4.7 s
+        (100 admitted, 500 refused): with and without leases every answer is the same (code
+        and remaining of each status), and once closed each counter in Redis holds every hit
+        asked in its window (600 for the minute, 88 for the last second); with leases from
+        far fewer script calls."""
+        answers: dict[str, list[object]] = {}
+        counts: dict[str, tuple[int, int]] = {}
+        calls: dict[str, int] = {}
+        for leases in ("off", "on"):
+            clock = FakeClock((T0 // 60 + 1) * 60 + 1)
+            prefix = f"{leases}:"
+            limiter = await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                              leases=leases, key_prefix=prefix)  # fmt: skip
+            seen = []
+            try:
+                for _ in range(600):
+                    decision = await limiter.should_rate_limit(_upstream_request())  # type: ignore[arg-type]
+                    statuses = tuple((s.code, s.limit_remaining) for s in decision.statuses)
+                    seen.append((decision.code, statuses))
+                    clock.advance(1 / 128)  # exact in binary: no second gets one too many
+                calls[leases] = _store(limiter).round_trips
+            finally:
+                await limiter.store.close()
+            answers[leases] = seen
+            counts[leases] = (_counter(redis_server, limiter, prefix, 0),
+                              _counter(redis_server, limiter, prefix, 1))  # fmt: skip
+        assert [a[0] for a in answers["off"]].count(Code.OK) == 100
+        assert answers["on"] == answers["off"]
+        assert counts["on"] == counts["off"] == (600, 88)
+        assert calls["off"] == 600 and calls["on"] < 100, calls
+
+    async def test_closing_counts_the_refused_hits_still_owed(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """Refusals answered here owe their hits; closing (a drain) counts them in Redis."""
+        clock = FakeClock((T0 // 60 + 1) * 60 + 1)
+        limiter = await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                          leases="on", key_prefix="drain:")  # fmt: skip
+        try:
+            for _ in range(130):
+                await limiter.should_rate_limit(_upstream_request())  # type: ignore[arg-type]
+                clock.advance(0.001)
+            owed = _store(limiter)._owed
+            assert owed is not None and sum(d.hits for d in owed.debts.values()) > 0
+        finally:
+            await limiter.store.close()
+        assert _counter(redis_server, limiter, "drain:", 0) == 130
+        assert _counter(redis_server, limiter, "drain:", 1) == 130
+
+    async def test_clients_asking_once_make_one_script_call_each(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """40 clients asking once each under upstream's semantics, then closing: one EVALSHA
+        per request, nothing given back and nothing owed."""
+        clock = FakeClock(T0)
+        limiter = await _upstream_limiter(tmp_path, lease_store_factory, clock, leases="on")
+        with redis_server.client() as client:
+            client.config_resetstat()
+        try:
+            for i in range(40):
+                decision = await limiter.should_rate_limit(_upstream_request(f"once-{i}"))  # type: ignore[arg-type]
+                assert decision.code is Code.OK
+                clock.advance(0.01)
+            assert not _leases(limiter).blocks
+        finally:
+            await limiter.store.close()
+        with redis_server.client() as client:
+            stats = client.info("commandstats")
+        evalsha = stats.get("cmdstat_evalsha", {})
+        made = int(evalsha["calls"]) - int(evalsha.get("failed_calls", 0))
+        assert made + int(stats.get("cmdstat_eval", {}).get("calls", 0)) == 40, stats

@@ -33,8 +33,15 @@ The block's size (``size``; admit.lua computes the same):
   request is divided by the exact path, so the shares stay exact.
   Leases serve the caps that are not contended, the common case; a cap that becomes
   contended finds at most the blocks already out (``LEASE_TTL`` of their clients' demand);
-- none below one hit, none for a refused request, and none for a plan with a shadow or
-  ``charge_when_over_limit`` level (a refusal there must reach the store).
+- none below one hit, none for a refused request, and none for a plan with a shadow level
+  or a ``charge_when_over_limit`` claim at a cap (a refusal there moves the client's row).
+
+Where refused hits are charged (``charge_when_over_limit``: every level under upstream's
+semantics), a counter counts them too. A block admits nothing it was not charged for, so a
+refusal is still found by the store's exact call or by the over-limit cache (the counter is
+known over), and a refusal the cache answers here charges its forced counters later: its
+hits travel with the consumer (``Owed``) and reach the counters at the next sweep (every
+``LEASE_TTL``), before the plan's next exact call, and on close.
 
 What it guarantees:
 
@@ -58,7 +65,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fairlimit.core.admission import Outcome
-from fairlimit.core.plan import Plan
+from fairlimit.core.plan import Counter, Plan
 from fairlimit.core.units import Algorithm, bounds
 
 LEASE_SECONDS = 0.2  # a block is about this long of the consumer's own demand on the plan
@@ -72,15 +79,16 @@ EPSILON = 1e-9  # as core/sharing.EPSILON: a bound is compared with this slack
 
 def eligible(plan: Plan) -> bool:
     """Whether ``plan`` may be admitted from blocks: it charges a counter, every level the
-    same hits (one block serves them all), and no level is shadowed or charged when refused
-    (charge_when_over_limit), and every counter counts a fixed window (a sliding or GCRA
-    count changes with time alone, so a block of it cannot be held)."""
+    same hits (one block serves them all), no level is shadowed and no claim at a cap is
+    charged when refused (a counter may be: what a block admits was charged first, and a
+    refusal's charge goes to the store), and every counter counts a fixed window (a sliding
+    or GCRA count changes with time alone, so a block of it cannot be held)."""
     if not plan.counters:
         return False
     if any(c.shape is not None and c.shape.algorithm is not Algorithm.FIXED for c in plan.counters):
         return False
     hits = plan.counters[0].hits
-    if any(c.shadow or c.force or c.hits != hits for c in plan.counters):
+    if any(c.shadow or c.hits != hits for c in plan.counters):
         return False
     return not any(s.shadow or s.force or s.hits != hits for s in plan.shares)
 
@@ -219,3 +227,48 @@ class Leases:
         self.blocks.clear()
         self.seen.clear()
         return out
+
+
+@dataclass(slots=True)
+class Debt:
+    """Refused hits one forced counter owes the store, in one of its windows."""
+
+    plan: Plan  # a plan that charged it (its keys name the counter at the store)
+    index: int  # the counter's index in ``plan.counters``
+    hits: int
+
+    @property
+    def counter(self) -> Counter:
+        return self.plan.counters[self.index]
+
+
+class Owed:
+    """The refused hits of forced counters (``charge_when_over_limit``) that this consumer
+    answered itself, from what it knew of the counters, and the store has not counted yet:
+    a refusal admits nothing, so its charge may travel to the store with a later call."""
+
+    def __init__(self) -> None:
+        self.debts: dict[tuple[str, float], Debt] = {}  # (counter key, window start) -> debt
+
+    def add(self, plan: Plan, at: float) -> None:
+        """Owe the hits of ``plan``'s forced counters, refused at ``at`` (store clock)."""
+        for i, c in enumerate(plan.counters):
+            if not c.force or c.hits <= 0:
+                continue
+            key = (c.key, bounds(c.window, c.shape, at)[0])
+            debt = self.debts.get(key)
+            if debt is None:
+                self.debts[key] = Debt(plan, i, c.hits)
+            else:
+                debt.hits += c.hits
+
+    def take(self, plan: Plan | None = None) -> list[Debt]:
+        """The debts of ``plan``'s counters (of every counter when None), forgotten here
+        (to pay: a debt whose window has ended by then has nothing left to count it)."""
+        if plan is None:
+            out = list(self.debts.values())
+            self.debts.clear()
+            return out
+        keys = {c.key for c in plan.counters if c.force}
+        found = [k for k in self.debts if k[0] in keys]
+        return [self.debts.pop(k) for k in found]

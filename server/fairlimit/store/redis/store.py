@@ -13,7 +13,9 @@ reserved hits stay charged until their window ends.
 With ``?leases=on`` the exact call of a plan in one slot group may also reserve a lease
 block for this process (core/lease.py states the rule); the plan's next requests are then
 admitted here from it, with no Redis call. Unused blocks go back when they expire (at the
-plan's next request, or at the sweep every LEASE_TTL) and on close.
+plan's next request, or at the sweep every LEASE_TTL) and on close. A refusal the over-limit
+cache answers here owes its forced counters' hits (charge_when_over_limit): they are counted
+at the sweep, before the plan's next script call, and on close (core/lease.Owed).
 """
 
 import asyncio
@@ -28,12 +30,13 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
+from redis.crc import key_slot
 
 from fairlimit.core import lease
 from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures
-from fairlimit.core.plan import Plan
+from fairlimit.core.plan import Counter, Plan
 from fairlimit.core.reserve import Settle, Settled, Usage, own_counter
 from fairlimit.core.sharing import DIVISION_FIELDS
 from fairlimit.core.units import Algorithm, bounds
@@ -136,6 +139,9 @@ class RedisStore:
                 max_block=options.lease_max,
             )
         )
+        self._owed = lease.Owed() if leasing else None  # refused hits on their way
+        self._offset = 0.0  # the store's clock minus the consumer's, at the last script call
+        self._last = 0.0  # the consumer's clock at the last request (the caller's, to close)
         self._refills: dict[tuple[str, ...], asyncio.Future[None]] = {}  # block calls out
         self._sweep_at = -math.inf  # when expired blocks are next given back
         self._sweeping: asyncio.Future[None] | None = None  # a give-back out
@@ -151,42 +157,52 @@ class RedisStore:
         return self._options.clock == "caller"
 
     async def admit(self, plan: Plan, now: float) -> Outcome:
-        base = self._base(now)
+        base = self._last = self._base(now)
         shape = None
-        if self._leases is not None and not plan.reserve and lease.eligible(plan):
-            shape = lease.shape(plan)  # a block first: the over-limit cache may predate it
-            local = await self._from_block(plan, shape, now, base)
-            if local is not None:
-                return local
-            base = self._base(now)
+        if self._leases is not None:
+            if not plan.reserve and lease.eligible(plan):
+                shape = lease.shape(plan)  # a block first: the over-limit cache may predate it
+                local = await self._from_block(plan, shape, now, base)
+                if local is not None:
+                    return local
+                base = self._base(now)
             await self._sweep(base)
-        local = self._known.answer(plan, base)
+        owed = self._owed if not plan.reserve else None
+        local = self._known.answer(plan, base, travel=owed is not None)
         if local is not None:
+            if owed is not None:  # its forced counters' hits go with a later call
+                owed.add(plan, base + self._offset)
+                self._known.charge(plan)
             return local
+        if owed is not None and owed.debts:
+            await self._pay(owed.take(plan), base + self._offset)  # counted before it
         with unavailable():
             combined = await self._admit(plan, repr(now) if self._caller_clock else "", shape, base)
+        if combined.outcome.now is not None:
+            self._offset = combined.outcome.now - base
         self._known.learn(plan, combined.outcome, combined, base)
         if combined.rolled:
             self._register(combined.rolled)
         return combined.outcome
 
     async def _sweep(self, base: float) -> None:
-        """Give back the expired blocks' unused hits, every LEASE_TTL; a request that comes
-        while that is out waits for it (else it could be refused for hits on their way
-        back, and its refusal cached)."""
+        """Give back the expired blocks' unused hits and count the refused hits owed, every
+        LEASE_TTL; a request that comes while that is out waits for it (else it could be
+        refused for hits on their way back, and its refusal cached)."""
         if self._sweeping is not None:
             await asyncio.shield(self._sweeping)
             return
         if base < self._sweep_at:
             return
-        assert self._leases is not None
+        assert self._leases is not None and self._owed is not None
         self._sweep_at = base + lease.LEASE_TTL
         expired = self._leases.expired(base)
-        if not expired:
+        debts = self._owed.take()
+        if not expired and not debts:
             return
         done = self._sweeping = asyncio.get_running_loop().create_future()
         try:
-            await self._give_back(expired)
+            await asyncio.gather(self._give_back(expired), self._pay(debts, base + self._offset))
         finally:
             self._sweeping = None
             done.set_result(None)
@@ -279,6 +295,30 @@ class RedisStore:
         await self._undo(undo, "an unused lease block was not given back")
         for plan, _, _, _ in undo:
             self._known.forget(plan)  # the counts it showed are lower now
+
+    async def _pay(self, debts: Sequence[lease.Debt], at: float) -> None:
+        """Count the refused hits of ``debts`` at their counters, one release.lua call per
+        slot (its hits negative: added), in the window of ``at`` (store clock): a debt whose
+        window has ended by then is not counted, as that window's count is gone (best
+        effort, as a give-back)."""
+        if not debts:
+            return
+        counters: list[Counter] = []
+        by_slot: dict[int, SlotGroup] = {}
+        prefix = self._options.key_prefix
+        for debt in debts:
+            c = debt.counter
+            (g,) = [g for g in slot_groups(debt.plan, prefix, self._cluster)
+                    if debt.index in g.counters]  # fmt: skip
+            name = g.counter_keys[g.counters.index(debt.index)]
+            group = by_slot.setdefault(key_slot(name.encode()) if self._cluster else 0,
+                                       SlotGroup())  # fmt: skip
+            group.counters.append(len(counters))
+            group.counter_keys.append(name)
+            counters.append(Counter(c.key, c.limit, c.window, -debt.hits, False, False, c.shape))
+        plan = Plan((), tuple(counters), ())
+        undo = [(plan, g, repr(at), None) for g in by_slot.values()]
+        await self._undo(undo, "refused hits were not counted")
 
     async def _run(
         self, plan: Plan, g: SlotGroup, now: str, lease_ask: tuple[str, int] = ("", 0)
@@ -418,9 +458,11 @@ class RedisStore:
                 await self._client.ping()
 
     async def close(self) -> None:
-        if self._leases is not None:
+        if self._leases is not None and self._owed is not None:
             try:
                 async with asyncio.timeout(max(self._options.timeout, 1.0)):
+                    at = (self._last if self._caller_clock else time.monotonic()) + self._offset
+                    await self._pay(self._owed.take(), at)
                     await self._give_back(self._leases.unused())
             except TimeoutError:
                 log.warning("redis: unused lease blocks not given back in time")
