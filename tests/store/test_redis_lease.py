@@ -832,3 +832,30 @@ class TestRefusedHitsCharged:
         evalsha = stats.get("cmdstat_evalsha", {})
         made = int(evalsha["calls"]) - int(evalsha.get("failed_calls", 0))
         assert made + int(stats.get("cmdstat_eval", {}).get("calls", 0)) == 40, stats
+
+    async def test_refused_hits_owed_for_an_ended_window_stay_out_of_the_next(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """Refusals answered here in one second owe the path's per-second counter; in the
+        next second another replica starts that counter's new window, then this one pays:
+        the new second counts only its own two hits (the minute counts all 122)."""
+        start = (T0 // 60 + 1) * 60 + 1
+        clock = FakeClock(start)
+        leasing = await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                          leases="on", key_prefix="end:")  # fmt: skip
+        other = await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                        leases="off", key_prefix="end:")  # fmt: skip
+        try:
+            for _ in range(120):
+                await leasing.should_rate_limit(_upstream_request())  # type: ignore[arg-type]
+                clock.advance(0.001)
+            owed = _store(leasing)._owed
+            assert owed is not None and owed.debts
+            clock.t = start + 1.0
+            for limiter in (other, leasing):
+                decision = await limiter.should_rate_limit(_upstream_request())  # type: ignore[arg-type]
+                assert decision.code is Code.OVER_LIMIT
+        finally:
+            await _close([leasing, other])
+        assert _counter(redis_server, leasing, "end:", 0) == 122
+        assert _counter(redis_server, leasing, "end:", 1) == 2

@@ -236,6 +236,7 @@ class Debt:
     plan: Plan  # a plan that charged it (its keys name the counter at the store)
     index: int  # the counter's index in ``plan.counters``
     hits: int
+    start: float  # the start of the window the hits were refused in (store clock)
 
     @property
     def counter(self) -> Counter:
@@ -258,17 +259,17 @@ class Owed:
             key = (c.key, bounds(c.window, c.shape, at)[0])
             debt = self.debts.get(key)
             if debt is None:
-                self.debts[key] = Debt(plan, i, c.hits)
+                self.debts[key] = Debt(plan, i, c.hits, key[1])
             else:
                 debt.hits += c.hits
 
-    def take(self, plan: Plan | None = None) -> list[Debt]:
-        """The debts of ``plan``'s counters (of every counter when None), forgotten here
-        (to pay: a debt whose window has ended by then has nothing left to count it)."""
-        if plan is None:
-            out = list(self.debts.values())
-            self.debts.clear()
-            return out
-        keys = {c.key for c in plan.counters if c.force}
-        found = [k for k in self.debts if k[0] in keys]
-        return [self.debts.pop(k) for k in found]
+    def take(self, at: float, plan: Plan | None = None) -> list[Debt]:
+        """The debts of ``plan``'s counters (of every counter when None) to pay at ``at``
+        (store clock), forgotten here: those of a window still current at ``at``. A debt
+        whose window has ended is dropped: that window's count answers nothing any more,
+        and the counter's next window must not count it."""
+        keys = None if plan is None else {c.key for c in plan.counters if c.force}
+        found = [k for k in self.debts if keys is None or k[0] in keys]
+        taken = [self.debts.pop(k) for k in found]
+        return [d for d in taken
+                if bounds(d.counter.window, d.counter.shape, at)[0] == d.start]  # fmt: skip

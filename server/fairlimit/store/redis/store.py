@@ -175,7 +175,8 @@ class RedisStore:
                 self._known.charge(plan)
             return local
         if owed is not None and owed.debts:
-            await self._pay(owed.take(plan), base + self._offset)  # counted before it
+            at = base + self._offset
+            await self._pay(owed.take(at, plan), at)  # counted before it
         with unavailable():
             combined = await self._admit(plan, repr(now) if self._caller_clock else "", shape, base)
         if combined.outcome.now is not None:
@@ -197,7 +198,7 @@ class RedisStore:
         assert self._leases is not None and self._owed is not None
         self._sweep_at = base + lease.LEASE_TTL
         expired = self._leases.expired(base)
-        debts = self._owed.take()
+        debts = self._owed.take(base + self._offset)
         if not expired and not debts:
             return
         done = self._sweeping = asyncio.get_running_loop().create_future()
@@ -297,9 +298,8 @@ class RedisStore:
             self._known.forget(plan)  # the counts it showed are lower now
 
     async def _pay(self, debts: Sequence[lease.Debt], at: float) -> None:
-        """Count the refused hits of ``debts`` at their counters, one release.lua call per
-        slot (its hits negative: added), in the window of ``at`` (store clock): a debt whose
-        window has ended by then is not counted, as that window's count is gone (best
+        """Count the refused hits of ``debts`` (of windows current at ``at``, store clock)
+        at their counters, one release.lua call per slot (its hits negative: added; best
         effort, as a give-back)."""
         if not debts:
             return
@@ -462,7 +462,7 @@ class RedisStore:
             try:
                 async with asyncio.timeout(max(self._options.timeout, 1.0)):
                     at = (self._last if self._caller_clock else time.monotonic()) + self._offset
-                    await self._pay(self._owed.take(), at)
+                    await self._pay(self._owed.take(at), at)
                     await self._give_back(self._leases.unused())
             except TimeoutError:
                 log.warning("redis: unused lease blocks not given back in time")
