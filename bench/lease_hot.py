@@ -11,7 +11,7 @@ under upstream's layout, xDS and Envoy Gateway) on ``route=plain`` (a client lim
 h2load drives the hot client at full speed (16 connections x 2 streams), the targets taking
 turns for ``--rounds`` rounds; prints each target's median req/s, its ratio to the no-op's,
 and Redis script calls (EVALSHA + EVAL, the server stopped first so a block given back
-counts) per request.
+counts) per request the server answered (its /metrics, the warm-up's included).
 """
 
 import argparse
@@ -80,11 +80,11 @@ def main() -> int:
                             body = wire.write_body(workdir / f"body-{route}.bin", route, "hot")
                             run = h2load.run(h2load.grpc_url(port), load, workdir, body=body,
                                              headers=h2load.GRPC_HEADERS, label=name)  # fmt: skip
+                            answered = proc.metrics().get("rpc_calls", 0.0)  # warm-up's too
                         finally:
                             proc.stop()
                         rps.setdefault(name, []).append(run.rps)
-                        # the warm-up's calls count too: an upper bound per request
-                        made = max(1, run.done)
+                        made = max(1.0, answered)
                         calls.setdefault(name, []).append((redis.script_calls() - before) / made)
         finally:
             redis.stop()
