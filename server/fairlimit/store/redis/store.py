@@ -10,12 +10,13 @@ trip) other requests see the reserved hits and may be rejected although the requ
 held them is finally refused - never over-admitted. If the release itself fails, the
 reserved hits stay charged until their window ends.
 
-With ``?leases=on`` the exact call of a plan in one slot group may also reserve a lease
-block for this process (core/lease.py states the rule); the plan's next requests are then
-admitted here from it, with no Redis call. Unused blocks go back when they expire (at the
-plan's next request, or at the sweep every LEASE_TTL) and on close. A refusal the over-limit
-cache answers here owes its forced counters' hits (charge_when_over_limit): they are counted
-at the sweep, before the plan's next script call, and on close (core/lease.Owed).
+With leases (on by default; ``?leases=off``) the exact call of a plan in one slot group may
+also reserve a lease block for this process (core/lease.py states the rule); the plan's
+next requests are then admitted here from it, with no Redis call. Unused blocks go back
+when they expire (at the plan's next request, or at the sweep every LEASE_TTL) and on
+close. A refusal the over-limit cache answers here owes its forced counters' hits
+(charge_when_over_limit): they are counted at the sweep, before the plan's next script
+call, and on close (core/lease.Owed).
 """
 
 import asyncio
