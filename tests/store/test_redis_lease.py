@@ -859,3 +859,34 @@ class TestRefusedHitsCharged:
             await _close([leasing, other])
         assert _counter(redis_server, leasing, "end:", 0) == 122
         assert _counter(redis_server, leasing, "end:", 1) == 2
+
+    async def test_a_request_larger_than_its_block_uses_what_the_block_holds(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """A check of 0 hits, then a charge of 30, four times (a response's cost charged
+        after it, as Envoy Gateway does), at 100 a minute: with and without leases the same
+        answers (30, 60 and 90 pass, 120 is refused and counted, the check after it is
+        over) and the same counts. A charge larger than what its block holds uses the
+        block; counted on top of it, the block's hits refused the third charge."""
+        answers: dict[str, list[object]] = {}
+        counts: dict[str, int] = {}
+        for leases in ("off", "on"):
+            clock = FakeClock((T0 // 60 + 1) * 60 + 1)
+            prefix = f"big-{leases}:"
+            limiter = await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                              leases=leases, key_prefix=prefix)  # fmt: skip
+            seen = []
+            try:
+                for hits in (0, 30) * 4 + (0,):
+                    request = req("up", desc("client_id=x", hits=hits), desc("path=/a", hits=hits))
+                    decision = await limiter.should_rate_limit(request)
+                    statuses = tuple((s.code, s.limit_remaining) for s in decision.statuses)
+                    seen.append((hits, decision.code, statuses))
+                    clock.advance(0.01)
+            finally:
+                await limiter.store.close()
+            answers[leases] = seen
+            counts[leases] = _counter(redis_server, limiter, prefix, 0)
+        assert [code for _, code, _ in answers["off"]] == [Code.OK] * 7 + [Code.OVER_LIMIT] * 2
+        assert answers["on"] == answers["off"]
+        assert counts["on"] == counts["off"] == 120

@@ -62,7 +62,7 @@ What it guarantees:
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fairlimit.core.admission import Outcome
 from fairlimit.core.plan import Counter, Plan
@@ -117,6 +117,22 @@ def size(want: int, counter_rooms: Iterable[float], share_rooms: Iterable[float]
     return whole if whole >= 1 else 0
 
 
+def smaller(plan: Plan, hits: int) -> Plan:
+    """``plan`` with ``hits`` fewer at every level (those a block of it already holds)."""
+    counters = tuple(replace(c, hits=c.hits - hits) for c in plan.counters)
+    shares = tuple(replace(s, hits=s.hits - hits) for s in plan.shares)
+    return Plan(plan.descriptors, counters, shares, plan.reserve)
+
+
+def mine(outcome: Outcome, hits: int) -> Outcome:
+    """What the store saw for a ``smaller`` plan, as the whole request sees it: each level
+    before the ``hits`` it took from a block, which the store already counted."""
+    counts = tuple(n - hits for n in outcome.counts)
+    shared = tuple(n - hits for n in outcome.shared)
+    return Outcome(outcome.admitted, counts, shared, outcome.bounds, outcome.now,
+                   outcome.full_at)  # fmt: skip
+
+
 def _first_end(plan: Plan, now: float) -> float:
     """When the first of the windows of ``plan``'s counters ends, after ``now``."""
     return min(bounds(c.window, c.shape, now)[1] for c in plan.counters)
@@ -163,6 +179,29 @@ class Leases:
         block.counts = [n + hits for n in block.counts]
         block.shared = [n + hits for n in block.shared]
         return Outcome(True, counts, shared, block.bounds, base + block.offset)
+
+    def rest(self, plan: Plan, key: tuple[str, ...], base: float) -> tuple[Block, int] | None:
+        """Take what is left of the live block of shape ``key`` for a request of ``plan``
+        too large for it (None when there is none): the request uses it, and its script
+        call asks only for the rest of its hits (``smaller``). Counted at the store
+        already, the block's hits would otherwise weigh against this request twice, and
+        refuse it where the exact path admits it."""
+        block = self.blocks.get(key)
+        hits = plan.counters[0].hits  # every level's (``eligible``)
+        if block is None or base >= block.until or not 0 < block.room < hits:
+            return None
+        taken = block.room
+        block.room = 0
+        block.used += taken
+        return block, taken
+
+    def restore(self, key: tuple[str, ...], block: Block, hits: int) -> bool:
+        """Put back ``hits`` that ``rest`` took from ``block`` for a request refused with
+        nothing charged; False when the block has been replaced since (the caller gives
+        them back)."""
+        block.room += hits
+        block.used -= hits
+        return self.blocks.get(key) is block
 
     def want(self, plan: Plan, key: tuple[str, ...], base: float) -> int:
         """About LEASE_SECONDS of this consumer's demand on the shape, from its last block,

@@ -178,14 +178,40 @@ class RedisStore:
         if owed is not None and owed.debts:
             at = base + self._offset
             await self._pay(owed.take(at, plan), at)  # counted before it
-        with unavailable():
-            combined = await self._admit(plan, repr(now) if self._caller_clock else "", shape, base)
+        combined = await self._exact(plan, now, shape, base)
         if combined.outcome.now is not None:
             self._offset = combined.outcome.now - base
         self._known.learn(plan, combined.outcome, combined, base)
         if combined.rolled:
             self._register(combined.rolled)
         return combined.outcome
+
+    async def _exact(self, plan: Plan, now: float, shape: tuple[str, ...] | None, base: float
+                     ) -> _Combined:  # fmt: skip
+        """The script call of ``plan``: for the hits its block of ``shape`` cannot cover,
+        when it holds some still (core/lease.Leases.rest)."""
+        at = repr(now) if self._caller_clock else ""
+        rest = None
+        if shape is not None:
+            assert self._leases is not None
+            rest = self._leases.rest(plan, shape, base)
+        if rest is None:
+            with unavailable():
+                return await self._admit(plan, at, shape, base)
+        assert self._leases is not None and shape is not None
+        block, hits = rest
+        charged = False
+        try:
+            with unavailable():
+                combined = await self._admit(lease.smaller(plan, hits), at, shape, base)
+            # refused, a forced counter (charge_when_over_limit) counts the block's hits
+            # as the refusal's: the exact path would have charged them there
+            charged = combined.outcome.admitted or any(c.force for c in plan.counters)
+        finally:
+            if not charged and not self._leases.restore(shape, block, hits):
+                await self._give_back([block])
+        combined.outcome = lease.mine(combined.outcome, hits)
+        return combined
 
     async def _sweep(self, base: float) -> None:
         """Give back the expired blocks' unused hits and count the refused hits owed, every
