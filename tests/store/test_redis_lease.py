@@ -890,3 +890,30 @@ class TestRefusedHitsCharged:
         assert [code for _, code, _ in answers["off"]] == [Code.OK] * 7 + [Code.OVER_LIMIT] * 2
         assert answers["on"] == answers["off"]
         assert counts["on"] == counts["off"] == 120
+
+    async def test_two_shapes_charging_one_counter_see_each_others_hits(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """The path's counter is charged by two shapes, a client's request and the path's
+        alone (as Envoy Gateway's two policies call for one HTTP request), 300 times in
+        turns: with and without leases the same answers, each status's remaining included
+        (a block of one shape, seen through its own requests only, told a remaining that
+        missed the other shape's hits: Envoy Gateway's merge test saw 19 left for 15)."""
+        answers: dict[str, list[object]] = {}
+        for leases in ("off", "on"):
+            clock = FakeClock((T0 // 60 + 1) * 60 + 1)
+            prefix = f"two-{leases}:"
+            limiter = await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                              leases=leases, key_prefix=prefix)  # fmt: skip
+            seen = []
+            try:
+                for i in range(300):
+                    request = _upstream_request() if i % 3 else req("up", desc("path=/a"))
+                    decision = await limiter.should_rate_limit(request)  # type: ignore[arg-type]
+                    statuses = tuple((s.code, s.limit_remaining) for s in decision.statuses)
+                    seen.append((decision.code, statuses))
+                    clock.advance(1 / 1024)
+            finally:
+                await limiter.store.close()
+            answers[leases] = seen
+        assert answers["on"] == answers["off"]

@@ -117,6 +117,11 @@ def size(want: int, counter_rooms: Iterable[float], share_rooms: Iterable[float]
     return whole if whole >= 1 else 0
 
 
+def levels(plan: Plan) -> list[str]:
+    """What ``plan`` charges, named: each counter's key, and the client's row at each cap."""
+    return [c.key for c in plan.counters] + [f"{s.cap}\n{s.client}" for s in plan.shares]
+
+
 def smaller(plan: Plan, hits: int) -> Plan:
     """``plan`` with ``hits`` fewer at every level (those a block of it already holds)."""
     counters = tuple(replace(c, hits=c.hits - hits) for c in plan.counters)
@@ -151,6 +156,8 @@ class Block:
     taken_at: float
     offset: float  # the store's clock minus the consumer's, at the grant
     used: int = 0
+    levels: tuple[str, ...] = ()  # its plan's ``levels``
+    marks: tuple[int, ...] = ()  # the version of each of them at the grant
 
 
 class Leases:
@@ -163,6 +170,59 @@ class Leases:
         self.blocks: dict[tuple[str, ...], Block] = {}
         # shapes without a block: when last asked at the store or last holding one
         self.seen: dict[tuple[str, ...], float] = {}
+        # per level (``levels``): the shape that last charged it here, and how often that
+        # changed; a block is seen through its own shape only, so another shape's charge
+        # makes it stale (what it tells of the level, hence ``remaining``, would be old)
+        self.writer: dict[str, tuple[str, ...]] = {}
+        self.version: dict[str, int] = {}
+        self.changed: dict[str, float] = {}  # when its writer last changed
+
+    def note(self, plan: Plan, key: tuple[str, ...], base: float) -> None:
+        """``plan`` (of shape ``key``) charged its levels here at ``base``, from a block or
+        not."""
+        for level in levels(plan):
+            writer = self.writer.get(level)
+            if writer != key:
+                self.writer[level] = key
+                self.version[level] = self.version.get(level, 0) + 1
+                if writer is not None:  # another shape's before
+                    self.changed[level] = base
+
+    def shared(self, plan: Plan, key: tuple[str, ...], base: float) -> bool:
+        """Whether another shape charged one of ``plan``'s levels here last, or did within
+        RECENT seconds (a block would go stale at its next charge)."""
+        for level in levels(plan):
+            if self.writer.get(level, key) != key:
+                return True
+            if base - self.changed.get(level, -math.inf) < RECENT:
+                return True
+        return False
+
+    def others(self, plan: Plan, key: tuple[str, ...]) -> list[Block]:
+        """The blocks of other shapes that hold a level of ``plan``, forgotten (to give
+        back before its script call, which must not count their unused hits as used)."""
+        out = []
+        for level in levels(plan):
+            writer = self.writer.get(level, key)
+            block = self.blocks.pop(writer, None) if writer != key else None
+            if block is not None and block.room > 0:
+                out.append(block)
+        return out
+
+    def stale(self, key: tuple[str, ...]) -> Block | None:
+        """The block of shape ``key`` when another shape has charged one of its levels
+        here since its grant, forgotten (to give back first: the script call that follows
+        must not count its unused hits as used)."""
+        block = self.blocks.get(key)
+        if block is None or self._fresh(block):
+            return None
+        del self.blocks[key]
+        return block if block.room > 0 else None
+
+    def _fresh(self, block: Block) -> bool:
+        version = self.version
+        return all(version.get(level, 0) == mark
+                   for level, mark in zip(block.levels, block.marks, strict=True))  # fmt: skip
 
     def take(self, plan: Plan, key: tuple[str, ...], base: float) -> Outcome | None:
         """Admit ``plan`` (of shape ``key``) from its block at the consumer's time ``base``,
@@ -171,7 +231,7 @@ class Leases:
         if block is None or base >= block.until:
             return None
         hits = plan.counters[0].hits  # every level's (``eligible``)
-        if block.room < max(hits, 1):
+        if block.room < max(hits, 1) or not self._fresh(block):
             return None
         counts, shared = tuple(block.counts), tuple(block.shared)
         block.room -= hits
@@ -207,6 +267,8 @@ class Leases:
         """About LEASE_SECONDS of this consumer's demand on the shape, from its last block,
         and no more than it will use before the first of the plan's windows ends (what a
         block holds then is lost to everyone until the window ends)."""
+        if self.shared(plan, key, base):
+            return 0  # a block would go stale at another shape's next charge
         block = self.blocks.get(key)
         if block is None:
             last = self.seen.get(key)
@@ -239,8 +301,11 @@ class Leases:
         shared = [n + s.hits for n, s in zip(outcome.shared, plan.shares, strict=True)]
         old = self.blocks.get(key)
         self.seen.pop(key, None)
+        self.note(plan, key, base)
+        named = tuple(levels(plan))
+        marks = tuple(self.version.get(level, 0) for level in named)
         self.blocks[key] = Block(ref, until, granted, counts, shared, outcome.bounds, base,
-                                 now - base)  # fmt: skip
+                                 now - base, levels=named, marks=marks)  # fmt: skip
         if old is not None and old.room > 0:
             return old
         return None
@@ -257,6 +322,13 @@ class Leases:
                 out.append(block)
         for k in [k for k, t in self.seen.items() if base - t > RECENT]:
             del self.seen[k]
+        # what is known of levels no block holds and no shape took over within RECENT
+        held = {level for block in self.blocks.values() for level in block.levels}
+        for level in [lv for lv in self.writer if lv not in held
+                      and not base - self.changed.get(lv, -math.inf) < RECENT]:  # fmt: skip
+            del self.writer[level]
+            self.version.pop(level, None)
+            self.changed.pop(level, None)
         return out
 
     def unused(self) -> list[Block]:
@@ -265,6 +337,9 @@ class Leases:
         out = [b for b in self.blocks.values() if b.room > 0]
         self.blocks.clear()
         self.seen.clear()
+        self.writer.clear()
+        self.version.clear()
+        self.changed.clear()
         return out
 
 

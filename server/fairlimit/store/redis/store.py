@@ -171,14 +171,18 @@ class RedisStore:
         owed = self._owed if not plan.reserve else None
         local = self._known.answer(plan, base, travel=owed is not None)
         if local is not None:
-            if owed is not None:  # its forced counters' hits go with a later call
-                owed.add(plan, base + self._offset)
+            if owed is not None and any(c.force for c in plan.counters):
+                owed.add(plan, base + self._offset)  # its forced counters' hits, later
                 self._known.charge(plan)
+                assert self._leases is not None
+                self._leases.note(plan, shape or lease.shape(plan), base)
             return local
         if owed is not None and owed.debts:
             at = base + self._offset
             await self._pay(owed.take(at, plan), at)  # counted before it
         combined = await self._exact(plan, now, shape, base)
+        if self._leases is not None:
+            self._leases.note(plan, shape or lease.shape(plan), base)
         if combined.outcome.now is not None:
             self._offset = combined.outcome.now - base
         self._known.learn(plan, combined.outcome, combined, base)
@@ -192,6 +196,14 @@ class RedisStore:
         when it holds some still (core/lease.Leases.rest)."""
         at = repr(now) if self._caller_clock else ""
         rest = None
+        if self._leases is not None:
+            # unused hits of blocks of this plan's levels must not count against it: a
+            # block that went stale, and those of other shapes
+            key = shape or lease.shape(plan)
+            stale = self._leases.stale(key)
+            back = self._leases.others(plan, key) + ([stale] if stale is not None else [])
+            if back:
+                await self._give_back(back)
         if shape is not None:
             assert self._leases is not None
             rest = self._leases.rest(plan, shape, base)
