@@ -43,6 +43,13 @@ known over), and a refusal the cache answers here charges its forced counters la
 hits travel with the consumer (``Owed``) and reach the counters at the next sweep (every
 ``LEASE_TTL``), before the plan's next exact call, and on close.
 
+A block is seen through its own shape: its counts are the levels as its requests saw them.
+So another shape's charge of one of its levels here (``Leases.note``) makes it stale: it
+answers nothing more, and is given back before the next script call of either shape, whose
+count must not include its unused hits; a level two shapes took turns at within RECENT
+takes no block. A request too large for what is left of its block takes that rest
+(``Leases.rest``) and asks the store only for the other hits (``smaller``).
+
 What it guarantees:
 
 - **Never over-admission.** A block is charged before it is used, so every hit a consumer
