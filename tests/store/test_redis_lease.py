@@ -502,6 +502,36 @@ class TestGivingBack:
         assert count == 2 + live
 
 
+    async def test_a_sweep_gives_back_many_blocks_in_one_script_call(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """20 clients each hold a block with room when they expire: the sweep gives them
+        all back in one release.lua call (issue 41: one call per block doubled the script
+        calls of many warm clients), and each counter holds only what was admitted."""
+        (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        clients = [f"warm-{i}" for i in range(20)]
+        try:
+            for client in clients:
+                for _ in range(3):  # the second takes a block, the third uses one of it
+                    assert await _ask(replica, client)
+            held = [b.room for b in _leases(replica).blocks.values()]
+            assert len(held) == 20 and min(held) > 0
+            clock.advance(lease.LEASE_TTL + 0.01)
+            calls = _store(replica).round_trips
+            assert await _ask(replica, "late")  # the sweep runs, then its own call
+            assert _store(replica).round_trips - calls == 2
+            counts = []
+            with redis_server.client() as client_:
+                for client in clients:
+                    plan = make_plan(req("edge", desc(f"client_id={client}")),
+                                     replica._active.matcher)  # fmt: skip
+                    (g,) = slot_groups(plan, "fairlimit:", False)
+                    counts.append(int(client_.hget(g.counter_keys[0], "n")))
+        finally:
+            await _close([replica])
+        assert counts == [3] * 20
+
+
 def _row(redis_server: RedisProcess, limiter: Limiter, route: str, client: str) -> dict[str, float]:
     """The client's row at the route's cap, as Redis holds it: admitted and asked in the
     window and in the period."""

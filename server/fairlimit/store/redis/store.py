@@ -424,13 +424,18 @@ class RedisStore:
     async def _undo(self, undo: Sequence[tuple[Plan, SlotGroup, str, int | None]], failed: str
                     ) -> None:  # fmt: skip
         """release.lua for each (plan, slot group, the clock it was charged at, the unused
-        hits of a lease block or None for a whole reservation), at once; a call that fails
-        is logged as ``failed`` (best effort)."""
+        hits of a lease block or None for a whole reservation): one call per slot, each
+        undo a segment of it, the calls at once; a call that fails is logged as ``failed``
+        (best effort)."""
+        by_slot: dict[int, tuple[list[str], list[str | int]]] = {}
+        for plan, g, at, block in undo:
+            keys = script.keys(RELEASE, g)
+            slot = key_slot(keys[0].encode()) if self._cluster and keys else 0
+            into = by_slot.setdefault(slot, ([], []))
+            into[0].extend(keys)
+            into[1].extend(script.release_args(plan, g, at, block))
         release = self._scripts.release
-        calls = [
-            self._call(release, script.keys(RELEASE, g), script.release_args(plan, g, at, block))
-            for plan, g, at, block in undo
-        ]
+        calls = [self._call(release, keys, args) for keys, args in by_slot.values()]
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
                 log.warning("redis: %s: %s", failed, result)
