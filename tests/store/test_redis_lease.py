@@ -561,6 +561,23 @@ class TestUnderACap:
         finally:
             await _close([replica])
 
+    async def test_hot_clients_in_turns_under_one_cap_are_answered_from_blocks(
+        self, tmp_path: Path, lease_store_factory: StoreFactory
+    ) -> None:
+        """Two hot clients in turns under the roomy cap: both charge the cap's total, which
+        does not make each other's blocks stale (a block at a cap is bounded by the
+        client's share): 1000 requests, all admitted, from few calls."""
+        (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        try:
+            answers = []
+            for i in range(1000):
+                answers.append(await _ask(replica, f"hot-{i % 2}", "roomy"))
+                clock.advance(0.0009)
+            assert all(answers)
+            assert _store(replica).round_trips <= 150, _store(replica).round_trips
+        finally:
+            await _close([replica])
+
     @pytest.mark.parametrize(("route", "also"), [("roomy", ""), ("minutely", ""),
                                                  ("minutely", "user")])  # fmt: skip
     async def test_reserved_hits_are_demand_and_unused_ones_go_back(

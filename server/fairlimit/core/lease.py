@@ -125,8 +125,13 @@ def size(want: int, counter_rooms: Iterable[float], share_rooms: Iterable[float]
 
 
 def levels(plan: Plan) -> list[str]:
-    """What ``plan`` charges, named: each counter's key, and the client's row at each cap."""
-    return [c.key for c in plan.counters] + [f"{s.cap}\n{s.client}" for s in plan.shares]
+    """What ``plan`` charges that its shape alone should charge here, named: each counter's
+    key, and the client's row at each cap; not a cap's own total, which every client's
+    shape charges (a block at a cap is bounded by the client's share, not by what it saw
+    of the total, and the division sees the others)."""
+    totals = {s.total for s in plan.shares}
+    named = [c.key for i, c in enumerate(plan.counters) if i not in totals]
+    return named + [f"{s.cap}\n{s.client}" for s in plan.shares]
 
 
 def smaller(plan: Plan, hits: int) -> Plan:
