@@ -843,6 +843,13 @@ class TestUrls:
         assert (url.options.timeout, url.options.max_connections) == (0.01, 8)
         assert url.query["ssl_ca_certs"] == "/ca.pem"
 
+    def test_leases_are_on_unless_switched_off(self) -> None:
+        """Leases by default (issue 41); ``?leases=off`` is the exact path."""
+        assert parse_url("redis://h").options.leases == "on"
+        assert parse_url("redis://h/?leases=off").options.leases == "off"
+        assert open_store("redis://h")._leases is not None  # type: ignore[attr-defined]
+        assert open_store("redis://h/?leases=off")._leases is None  # type: ignore[attr-defined]
+
     def test_sentinel_names_its_service(self) -> None:
         url = parse_url("redis+sentinel://:secret@s1,s2:26380/mymaster?db=2")
         assert url.hosts == (("s1", 26379), ("s2", 26380))

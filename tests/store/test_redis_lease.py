@@ -964,3 +964,26 @@ class TestRefusedHitsCharged:
                 await limiter.store.close()
             answers[leases] = seen
         assert answers["on"] == answers["off"]
+
+    async def test_replicas_never_admit_past_a_limit(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """Two leasing replicas in turns, 400 requests at 100 a minute, every level counting
+        refused hits: 100 admitted, never more; each counter in Redis, after both close,
+        holds every hit asked (400, and the path's per-second count)."""
+        start = (T0 // 60 + 1) * 60 + 1
+        clock = FakeClock(start)
+        replicas = [await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                            leases="on", key_prefix="two-replicas:")
+                    for _ in range(2)]  # fmt: skip
+        admitted = 0
+        try:
+            for i in range(400):
+                decision = await replicas[i % 2].should_rate_limit(_upstream_request())  # type: ignore[arg-type]
+                admitted += decision.code is Code.OK
+                clock.advance(1 / 512)
+        finally:
+            await _close(replicas)
+        assert admitted <= LIMIT
+        assert admitted > LIMIT - 10  # what blocks strand is a few hits
+        assert _counter(redis_server, replicas[0], "two-replicas:", 0) == 400
