@@ -24,7 +24,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,7 +179,7 @@ class RedisStore:
             return local
         if owed is not None and owed.debts:
             at = base + self._offset
-            await self._pay(owed.take(at, plan), at)  # counted before it
+            await self._aside(self._pay(owed.take(at, plan), at))  # counted before it
         combined = await self._exact(plan, now, shape, base)
         if self._leases is not None:
             self._leases.note(plan, shape or lease.shape(plan), base)
@@ -203,7 +203,7 @@ class RedisStore:
             stale = self._leases.stale(key)
             back = self._leases.others(plan, key) + ([stale] if stale is not None else [])
             if back:
-                await self._give_back(back)
+                await self._aside(self._give_back(back))
         if shape is not None:
             assert self._leases is not None
             rest = self._leases.rest(plan, shape, base)
@@ -221,7 +221,7 @@ class RedisStore:
             charged = combined.outcome.admitted or any(c.force for c in plan.counters)
         finally:
             if not charged and not self._leases.restore(shape, block, hits):
-                await self._give_back([block])
+                await self._aside(self._give_back([block]))
         combined.outcome = lease.mine(combined.outcome, hits)
         return combined
 
@@ -242,7 +242,7 @@ class RedisStore:
             return
         done = self._sweeping = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.gather(self._give_back(expired), self._pay(debts, base + self._offset))
+            await self._aside(self._give_back(expired), self._pay(debts, base + self._offset))
         finally:
             self._sweeping = None
             done.set_result(None)
@@ -317,7 +317,7 @@ class RedisStore:
                 ref = _Granted(plan, g, repr(seen.now))
                 old = self._leases.keep(plan, shape, combined.outcome, seen.block, ref, base)
                 if old is not None:
-                    await self._give_back([old])
+                    await self._aside(self._give_back([old]))
         finally:
             if taking:
                 self._refills.pop(shape).set_result(None)
@@ -335,6 +335,17 @@ class RedisStore:
         await self._undo(undo, "an unused lease block was not given back")
         for plan, _, _, _ in undo:
             self._known.forget(plan)  # the counts it showed are lower now
+
+    async def _aside(self, *calls: Awaitable[None]) -> None:
+        """Blocks given back and refused hits counted, on a request's way, within the
+        store's own ``timeout`` rather than the request's deadline: a stalled Redis must
+        not hold the request (and those waiting on a sweep) past theirs, so that the
+        failure mode still answers them (best effort, as each call is)."""
+        try:
+            async with asyncio.timeout(self._options.timeout):
+                await asyncio.gather(*calls)
+        except TimeoutError:
+            log.warning("redis: lease blocks not given back or refused hits not counted in time")
 
     async def _pay(self, debts: Sequence[lease.Debt], at: float) -> None:
         """Count the refused hits of ``debts`` (of windows current at ``at``, store clock)
