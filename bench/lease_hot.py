@@ -34,7 +34,7 @@ TARGETS = {"cap": ("public", ()), "upstream": ("plain", ("--charge-when-over-lim
 def _start(workdir: Path, label: str, server: Path, redis: procs.Redis, target: str
            ) -> tuple[procs.Proc, int]:  # fmt: skip
     extra = TARGETS[target][1]
-    url = f"{redis.url}?key_prefix={label}-{target}:"
+    url = "memory://" if label == "memory" else f"{redis.url}?key_prefix={label}-{target}:"
     command = [sys.executable, "-m", "fairlimit", "serve", "--config",
                str(procs.BENCH / "bench.yaml"), "--backend", url, "--grpc-addr", "127.0.0.1:0",
                "--admin-addr", "127.0.0.1:0", *extra]  # fmt: skip
@@ -48,12 +48,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
                         help="also `fairlimit serve` from that checkout's server/, in turns")
+    parser.add_argument("--memory", action="store_true",
+                        help="also this checkout on memory:// (what Redis with leases nears)")
     args = parser.parse_args()
     redis_binary = procs.ensure_debian_package("redis-server", "redis-server")
     if redis_binary is None or h2load.binary() is None:
         print("lease_hot: redis-server or h2load not found", file=sys.stderr)
         return 2
     servers = [("this", procs.ROOT / "server")]
+    if args.memory:
+        servers.append(("memory", procs.ROOT / "server"))
     if args.baseline is not None:
         servers.insert(0, ("baseline", args.baseline / "server"))
     load = Load(clients=16, streams=2, seconds=args.seconds, warmup=1.0)
