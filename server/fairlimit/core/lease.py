@@ -40,7 +40,7 @@ Where refused hits are charged (``charge_when_over_limit``: every level under up
 semantics), a counter counts them too. A block admits nothing it was not charged for, so a
 refusal is still found by the store's exact call or by the over-limit cache (the counter is
 known over), and a refusal the cache answers here charges its forced counters later: its
-hits travel with the consumer (``Owed``) and reach the counters at the next sweep (every
+hits travel with the consumer (``core/owed.py``) and reach the counters at the next sweep (every
 ``LEASE_TTL``), before the plan's next exact call, and on close.
 
 A block is seen through its own shape: its counts are the levels as its requests saw them.
@@ -72,7 +72,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from fairlimit.core.admission import Outcome
-from fairlimit.core.plan import Counter, Plan
+from fairlimit.core.plan import Plan
 from fairlimit.core.units import Algorithm, bounds
 
 LEASE_SECONDS = 0.2  # a block is about this long of the consumer's own demand on the plan
@@ -353,49 +353,3 @@ class Leases:
         self.version.clear()
         self.changed.clear()
         return out
-
-
-@dataclass(slots=True)
-class Debt:
-    """Refused hits one forced counter owes the store, in one of its windows."""
-
-    plan: Plan  # a plan that charged it (its keys name the counter at the store)
-    index: int  # the counter's index in ``plan.counters``
-    hits: int
-    start: float  # the start of the window the hits were refused in (store clock)
-
-    @property
-    def counter(self) -> Counter:
-        return self.plan.counters[self.index]
-
-
-class Owed:
-    """The refused hits of forced counters (``charge_when_over_limit``) that this consumer
-    answered itself, from what it knew of the counters, and the store has not counted yet:
-    a refusal admits nothing, so its charge may travel to the store with a later call."""
-
-    def __init__(self) -> None:
-        self.debts: dict[tuple[str, float], Debt] = {}  # (counter key, window start) -> debt
-
-    def add(self, plan: Plan, at: float) -> None:
-        """Owe the hits of ``plan``'s forced counters, refused at ``at`` (store clock)."""
-        for i, c in enumerate(plan.counters):
-            if not c.force or c.hits <= 0:
-                continue
-            key = (c.key, bounds(c.window, c.shape, at)[0])
-            debt = self.debts.get(key)
-            if debt is None:
-                self.debts[key] = Debt(plan, i, c.hits, key[1])
-            else:
-                debt.hits += c.hits
-
-    def take(self, at: float, plan: Plan | None = None) -> list[Debt]:
-        """The debts of ``plan``'s counters (of every counter when None) to pay at ``at``
-        (store clock), forgotten here: those of a window still current at ``at``. A debt
-        whose window has ended is dropped: that window's count answers nothing any more,
-        and the counter's next window must not count it."""
-        keys = None if plan is None else {c.key for c in plan.counters if c.force}
-        found = [k for k in self.debts if keys is None or k[0] in keys]
-        taken = [self.debts.pop(k) for k in found]
-        return [d for d in taken
-                if bounds(d.counter.window, d.counter.shape, at)[0] == d.start]  # fmt: skip

@@ -73,7 +73,7 @@ class OverLimitCache:
         A refusal still charges a forced level (charge_when_over_limit, every level under
         upstream's semantics): only when each of them is known over, where a charge
         changes no answer until the window ends, may it be answered here; with ``travel``
-        (the caller takes the charges to the store later, core/lease.Owed) also when each
+        (the caller takes the charges to the store later, core/owed.py) also when each
         of them is known at all, so its count, and what is left, can be told here."""
         if any(s.force for s in plan.shares):
             return None

@@ -16,7 +16,7 @@ next requests are then admitted here from it, with no Redis call. Unused blocks 
 when they expire (at the plan's next request, or at the sweep every LEASE_TTL) and on
 close. A refusal the over-limit cache answers here owes its forced counters' hits
 (charge_when_over_limit): they are counted at the sweep, before the plan's next script
-call, and on close (core/lease.Owed).
+call, and on close (core/owed.py).
 """
 
 import asyncio
@@ -33,7 +33,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 
-from fairlimit.core import lease
+from fairlimit.core import lease, owed
 from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures
@@ -140,7 +140,7 @@ class RedisStore:
                 max_block=options.lease_max,
             )
         )
-        self._owed = lease.Owed() if leasing else None  # refused hits on their way
+        self._owed = owed.Owed() if leasing else None  # refused hits on their way
         self._offset = 0.0  # the store's clock minus the consumer's, at the last script call
         self._last = 0.0  # the consumer's clock at the last request (the caller's, to close)
         self._refills: dict[tuple[str, ...], asyncio.Future[None]] = {}  # block calls out
@@ -168,18 +168,18 @@ class RedisStore:
                     return local
                 base = self._base(now)
             await self._sweep(base)
-        owed = self._owed if not plan.reserve else None
-        local = self._known.answer(plan, base, travel=owed is not None)
+        owing = self._owed if not plan.reserve else None
+        local = self._known.answer(plan, base, travel=owing is not None)
         if local is not None:
-            if owed is not None and any(c.force for c in plan.counters):
-                owed.add(plan, base + self._offset)  # its forced counters' hits, later
+            if owing is not None and any(c.force for c in plan.counters):
+                owing.add(plan, base + self._offset)  # its forced counters' hits, later
                 self._known.charge(plan)
                 assert self._leases is not None
                 self._leases.note(plan, shape or lease.shape(plan), base)
             return local
-        if owed is not None and owed.debts:
+        if owing is not None and owing.debts:
             at = base + self._offset
-            await self._aside(self._pay(owed.take(at, plan), at))  # counted before it
+            await self._aside(self._pay(owing.take(at, plan), at))  # counted before it
         combined = await self._exact(plan, now, shape, base)
         if self._leases is not None:
             self._leases.note(plan, shape or lease.shape(plan), base)
@@ -347,7 +347,7 @@ class RedisStore:
         except TimeoutError:
             log.warning("redis: lease blocks not given back or refused hits not counted in time")
 
-    async def _pay(self, debts: Sequence[lease.Debt], at: float) -> None:
+    async def _pay(self, debts: Sequence[owed.Debt], at: float) -> None:
         """Count the refused hits of ``debts`` (of windows current at ``at``, store clock)
         at their counters, one release.lua call per slot (its hits negative: added; best
         effort, as a give-back)."""
