@@ -2,8 +2,10 @@
 
     python bench/lease_clients.py                         # this checkout, 10,000 clients
     python bench/lease_clients.py --baseline ../main      # and another checkout, in turns
+    python bench/lease_clients.py --query '' --upstream   # the backend's defaults; every
+                                                          # level counting refused hits
 
-`fairlimit serve` on a redis-server started here with ``?leases=on``, driven by
+`fairlimit serve` on a redis-server started here with ``?leases=on`` (``--query``), driven by
 bench/loadgen.py cycling ``--clients`` distinct clients on ``route=plain`` (a client limit,
 no cap) and ``route=public`` (under a fair_share cap) for ``--seconds``; each server is
 stopped (giving its blocks back) before Redis's EVALSHA + EVAL count is read, so a block
@@ -22,11 +24,15 @@ import procs
 
 
 def run(redis: procs.Redis, workdir: Path, server: Path, label: str, route: str,
-        clients: int, seconds: float) -> dict[str, object]:  # fmt: skip
-    url = f"{redis.url}?leases=on&key_prefix={label}-{route}-{os.getpid()}:"
+        args: argparse.Namespace) -> dict[str, object]:  # fmt: skip
+    clients, seconds = args.clients, args.seconds
+    query = f"{args.query}&" if args.query else ""
+    url = f"{redis.url}?{query}key_prefix={label}-{route}-{os.getpid()}:"
     command = [sys.executable, "-m", "fairlimit", "serve", "--config",
                str(procs.BENCH / "bench.yaml"), "--backend", url, "--grpc-addr", "127.0.0.1:0",
                "--admin-addr", "127.0.0.1:0"]  # fmt: skip
+    if args.upstream:
+        command += ["--charge-when-over-limit", "true"]
     env = {"PYTHONPATH": str(server)}
     proc = procs.Proc(f"lease-{label}-{route}", command, workdir, env)
     try:
@@ -50,6 +56,10 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--query", default="leases=on",
+                        help="the backend URL's options ('' for the defaults)")
+    parser.add_argument("--upstream", action="store_true",
+                        help="upstream's semantics: every level counts refused hits")
     parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
                         help="also `fairlimit serve` from that checkout's server/, in turns")
     args = parser.parse_args()
@@ -66,8 +76,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 for label, server in servers:
                     for route in ("plain", "public"):
-                        row = run(redis, Path(tmp), server, label, route, args.clients,
-                                  args.seconds)  # fmt: skip
+                        row = run(redis, Path(tmp), server, label, route, args)
                         print(json.dumps(row), flush=True)
         finally:
             redis.stop()

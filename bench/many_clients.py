@@ -98,7 +98,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--leases", action="store_true", help="?leases=on")
+    parser.add_argument("--leases", choices=("on", "off"), default="off",
+                        help="the Redis URL's leases option (default off: the exact path)")
     parser.add_argument("--redis-server", default="redis-server")
     parser.add_argument("--log", type=Path, help="keep fairlimit's log here")
     parser.add_argument("--prefill", action="store_true",
@@ -111,7 +112,7 @@ def main() -> int:
         try:
             redis.client.config_set("slowlog-log-slower-than", 1000)
             redis.client.config_set("slowlog-max-len", 100_000)
-            url = redis.url + ("?leases=on" if a.leases else "")
+            url = f"{redis.url}?leases={a.leases}"
             proc, port = procs.fairlimit(work, "fairlimit", url)
             if a.prefill:
                 _prefill(redis, port, a.clients)
@@ -128,7 +129,7 @@ def main() -> int:
                 if a.log:
                     a.log.write_text(proc.text())
             redis.stop()
-    print(f"clients={a.clients} seconds={a.seconds} leases={'on' if a.leases else 'off'} "
+    print(f"clients={a.clients} seconds={a.seconds} leases={a.leases} "
           f"rows-hash fields={fields}")
     print("| route | req/s | p99 ms | admit.lua µs/call | calls | SLOWLOG >1 ms | slowest ms "
           "| slow commands | failure mode |")

@@ -5,8 +5,8 @@ from typing import Any
 TARGETS = (
     ("noop", "(a) no-op grpc.aio (ceiling)"),
     ("memory", "(b) fairlimit memory://"),
-    ("redis", "(c) fairlimit redis://"),
-    ("redis-w2", "(d) redis:// --workers 2"),
+    ("redis", "(c) redis:// leases=off"),
+    ("redis-w2", "(d) leases=off --workers 2"),
     ("redis-lease", "(e) redis:// leases, fair cap"),
     ("redis-2r", "(f) 2 replicas, leases, cap"),
 )

@@ -111,8 +111,11 @@ class Bench:
         if redis is not None:
             # Each target keys its own state (key_prefix): the Redis targets share one server,
             # and one target's 10,000-client run must not fill the cap the next one divides.
-            plain, two = redis.url + "?key_prefix=c:", redis.url + "?key_prefix=d:"
-            leased = redis.url + "?leases=on&key_prefix=e:"
+            # (c) and (d) the exact path (one script call per request), (e) the defaults,
+            # leases on (issue 41)
+            plain = redis.url + "?leases=off&key_prefix=c:"
+            two = redis.url + "?leases=off&key_prefix=d:"
+            leased = redis.url + "?key_prefix=e:"
             starts.append(("redis", lambda: procs.fairlimit(wd, "redis", plain)))
             starts.append(("redis-w2", lambda: procs.fairlimit(wd, "redis-w2", two, 2)))
             starts.append(("redis-lease", lambda: procs.fairlimit(wd, "redis-lease", leased)))

@@ -43,18 +43,19 @@ class TestOverrides:
         self, redis_store_factory: StoreFactory, clock: FakeClock, tmp_path: Path
     ) -> None:
         """With leases, 100/min takes a block (2 counted, 4 reserved in Redis); then 3/min on
-        the same counter goes to Redis, which refuses it (the reserved hits count there
-        until given back), and the refusals take nothing: 100/min then has 97 left. Blocks
-        kept by counter key alone served 3/min from the block: OK at 2, and the two
-        refusals after it each took a hit (94 left)."""
+        the same counter goes to Redis, the block's unused hits given back first (since
+        issue 41: another shape's block must not count against it), which admits one more
+        and refuses the next two, taking nothing: 100/min then has 96 left, as without
+        leases. Blocks kept by counter key alone served 3/min from the block: OK at 2, and
+        the two refusals after it each took a hit (94 left)."""
         clock.t = T0
         store = await redis_store_factory(leases="on")
         limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)  # type: ignore[arg-type]
         try:
-            assert await _codes(limiter, ROOMY, 2) == ["OK", "OK"]  # the first takes a block
-            assert await _codes(limiter, TIGHT, 3) == ["OVER_LIMIT"] * 3
+            assert await _codes(limiter, ROOMY, 2) == ["OK", "OK"]  # the second takes a block
+            assert await _codes(limiter, TIGHT, 3) == ["OK"] + ["OVER_LIMIT"] * 2
             roomy = await limiter.should_rate_limit(req("edge", desc("tenant=t", limit=ROOMY)))
-            assert (roomy.code, roomy.statuses[0].limit_remaining) == (Code.OK, 97)
+            assert (roomy.code, roomy.statuses[0].limit_remaining) == (Code.OK, 96)
         finally:
             await store.close()  # type: ignore[attr-defined]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fairlimit.config.loader import load
 from fairlimit.core import lease
 from fairlimit.core.admission import Code
 from fairlimit.core.matching import Matcher
@@ -501,6 +502,36 @@ class TestGivingBack:
         assert count == 2 + live
 
 
+    async def test_a_sweep_gives_back_many_blocks_in_one_script_call(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """20 clients each hold a block with room when they expire: the sweep gives them
+        all back in one release.lua call (issue 41: one call per block doubled the script
+        calls of many warm clients), and each counter holds only what was admitted."""
+        (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        clients = [f"warm-{i}" for i in range(20)]
+        try:
+            for client in clients:
+                for _ in range(3):  # the second takes a block, the third uses one of it
+                    assert await _ask(replica, client)
+            held = [b.room for b in _leases(replica).blocks.values()]
+            assert len(held) == 20 and min(held) > 0
+            clock.advance(lease.LEASE_TTL + 0.01)
+            calls = _store(replica).round_trips
+            assert await _ask(replica, "late")  # the sweep runs, then its own call
+            assert _store(replica).round_trips - calls == 2
+            counts = []
+            with redis_server.client() as client_:
+                for client in clients:
+                    plan = make_plan(req("edge", desc(f"client_id={client}")),
+                                     replica._active.matcher)  # fmt: skip
+                    (g,) = slot_groups(plan, "fairlimit:", False)
+                    counts.append(int(client_.hget(g.counter_keys[0], "n")))
+        finally:
+            await _close([replica])
+        assert counts == [3] * 20
+
+
 def _row(redis_server: RedisProcess, limiter: Limiter, route: str, client: str) -> dict[str, float]:
     """The client's row at the route's cap, as Redis holds it: admitted and asked in the
     window and in the period."""
@@ -527,6 +558,23 @@ class TestUnderACap:
                 clock.advance(0.0009)
             assert all(answers)
             assert _store(replica).round_trips <= 100, _store(replica).round_trips
+        finally:
+            await _close([replica])
+
+    async def test_hot_clients_in_turns_under_one_cap_are_answered_from_blocks(
+        self, tmp_path: Path, lease_store_factory: StoreFactory
+    ) -> None:
+        """Two hot clients in turns under the roomy cap: both charge the cap's total, which
+        does not make each other's blocks stale (a block at a cap is bounded by the
+        client's share): 1000 requests, all admitted, from few calls."""
+        (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        try:
+            answers = []
+            for i in range(1000):
+                answers.append(await _ask(replica, f"hot-{i % 2}", "roomy"))
+                clock.advance(0.0009)
+            assert all(answers)
+            assert _store(replica).round_trips <= 150, _store(replica).round_trips
         finally:
             await _close([replica])
 
@@ -716,3 +764,226 @@ class TestOnACluster:
             assert _store(limiter).round_trips >= calls + 10  # two slots, each call exact
         finally:
             await store.close()  # type: ignore[attr-defined]
+
+
+UPSTREAM = """
+domain: up
+descriptors:
+  - key: client_id
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: path
+    rate_limit: {unit: second, requests_per_unit: 1000}
+"""
+
+
+def _upstream_request(client: str = "x") -> object:
+    return req("up", desc(f"client_id={client}"), desc("path=/a"))
+
+
+async def _upstream_limiter(
+    tmp_path: Path, factory: StoreFactory, clock: FakeClock, **options: object
+) -> Limiter:
+    """A limiter under upstream's semantics (every level counts a refused hit)."""
+    path = tmp_path / "up.yaml"
+    path.write_text(UPSTREAM)
+    loaded = load([path], charge_over_limit=True)
+    return Limiter(loaded, await factory(**options), clock)  # type: ignore[arg-type]
+
+
+def _counter(redis_server: RedisProcess, limiter: Limiter, prefix: str, index: int) -> int:
+    """Counter ``index`` of the upstream request's plan, as Redis holds it (its window's)."""
+    plan = make_plan(_upstream_request(), limiter._active.matcher)  # type: ignore[arg-type]
+    (g,) = slot_groups(plan, prefix, False)
+    with redis_server.client() as client:
+        return int(client.hget(g.counter_keys[index], "n") or 0)
+
+
+@pytest.mark.behaviour
+class TestRefusedHitsCharged:
+    """Where refused hits are charged (upstream's semantics: ``charge_when_over_limit`` on
+    every level), plans take blocks too; a refusal the over-limit cache answers here owes
+    its hits, which reach the counters at the sweep, before the plan's next script call,
+    and on close."""
+
+    async def test_same_answers_and_counts_as_without_leases_with_few_calls(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """A client at 100 a minute, beside a path at 1000 a second, asks 600 times in 4.7 s
+        (100 admitted, 500 refused): with and without leases every answer is the same (code
+        and remaining of each status), and once closed each counter in Redis holds every hit
+        asked in its window (600 for the minute, 88 for the last second); with leases from
+        far fewer script calls."""
+        answers: dict[str, list[object]] = {}
+        counts: dict[str, tuple[int, int]] = {}
+        calls: dict[str, int] = {}
+        for leases in ("off", "on"):
+            clock = FakeClock((T0 // 60 + 1) * 60 + 1)
+            prefix = f"{leases}:"
+            limiter = await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                              leases=leases, key_prefix=prefix)  # fmt: skip
+            seen = []
+            try:
+                for _ in range(600):
+                    decision = await limiter.should_rate_limit(_upstream_request())  # type: ignore[arg-type]
+                    statuses = tuple((s.code, s.limit_remaining) for s in decision.statuses)
+                    seen.append((decision.code, statuses))
+                    clock.advance(1 / 128)  # exact in binary: no second gets one too many
+                calls[leases] = _store(limiter).round_trips
+            finally:
+                await limiter.store.close()
+            answers[leases] = seen
+            counts[leases] = (_counter(redis_server, limiter, prefix, 0),
+                              _counter(redis_server, limiter, prefix, 1))  # fmt: skip
+        assert [a[0] for a in answers["off"]].count(Code.OK) == 100
+        assert answers["on"] == answers["off"]
+        assert counts["on"] == counts["off"] == (600, 88)
+        assert calls["off"] == 600 and calls["on"] < 100, calls
+
+    async def test_closing_counts_the_refused_hits_still_owed(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """Refusals answered here owe their hits; closing (a drain) counts them in Redis."""
+        clock = FakeClock((T0 // 60 + 1) * 60 + 1)
+        limiter = await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                          leases="on", key_prefix="drain:")  # fmt: skip
+        try:
+            for _ in range(130):
+                await limiter.should_rate_limit(_upstream_request())  # type: ignore[arg-type]
+                clock.advance(0.001)
+            owed = _store(limiter)._owed
+            assert owed is not None and sum(d.hits for d in owed.debts.values()) > 0
+        finally:
+            await limiter.store.close()
+        assert _counter(redis_server, limiter, "drain:", 0) == 130
+        assert _counter(redis_server, limiter, "drain:", 1) == 130
+
+    async def test_clients_asking_once_make_one_script_call_each(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """40 clients asking once each under upstream's semantics, then closing: one EVALSHA
+        per request, nothing given back and nothing owed."""
+        clock = FakeClock(T0)
+        limiter = await _upstream_limiter(tmp_path, lease_store_factory, clock, leases="on")
+        with redis_server.client() as client:
+            client.config_resetstat()
+        try:
+            for i in range(40):
+                decision = await limiter.should_rate_limit(_upstream_request(f"once-{i}"))  # type: ignore[arg-type]
+                assert decision.code is Code.OK
+                clock.advance(0.01)
+            assert not _leases(limiter).blocks
+        finally:
+            await limiter.store.close()
+        with redis_server.client() as client:
+            stats = client.info("commandstats")
+        evalsha = stats.get("cmdstat_evalsha", {})
+        made = int(evalsha["calls"]) - int(evalsha.get("failed_calls", 0))
+        assert made + int(stats.get("cmdstat_eval", {}).get("calls", 0)) == 40, stats
+
+    async def test_refused_hits_owed_for_an_ended_window_stay_out_of_the_next(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """Refusals answered here in one second owe the path's per-second counter; in the
+        next second another replica starts that counter's new window, then this one pays:
+        the new second counts only its own two hits (the minute counts all 122)."""
+        start = (T0 // 60 + 1) * 60 + 1
+        clock = FakeClock(start)
+        leasing = await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                          leases="on", key_prefix="end:")  # fmt: skip
+        other = await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                        leases="off", key_prefix="end:")  # fmt: skip
+        try:
+            for _ in range(120):
+                await leasing.should_rate_limit(_upstream_request())  # type: ignore[arg-type]
+                clock.advance(0.001)
+            owed = _store(leasing)._owed
+            assert owed is not None and owed.debts
+            clock.t = start + 1.0
+            for limiter in (other, leasing):
+                decision = await limiter.should_rate_limit(_upstream_request())  # type: ignore[arg-type]
+                assert decision.code is Code.OVER_LIMIT
+        finally:
+            await _close([leasing, other])
+        assert _counter(redis_server, leasing, "end:", 0) == 122
+        assert _counter(redis_server, leasing, "end:", 1) == 2
+
+    async def test_a_request_larger_than_its_block_uses_what_the_block_holds(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """A check of 0 hits, then a charge of 30, four times (a response's cost charged
+        after it, as Envoy Gateway does), at 100 a minute: with and without leases the same
+        answers (30, 60 and 90 pass, 120 is refused and counted, the check after it is
+        over) and the same counts. A charge larger than what its block holds uses the
+        block; counted on top of it, the block's hits refused the third charge."""
+        answers: dict[str, list[object]] = {}
+        counts: dict[str, int] = {}
+        for leases in ("off", "on"):
+            clock = FakeClock((T0 // 60 + 1) * 60 + 1)
+            prefix = f"big-{leases}:"
+            limiter = await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                              leases=leases, key_prefix=prefix)  # fmt: skip
+            seen = []
+            try:
+                for hits in (0, 30) * 4 + (0,):
+                    request = req("up", desc("client_id=x", hits=hits), desc("path=/a", hits=hits))
+                    decision = await limiter.should_rate_limit(request)
+                    statuses = tuple((s.code, s.limit_remaining) for s in decision.statuses)
+                    seen.append((hits, decision.code, statuses))
+                    clock.advance(0.01)
+            finally:
+                await limiter.store.close()
+            answers[leases] = seen
+            counts[leases] = _counter(redis_server, limiter, prefix, 0)
+        assert [code for _, code, _ in answers["off"]] == [Code.OK] * 7 + [Code.OVER_LIMIT] * 2
+        assert answers["on"] == answers["off"]
+        assert counts["on"] == counts["off"] == 120
+
+    async def test_two_shapes_charging_one_counter_see_each_others_hits(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """The path's counter is charged by two shapes, a client's request and the path's
+        alone (as Envoy Gateway's two policies call for one HTTP request), 300 times in
+        turns: with and without leases the same answers, each status's remaining included
+        (a block of one shape, seen through its own requests only, told a remaining that
+        missed the other shape's hits: Envoy Gateway's merge test saw 19 left for 15)."""
+        answers: dict[str, list[object]] = {}
+        for leases in ("off", "on"):
+            clock = FakeClock((T0 // 60 + 1) * 60 + 1)
+            prefix = f"two-{leases}:"
+            limiter = await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                              leases=leases, key_prefix=prefix)  # fmt: skip
+            seen = []
+            try:
+                for i in range(300):
+                    request = _upstream_request() if i % 3 else req("up", desc("path=/a"))
+                    decision = await limiter.should_rate_limit(request)  # type: ignore[arg-type]
+                    statuses = tuple((s.code, s.limit_remaining) for s in decision.statuses)
+                    seen.append((decision.code, statuses))
+                    clock.advance(1 / 1024)
+            finally:
+                await limiter.store.close()
+            answers[leases] = seen
+        assert answers["on"] == answers["off"]
+
+    async def test_replicas_never_admit_past_a_limit(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """Two leasing replicas in turns, 400 requests at 100 a minute, every level counting
+        refused hits: 100 admitted, never more; each counter in Redis, after both close,
+        holds every hit asked (400, and the path's per-second count)."""
+        start = (T0 // 60 + 1) * 60 + 1
+        clock = FakeClock(start)
+        replicas = [await _upstream_limiter(tmp_path, lease_store_factory, clock,
+                                            leases="on", key_prefix="two-replicas:")
+                    for _ in range(2)]  # fmt: skip
+        admitted = 0
+        try:
+            for i in range(400):
+                decision = await replicas[i % 2].should_rate_limit(_upstream_request())  # type: ignore[arg-type]
+                admitted += decision.code is Code.OK
+                clock.advance(1 / 512)
+        finally:
+            await _close(replicas)
+        assert admitted <= LIMIT
+        assert admitted > LIMIT - 10  # what blocks strand is a few hits
+        assert _counter(redis_server, replicas[0], "two-replicas:", 0) == 400

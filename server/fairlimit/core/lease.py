@@ -33,8 +33,22 @@ The block's size (``size``; lua/admit/lease.lua computes the same):
   request is divided by the exact path, so the shares stay exact.
   Leases serve the caps that are not contended, the common case; a cap that becomes
   contended finds at most the blocks already out (``LEASE_TTL`` of their clients' demand);
-- none below one hit, none for a refused request, and none for a plan with a shadow or
-  ``charge_when_over_limit`` level (a refusal there must reach the store).
+- none below one hit, none for a refused request, and none for a plan with a shadow level
+  or a ``charge_when_over_limit`` claim at a cap (a refusal there moves the client's row).
+
+Where refused hits are charged (``charge_when_over_limit``: every level under upstream's
+semantics), a counter counts them too. A block admits nothing it was not charged for, so a
+refusal is still found by the store's exact call or by the over-limit cache (the counter is
+known over), and a refusal the cache answers here charges its forced counters later: its
+hits travel with the consumer (``core/owed.py``) and reach the counters at the next sweep (every
+``LEASE_TTL``), before the plan's next exact call, and on close.
+
+A block is seen through its own shape: its counts are the levels as its requests saw them.
+So another shape's charge of one of its levels here (``Leases.note``) makes it stale: it
+answers nothing more, and is given back before the next script call of either shape, whose
+count must not include its unused hits; a level two shapes took turns at within RECENT
+takes no block. A request too large for what is left of its block takes that rest
+(``Leases.rest``) and asks the store only for the other hits (``smaller``).
 
 What it guarantees:
 
@@ -55,7 +69,7 @@ What it guarantees:
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fairlimit.core.admission import Outcome
 from fairlimit.core.plan import Plan
@@ -72,15 +86,16 @@ EPSILON = 1e-9  # as core/sharing.EPSILON: a bound is compared with this slack
 
 def eligible(plan: Plan) -> bool:
     """Whether ``plan`` may be admitted from blocks: it charges a counter, every level the
-    same hits (one block serves them all), and no level is shadowed or charged when refused
-    (charge_when_over_limit), and every counter counts a fixed window (a sliding or GCRA
-    count changes with time alone, so a block of it cannot be held)."""
+    same hits (one block serves them all), no level is shadowed and no claim at a cap is
+    charged when refused (a counter may be: what a block admits was charged first, and a
+    refusal's charge goes to the store), and every counter counts a fixed window (a sliding
+    or GCRA count changes with time alone, so a block of it cannot be held)."""
     if not plan.counters:
         return False
     if any(c.shape is not None and c.shape.algorithm is not Algorithm.FIXED for c in plan.counters):
         return False
     hits = plan.counters[0].hits
-    if any(c.shadow or c.force or c.hits != hits for c in plan.counters):
+    if any(c.shadow or c.hits != hits for c in plan.counters):
         return False
     return not any(s.shadow or s.force or s.hits != hits for s in plan.shares)
 
@@ -109,6 +124,32 @@ def size(want: int, counter_rooms: Iterable[float], share_rooms: Iterable[float]
     return whole if whole >= 1 else 0
 
 
+def levels(plan: Plan) -> list[str]:
+    """What ``plan`` charges that its shape alone should charge here, named: each counter's
+    key, and the client's row at each cap; not a cap's own total, which every client's
+    shape charges (a block at a cap is bounded by the client's share, not by what it saw
+    of the total, and the division sees the others)."""
+    totals = {s.total for s in plan.shares}
+    named = [c.key for i, c in enumerate(plan.counters) if i not in totals]
+    return named + [f"{s.cap}\n{s.client}" for s in plan.shares]
+
+
+def smaller(plan: Plan, hits: int) -> Plan:
+    """``plan`` with ``hits`` fewer at every level (those a block of it already holds)."""
+    counters = tuple(replace(c, hits=c.hits - hits) for c in plan.counters)
+    shares = tuple(replace(s, hits=s.hits - hits) for s in plan.shares)
+    return Plan(plan.descriptors, counters, shares, plan.reserve)
+
+
+def mine(outcome: Outcome, hits: int) -> Outcome:
+    """What the store saw for a ``smaller`` plan, as the whole request sees it: each level
+    before the ``hits`` it took from a block, which the store already counted."""
+    counts = tuple(n - hits for n in outcome.counts)
+    shared = tuple(n - hits for n in outcome.shared)
+    return Outcome(outcome.admitted, counts, shared, outcome.bounds, outcome.now,
+                   outcome.full_at)  # fmt: skip
+
+
 def _first_end(plan: Plan, now: float) -> float:
     """When the first of the windows of ``plan``'s counters ends, after ``now``."""
     return min(bounds(c.window, c.shape, now)[1] for c in plan.counters)
@@ -127,6 +168,8 @@ class Block:
     taken_at: float
     offset: float  # the store's clock minus the consumer's, at the grant
     used: int = 0
+    levels: tuple[str, ...] = ()  # its plan's ``levels``
+    marks: tuple[int, ...] = ()  # the version of each of them at the grant
 
 
 class Leases:
@@ -139,6 +182,59 @@ class Leases:
         self.blocks: dict[tuple[str, ...], Block] = {}
         # shapes without a block: when last asked at the store or last holding one
         self.seen: dict[tuple[str, ...], float] = {}
+        # per level (``levels``): the shape that last charged it here, and how often that
+        # changed; a block is seen through its own shape only, so another shape's charge
+        # makes it stale (what it tells of the level, hence ``remaining``, would be old)
+        self.writer: dict[str, tuple[str, ...]] = {}
+        self.version: dict[str, int] = {}
+        self.changed: dict[str, float] = {}  # when its writer last changed
+
+    def note(self, plan: Plan, key: tuple[str, ...], base: float) -> None:
+        """``plan`` (of shape ``key``) charged its levels here at ``base``, from a block or
+        not."""
+        for level in levels(plan):
+            writer = self.writer.get(level)
+            if writer != key:
+                self.writer[level] = key
+                self.version[level] = self.version.get(level, 0) + 1
+                if writer is not None:  # another shape's before
+                    self.changed[level] = base
+
+    def shared(self, plan: Plan, key: tuple[str, ...], base: float) -> bool:
+        """Whether another shape charged one of ``plan``'s levels here last, or did within
+        RECENT seconds (a block would go stale at its next charge)."""
+        for level in levels(plan):
+            if self.writer.get(level, key) != key:
+                return True
+            if base - self.changed.get(level, -math.inf) < RECENT:
+                return True
+        return False
+
+    def others(self, plan: Plan, key: tuple[str, ...]) -> list[Block]:
+        """The blocks of other shapes that hold a level of ``plan``, forgotten (to give
+        back before its script call, which must not count their unused hits as used)."""
+        out = []
+        for level in levels(plan):
+            writer = self.writer.get(level, key)
+            block = self.blocks.pop(writer, None) if writer != key else None
+            if block is not None and block.room > 0:
+                out.append(block)
+        return out
+
+    def stale(self, key: tuple[str, ...]) -> Block | None:
+        """The block of shape ``key`` when another shape has charged one of its levels
+        here since its grant, forgotten (to give back first: the script call that follows
+        must not count its unused hits as used)."""
+        block = self.blocks.get(key)
+        if block is None or self._fresh(block):
+            return None
+        del self.blocks[key]
+        return block if block.room > 0 else None
+
+    def _fresh(self, block: Block) -> bool:
+        version = self.version
+        return all(version.get(level, 0) == mark
+                   for level, mark in zip(block.levels, block.marks, strict=True))  # fmt: skip
 
     def take(self, plan: Plan, key: tuple[str, ...], base: float) -> Outcome | None:
         """Admit ``plan`` (of shape ``key``) from its block at the consumer's time ``base``,
@@ -147,7 +243,7 @@ class Leases:
         if block is None or base >= block.until:
             return None
         hits = plan.counters[0].hits  # every level's (``eligible``)
-        if block.room < max(hits, 1):
+        if block.room < max(hits, 1) or not self._fresh(block):
             return None
         counts, shared = tuple(block.counts), tuple(block.shared)
         block.room -= hits
@@ -156,10 +252,35 @@ class Leases:
         block.shared = [n + hits for n in block.shared]
         return Outcome(True, counts, shared, block.bounds, base + block.offset)
 
+    def rest(self, plan: Plan, key: tuple[str, ...], base: float) -> tuple[Block, int] | None:
+        """Take what is left of the live block of shape ``key`` for a request of ``plan``
+        too large for it (None when there is none): the request uses it, and its script
+        call asks only for the rest of its hits (``smaller``). Counted at the store
+        already, the block's hits would otherwise weigh against this request twice, and
+        refuse it where the exact path admits it."""
+        block = self.blocks.get(key)
+        hits = plan.counters[0].hits  # every level's (``eligible``)
+        if block is None or base >= block.until or not 0 < block.room < hits:
+            return None
+        taken = block.room
+        block.room = 0
+        block.used += taken
+        return block, taken
+
+    def restore(self, key: tuple[str, ...], block: Block, hits: int) -> bool:
+        """Put back ``hits`` that ``rest`` took from ``block`` for a request refused with
+        nothing charged; False when the block has been replaced since (the caller gives
+        them back)."""
+        block.room += hits
+        block.used -= hits
+        return self.blocks.get(key) is block
+
     def want(self, plan: Plan, key: tuple[str, ...], base: float) -> int:
         """About LEASE_SECONDS of this consumer's demand on the shape, from its last block,
         and no more than it will use before the first of the plan's windows ends (what a
         block holds then is lost to everyone until the window ends)."""
+        if self.shared(plan, key, base):
+            return 0  # a block would go stale at another shape's next charge
         block = self.blocks.get(key)
         if block is None:
             last = self.seen.get(key)
@@ -192,8 +313,11 @@ class Leases:
         shared = [n + s.hits for n, s in zip(outcome.shared, plan.shares, strict=True)]
         old = self.blocks.get(key)
         self.seen.pop(key, None)
+        self.note(plan, key, base)
+        named = tuple(levels(plan))
+        marks = tuple(self.version.get(level, 0) for level in named)
         self.blocks[key] = Block(ref, until, granted, counts, shared, outcome.bounds, base,
-                                 now - base)  # fmt: skip
+                                 now - base, levels=named, marks=marks)  # fmt: skip
         if old is not None and old.room > 0:
             return old
         return None
@@ -210,6 +334,13 @@ class Leases:
                 out.append(block)
         for k in [k for k, t in self.seen.items() if base - t > RECENT]:
             del self.seen[k]
+        # what is known of levels no block holds and no shape took over within RECENT
+        held = {level for block in self.blocks.values() for level in block.levels}
+        for level in [lv for lv in self.writer if lv not in held
+                      and not base - self.changed.get(lv, -math.inf) < RECENT]:  # fmt: skip
+            del self.writer[level]
+            self.version.pop(level, None)
+            self.changed.pop(level, None)
         return out
 
     def unused(self) -> list[Block]:
@@ -218,4 +349,7 @@ class Leases:
         out = [b for b in self.blocks.values() if b.room > 0]
         self.blocks.clear()
         self.seen.clear()
+        self.writer.clear()
+        self.version.clear()
+        self.changed.clear()
         return out

@@ -52,7 +52,7 @@ class Options:
     clock: str = "redis"  # "redis": Redis TIME (replicas agree); "caller": the `now` passed
     local_cache: int = 100_000  # entries; 0 disables
     lock_ms: int = 250  # how long a replica may take to compute λ before another takes over
-    leases: str = "off"  # "on": admit from local lease blocks (core/lease.py)
+    leases: str = "on"  # "off": every request is one script call (core/lease.py)
     lease_max: int = 1_000_000  # hits a lease block may hold at most (bounds the slack)
     # a cap of more clients has its division made in the background (store/redis/division.py)
     inline_rows: int = 64  # its rows read inline in at most 11 HSCAN steps

@@ -67,12 +67,14 @@ class OverLimitCache:
         for c in plan.counters:
             self._entries.pop(("c", c.key), None)
 
-    def answer(self, plan: Plan, t: float) -> Outcome | None:
+    def answer(self, plan: Plan, t: float, travel: bool = False) -> Outcome | None:
         """A rejection from what is known, when a client's counter or claim is known over.
 
         A refusal still charges a forced level (charge_when_over_limit, every level under
         upstream's semantics): only when each of them is known over, where a charge
-        changes no answer until the window ends, may it be answered here."""
+        changes no answer until the window ends, may it be answered here; with ``travel``
+        (the caller takes the charges to the store later, core/owed.py) also when each
+        of them is known at all, so its count, and what is left, can be told here."""
         if any(s.force for s in plan.shares):
             return None
         if any(c.shape is not None and c.shape.algorithm is not Algorithm.FIXED
@@ -85,12 +87,21 @@ class OverLimitCache:
             counts.append(known[0] if known else 0)
             past = known is not None and known[2] and counter_over(c, known[0])
             over = over or past
-            owed = owed or (c.force and not past)  # a charge Redis must see
+            owed = owed or (c.force and not past and not (travel and known is not None))
         if not over or owed:
             return None
         shared = tuple(0 for _ in plan.shares)
         bounds = tuple(s.client_limit for s in plan.shares)
         return Outcome(False, tuple(counts), shared, bounds)
+
+    def charge(self, plan: Plan) -> None:
+        """Count the hits of ``plan``'s forced counters, refused here (``answer``), in what
+        is known of them: their charge travels to the store, and what is left shows it."""
+        for c in plan.counters:
+            entry = self._entries.get(("c", c.key)) if c.force else None
+            if entry is not None:
+                until, count, bound, over = entry
+                self._entries[("c", c.key)] = (until, count + c.hits, bound, over)
 
     def learn(self, plan: Plan, outcome: Outcome, seen: Lifetimes, base: float) -> None:
         """Remember the counters after ``outcome``; ``base`` maps store time to cache time."""

@@ -10,10 +10,13 @@ release (one round trip) other requests see the reserved hits and may be rejecte
 the request that held them is finally refused - never over-admitted. If the release
 itself fails, the reserved hits stay charged until their window ends.
 
-With ``?leases=on`` the exact call of a plan in one slot group may also reserve a lease
-block for this process (core/lease.py states the rule); the plan's next requests are then
-admitted here from it, with no Redis call. Unused blocks go back when they expire (at the
-plan's next request, or at the sweep every LEASE_TTL) and on close.
+With leases (on by default; ``?leases=off``) the exact call of a plan in one slot group may
+also reserve a lease block for this process (core/lease.py states the rule); the plan's
+next requests are then admitted here from it, with no Redis call. Unused blocks go back
+when they expire (at the plan's next request, or at the sweep every LEASE_TTL) and on
+close. A refusal the over-limit cache answers here owes its forced counters' hits
+(charge_when_over_limit): they are counted at the sweep, before the plan's next script
+call, and on close (core/owed.py).
 """
 
 import asyncio
@@ -21,19 +24,20 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
+from redis.crc import key_slot
 
-from fairlimit.core import lease
+from fairlimit.core import lease, owed
 from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport, FairnessFigures
-from fairlimit.core.plan import Plan
+from fairlimit.core.plan import Counter, Plan
 from fairlimit.core.reserve import Settle, Settled, Usage, own_counter
 from fairlimit.core.sharing import DIVISION_FIELDS
 from fairlimit.core.units import Algorithm, bounds
@@ -136,6 +140,9 @@ class RedisStore:
                 max_block=options.lease_max,
             )
         )
+        self._owed = owed.Owed() if leasing else None  # refused hits on their way
+        self._offset = 0.0  # the store's clock minus the consumer's, at the last script call
+        self._last = 0.0  # the consumer's clock at the last request (the caller's, to close)
         self._refills: dict[tuple[str, ...], asyncio.Future[None]] = {}  # block calls out
         self._sweep_at = -math.inf  # when expired blocks are next given back
         self._sweeping: asyncio.Future[None] | None = None  # a give-back out
@@ -154,42 +161,91 @@ class RedisStore:
         return self._options.clock == "caller"
 
     async def admit(self, plan: Plan, now: float) -> Outcome:
-        base = self._base(now)
+        base = self._last = self._base(now)
         shape = None
-        if self._leases is not None and not plan.reserve and lease.eligible(plan):
-            shape = lease.shape(plan)  # a block first: the over-limit cache may predate it
-            local = await self._from_block(plan, shape, now, base)
-            if local is not None:
-                return local
-            base = self._base(now)
+        if self._leases is not None:
+            if not plan.reserve and lease.eligible(plan):
+                shape = lease.shape(plan)  # a block first: the over-limit cache may predate it
+                local = await self._from_block(plan, shape, now, base)
+                if local is not None:
+                    return local
+                base = self._base(now)
             await self._sweep(base)
-        local = self._known.answer(plan, base)
+        owing = self._owed if not plan.reserve else None
+        local = self._known.answer(plan, base, travel=owing is not None)
         if local is not None:
+            if owing is not None and any(c.force for c in plan.counters):
+                owing.add(plan, base + self._offset)  # its forced counters' hits, later
+                self._known.charge(plan)
+                assert self._leases is not None
+                self._leases.note(plan, shape or lease.shape(plan), base)
             return local
-        with unavailable():
-            combined = await self._admit(plan, repr(now) if self._caller_clock else "", shape, base)
+        if owing is not None and owing.debts:
+            at = base + self._offset
+            await self._aside(self._pay(owing.take(at, plan), at))  # counted before it
+        combined = await self._exact(plan, now, shape, base)
+        if self._leases is not None:
+            self._leases.note(plan, shape or lease.shape(plan), base)
+        if combined.outcome.now is not None:
+            self._offset = combined.outcome.now - base
         self._known.learn(plan, combined.outcome, combined, base)
         if combined.rolled:
             self._register(combined.rolled)
         return combined.outcome
 
+    async def _exact(self, plan: Plan, now: float, shape: tuple[str, ...] | None, base: float
+                     ) -> _Combined:  # fmt: skip
+        """The script call of ``plan``: for the hits its block of ``shape`` cannot cover,
+        when it holds some still (core/lease.Leases.rest)."""
+        at = repr(now) if self._caller_clock else ""
+        rest = None
+        if self._leases is not None:
+            # unused hits of blocks of this plan's levels must not count against it: a
+            # block that went stale, and those of other shapes
+            key = shape or lease.shape(plan)
+            stale = self._leases.stale(key)
+            back = self._leases.others(plan, key) + ([stale] if stale is not None else [])
+            if back:
+                await self._aside(self._give_back(back))
+        if shape is not None:
+            assert self._leases is not None
+            rest = self._leases.rest(plan, shape, base)
+        if rest is None:
+            with unavailable():
+                return await self._admit(plan, at, shape, base)
+        assert self._leases is not None and shape is not None
+        block, hits = rest
+        charged = False
+        try:
+            with unavailable():
+                combined = await self._admit(lease.smaller(plan, hits), at, shape, base)
+            # refused, a forced counter (charge_when_over_limit) counts the block's hits
+            # as the refusal's: the exact path would have charged them there
+            charged = combined.outcome.admitted or any(c.force for c in plan.counters)
+        finally:
+            if not charged and not self._leases.restore(shape, block, hits):
+                await self._aside(self._give_back([block]))
+        combined.outcome = lease.mine(combined.outcome, hits)
+        return combined
+
     async def _sweep(self, base: float) -> None:
-        """Give back the expired blocks' unused hits, every LEASE_TTL; a request that comes
-        while that is out waits for it (else it could be refused for hits on their way
-        back, and its refusal cached)."""
+        """Give back the expired blocks' unused hits and count the refused hits owed, every
+        LEASE_TTL; a request that comes while that is out waits for it (else it could be
+        refused for hits on their way back, and its refusal cached)."""
         if self._sweeping is not None:
             await asyncio.shield(self._sweeping)
             return
         if base < self._sweep_at:
             return
-        assert self._leases is not None
+        assert self._leases is not None and self._owed is not None
         self._sweep_at = base + lease.LEASE_TTL
         expired = self._leases.expired(base)
-        if not expired:
+        debts = self._owed.take(base + self._offset)
+        if not expired and not debts:
             return
         done = self._sweeping = asyncio.get_running_loop().create_future()
         try:
-            await self._give_back(expired)
+            await self._aside(self._give_back(expired), self._pay(debts, base + self._offset))
         finally:
             self._sweeping = None
             done.set_result(None)
@@ -264,7 +320,7 @@ class RedisStore:
                 ref = _Granted(plan, g, repr(seen.now))
                 old = self._leases.keep(plan, shape, combined.outcome, seen.block, ref, base)
                 if old is not None:
-                    await self._give_back([old])
+                    await self._aside(self._give_back([old]))
         finally:
             if taking:
                 self._refills.pop(shape).set_result(None)
@@ -282,6 +338,40 @@ class RedisStore:
         await self._undo(undo, "an unused lease block was not given back")
         for plan, _, _, _ in undo:
             self._known.forget(plan)  # the counts it showed are lower now
+
+    async def _aside(self, *calls: Awaitable[None]) -> None:
+        """Blocks given back and refused hits counted, on a request's way, within the
+        store's own ``timeout`` rather than the request's deadline: a stalled Redis must
+        not hold the request (and those waiting on a sweep) past theirs, so that the
+        failure mode still answers them (best effort, as each call is)."""
+        try:
+            async with asyncio.timeout(self._options.timeout):
+                await asyncio.gather(*calls)
+        except TimeoutError:
+            log.warning("redis: lease blocks not given back or refused hits not counted in time")
+
+    async def _pay(self, debts: Sequence[owed.Debt], at: float) -> None:
+        """Count the refused hits of ``debts`` (of windows current at ``at``, store clock)
+        at their counters, one release.lua call per slot (its hits negative: added; best
+        effort, as a give-back)."""
+        if not debts:
+            return
+        counters: list[Counter] = []
+        by_slot: dict[int, SlotGroup] = {}
+        prefix = self._options.key_prefix
+        for debt in debts:
+            c = debt.counter
+            (g,) = [g for g in slot_groups(debt.plan, prefix, self._cluster)
+                    if debt.index in g.counters]  # fmt: skip
+            name = g.counter_keys[g.counters.index(debt.index)]
+            group = by_slot.setdefault(key_slot(name.encode()) if self._cluster else 0,
+                                       SlotGroup())  # fmt: skip
+            group.counters.append(len(counters))
+            group.counter_keys.append(name)
+            counters.append(Counter(c.key, c.limit, c.window, -debt.hits, False, False, c.shape))
+        plan = Plan((), tuple(counters), ())
+        undo = [(plan, g, repr(at), None) for g in by_slot.values()]
+        await self._undo(undo, "refused hits were not counted")
 
     async def _run(
         self, plan: Plan, g: SlotGroup, now: str, lease_ask: tuple[str, int] = ("", 0)
@@ -378,13 +468,18 @@ class RedisStore:
     async def _undo(self, undo: Sequence[tuple[Plan, SlotGroup, str, int | None]], failed: str
                     ) -> None:  # fmt: skip
         """release.lua for each (plan, slot group, the clock it was charged at, the unused
-        hits of a lease block or None for a whole reservation), at once; a call that fails
-        is logged as ``failed`` (best effort)."""
+        hits of a lease block or None for a whole reservation): one call per slot, each
+        undo a segment of it, the calls at once; a call that fails is logged as ``failed``
+        (best effort)."""
+        by_slot: dict[int, tuple[list[str], list[str | int]]] = {}
+        for plan, g, at, block in undo:
+            keys = script.keys(RELEASE, g)
+            slot = key_slot(keys[0].encode()) if self._cluster and keys else 0
+            into = by_slot.setdefault(slot, ([], []))
+            into[0].extend(keys)
+            into[1].extend(script.release_args(plan, g, at, block))
         release = self._scripts.release
-        calls = [
-            self._call(release, script.keys(RELEASE, g), script.release_args(plan, g, at, block))
-            for plan, g, at, block in undo
-        ]
+        calls = [self._call(release, keys, args) for keys, args in by_slot.values()]
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, BaseException):
                 log.warning("redis: %s: %s", failed, result)
@@ -451,9 +546,11 @@ class RedisStore:
                 await self._client.ping()
 
     async def close(self) -> None:
-        if self._leases is not None:
+        if self._leases is not None and self._owed is not None:
             try:
                 async with asyncio.timeout(max(self._options.timeout, 1.0)):
+                    at = (self._last if self._caller_clock else time.monotonic()) + self._offset
+                    await self._pay(self._owed.take(at), at)
                     await self._give_back(self._leases.unused())
             except TimeoutError:
                 log.warning("redis: unused lease blocks not given back in time")

@@ -11,7 +11,9 @@
 -- ARGV  per cap: period window
 -- ARGV  per share: cap_index client hits
 -- KEYS are the counter keys, then each cap's keys; ARGV is the head, then for counters,
--- caps and shares in turn: their number, then that many rows.
+-- caps and shares in turn: their number, then that many rows. Several such segments may
+-- follow one another (KEYS and ARGV each in turn): a sweep gives back many blocks, and
+-- counts refused hits owed, in one call per slot (core/lease.py).
 --
 -- now is the clock the admit script replied with, so the windows and the period are the
 -- ones it charged; a count is decremented only while that window (or period) is still the
@@ -39,10 +41,8 @@ local function add(key, field, by)
   if held then redis.call('HSET', key, field, fmt(tonumber(held) + by)) end
 end
 
-local now = tonumber(ARGV[1])
-local demand = ARGV[2] == '1'
-local a = 3
-local n = tonumber(ARGV[a])
+local now, demand  -- the segment's
+local a, k = 1, 0  -- the segment's first ARGV; the KEYS of the segments before it
 -- The start of the window that holds now: epoch-aligned, or of the calendar boundaries.
 local function start_of(w, kind, extra)
   if kind ~= 'c' then return math.floor(now / w) * w end
@@ -69,36 +69,43 @@ local function unmeter(key, w, hits, kind, extra)
   end
 end
 
-for i = 1, n do
-  local w, hits = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local kind, extra = ARGV[a + 3], ARGV[a + 4]
-  if hits ~= 0 and (kind == 's' or kind == 'g') then
-    unmeter(KEYS[i], w, hits, kind, extra)
-  elseif hits ~= 0 and redis.call('HGET', KEYS[i], 's') == whole(start_of(w, kind, extra)) then
-    redis.call('HINCRBY', KEYS[i], 'n', -hits)
+while ARGV[a] do
+  now, demand = tonumber(ARGV[a]), ARGV[a + 1] == '1'
+  a = a + 2
+  local n = tonumber(ARGV[a])
+  for i = 1, n do
+    local w, hits = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    local kind, extra = ARGV[a + 3], ARGV[a + 4]
+    if hits ~= 0 and (kind == 's' or kind == 'g') then
+      unmeter(KEYS[k + i], w, hits, kind, extra)
+    elseif hits ~= 0 and redis.call('HGET', KEYS[k + i], 's') == whole(start_of(w, kind, extra)) then
+      redis.call('HINCRBY', KEYS[k + i], 'n', -hits)
+    end
+    a = a + COUNTER_ARGS
   end
-  a = a + COUNTER_ARGS
-end
-a = a + 1
-local caps = {}
-for j = 1, tonumber(ARGV[a]) do
-  local period, w = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  caps[j] = {rows = KEYS[n + j], p = math.floor(now / period), ws = math.floor(now / w) * w}
-  a = a + CAP_ARGS
-end
-a = a + 1
-for _ = 1, tonumber(ARGV[a]) do
-  local cap, client, hits = caps[tonumber(ARGV[a + 1])], ARGV[a + 2], tonumber(ARGV[a + 3])
-  local held = redis.call('HMGET', cap.rows, ROW_FIELD.window .. ':' .. client,
-    ROW_FIELD.period .. ':' .. client)
-  if hits ~= 0 and tonumber(held[1] or '') == cap.ws then
-    add(cap.rows, ROW_FIELD.admitted .. ':' .. client, -hits)
-    if demand then add(cap.rows, ROW_FIELD.asked .. ':' .. client, -hits) end
+  a = a + 1
+  local caps, m = {}, tonumber(ARGV[a])
+  for j = 1, m do
+    local period, w = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    caps[j] = {rows = KEYS[k + n + j], p = math.floor(now / period), ws = math.floor(now / w) * w}
+    a = a + CAP_ARGS
   end
-  if hits ~= 0 and tonumber(held[2] or '') == cap.p then
-    add(cap.rows, ROW_FIELD.period_admitted .. ':' .. client, -hits)
-    if demand then add(cap.rows, ROW_FIELD.period_asked .. ':' .. client, -hits) end
+  a = a + 1
+  for _ = 1, tonumber(ARGV[a]) do
+    local cap, client, hits = caps[tonumber(ARGV[a + 1])], ARGV[a + 2], tonumber(ARGV[a + 3])
+    local held = redis.call('HMGET', cap.rows, ROW_FIELD.window .. ':' .. client,
+      ROW_FIELD.period .. ':' .. client)
+    if hits ~= 0 and tonumber(held[1] or '') == cap.ws then
+      add(cap.rows, ROW_FIELD.admitted .. ':' .. client, -hits)
+      if demand then add(cap.rows, ROW_FIELD.asked .. ':' .. client, -hits) end
+    end
+    if hits ~= 0 and tonumber(held[2] or '') == cap.p then
+      add(cap.rows, ROW_FIELD.period_admitted .. ':' .. client, -hits)
+      if demand then add(cap.rows, ROW_FIELD.period_asked .. ':' .. client, -hits) end
+    end
+    a = a + SHARE_ARGS
   end
-  a = a + SHARE_ARGS
+  a = a + 1
+  k = k + n + m * CAP_KEYS
 end
 return 1
