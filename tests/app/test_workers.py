@@ -98,7 +98,10 @@ class TestWorkers:
             client.flushall()
         config = tmp_path / "edge.yaml"
         config.write_text(CONFIG)
-        url = redis_server.url + "?timeout=0.5"
+        # the exact path: with lease blocks (the default) a block one worker holds counts as
+        # used for the other until it is used or expires, so a refusal may come a hit early
+        # (docs/redis.md); the order asserted below is the exact path's
+        url = redis_server.url + "?timeout=0.5&leases=off"
         server = ServerProcess(["--config", str(config), "--backend", url, "--workers", "2"])
         channels: list[grpc.Channel] = []
         try:
