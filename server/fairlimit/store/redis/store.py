@@ -36,10 +36,9 @@ from redis.crc import key_slot
 from fairlimit.core import lease, owed
 from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
-from fairlimit.core.fairshare import CapReport, FairnessFigures
+from fairlimit.core.fairshare import CapReport
 from fairlimit.core.plan import Counter, Plan
 from fairlimit.core.reserve import Settle, Settled, Usage, own_counter
-from fairlimit.core.sharing import DIVISION_FIELDS
 from fairlimit.core.units import Algorithm, bounds
 from fairlimit.errors import ReservationOpen, StoreUnavailable
 from fairlimit.store import deadline
@@ -48,6 +47,7 @@ from fairlimit.store.redis.batch import ScriptBatcher
 from fairlimit.store.redis.client import Options, unavailable
 from fairlimit.store.redis.keys import SlotGroup, slot_groups
 from fairlimit.store.redis.overlimit_cache import OverLimitCache
+from fairlimit.store.redis.registry import CapRegistry
 from fairlimit.store.redis.script import (
     ADMIT,
     NEED_LEVEL,
@@ -61,7 +61,6 @@ from fairlimit.store.redis.slots import RedisSlots, clock_base
 log = logging.getLogger(__name__)
 
 _ATTEMPTS = 3  # a division due, one a request forces, then no more locking
-_REGISTRY_TTL = 86400
 
 
 @dataclass(slots=True)
@@ -146,12 +145,9 @@ class RedisStore:
         self._refills: dict[tuple[str, ...], asyncio.Future[None]] = {}  # block calls out
         self._sweep_at = -math.inf  # when expired blocks are next given back
         self._sweeping: asyncio.Future[None] | None = None  # a give-back out
-        self._registry = f"{options.key_prefix}caps"
-        self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips = 0  # script calls made (tests, the README's numbers)
         self._slots = RedisSlots(client, options.key_prefix, cluster, self._call)
-        self._demand = client.register_script(script.source("demand"))
-        self._demand_key = f"{options.key_prefix}rlqs-demand"
+        self._registry = CapRegistry(client, options.key_prefix, options.timeout)
         self._background = division.Background(
             client, self._hand_in, self._prune, max(options.timeout, 1.0)
         )
@@ -190,7 +186,7 @@ class RedisStore:
             self._offset = combined.outcome.now - base
         self._known.learn(plan, combined.outcome, combined, base)
         if combined.rolled:
-            self._register(combined.rolled)
+            self._registry.register(combined.rolled)
         return combined.outcome
 
     async def _exact(self, plan: Plan, now: float, shape: tuple[str, ...] | None, base: float
@@ -498,47 +494,14 @@ class RedisStore:
                 return await self._batch.call(lua, keys, args)
             return await lua(keys=keys, args=args)
 
-    def _register(self, metas: Sequence[str]) -> None:
-        """Add caps to the registry that caps() reads (in the background, when a cap's
-        division is written)."""
-
-        async def register() -> None:
-            try:
-                with unavailable():
-                    async with self._client.pipeline(transaction=False) as pipe:
-                        pipe.sadd(self._registry, *metas)
-                        pipe.expire(self._registry, _REGISTRY_TTL)
-                        await pipe.execute()
-            except StoreUnavailable as exc:
-                log.debug("cap registry not updated: %s", exc)
-
-        task = asyncio.get_running_loop().create_task(register())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def exchange_demand(
         self, consumer: str, report: str, now: float, ttl: float
     ) -> Mapping[str, str]:
         at = repr(now) if self._caller_clock else ""
-        with unavailable():
-            async with asyncio.timeout(max(self._options.timeout, 1.0)):
-                flat = await self._demand(keys=[self._demand_key],
-                                          args=[at, consumer, repr(ttl), report])  # fmt: skip
-        return {str(k): str(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
+        return await self._registry.exchange_demand(consumer, report, at, ttl)
 
     async def caps(self) -> Mapping[str, CapReport]:
-        with unavailable():
-            async with asyncio.timeout(max(self._options.timeout, 1.0)):
-                metas = sorted(await self._client.smembers(self._registry))
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for meta in metas:
-                        pipe.hgetall(meta)
-                    states = await pipe.execute() if metas else []
-                gone = [m for m, state in zip(metas, states, strict=True) if not state]
-                if gone:
-                    await self._client.srem(self._registry, *gone)
-        reports = (_report(state) for state in states if state)
-        return {report.cap: report for report in reports}
+        return await self._registry.caps()
 
     async def ping(self) -> None:
         with unavailable():
@@ -555,12 +518,7 @@ class RedisStore:
             except TimeoutError:
                 log.warning("redis: unused lease blocks not given back in time")
         await self._background.close()
-        pending = list(self._tasks)
-        for task in pending:
-            task.cancel()
-        # waited for, so that a cancelled registry write hands its connection back before
-        # the pool closes
-        await asyncio.gather(*pending, return_exceptions=True)
+        await self._registry.close()
         if self._batch is not None:
             self._batch.close()
         try:
@@ -568,13 +526,3 @@ class RedisStore:
                 await self._client.aclose()
         except StoreUnavailable as exc:
             log.debug("close: %s", exc)
-
-
-def _report(state: Mapping[str, str]) -> CapReport:
-    cold = state.get(DIVISION_FIELDS["cold"], "1") != "0"
-    level = None if cold else float(state[DIVISION_FIELDS["level"]])
-    figures = None
-    if "f_u" in state:
-        u, a, lv, j, t, s = (float(state[f]) for f in script.FIGURES)
-        figures = FairnessFigures(u, int(a), lv, j, t, int(s))
-    return CapReport(state.get("cap", ""), level, int(state.get("declared", 0)), figures)
