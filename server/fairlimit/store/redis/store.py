@@ -42,9 +42,10 @@ from fairlimit.core.reserve import Settle, Settled, Usage, own_counter
 from fairlimit.core.units import Algorithm, bounds
 from fairlimit.errors import ReservationOpen, StoreUnavailable
 from fairlimit.store import deadline
-from fairlimit.store.redis import division, reservations, script
+from fairlimit.store.redis import reservations, script
 from fairlimit.store.redis.batch import ScriptBatcher
 from fairlimit.store.redis.client import Options, unavailable
+from fairlimit.store.redis.divisions import Divisions
 from fairlimit.store.redis.keys import SlotGroup, slot_groups
 from fairlimit.store.redis.overlimit_cache import OverLimitCache
 from fairlimit.store.redis.registry import CapRegistry
@@ -148,9 +149,7 @@ class RedisStore:
         self.round_trips = 0  # script calls made (tests, the README's numbers)
         self._slots = RedisSlots(client, options.key_prefix, cluster, self._call)
         self._registry = CapRegistry(client, options.key_prefix, options.timeout)
-        self._background = division.Background(
-            client, self._hand_in, self._prune, max(options.timeout, 1.0)
-        )
+        self._divisions = Divisions(client, options, self._scripts, self._call)
 
     @property
     def _caller_clock(self) -> bool:
@@ -384,38 +383,8 @@ class RedisStore:
                 raise ReservationOpen("a reservation's request id is still open")
             if int(reply[0]) != NEED_LEVEL:
                 return script.seen(reply)
-            given.update(await self._divisions(plan, g, reply))
+            given.update(await self._divisions.given(plan, g, reply))
         raise StoreUnavailable("redis: the admission script kept asking for a division")
-
-    async def _divisions(
-        self, plan: Plan, g: SlotGroup, reply: Sequence[Any]
-    ) -> dict[str, GivenDivision]:
-        """The divisions a hand-back asks for that are made inline; those of large caps are
-        left to the background (the next call finds their lock held: the division in force
-        decides)."""
-        now, backs = division.hand_backs(reply)
-        given: dict[str, GivenDivision] = {}
-        for back in backs:
-            share = plan.shares[g.cap_share[back.index]]
-            if not division.inline(back, self._options.inline_rows, not self._caller_clock):
-                self._background.want(plan, g, now, back)
-                continue
-            key = g.cap_keys[back.index]["rows"]
-            timeout = deadline.timeout(self._options.timeout)
-            rows = await division.read_rows(self._client, key, timeout)
-            self._background.drop(key, *division.stale(share, rows, now))
-            given[g.caps[back.index]] = division.divide(share, rows, now, back)
-        return given
-
-    async def _prune(self, keys: list[str], args: list[str | int]) -> None:
-        """prune.lua (not a request's call: not batched, not counted in round_trips)."""
-        await self._scripts.prune(keys=keys, args=args)
-
-    async def _hand_in(self, plan: Plan, g: SlotGroup, given: dict[str, GivenDivision]) -> None:
-        """A division made in the background handed in: the admit script with the cap alone."""
-        lock = (False, self._options.lock_ms)
-        await self._call(self._scripts.admit, script.keys(ADMIT, g),
-                         script.admit_args(plan, g, "", lock, given))  # fmt: skip
 
     async def settle(self, plan: Plan, settle: Settle, now: float) -> Settled:
         own = own_counter(plan, 0)
@@ -517,7 +486,7 @@ class RedisStore:
                     await self._give_back(self._leases.unused())
             except TimeoutError:
                 log.warning("redis: unused lease blocks not given back in time")
-        await self._background.close()
+        await self._divisions.close()
         await self._registry.close()
         if self._batch is not None:
             self._batch.close()
