@@ -905,8 +905,8 @@ class TestUrls:
         """Leases by default (issue 41); ``?leases=off`` is the exact path."""
         assert parse_url("redis://h").options.leases == "on"
         assert parse_url("redis://h/?leases=off").options.leases == "off"
-        assert open_store("redis://h")._leases is not None  # type: ignore[attr-defined]
-        assert open_store("redis://h/?leases=off")._leases is None  # type: ignore[attr-defined]
+        assert open_store("redis://h")._leasing is not None  # type: ignore[attr-defined]
+        assert open_store("redis://h/?leases=off")._leasing is None  # type: ignore[attr-defined]
 
     def test_sentinel_names_its_service(self) -> None:
         url = parse_url("redis+sentinel://:secret@s1,s2:26380/mymaster?db=2")

@@ -160,7 +160,7 @@ class TestBackgroundDivision:
             trips = store.round_trips
             assert (await store.admit(plan, 0.0)).admitted
             async with asyncio.timeout(OUTLAST):
-                while store._background.made == 0:
+                while store._divisions.background.made == 0:
                     await asyncio.sleep(0.01)
             # the hand-back, the request decided, and the division handed in
             assert store.round_trips == trips + 3
@@ -190,7 +190,7 @@ class TestBackgroundDivision:
             assert store.round_trips == trips + 2
             with redis_server.client() as client:
                 assert int(client.hget(meta, "e") or -1) >= first
-            assert store._background.made == 0
+            assert store._divisions.background.made == 0
         finally:
             await store.close()
 

@@ -19,6 +19,7 @@ from fairlimit.limiter import Limiter
 from fairlimit.store.base import Store
 from fairlimit.store.memory import MemoryStore
 from fairlimit.store.redis.keys import slot_groups
+from fairlimit.store.redis.leasing import Leasing
 from fairlimit.store.redis.store import RedisStore
 from helpers import FakeClock, desc, load_text, req
 from redis_servers import RedisProcess, StoreFactory, suite_url
@@ -260,10 +261,14 @@ def _store(limiter: Limiter) -> RedisStore:
     return limiter.store
 
 
-def _leases(limiter: Limiter) -> lease.Leases:
-    found = _store(limiter)._leases
+def _leasing(limiter: Limiter) -> Leasing:
+    found = _store(limiter)._leasing
     assert found is not None
     return found
+
+
+def _leases(limiter: Limiter) -> lease.Leases:
+    return _leasing(limiter).leases
 
 
 async def _close(limiters: list[Limiter]) -> None:
@@ -850,8 +855,8 @@ class TestRefusedHitsCharged:
             for _ in range(130):
                 await limiter.should_rate_limit(_upstream_request())  # type: ignore[arg-type]
                 clock.advance(0.001)
-            owed = _store(limiter)._owed
-            assert owed is not None and sum(d.hits for d in owed.debts.values()) > 0
+            owed = _leasing(limiter).owed
+            assert sum(d.hits for d in owed.debts.values()) > 0
         finally:
             await limiter.store.close()
         assert _counter(redis_server, limiter, "drain:", 0) == 130
@@ -896,8 +901,8 @@ class TestRefusedHitsCharged:
             for _ in range(120):
                 await leasing.should_rate_limit(_upstream_request())  # type: ignore[arg-type]
                 clock.advance(0.001)
-            owed = _store(leasing)._owed
-            assert owed is not None and owed.debts
+            owed = _leasing(leasing).owed
+            assert owed.debts
             clock.t = start + 1.0
             for limiter in (other, leasing):
                 decision = await limiter.should_rate_limit(_upstream_request())  # type: ignore[arg-type]

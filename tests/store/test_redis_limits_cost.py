@@ -189,7 +189,7 @@ class Cost:
 async def _settled(store: RedisStore) -> None:
     """Let the background cap-registry write of a request that made a division finish (it
     would be counted with the requests after it otherwise)."""
-    await asyncio.gather(*getattr(store, "_tasks", ()), return_exceptions=True)
+    await asyncio.gather(*store._registry.tasks, return_exceptions=True)
 
 
 async def measure(

@@ -10,22 +10,16 @@ release (one round trip) other requests see the reserved hits and may be rejecte
 the request that held them is finally refused - never over-admitted. If the release
 itself fails, the reserved hits stay charged until their window ends.
 
-With leases (on by default; ``?leases=off``) the exact call of a plan in one slot group may
-also reserve a lease block for this process (core/lease.py states the rule); the plan's
-next requests are then admitted here from it, with no Redis call. Unused blocks go back
-when they expire (at the plan's next request, or at the sweep every LEASE_TTL) and on
-close. A refusal the over-limit cache answers here owes its forced counters' hits
-(charge_when_over_limit): they are counted at the sweep, before the plan's next script
-call, and on close (core/owed.py).
+With leases (on by default; ``?leases=off``) a plan's requests may be admitted here from a
+lease block, and the refused hits the over-limit cache answers go to Redis later (both in
+leasing.py). The divisions a call hands back are made by divisions.py; the caps divided are
+listed by registry.py.
 """
 
 import asyncio
 import logging
 import math
-import time
-import uuid
-from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -33,21 +27,24 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 
-from fairlimit.core import lease, owed
+from fairlimit.core import lease
 from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
-from fairlimit.core.fairshare import CapReport, FairnessFigures
-from fairlimit.core.plan import Counter, Plan
+from fairlimit.core.fairshare import CapReport
+from fairlimit.core.plan import Plan
 from fairlimit.core.reserve import Settle, Settled, Usage, own_counter
-from fairlimit.core.sharing import DIVISION_FIELDS
 from fairlimit.core.units import Algorithm, bounds
 from fairlimit.errors import ReservationOpen, StoreUnavailable
 from fairlimit.store import deadline
-from fairlimit.store.redis import division, reservations, script
+from fairlimit.store.redis import reservations, script
 from fairlimit.store.redis.batch import ScriptBatcher
 from fairlimit.store.redis.client import Options, unavailable
+from fairlimit.store.redis.divisions import Divisions
 from fairlimit.store.redis.keys import SlotGroup, slot_groups
+from fairlimit.store.redis.leasing import Leasing
 from fairlimit.store.redis.overlimit_cache import OverLimitCache
+from fairlimit.store.redis.registry import CapRegistry
+from fairlimit.store.redis.replies import Combined, combine
 from fairlimit.store.redis.script import (
     ADMIT,
     NEED_LEVEL,
@@ -61,51 +58,6 @@ from fairlimit.store.redis.slots import RedisSlots, clock_base
 log = logging.getLogger(__name__)
 
 _ATTEMPTS = 3  # a division due, one a request forces, then no more locking
-_REGISTRY_TTL = 86400
-
-
-@dataclass(slots=True)
-class _Combined:
-    """A plan's replies put together: the outcome and what the cache and registry need."""
-
-    outcome: Outcome
-    counter_left: list[float]  # seconds until each counter's window ends (store clock)
-    rolled: list[str]  # meta keys of caps whose division was written
-
-
-@dataclass(frozen=True, slots=True)
-class _Granted:
-    """What a lease block needs to be given back: the plan, its keys, the grant's clock."""
-
-    plan: Plan
-    group: SlotGroup
-    at: str
-
-
-def _combine(
-    plan: Plan, groups: Sequence[SlotGroup], seen: Sequence[Seen], admitted: bool
-) -> _Combined:
-    n, k = len(plan.counters), len(plan.shares)
-    counts, counter_left, full_at = [0] * n, [0.0] * n, [0.0] * n
-    shared, claimed = [0] * k, [0.0] * k
-    rolled: list[str] = []
-    for g, s in zip(groups, seen, strict=True):
-        for pos, i in enumerate(g.counters):
-            c = plan.counters[i]
-            counts[i] = s.counts[pos]
-            # a charge is taken back (release.lua) when another group refused the request
-            full_at[i] = (s.full_at if admitted or c.force else s.full_before)[pos]
-            # a sliding or GCRA count falls with time alone: the over-limit cache keeps none
-            if c.shape is None or c.shape.algorithm is Algorithm.FIXED:
-                counter_left[i] = bounds(c.window, c.shape, s.now)[1] - s.now
-        for pos, i in enumerate(g.shares):
-            shared[i], claimed[i] = s.shared[pos], s.bounds[pos]
-        rolled.extend(g.cap_keys[j]["meta"] for j in s.rolled)
-    clock = seen[0].now if seen else None  # Redis TIME: resets agree across replicas
-    outcome = Outcome(admitted, tuple(counts), tuple(shared), tuple(claimed), clock)
-    if any(c.shape is not None for c in plan.counters):
-        outcome.full_at = tuple(full_at)
-    return _Combined(outcome, counter_left, rolled)
 
 
 class RedisStore:
@@ -129,31 +81,14 @@ class RedisStore:
         self._known = OverLimitCache(
             options.local_cache, 2 * lease.LEASE_TTL if leasing else math.inf
         )
-        # On a Cluster, leases serve the plans whose keys sit in one slot (a descriptor's
-        # do); a request across slots keeps the exact two-phase path.
-        self._leases = (
-            None
-            if not leasing
-            else lease.Leases(
-                uuid.uuid4().hex[:12],
-                margin=0.0 if options.clock == "caller" else lease.MARGIN,
-                max_block=options.lease_max,
-            )
-        )
-        self._owed = owed.Owed() if leasing else None  # refused hits on their way
-        self._offset = 0.0  # the store's clock minus the consumer's, at the last script call
-        self._last = 0.0  # the consumer's clock at the last request (the caller's, to close)
-        self._refills: dict[tuple[str, ...], asyncio.Future[None]] = {}  # block calls out
-        self._sweep_at = -math.inf  # when expired blocks are next given back
-        self._sweeping: asyncio.Future[None] | None = None  # a give-back out
-        self._registry = f"{options.key_prefix}caps"
-        self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips = 0  # script calls made (tests, the README's numbers)
         self._slots = RedisSlots(client, options.key_prefix, cluster, self._call)
-        self._demand = client.register_script(script.source("demand"))
-        self._demand_key = f"{options.key_prefix}rlqs-demand"
-        self._background = division.Background(
-            client, self._hand_in, self._prune, max(options.timeout, 1.0)
+        self._registry = CapRegistry(client, options.key_prefix, options.timeout)
+        self._divisions = Divisions(client, options, self._scripts, self._call)
+        self._leasing = (
+            Leasing(options, cluster, self._known, self._run, self._admit, self._undo)
+            if leasing
+            else None
         )
 
     @property
@@ -161,113 +96,32 @@ class RedisStore:
         return self._options.clock == "caller"
 
     async def admit(self, plan: Plan, now: float) -> Outcome:
-        base = self._last = self._base(now)
-        shape = None
-        if self._leases is not None:
-            if not plan.reserve and lease.eligible(plan):
-                shape = lease.shape(plan)  # a block first: the over-limit cache may predate it
-                local = await self._from_block(plan, shape, now, base)
-                if local is not None:
-                    return local
-                base = self._base(now)
-            await self._sweep(base)
-        owing = self._owed if not plan.reserve else None
+        base = clock_base(self._caller_clock, now)
+        leasing, shape = self._leasing, None
+        if leasing is not None:
+            leasing.last = base
+            local, shape, base = await leasing.first(plan, now, base)
+            if local is not None:
+                return local
+        owing = leasing if not plan.reserve else None
         local = self._known.answer(plan, base, travel=owing is not None)
         if local is not None:
-            if owing is not None and any(c.force for c in plan.counters):
-                owing.add(plan, base + self._offset)  # its forced counters' hits, later
-                self._known.charge(plan)
-                assert self._leases is not None
-                self._leases.note(plan, shape or lease.shape(plan), base)
+            if owing is not None:
+                owing.refused(plan, shape, base)
             return local
-        if owing is not None and owing.debts:
-            at = base + self._offset
-            await self._aside(self._pay(owing.take(at, plan), at))  # counted before it
-        combined = await self._exact(plan, now, shape, base)
-        if self._leases is not None:
-            self._leases.note(plan, shape or lease.shape(plan), base)
-        if combined.outcome.now is not None:
-            self._offset = combined.outcome.now - base
+        if owing is not None:
+            await owing.pay_before(plan, base)  # counted before it
+        at = repr(now) if self._caller_clock else ""
+        if leasing is None:
+            with unavailable():
+                combined = await self._admit(plan, at)
+        else:
+            combined = await leasing.exact(plan, at, shape, base)
+            leasing.called(plan, shape, base, combined.outcome.now)
         self._known.learn(plan, combined.outcome, combined, base)
         if combined.rolled:
-            self._register(combined.rolled)
+            self._registry.register(combined.rolled)
         return combined.outcome
-
-    async def _exact(self, plan: Plan, now: float, shape: tuple[str, ...] | None, base: float
-                     ) -> _Combined:  # fmt: skip
-        """The script call of ``plan``: for the hits its block of ``shape`` cannot cover,
-        when it holds some still (core/lease.Leases.rest)."""
-        at = repr(now) if self._caller_clock else ""
-        rest = None
-        if self._leases is not None:
-            # unused hits of blocks of this plan's levels must not count against it: a
-            # block that went stale, and those of other shapes
-            key = shape or lease.shape(plan)
-            stale = self._leases.stale(key)
-            back = self._leases.others(plan, key) + ([stale] if stale is not None else [])
-            if back:
-                await self._aside(self._give_back(back))
-        if shape is not None:
-            assert self._leases is not None
-            rest = self._leases.rest(plan, shape, base)
-        if rest is None:
-            with unavailable():
-                return await self._admit(plan, at, shape, base)
-        assert self._leases is not None and shape is not None
-        block, hits = rest
-        charged = False
-        try:
-            with unavailable():
-                combined = await self._admit(lease.smaller(plan, hits), at, shape, base)
-            # refused, a forced counter (charge_when_over_limit) counts the block's hits
-            # as the refusal's: the exact path would have charged them there
-            charged = combined.outcome.admitted or any(c.force for c in plan.counters)
-        finally:
-            if not charged and not self._leases.restore(shape, block, hits):
-                await self._aside(self._give_back([block]))
-        combined.outcome = lease.mine(combined.outcome, hits)
-        return combined
-
-    async def _sweep(self, base: float) -> None:
-        """Give back the expired blocks' unused hits and count the refused hits owed, every
-        LEASE_TTL; a request that comes while that is out waits for it (else it could be
-        refused for hits on their way back, and its refusal cached)."""
-        if self._sweeping is not None:
-            await asyncio.shield(self._sweeping)
-            return
-        if base < self._sweep_at:
-            return
-        assert self._leases is not None and self._owed is not None
-        self._sweep_at = base + lease.LEASE_TTL
-        expired = self._leases.expired(base)
-        debts = self._owed.take(base + self._offset)
-        if not expired and not debts:
-            return
-        done = self._sweeping = asyncio.get_running_loop().create_future()
-        try:
-            await self._aside(self._give_back(expired), self._pay(debts, base + self._offset))
-        finally:
-            self._sweeping = None
-            done.set_result(None)
-
-    def _base(self, now: float) -> float:
-        """The clock blocks expire by: the caller's when it is injected, else monotonic."""
-        return now if self._caller_clock else time.monotonic()
-
-    async def _from_block(self, plan: Plan, shape: tuple[str, ...], now: float, base: float
-                          ) -> Outcome | None:  # fmt: skip
-        """``plan`` admitted from this process's block of its shape; when a call that takes
-        a block for the shape is out, after it returns (one such call at a time: concurrent
-        requests each taking a block would reserve the levels many times over)."""
-        assert self._leases is not None
-        local = self._leases.take(plan, shape, base)
-        if local is not None:
-            return local
-        pending = self._refills.get(shape)
-        if pending is None:
-            return None
-        await asyncio.shield(pending)
-        return self._leases.take(plan, shape, self._base(now))
 
     async def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
         at = repr(now) if self._caller_clock else ""
@@ -280,13 +134,14 @@ class RedisStore:
 
     async def _admit(
         self, plan: Plan, now: str, shape: tuple[str, ...] | None = None, base: float = 0.0
-    ) -> _Combined:
+    ) -> Combined:
         groups = slot_groups(plan, self._options.key_prefix, self._cluster)
         if len(groups) == 1 and shape is not None:
-            return await self._leased(plan, groups[0], now, shape, base)
+            assert self._leasing is not None
+            return await self._leasing.leased(plan, groups[0], now, shape, base)
         if len(groups) == 1:
             only = await self._run(plan, groups[0], now)
-            return _combine(plan, groups, [only], only.admitted)
+            return combine(plan, groups, [only], only.admitted)
         results = await asyncio.gather(
             *(self._run(plan, g, now) for g in groups), return_exceptions=True
         )
@@ -301,77 +156,7 @@ class RedisStore:
                 await self._drop_records(plan, [g for g, _ in charged])
         if failed:
             raise failed[0]
-        return _combine(plan, groups, seen, admitted)
-
-    async def _leased(
-        self, plan: Plan, g: SlotGroup, now: str, shape: tuple[str, ...], base: float
-    ) -> _Combined:
-        """The exact call of a plan that may be leased, asking for a block of its shape
-        unless another call for the shape is out asking (core/lease.py)."""
-        assert self._leases is not None
-        taking = shape not in self._refills
-        if taking:
-            self._refills[shape] = asyncio.get_running_loop().create_future()
-        try:
-            want = self._leases.want(plan, shape, base) if taking else 0
-            seen = await self._run(plan, g, now, (self._leases.consumer, want))
-            combined = _combine(plan, [g], [seen], seen.admitted)
-            if seen.block > 0:
-                ref = _Granted(plan, g, repr(seen.now))
-                old = self._leases.keep(plan, shape, combined.outcome, seen.block, ref, base)
-                if old is not None:
-                    await self._aside(self._give_back([old]))
-        finally:
-            if taking:
-                self._refills.pop(shape).set_result(None)
-        return combined
-
-    async def _give_back(self, blocks: Sequence[lease.Block]) -> None:
-        """Return the unused hits of ``blocks`` to every level they were reserved at, demand
-        included (release.lua; best effort: a block not given back is under-admission until
-        its window ends)."""
-        undo: list[tuple[Plan, SlotGroup, str, int | None]] = []
-        for block in blocks:
-            ref = block.ref
-            assert isinstance(ref, _Granted)
-            undo.append((ref.plan, ref.group, ref.at, block.room))
-        await self._undo(undo, "an unused lease block was not given back")
-        for plan, _, _, _ in undo:
-            self._known.forget(plan)  # the counts it showed are lower now
-
-    async def _aside(self, *calls: Awaitable[None]) -> None:
-        """Blocks given back and refused hits counted, on a request's way, within the
-        store's own ``timeout`` rather than the request's deadline: a stalled Redis must
-        not hold the request (and those waiting on a sweep) past theirs, so that the
-        failure mode still answers them (best effort, as each call is)."""
-        try:
-            async with asyncio.timeout(self._options.timeout):
-                await asyncio.gather(*calls)
-        except TimeoutError:
-            log.warning("redis: lease blocks not given back or refused hits not counted in time")
-
-    async def _pay(self, debts: Sequence[owed.Debt], at: float) -> None:
-        """Count the refused hits of ``debts`` (of windows current at ``at``, store clock)
-        at their counters, one release.lua call per slot (its hits negative: added; best
-        effort, as a give-back)."""
-        if not debts:
-            return
-        counters: list[Counter] = []
-        by_slot: dict[int, SlotGroup] = {}
-        prefix = self._options.key_prefix
-        for debt in debts:
-            c = debt.counter
-            (g,) = [g for g in slot_groups(debt.plan, prefix, self._cluster)
-                    if debt.index in g.counters]  # fmt: skip
-            name = g.counter_keys[g.counters.index(debt.index)]
-            group = by_slot.setdefault(key_slot(name.encode()) if self._cluster else 0,
-                                       SlotGroup())  # fmt: skip
-            group.counters.append(len(counters))
-            group.counter_keys.append(name)
-            counters.append(Counter(c.key, c.limit, c.window, -debt.hits, False, False, c.shape))
-        plan = Plan((), tuple(counters), ())
-        undo = [(plan, g, repr(at), None) for g in by_slot.values()]
-        await self._undo(undo, "refused hits were not counted")
+        return combine(plan, groups, seen, admitted)
 
     async def _run(
         self, plan: Plan, g: SlotGroup, now: str, lease_ask: tuple[str, int] = ("", 0)
@@ -388,38 +173,8 @@ class RedisStore:
                 raise ReservationOpen("a reservation's request id is still open")
             if int(reply[0]) != NEED_LEVEL:
                 return script.seen(reply)
-            given.update(await self._divisions(plan, g, reply))
+            given.update(await self._divisions.given(plan, g, reply))
         raise StoreUnavailable("redis: the admission script kept asking for a division")
-
-    async def _divisions(
-        self, plan: Plan, g: SlotGroup, reply: Sequence[Any]
-    ) -> dict[str, GivenDivision]:
-        """The divisions a hand-back asks for that are made inline; those of large caps are
-        left to the background (the next call finds their lock held: the division in force
-        decides)."""
-        now, backs = division.hand_backs(reply)
-        given: dict[str, GivenDivision] = {}
-        for back in backs:
-            share = plan.shares[g.cap_share[back.index]]
-            if not division.inline(back, self._options.inline_rows, not self._caller_clock):
-                self._background.want(plan, g, now, back)
-                continue
-            key = g.cap_keys[back.index]["rows"]
-            timeout = deadline.timeout(self._options.timeout)
-            rows = await division.read_rows(self._client, key, timeout)
-            self._background.drop(key, *division.stale(share, rows, now))
-            given[g.caps[back.index]] = division.divide(share, rows, now, back)
-        return given
-
-    async def _prune(self, keys: list[str], args: list[str | int]) -> None:
-        """prune.lua (not a request's call: not batched, not counted in round_trips)."""
-        await self._scripts.prune(keys=keys, args=args)
-
-    async def _hand_in(self, plan: Plan, g: SlotGroup, given: dict[str, GivenDivision]) -> None:
-        """A division made in the background handed in: the admit script with the cap alone."""
-        lock = (False, self._options.lock_ms)
-        await self._call(self._scripts.admit, script.keys(ADMIT, g),
-                         script.admit_args(plan, g, "", lock, given))  # fmt: skip
 
     async def settle(self, plan: Plan, settle: Settle, now: float) -> Settled:
         own = own_counter(plan, 0)
@@ -498,47 +253,14 @@ class RedisStore:
                 return await self._batch.call(lua, keys, args)
             return await lua(keys=keys, args=args)
 
-    def _register(self, metas: Sequence[str]) -> None:
-        """Add caps to the registry that caps() reads (in the background, when a cap's
-        division is written)."""
-
-        async def register() -> None:
-            try:
-                with unavailable():
-                    async with self._client.pipeline(transaction=False) as pipe:
-                        pipe.sadd(self._registry, *metas)
-                        pipe.expire(self._registry, _REGISTRY_TTL)
-                        await pipe.execute()
-            except StoreUnavailable as exc:
-                log.debug("cap registry not updated: %s", exc)
-
-        task = asyncio.get_running_loop().create_task(register())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def exchange_demand(
         self, consumer: str, report: str, now: float, ttl: float
     ) -> Mapping[str, str]:
         at = repr(now) if self._caller_clock else ""
-        with unavailable():
-            async with asyncio.timeout(max(self._options.timeout, 1.0)):
-                flat = await self._demand(keys=[self._demand_key],
-                                          args=[at, consumer, repr(ttl), report])  # fmt: skip
-        return {str(k): str(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
+        return await self._registry.exchange_demand(consumer, report, at, ttl)
 
     async def caps(self) -> Mapping[str, CapReport]:
-        with unavailable():
-            async with asyncio.timeout(max(self._options.timeout, 1.0)):
-                metas = sorted(await self._client.smembers(self._registry))
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for meta in metas:
-                        pipe.hgetall(meta)
-                    states = await pipe.execute() if metas else []
-                gone = [m for m, state in zip(metas, states, strict=True) if not state]
-                if gone:
-                    await self._client.srem(self._registry, *gone)
-        reports = (_report(state) for state in states if state)
-        return {report.cap: report for report in reports}
+        return await self._registry.caps()
 
     async def ping(self) -> None:
         with unavailable():
@@ -546,21 +268,10 @@ class RedisStore:
                 await self._client.ping()
 
     async def close(self) -> None:
-        if self._leases is not None and self._owed is not None:
-            try:
-                async with asyncio.timeout(max(self._options.timeout, 1.0)):
-                    at = (self._last if self._caller_clock else time.monotonic()) + self._offset
-                    await self._pay(self._owed.take(at), at)
-                    await self._give_back(self._leases.unused())
-            except TimeoutError:
-                log.warning("redis: unused lease blocks not given back in time")
-        await self._background.close()
-        pending = list(self._tasks)
-        for task in pending:
-            task.cancel()
-        # waited for, so that a cancelled registry write hands its connection back before
-        # the pool closes
-        await asyncio.gather(*pending, return_exceptions=True)
+        if self._leasing is not None:
+            await self._leasing.close()
+        await self._divisions.close()
+        await self._registry.close()
         if self._batch is not None:
             self._batch.close()
         try:
@@ -568,13 +279,3 @@ class RedisStore:
                 await self._client.aclose()
         except StoreUnavailable as exc:
             log.debug("close: %s", exc)
-
-
-def _report(state: Mapping[str, str]) -> CapReport:
-    cold = state.get(DIVISION_FIELDS["cold"], "1") != "0"
-    level = None if cold else float(state[DIVISION_FIELDS["level"]])
-    figures = None
-    if "f_u" in state:
-        u, a, lv, j, t, s = (float(state[f]) for f in script.FIGURES)
-        figures = FairnessFigures(u, int(a), lv, j, t, int(s))
-    return CapReport(state.get("cap", ""), level, int(state.get("declared", 0)), figures)
