@@ -74,14 +74,18 @@ class Sweep:
         self.latest = 0.0  # the latest time a call came with: what the sweep expires to
         self.dropped: list[object] = []  # what expired, until freed (see the docstring)
         self._sweeping: asyncio.Task[None] | None = None
-        self._pending = False  # the last call's step left something to free or compact
+        self._pending = False  # the last step left something to free or compact
 
     def expire(self, now: float) -> None:
         """One step of expiry at ``now``, on the request path; the rest in the background."""
         if now > self.latest:
             self.latest = now
-        if now < self._next.at and not self._pending:
-            return  # nothing is due, nothing is left to free: the step would do nothing
+        if now < self._next.at:  # nothing is due: the step would do nothing, and...
+            if not self._pending:
+                return  # ...nothing was left to free or compact
+            sweeping = self._sweeping
+            if sweeping is not None and not sweeping.done():
+                return  # ...the sweep out does it (_soon would leave it to that one)
         self._pending = self._step(now) or self._due()
         if self._pending:
             self._soon()
