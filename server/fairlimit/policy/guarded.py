@@ -69,18 +69,23 @@ class FailurePolicy:
             local = LocalLimits(replicas or Replicas())
             self.alone = Alone(local, store, now, telemetry, self._state)
         # the store's admit without a coroutine, when it never waits (and not alone)
-        self._admit_now = store.admits_now() if isinstance(store, MemoryStore) else None
-        if self.alone is not None:
-            self._admit_now = None
+        admit = store.admits_now() if isinstance(store, MemoryStore) else None
+        self._admit_now = None if self.alone is not None else admit
 
     @property
     def local(self) -> LocalLimits | None:
         """The local limits under ``--failure-mode local``, else None."""
         return None if self.alone is None else self.alone.local
 
+    @property
+    def admits_now(self) -> Callable[[Plan, float], Outcome] | None:
+        """``admit`` as a plain function, when the store never waits (a flow calls it
+        without a coroutine); None when ``admit`` is to be awaited."""
+        return None if self._admit_now is None else self._admitted_now
+
     async def admit(self, plan: Plan, now: float) -> Outcome:
         if self._admit_now is not None:
-            return self._admitted_now(self._admit_now, plan, now)
+            return self._admitted_now(plan, now)
         alone = self.alone
         if alone is not None:
             return await alone.admit(plan, now, lambda: self._call(self.store.admit(plan, now)))
@@ -188,12 +193,12 @@ class FailurePolicy:
             self._state(None)
         return answer
 
-    def _admitted_now(
-        self, admit: Callable[[Plan, float], Outcome], plan: Plan, now: float
-    ) -> Outcome:
-        """``admit`` (an in-process store's, which never waits) under the policy, as
-        ``_call`` would: the breaker first, a failure counted (raised when closed), the
-        answer noted as given when it was asked (nothing waited in between)."""
+    def _admitted_now(self, plan: Plan, now: float) -> Outcome:
+        """The in-process store's admit (it never waits) under the policy, as ``_call``
+        would: the breaker first, a failure counted (raised when closed), the answer noted
+        as given when it was asked (nothing waited in between)."""
+        admit = self._admit_now
+        assert admit is not None
         at = self._now()
         skip = self.breaker.skip(at, self.waits)
         if skip is not None:
