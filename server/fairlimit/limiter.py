@@ -93,7 +93,8 @@ class Limiter:
         self.policy = FailurePolicy(store, failure_mode, self.clock.now, self.telemetry,
                                     replicas)  # fmt: skip
         self.tally = Tally()  # RLS demand at caps, while an RLQS division wants it
-        self._rates = RatesFlow(self.policy, self.telemetry, self.tally, shadow, quota_mode)
+        self._rates = RatesFlow(self.policy, self.telemetry, self.tally, shadow, quota_mode,
+                                self.policy.admits_now)  # fmt: skip
         self._slots = SlotsFlow(self.policy, self.telemetry, self._rates, shadow)
         self._tokens = TokensFlow(self.policy, self.telemetry, self._rates, self._slots, shadow)
 

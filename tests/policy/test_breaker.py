@@ -231,3 +231,60 @@ class TestStalledStore:
         assert await first is Code.OK and not second.done()
         store.release.set()
         assert await second is Code.OK
+
+
+class FailingNow(MemoryStore):
+    """A memory store whose own admit, asked without a coroutine (policy/guarded.py's path
+    for a store that never waits), fails after its timeout on the injected clock when
+    ``down``; counts the calls that reached it."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.down = False
+        self.calls = 0
+        self.clock = clock
+
+    def admit_now(self, plan, now):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.down:
+            self.clock.advance(TIMEOUT)
+            raise StoreUnavailable("in-process store failed")
+        return super().admit_now(plan, now)
+
+
+@pytest.mark.behaviour
+class TestInProcessStore:
+    """An in-process store is asked without a coroutine, under the same breaker and
+    failure modes as any."""
+
+    async def test_it_is_asked_without_a_coroutine(self, tmp_path: Path) -> None:
+        clock = FakeClock()
+        store = FailingNow(clock)
+        assert store.admits_now() is not None  # the path under test here
+        assert FlakyStore().admits_now() is None  # its own admit: awaited
+
+    async def test_a_failing_store_is_left_alone_for_a_while(self, tmp_path: Path) -> None:
+        clock = FakeClock()
+        store = FailingNow(clock)
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
+        assert await _ask(limiter) is Code.OK and store.calls == 1
+        store.down = True
+        answers = [await _ask(limiter) for _ in range(BREAK_AFTER + 20)]
+        assert set(answers) == {Code.OK}  # failure mode open
+        assert store.calls == 1 + BREAK_AFTER
+        assert not limiter.backend_healthy
+        clock.advance(BREAK_SECONDS)
+        store.down = False
+        assert await _ask(limiter) is Code.OK
+        assert store.calls == 2 + BREAK_AFTER and limiter.backend_healthy
+
+    async def test_closed_mode_raises_while_open(self, tmp_path: Path) -> None:
+        clock = FakeClock()
+        store = FailingNow(clock)
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock,
+                          failure_mode=FailureMode.CLOSED)  # fmt: skip
+        store.down = True
+        for _ in range(BREAK_AFTER + 3):
+            with pytest.raises(StoreUnavailable):
+                await _ask(limiter)
+        assert store.calls == BREAK_AFTER

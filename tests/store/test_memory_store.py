@@ -286,6 +286,24 @@ class TestBoundaries:
         await limiter.should_rate_limit(req("edge", desc("user=b")))
         assert len(store) == 1  # b's counter of the new minute
 
+    async def test_a_shorter_window_made_after_a_longer_one_is_dropped_when_it_ends(
+        self, tmp_path: pytest.TempPathFactory, clock: FakeClock
+    ) -> None:
+        """A call looks at the store's tables only from the earliest instant something is
+        due: a day's counter makes that the day's end, a minute's counter made after it
+        brings it forward to the minute's."""
+        store = MemoryStore()
+        limiter = Limiter(load_text(tmp_path, EXPIRY_CONFIG), store, clock)  # type: ignore[arg-type]
+        clock.t = 86_400.0 * 20_000  # the start of a day (and of a minute)
+        await limiter.should_rate_limit(req("edge", desc("tick=x")))
+        await limiter.should_rate_limit(req("edge", desc("user=a")))
+        clock.advance(59.5)
+        await limiter.should_rate_limit(req("edge", desc("tick=x")))
+        assert len(store) == 2  # a's minute still runs
+        clock.advance(0.5)
+        await limiter.should_rate_limit(req("edge", desc("tick=x")))
+        assert len(store) == 1  # the day's counter alone
+
     @pytest.mark.parametrize(
         ("route", "idle"),
         [("second", 64.0), ("minute", 121.0)],

@@ -5,6 +5,7 @@ descriptors (``quota_mode``) is charged again without them (``_without_quotas_ov
 """
 
 import time
+from collections.abc import Callable
 
 from fairlimit.core import admission
 from fairlimit.core.admission import Code, Outcome, Status
@@ -25,9 +26,16 @@ class RatesFlow:
     """Decides requests by their rate limits alone (no slots, no reservations kept)."""
 
     def __init__(
-        self, store: Store, telemetry: Telemetry, tally: Tally, shadow: bool, quota_mode: bool
+        self,
+        store: Store,
+        telemetry: Telemetry,
+        tally: Tally,
+        shadow: bool,
+        quota_mode: bool,
+        admit_now: Callable[[Plan, float], Outcome] | None = None,
     ) -> None:
         self._store = store  # the failure policy's: its answers are the failure mode's too
+        self._admit_now = admit_now  # the same as a plain function, when it never waits
         self._telemetry = telemetry
         self._tally = tally  # RLS demand at caps, while an RLQS division wants it
         self._shadow = shadow
@@ -53,7 +61,13 @@ class RatesFlow:
         if tally.on and plan.shares:
             tally.add(request, plan)  # RLS demand at caps, for the RLQS division
         # a plan with no counters charges nothing: admitted without asking the store
-        outcome = await self._store.admit(plan, now) if plan.counters else Outcome(True, (), (), ())
+        admit_now = self._admit_now
+        if not plan.counters:
+            outcome = Outcome(True, (), (), ())
+        elif admit_now is not None:  # an in-process store: no coroutine to await
+            outcome = admit_now(plan, now)
+        else:
+            outcome = await self._store.admit(plan, now)
         if isinstance(outcome, Unanswered):  # let through: nothing decided to record
             statuses = open_statuses(len(plan.descriptors))
             return Decision(Code.OK, statuses, True, time.perf_counter() - started)

@@ -14,6 +14,10 @@ Releases never fail a call: one the store cannot take is logged, and the slots e
 their rule's max_duration. A call whose caller's deadline has passed, or leaves the store no
 time, is shed (``shed``): answered by the failure mode at once, and counted. ``usage`` and
 ``exchange_demand`` are reports, not decisions: the store's error is their caller's.
+
+An in-process store's admit (store/memory.py) never waits: the policy asks it without a
+coroutine (``_admit_now``), under the same breaker and failure mode, and notes no wait (a
+call that never suspends can be neither stalled nor given up).
 """
 
 import contextlib
@@ -33,6 +37,7 @@ from fairlimit.policy.breaker import Breaker
 from fairlimit.policy.local import LocalLimits
 from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
+from fairlimit.store.memory import MemoryStore
 from fairlimit.store.replicas import Replicas
 from fairlimit.store.waits import Waits
 from fairlimit.telemetry import Telemetry
@@ -63,13 +68,24 @@ class FailurePolicy:
         if mode is FailureMode.LOCAL:
             local = LocalLimits(replicas or Replicas())
             self.alone = Alone(local, store, now, telemetry, self._state)
+        # the store's admit without a coroutine, when it never waits (and not alone)
+        admit = store.admits_now() if isinstance(store, MemoryStore) else None
+        self._admit_now = None if self.alone is not None else admit
 
     @property
     def local(self) -> LocalLimits | None:
         """The local limits under ``--failure-mode local``, else None."""
         return None if self.alone is None else self.alone.local
 
+    @property
+    def admits_now(self) -> Callable[[Plan, float], Outcome] | None:
+        """``admit`` as a plain function, when the store never waits (a flow calls it
+        without a coroutine); None when ``admit`` is to be awaited."""
+        return None if self._admit_now is None else self._admitted_now
+
     async def admit(self, plan: Plan, now: float) -> Outcome:
+        if self._admit_now is not None:
+            return self._admitted_now(plan, now)
         alone = self.alone
         if alone is not None:
             return await alone.admit(plan, now, lambda: self._call(self.store.admit(plan, now)))
@@ -176,6 +192,30 @@ class FailurePolicy:
         if breaker.failures or breaker.tripped or not self.healthy:
             self._state(None)
         return answer
+
+    def _admitted_now(self, plan: Plan, now: float) -> Outcome:
+        """The in-process store's admit (it never waits) under the policy, as ``_call``
+        would: the breaker first, a failure counted (raised when closed), the answer noted
+        as given when it was asked (nothing waited in between)."""
+        admit = self._admit_now
+        assert admit is not None
+        at = self._now()
+        skip = self.breaker.skip(at, self.waits)
+        if skip is not None:
+            self._failed(StoreUnavailable(f"backend unavailable ({skip})"), False)
+            return Unlimited(True, (), (), ())
+        try:
+            outcome = admit(plan, now)
+        except DeadlineExceeded:
+            raise
+        except StoreUnavailable as exc:
+            self._failed(exc, True)
+            return Unlimited(True, (), (), ())
+        breaker = self.breaker
+        breaker.answered_at = at
+        if breaker.failures or breaker.tripped or not self.healthy:
+            self._state(None)
+        return outcome
 
     def _failed(self, exc: StoreUnavailable, asked: bool) -> None:
         """A store call that failed (``asked``) or was not made: counted; raised when

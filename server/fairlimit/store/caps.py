@@ -28,6 +28,7 @@ from fairlimit.core.sharing import (
     stale_division,
 )
 from fairlimit.core.units import window_start
+from fairlimit.store.deadlines import Due
 
 
 def _idle(window: int) -> float:
@@ -136,11 +137,13 @@ def _settle_row(row: Row, share: Share, at: float, now: float, hits: int) -> Non
 
 
 class MemoryCaps:
-    """Every fair-share cap of one memory store, by its key."""
+    """Every fair-share cap of one memory store, by its key. ``due``: the store's, lowered
+    by each deadline."""
 
-    def __init__(self) -> None:
+    def __init__(self, due: Due | None = None) -> None:
         self.table: dict[str, MemoryCap] = {}
         self._deadlines: list[tuple[float, str]] = []  # (idle until, key), a heap
+        self._due = due or Due()
 
     def __len__(self) -> int:
         return len(self.table)
@@ -150,7 +153,9 @@ class MemoryCaps:
         cap = self.table.get(share.cap)
         if cap is None:
             cap = self.table[share.cap] = MemoryCap(share)
-            heapq.heappush(self._deadlines, (now + _idle(share.window), share.cap))
+            idle_until = now + _idle(share.window)
+            heapq.heappush(self._deadlines, (idle_until, share.cap))
+            self._due.by(idle_until)
         return cap
 
     def claims(self, plan: Plan, now: float) -> list[tuple[Division, ShareClaim, Row, Clock]]:
@@ -215,7 +220,12 @@ class MemoryCaps:
                 del self.table[key]
             else:
                 heapq.heappush(caps, (idle_until, key))
+                self._due.by(idle_until)
         return bool(caps) and caps[0][0] <= now
+
+    def first(self) -> float:
+        """The earliest instant a cap may be idle (infinity when none)."""
+        return self._deadlines[0][0] if self._deadlines else math.inf
 
 
     def settle(

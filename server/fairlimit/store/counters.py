@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from fairlimit.core.plan import Counter, Plan
 from fairlimit.core.smooth import gcra_charged, gcra_count, part, sliding_full_at
 from fairlimit.core.units import SLIDING_PARTS, Algorithm, bounds, window_start
-from fairlimit.store.deadlines import Deadlines
+from fairlimit.store.deadlines import Deadlines, Due
 
 _SHRINK = 4  # compact the counter table once it holds under a quarter of its high mark
 
@@ -81,15 +81,17 @@ class MemoryCounters:
     """Every counter and meter of one memory store, by key.
 
     ``seed``: the count a counter starts a window at, by its key and the window's start
-    (store/memory.py says who gives one).
+    (store/memory.py says who gives one). ``due``: the store's, lowered by each deadline.
     """
 
-    def __init__(self, seed: Callable[[str, int], int] | None = None) -> None:
+    def __init__(
+        self, seed: Callable[[str, int], int] | None = None, due: Due | None = None
+    ) -> None:
         self._seed = seed
         self.table: dict[str, MemoryCounter] = {}
         self.meters: dict[str, MemoryMeter] = {}  # sliding and GCRA counters
-        self._deadlines = Deadlines()  # a window's counters end at one instant
-        self._meter_deadlines = Deadlines(1.0)  # a meter is dropped up to a second late
+        self._deadlines = Deadlines(0.0, due)  # a window's counters end at one instant
+        self._meter_deadlines = Deadlines(1.0, due)  # a meter is dropped up to a second late
         self._high = 0  # the most counters held since the table was last compacted
 
     def __len__(self) -> int:
@@ -134,6 +136,10 @@ class MemoryCounters:
         table at most, into ``dropped`` (to be freed later); True when more are due."""
         more = self._expire_counters(now, budget, dropped)
         return self._expire_meters(now, budget, dropped) or more
+
+    def first(self) -> float:
+        """The earliest instant a counter or meter is due (infinity when none)."""
+        return min(self._deadlines.first(), self._meter_deadlines.first())
 
     def _expire_counters(self, now: float, budget: int, dropped: list[object]) -> bool:
         deadlines, counters = self._deadlines, self.table

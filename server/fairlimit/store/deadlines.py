@@ -14,14 +14,32 @@ import math
 from collections import deque
 
 
+class Due:
+    """The earliest instant anything of a store's tables is due: never later than that
+    (each push lowers it; a step sets it to the tables' first), so a call before it has
+    nothing to expire and looks no further (one comparison). Lower than that costs a step
+    that drops nothing."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = math.inf
+
+    def by(self, instant: float) -> None:
+        """Something is due at ``instant``."""
+        if instant < self.at:
+            self.at = instant
+
+
 class Deadlines:
     """When each key is due (a key may be pushed again: the owner checks, when it is
-    taken, whether its state is really over)."""
+    taken, whether its state is really over). ``due``: lowered to each instant pushed."""
 
-    def __init__(self, grain: float = 0.0) -> None:
+    def __init__(self, grain: float = 0.0, due: Due | None = None) -> None:
         self._grain = grain
         self._instants: list[float] = []  # a heap of the instants that have keys
         self._keys: dict[float, deque[str]] = {}
+        self._due = due or Due()
 
     def push(self, at: float, key: str) -> None:
         """``key`` is due at ``at`` (taken at its instant or later, never sooner)."""
@@ -31,7 +49,13 @@ class Deadlines:
         if keys is None:
             keys = self._keys[instant] = deque()
             heapq.heappush(self._instants, instant)
+            if instant < self._due.at:
+                self._due.at = instant
         keys.append(key)
+
+    def first(self) -> float:
+        """The earliest instant with keys (infinity when none)."""
+        return self._instants[0] if self._instants else math.inf
 
     def due(self, now: float) -> bool:
         """Whether any key is due by ``now``."""

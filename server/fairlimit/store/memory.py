@@ -29,6 +29,7 @@ from fairlimit.errors import ReservationOpen
 from fairlimit.store.caps import MemoryCaps
 from fairlimit.store.counters import MemoryCounter, MemoryCounters, MemoryMeter
 from fairlimit.store.counters import charge as charge_counters
+from fairlimit.store.deadlines import Due
 from fairlimit.store.reservations import MemoryReservations
 from fairlimit.store.slots import MemorySlots
 from fairlimit.store.sweep import EXPIRE_STEP, Sweep, fix_mmap_threshold
@@ -45,13 +46,14 @@ class MemoryStore:
     """
 
     def __init__(self, seed: Callable[[str, int], int] | None = None) -> None:
-        self.counters = MemoryCounters(seed)  # counters and meters (store/counters.py)
-        self.fair = MemoryCaps()  # fair-share caps (store/caps.py)
+        self._due = due = Due()  # the earliest a table has something due: one look a call
+        self.counters = MemoryCounters(seed, due)  # counters and meters (store/counters.py)
+        self.fair = MemoryCaps(due)  # fair-share caps (store/caps.py)
         self.slots = MemorySlots()  # concurrency pools (store/slots.py)
-        self.reservations = MemoryReservations()  # token budgets (store/reservations.py)
+        self.reservations = MemoryReservations(due=due)  # token budgets (store/reservations.py)
         # RLQS demand by consumer (until, report): quota services sharing this store
         self._demand: dict[str, tuple[float, str]] = {}
-        self._sweep = Sweep(self._step, self._compact_due, self._compact)
+        self._sweep = Sweep(self._step, self._compact_due, self._compact, due)
         fix_mmap_threshold()
 
     def __len__(self) -> int:
@@ -73,7 +75,9 @@ class MemoryStore:
         dropped = self._sweep.dropped
         more = self.counters.expire(now, EXPIRE_STEP, dropped)
         more = self.fair.expire(now, EXPIRE_STEP) or more
-        return self.reservations.expire(now, EXPIRE_STEP, dropped) or more
+        more = self.reservations.expire(now, EXPIRE_STEP, dropped) or more
+        self._due.at = min(self.counters.first(), self.fair.first(), self.reservations.first())
+        return more
 
     def _compact_due(self) -> bool:
         return self.counters.compact_due or self.reservations.compact_due
@@ -91,7 +95,17 @@ class MemoryStore:
         """Wait for a background sweep that is out (tests, benches)."""
         await self._sweep.swept()
 
+    def admits_now(self) -> Callable[[Plan, float], Outcome] | None:
+        """``admit`` as a plain function, for a caller that would only await it
+        (policy/guarded.py): it never waits. None when a subclass answers ``admit`` its
+        own way (the tests' faulty stores), which is then to be awaited."""
+        return self.admit_now if type(self).admit is MemoryStore.admit else None
+
     async def admit(self, plan: Plan, now: float) -> Outcome:
+        return self.admit_now(plan, now)
+
+    def admit_now(self, plan: Plan, now: float) -> Outcome:
+        """``admit``, without a coroutine (it never waits)."""
         self._expire(now)
         if plan.reserve:
             self._refuse_open(plan, now)

@@ -14,7 +14,7 @@ the table it grew to (bench/expiry.py --reservations).
 
 from dataclasses import dataclass
 
-from fairlimit.store.deadlines import Deadlines
+from fairlimit.store.deadlines import Deadlines, Due
 
 MAX_RECORDS = 200_000
 _SHRINK = 4  # compact once the table holds under a quarter of its high mark
@@ -33,10 +33,11 @@ class Record:
 class MemoryReservations:
     """Every reservation this process's store keeps."""
 
-    def __init__(self, capacity: int = MAX_RECORDS) -> None:
+    def __init__(self, capacity: int = MAX_RECORDS, due: Due | None = None) -> None:
         self._capacity = capacity
         self._records: dict[str, Record] = {}
-        self._expiries = Deadlines(1.0)  # a record is dropped up to a second late
+        self._due = due or Due()  # the store's, lowered by each expiry
+        self._expiries = Deadlines(1.0, self._due)  # a record is dropped up to a second late
         self._high = 0  # the most records held since the table was last compacted
 
     def __len__(self) -> int:
@@ -57,6 +58,10 @@ class MemoryReservations:
                     dropped.append(record)
                     dropped.append(key)
         return expiries.due(now)
+
+    def first(self) -> float:
+        """The earliest instant a record is due (infinity when none)."""
+        return self._expiries.first()
 
     @property
     def compact_due(self) -> bool:
@@ -79,6 +84,7 @@ class MemoryReservations:
             return False
         if key not in self._records and len(self._records) >= self._capacity:
             self.expire(now, len(self._records))  # full: what is due goes first, at once
+            self._due.by(now)  # and the store's sweep looks at once (a compaction may be due)
             if len(self._records) >= self._capacity:
                 return False
         expiry = now + ttl

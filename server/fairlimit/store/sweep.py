@@ -16,6 +16,8 @@ import ctypes
 import gc
 from collections.abc import Callable
 
+from fairlimit.store.deadlines import Due
+
 EXPIRE_STEP = 512  # deadlines of each table a call, or one step of the sweep, looks at
 RELEASE_STEP = 65_536  # expired objects freed at once (2 a counter: about 10 ms)
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -53,7 +55,9 @@ class Sweep:
 
     ``step(now)`` drops what ended by ``now`` (EXPIRE_STEP deadlines of each table at most)
     into ``dropped`` and says whether more is due; ``compact_due()`` whether a table should
-    be copied to its live size; ``compact()`` copies them.
+    be copied to its live size; ``compact()`` copies them. ``due``: the earliest instant
+    anything is due (``step`` sets it, the tables lower it): before it, and with nothing
+    left to free or compact, a call has nothing to do here.
     """
 
     def __init__(
@@ -61,18 +65,29 @@ class Sweep:
         step: Callable[[float], bool],
         compact_due: Callable[[], bool],
         compact: Callable[[], None],
+        due: Due,
     ) -> None:
         self._step = step
         self._compact_due = compact_due
         self._compact = compact
+        self._next = due
         self.latest = 0.0  # the latest time a call came with: what the sweep expires to
         self.dropped: list[object] = []  # what expired, until freed (see the docstring)
         self._sweeping: asyncio.Task[None] | None = None
+        self._pending = False  # the last step left something to free or compact
 
     def expire(self, now: float) -> None:
         """One step of expiry at ``now``, on the request path; the rest in the background."""
-        self.latest = max(self.latest, now)
-        if self._step(now) or self._due():
+        if now > self.latest:
+            self.latest = now
+        if now < self._next.at:  # nothing is due: the step would do nothing, and...
+            if not self._pending:
+                return  # ...nothing was left to free or compact
+            sweeping = self._sweeping
+            if sweeping is not None and not sweeping.done():
+                return  # ...the sweep out does it (_soon would leave it to that one)
+        self._pending = self._step(now) or self._due()
+        if self._pending:
             self._soon()
 
     def _due(self) -> bool:
