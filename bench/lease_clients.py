@@ -67,9 +67,7 @@ def main() -> int:
     if redis_binary is None:
         print("lease_clients: redis-server not found", file=sys.stderr)
         return 2
-    servers = [("this", procs.ROOT / "server")]
-    if args.baseline is not None:
-        servers.insert(0, ("baseline", args.baseline / "server"))
+    servers = procs.servers(args.baseline)
     with tempfile.TemporaryDirectory(prefix="fairlimit-lease-") as tmp:
         redis = procs.Redis(redis_binary, Path(tmp))
         try:

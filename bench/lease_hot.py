@@ -55,11 +55,9 @@ def main() -> int:
     if redis_binary is None or h2load.binary() is None:
         print("lease_hot: redis-server or h2load not found", file=sys.stderr)
         return 2
-    servers = [("this", procs.ROOT / "server")]
+    servers = procs.servers(args.baseline)
     if args.memory:
         servers.append(("memory", procs.ROOT / "server"))
-    if args.baseline is not None:
-        servers.insert(0, ("baseline", args.baseline / "server"))
     load = Load(clients=16, streams=2, seconds=args.seconds, warmup=1.0)
     rps: dict[str, list[float]] = {}
     calls: dict[str, list[float]] = {}

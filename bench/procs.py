@@ -22,6 +22,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def servers(baseline: Path | None) -> list[tuple[str, Path]]:
+    """The servers a bench runs in turns: another checkout's server/ first (``--baseline``),
+    then this checkout's, each with its label."""
+    this = [("this", ROOT / "server")]
+    return this if baseline is None else [("baseline", baseline / "server"), *this]
+
+
 def ensure_debian_package(command: str, package: str) -> str | None:
     """``command``'s path, installing ``package`` with apt-get (as root) where missing."""
     found = shutil.which(command)
