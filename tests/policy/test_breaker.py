@@ -52,15 +52,43 @@ class FlakyStore(MemoryStore):
             raise StoreUnavailable("redis: timed out")
 
 
+class FailingNow(MemoryStore):
+    """A memory store whose own admit, asked without a coroutine (policy/guarded.py's path
+    for a store that never waits), fails after its timeout on the injected clock when
+    ``down``; counts the calls that reached it."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.down = False
+        self.calls = 0
+        self.clock = clock
+
+    def admit_now(self, plan, now):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.down:
+            self.clock.advance(TIMEOUT)
+            raise StoreUnavailable("in-process store failed")
+        return super().admit_now(plan, now)
+
+
+@pytest.fixture(params=["awaited", "in-process"])
+def failing_store(request: pytest.FixtureRequest) -> type[FlakyStore] | type["FailingNow"]:
+    """A failing store of each path the policy takes: one whose admit is awaited, and an
+    in-process one asked without a coroutine; both fail after TIMEOUT when ``down``."""
+    return FlakyStore if request.param == "awaited" else FailingNow
+
+
 async def _ask(limiter: Limiter) -> Code:
     return (await limiter.should_rate_limit(req("edge", desc("client_id=a")))).code
 
 
 @pytest.mark.behaviour
 class TestBreaker:
-    async def test_a_failing_store_is_left_alone_for_a_while(self, tmp_path: Path) -> None:
+    async def test_a_failing_store_is_left_alone_for_a_while(
+        self, tmp_path: Path, failing_store: type[FlakyStore] | type[FailingNow]
+    ) -> None:
         clock = FakeClock()
-        store = FlakyStore(clock)
+        store = failing_store(clock)
         limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
         assert await _ask(limiter) is Code.OK and store.calls == 1
         store.down = True
@@ -74,9 +102,11 @@ class TestBreaker:
         assert store.calls == 2 + BREAK_AFTER and limiter.backend_healthy
         assert await _ask(limiter) is Code.OK and store.calls == 3 + BREAK_AFTER
 
-    async def test_fewer_failures_do_not_open_it(self, tmp_path: Path) -> None:
+    async def test_fewer_failures_do_not_open_it(
+        self, tmp_path: Path, failing_store: type[FlakyStore] | type[FailingNow]
+    ) -> None:
         clock = FakeClock()
-        store = FlakyStore(clock)
+        store = failing_store(clock)
         limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
         for _ in range(5):
             store.down = True
@@ -86,9 +116,11 @@ class TestBreaker:
             await _ask(limiter)  # a success resets the count
         assert store.calls == 5 * BREAK_AFTER
 
-    async def test_closed_mode_raises_while_open(self, tmp_path: Path) -> None:
+    async def test_closed_mode_raises_while_open(
+        self, tmp_path: Path, failing_store: type[FlakyStore] | type[FailingNow]
+    ) -> None:
         clock = FakeClock()
-        store = FlakyStore(clock)
+        store = failing_store(clock)
         limiter = Limiter(load_text(tmp_path, CONFIG), store, clock,
                           failure_mode=FailureMode.CLOSED)  # fmt: skip
         store.down = True
@@ -233,25 +265,6 @@ class TestStalledStore:
         assert await second is Code.OK
 
 
-class FailingNow(MemoryStore):
-    """A memory store whose own admit, asked without a coroutine (policy/guarded.py's path
-    for a store that never waits), fails after its timeout on the injected clock when
-    ``down``; counts the calls that reached it."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        super().__init__()
-        self.down = False
-        self.calls = 0
-        self.clock = clock
-
-    def admit_now(self, plan, now):  # type: ignore[no-untyped-def]
-        self.calls += 1
-        if self.down:
-            self.clock.advance(TIMEOUT)
-            raise StoreUnavailable("in-process store failed")
-        return super().admit_now(plan, now)
-
-
 @pytest.mark.behaviour
 class TestInProcessStore:
     """An in-process store is asked without a coroutine, under the same breaker and
@@ -262,29 +275,3 @@ class TestInProcessStore:
         store = FailingNow(clock)
         assert store.admits_now() is not None  # the path under test here
         assert FlakyStore().admits_now() is None  # its own admit: awaited
-
-    async def test_a_failing_store_is_left_alone_for_a_while(self, tmp_path: Path) -> None:
-        clock = FakeClock()
-        store = FailingNow(clock)
-        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
-        assert await _ask(limiter) is Code.OK and store.calls == 1
-        store.down = True
-        answers = [await _ask(limiter) for _ in range(BREAK_AFTER + 20)]
-        assert set(answers) == {Code.OK}  # failure mode open
-        assert store.calls == 1 + BREAK_AFTER
-        assert not limiter.backend_healthy
-        clock.advance(BREAK_SECONDS)
-        store.down = False
-        assert await _ask(limiter) is Code.OK
-        assert store.calls == 2 + BREAK_AFTER and limiter.backend_healthy
-
-    async def test_closed_mode_raises_while_open(self, tmp_path: Path) -> None:
-        clock = FakeClock()
-        store = FailingNow(clock)
-        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock,
-                          failure_mode=FailureMode.CLOSED)  # fmt: skip
-        store.down = True
-        for _ in range(BREAK_AFTER + 3):
-            with pytest.raises(StoreUnavailable):
-                await _ask(limiter)
-        assert store.calls == BREAK_AFTER
