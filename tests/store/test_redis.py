@@ -24,6 +24,7 @@ import redis
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from fairlimit.core import lease
 from fairlimit.core.admission import Code
 from fairlimit.core.fairshare import CapReport
 from fairlimit.core.matching import Matcher
@@ -765,19 +766,30 @@ class TestSlotGroups:
 
 
 class TestFaults:
-    """Redis-only: memory cannot become unreachable."""
+    """Redis-only: memory cannot become unreachable.
 
+    Each fault is met on both paths a request takes: the exact one (``leases=off``), and
+    with a lease block taken before the fault (leases are on by default, issue 41), which
+    answers the hits it holds with no Redis call; the request after them meets the fault.
+    Without the block taken first, a lease would not show: a plan's first request takes
+    none, and its second asks Redis for one."""
+
+    @pytest.mark.parametrize("leases", ["off", "on"])
     async def test_down_then_back_heals_without_a_new_store(
-        self, redis_process: RedisProcess, matcher: Matcher
+        self, redis_process: RedisProcess, matcher: Matcher, leases: str
     ) -> None:
-        """Killed: StoreUnavailable at once; restarted on the same port: counting goes on."""
+        """Killed: StoreUnavailable at once (after the hits a block holds, admitted without
+        Redis); restarted on the same port: counting goes on."""
         # A refused connection must not wait for the (long) timeout: the calls below finish
         # well inside OUTLAST, which a wait of TIMEOUT each could not.
-        store = open_store(redis_process.url + f"?clock=caller&timeout={LONG_TIMEOUT}")
-        plan = plan_of(matcher, desc("user=u1"))
+        url = redis_process.url + f"?clock=caller&timeout={LONG_TIMEOUT}&leases={leases}"
+        store = open_store(url)
+        plan = plan_of(matcher, desc(ROOMY))
         try:
-            assert (await store.admit(plan, T0)).admitted
+            held = await _held_after_warming(store, plan, leases)
             redis_process.stop()
+            for _ in range(held):  # answered from the block: Redis is not asked
+                assert (await asyncio.wait_for(store.admit(plan, T0), OUTLAST)).admitted
             for _ in range(3):
                 with pytest.raises(StoreUnavailable):
                     await asyncio.wait_for(store.admit(plan, T0), OUTLAST)
@@ -787,17 +799,22 @@ class TestFaults:
         finally:
             await store.close()
 
+    @pytest.mark.parametrize("leases", ["off", "on"])
     async def test_a_hung_server_costs_at_most_the_timeout(
-        self, redis_process: RedisProcess, matcher: Matcher
+        self, redis_process: RedisProcess, matcher: Matcher, leases: str
     ) -> None:
-        """A stopped (not dead) server: each call gives up (at the configured timeout)."""
-        store = open_store(redis_process.url + "?clock=caller&timeout=0.1")
-        plan = plan_of(matcher, desc("user=u1"))
+        """A stopped (not dead) server: each call gives up (at the configured timeout);
+        with a lease block, the hits it holds are admitted without Redis, and the request
+        after them gives up."""
+        store = open_store(redis_process.url + f"?clock=caller&timeout=0.1&leases={leases}")
+        plan = plan_of(matcher, desc(ROOMY))
         try:
-            assert (await store.admit(plan, T0)).admitted
+            held = await _held_after_warming(store, plan, leases)
             assert redis_process.proc is not None
             os.kill(redis_process.proc.pid, signal.SIGSTOP)
             try:
+                for _ in range(held):  # answered from the block: a Redis call would wait
+                    assert (await asyncio.wait_for(store.admit(plan, T0), OUTLAST)).admitted
                 # Without the timeout the call would hang as long as the server is stopped;
                 # StoreUnavailable (not wait_for's TimeoutError) says the store gave up itself.
                 with pytest.raises(StoreUnavailable):
@@ -805,10 +822,32 @@ class TestFaults:
             finally:
                 os.kill(redis_process.proc.pid, signal.SIGCONT)
             # The timed-out script was already sent: Redis may run it once it resumes, so
-            # the hit may have been counted. Either way the store answers again at once.
-            assert (await store.admit(plan, T0)).counts[0] in (1, 2)
+            # the hit may have been counted (and, with leases, the block it asked for
+            # reserved, held by nobody until the window ends). Either way the store answers
+            # again at once.
+            again = await store.admit(plan, T0)
+            assert again.admitted and again.counts[0] >= 2 + held, again.counts
+            if leases == "off":
+                assert again.counts[0] in (2, 3)
         finally:
             await store.close()
+
+
+ROOMY = "bypass=x"  # 100 a second: room for a lease block (the user's 3 a day holds none)
+
+
+async def _held_after_warming(store: Any, plan: Plan, leases: str) -> int:
+    """Two requests of ``plan`` admitted at T0; the hits of the lease block the second one
+    took (a plan's first request takes none), none with leases off."""
+    for _ in range(2):
+        assert (await store.admit(plan, T0)).admitted
+    leasing = store._leasing
+    if leases == "off":
+        assert leasing is None
+        return 0
+    held = sum(block.room for block in leasing.leases.blocks.values())
+    assert held == lease.MIN_WANT  # a plan's first block
+    return held
 
 
 class TestConnections:
