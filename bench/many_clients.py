@@ -14,18 +14,23 @@ Everything binds 127.0.0.1 and is stopped at the end.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import procs
 
+from fairlimit.store.redis import script
+
 _FAIL_OPEN = ("backend_errors", "shed")  # answered by the failure mode
+# EVALSHA's sha -> the script it names (store/redis/script.register registers these)
+_SHAS = {hashlib.sha1(script.source(name).encode()).hexdigest(): name
+         for name in ("admit", "release", "settle", "prune", "acquire", "release_slot", "demand")}
 
 
 def _text(command: object) -> str:
@@ -33,12 +38,30 @@ def _text(command: object) -> str:
 
 
 def _name(command: object) -> str:
-    text = _text(command)
-    return text.split()[0].upper() if text else "?"
+    """The command SLOWLOG logged, an EVALSHA named by its script (``EVALSHA admit``)."""
+    words = _text(command).split()
+    if not words:
+        return "?"
+    name = words[0].upper()
+    if name == "EVALSHA" and len(words) > 1:
+        return f"{name} {_SHAS.get(words[1], words[1][:8])}"
+    return name
 
 
-def _counts(by_name: dict[str, int]) -> str:
-    return ", ".join(f"{name} {n}" for name, n in by_name.items())
+def _by_command(slow: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per command SLOWLOG logged: how many, and the median and slowest ms."""
+    durations: dict[str, list[int]] = {}
+    for s in slow:
+        durations.setdefault(_name(s["command"]), []).append(int(s["duration"]))
+    out = {}
+    for name, d in sorted(durations.items(), key=lambda kv: -len(kv[1])):
+        d.sort()
+        out[name] = [len(d), round(d[len(d) // 2] / 1000, 1), round(d[-1] / 1000, 1)]
+    return out
+
+
+def _counts(by_name: dict[str, list[float]]) -> str:
+    return ", ".join(f"{name} {n} ({mid}/{top} ms)" for name, (n, mid, top) in by_name.items())
 
 
 def _script_stats(redis: procs.Redis) -> tuple[int, float]:
@@ -64,7 +87,7 @@ def _run(route: str, redis: procs.Redis, proc: procs.Proc, port: int, clients: i
         "slowlog_over_1ms": len(slow),
         "slowest_ms": round(max((s["duration"] for s in slow), default=0) / 1000, 1),
         "slowest": _text(max(slow, key=lambda s: s["duration"])["command"])[:300] if slow else "",
-        "slow_commands": dict(Counter(_name(s["command"]) for s in slow).most_common()),
+        "slow_commands": _by_command(slow),
         "failure_mode": sum(after.get(k, 0.0) - before.get(k, 0.0) for k in _FAIL_OPEN),
         "codes": result["codes"],
     }
@@ -132,7 +155,7 @@ def main() -> int:
     print(f"clients={a.clients} seconds={a.seconds} leases={a.leases} "
           f"rows-hash fields={fields}")
     print("| route | req/s | p99 ms | admit.lua µs/call | calls | SLOWLOG >1 ms | slowest ms "
-          "| slow commands | failure mode |")
+          "| slow commands: n (median/slowest ms) | failure mode |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['route']} | {r['rps']} | {r['p99_ms']} | {r['usec_per_call']} | {r['calls']} "

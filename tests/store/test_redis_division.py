@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from fairlimit.core import sharing
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
@@ -100,12 +101,12 @@ class TestScriptCallsAtScale:
         reply = await _call(store, plan, later, {})
         snapshots.append(_stats(server))
         assert int(reply[0]) == NEED_LEVEL
-        assert _size(reply) == 2 + 7  # NEED_LEVEL, now, one cap's seven fields: no rows
+        assert _size(reply) == 2 + 9  # NEED_LEVEL, now, one cap's nine fields: no rows
         now, (back,) = division.hand_backs(reply)
         assert back.fields == n * len(ROW_FIELDS)  # the rows are there, and not returned
-        rows = await division.read_rows(store._client, g.cap_keys[0]["rows"], OUTLAST)
-        assert len(rows) == n
-        made = division.divide(plan.shares[g.cap_share[0]], rows, now, back)
+        assert back.indexed == n
+        share = plan.shares[g.cap_share[0]]
+        made = await division.made(store._client, g.cap_keys[0], share, now, back, OUTLAST)
         snapshots.append(_stats(server))
         assert int((await _call(store, plan, later, {g.caps[0]: made}))[0]) == 1
         snapshots.append(_stats(server))
@@ -224,5 +225,113 @@ class TestStaleRows:
                 fields = client.hkeys(rows)
             assert sorted(f.partition(":")[2] for f in fields) == ["new"] * len(ROW_FIELDS)
             assert (await store.admit(client_plan(matcher, "old"), later)).admitted
+        finally:
+            await store.close()
+
+
+def _sent(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The commands run between two snapshots (no script runs between them here)."""
+    grown = {k: after[k] - before.get(k, 0) for k in after if k not in {"info", "hello"}}
+    return {k: v for k, v in grown.items() if v}
+
+
+async def _hand_back(store: Any, plan: Plan, at: float) -> tuple[float, division.HandBack]:
+    reply = await _call(store, plan, at, {})
+    assert int(reply[0]) == NEED_LEVEL
+    now, (back,) = division.hand_backs(reply)
+    return now, back
+
+
+async def _whole(store: Any, plan: Plan, now: float, back: division.HandBack
+                 ) -> script.GivenDivision:  # fmt: skip
+    """The division made from every row of the cap (HGETALL), as before the index."""
+    (g,) = slot_groups(plan, "fairlimit:", False)
+    flat = [x for kv in (await store._client.hgetall(g.cap_keys[0]["rows"])).items() for x in kv]
+    return division.divide(plan.shares[g.cap_share[0]], script.rows_of(flat), now, back)
+
+
+class TestRowsReadByADivision:
+    """Redis-only: a division reads the rows written in the last two windows (the cap's seen
+    index), not every row the cap holds, and makes the division every row would make."""
+
+    async def _division(
+        self, store: Any, server: RedisProcess, matcher: Matcher, old: int
+    ) -> tuple[dict[str, int], script.GivenDivision, script.GivenDivision]:
+        """``old`` clients ask at T0, 150 others at T0 + 10 (ten windows later, one instant:
+        a tie in seen); a division due at T0 + 11.3: (the commands it sent, the division
+        made, the division every row gives)."""
+        await _clients(store, matcher, old, T0)
+        later = [client_plan(matcher, f"n{i}") for i in range(150)]
+        assert all(o.admitted for o in await asyncio.gather(*(store.admit(p, T0 + 10)
+                                                              for p in later)))  # fmt: skip
+        plan = later[0]
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        now, back = await _hand_back(store, plan, T0 + 11.3)
+        assert back.indexed == old + 150 and not back.whole
+        before = _stats(server)
+        made = await division.made(store._client, g.cap_keys[0], plan.shares[g.cap_share[0]],
+                                   now, back, OUTLAST)  # fmt: skip
+        sent = _sent(before, _stats(server))
+        return sent, made, await _whole(store, plan, now, back)
+
+    async def test_the_rows_read_grow_with_the_clients_active_not_with_all_rows(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
+    ) -> None:
+        """With 100 and with 2,000 rows left from ten windows before, a division reads the
+        same: the 150 rows written lately (one HMGET each, a few ZRANGE / ZCOUNT steps of
+        seen), no HSCAN; and its division is the one every row gives."""
+        measured = []
+        for old in (100, 2_000):
+            store = await redis_store_factory(local_cache=0, timeout=OUTLAST)
+            try:
+                with redis_server.client() as client:
+                    client.flushall()
+                sent, made, whole = await self._division(store, redis_server, matcher, old)
+            finally:
+                await store.close()
+            assert made == whole
+            assert sent["hmget"] == 150 and "hscan" not in sent
+            measured.append(sent)
+        assert measured[0] == measured[1]
+
+    async def test_a_division_cold_by_the_rows_read_finds_an_older_rows_history(
+        self, redis_store_factory: Factory, matcher: Matcher
+    ) -> None:
+        """Client old asked ten periods ago (its history lives STALE periods); new asks now
+        for the first time: the rows written lately have no history, old's has, so the
+        division is not cold, as every row makes it."""
+        store = await redis_store_factory(local_cache=0)
+        try:
+            assert (await store.admit(client_plan(matcher, "old"), T0)).admitted
+            plan = client_plan(matcher, "new")
+            (g,) = slot_groups(plan, "fairlimit:", False)
+            now, back = await _hand_back(store, plan, T0 + 10)
+            made = await division.made(store._client, g.cap_keys[0],
+                                       plan.shares[g.cap_share[0]], now, back, OUTLAST)  # fmt: skip
+            whole = await _whole(store, plan, now, back)
+        finally:
+            await store.close()
+        assert made == whole
+        cold = list(sharing.DIVISION_FIELDS).index("cold")
+        assert float(made.values.split(",")[cold]) == 0
+
+    async def test_rows_written_before_the_index_are_read_whole_and_indexed(
+        self, redis_store_factory: Factory, matcher: Matcher
+    ) -> None:
+        """A cap whose seen index holds fewer clients than its rows (written by an earlier
+        version) is read whole, as every row gives its division, and each row is then
+        indexed: the next hand-back counts them all."""
+        store = await redis_store_factory(local_cache=0, timeout=OUTLAST)
+        plan = client_plan(matcher, "c0")
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        try:
+            await _clients(store, matcher, 300, T0)
+            await store._client.delete(g.cap_keys[0]["seen"])
+            now, back = await _hand_back(store, plan, T0 + 1.3)
+            assert back.whole and back.clients == 300
+            made = await division.made(store._client, g.cap_keys[0],
+                                       plan.shares[g.cap_share[0]], now, back, OUTLAST)  # fmt: skip
+            assert made == await _whole(store, plan, now, back)
+            assert await store._client.zcard(g.cap_keys[0]["seen"]) == 300
         finally:
             await store.close()
