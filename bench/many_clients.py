@@ -9,7 +9,8 @@ counter under a fair_share cap), taking turns (``--rounds``), and prints one row
 requests/s, p99, admit.lua µs per call (INFO commandstats), script calls over 1 ms
 (SLOWLOG) and the slowest, with the commands SLOWLOG names, and the answers given by the
 failure mode (fairlimit's backend errors and shed calls). ``--prefill`` first gives the
-cap a row for every client (a copy of one real row): a run reaches only a few thousand.
+cap a row for every client (a copy of one real row, indexed in the cap's seen set): a run
+reaches only a few thousand.
 Everything binds 127.0.0.1 and is stopped at the end.
 """
 
@@ -107,10 +108,13 @@ def _prefill(redis: procs.Redis, port: int, clients: int) -> None:
     reaches a few thousand clients in a run): one real request, its row copied."""
     _loadgen_route(port, "public", 1, 0.5)
     (key,) = redis.client.scan_iter(match="*}r:*")
+    (seen,) = redis.client.scan_iter(match="*}a:*")  # the cap's index: client -> written at
     row = {f.partition(":")[0]: v for f, v in redis.client.hgetall(key).items()}
+    ((_, at),) = redis.client.zrange(seen, 0, 0, withscores=True)
     pipe = redis.client.pipeline(transaction=False)
     for i in range(clients):
         pipe.hset(key, mapping={f"{f}:c{i:07d}": v for f, v in row.items()})
+        pipe.zadd(seen, {f"c{i:07d}": at + i * 1e-6})  # as if each asked a µs apart
         if i % 1000 == 999:
             pipe.execute()
     pipe.execute()

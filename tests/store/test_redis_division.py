@@ -15,7 +15,7 @@ from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.sharing import FORCES, ROW_FIELDS, SPLIT, STALE
-from fairlimit.store.redis import division, script
+from fairlimit.store.redis import division, division_rows, script
 from fairlimit.store.redis.keys import slot_groups
 from fairlimit.store.redis.script import ADMIT, NEED_LEVEL
 from helpers import desc, load_text, req
@@ -112,7 +112,7 @@ class TestScriptCallsAtScale:
         snapshots.append(_stats(server))
         assert int((await _call(store, client_plan(matcher, "c1"), later, {}))[0]) == 1
         snapshots.append(_stats(server))
-        at = snapshots  # HSCAN ran between the second and the third
+        at = snapshots  # the rows were read between the second and the third
         return _inside(at[0], at[1]), _inside(at[2], at[3]), _inside(at[3], at[4])
 
     async def test_commands_and_reply_of_a_call_do_not_grow_with_the_clients(
@@ -120,7 +120,7 @@ class TestScriptCallsAtScale:
     ) -> None:
         """At a cap of 100 and of 10,000 clients, a division due is handed back with the
         same reply size and the same commands inside the script (its rows are not returned:
-        the caller reads them with HSCAN), the call that takes the division runs the same
+        the caller reads them), the call that takes the division runs the same
         commands, and so does the next request's call."""
         measured = []
         for n in (100, 10_000):
@@ -180,7 +180,7 @@ class TestBackgroundDivision:
     ) -> None:
         """At a cap of no more clients than inline_rows, the division is handed in before
         the request is decided (two calls: the hand-back, then the request with the division
-        made from the rows read by HSCAN between them), none in the background."""
+        made from the rows read between them), none in the background."""
         store = await redis_store_factory(clock="redis", inline_rows=100, local_cache=0)
         plan = client_plan(matcher, "c0")
         (g,) = slot_groups(plan, "fairlimit:", False)
@@ -290,7 +290,7 @@ class TestRowsReadByADivision:
             finally:
                 await store.close()
             assert made == whole
-            assert sent["hmget"] == 150 and "hscan" not in sent
+            assert sent.get("hmget") == 150 and "hscan" not in sent
             measured.append(sent)
         assert measured[0] == measured[1]
 
@@ -333,5 +333,32 @@ class TestRowsReadByADivision:
                                        plan.shares[g.cap_share[0]], now, back, OUTLAST)  # fmt: skip
             assert made == await _whole(store, plan, now, back)
             assert await store._client.zcard(g.cap_keys[0]["seen"]) == 300
+        finally:
+            await store.close()
+
+
+class TestWalkOfSeen:
+    """Redis-only: the walk of a cap's seen index (store/redis/division_rows.walk) steps
+    PAGE clients at a time, and a tie of more than a page is read by rank."""
+
+    async def test_every_client_in_the_bounds_is_walked_once_up_and_down(
+        self, redis_store_factory: Factory
+    ) -> None:
+        """Clients d1..d99 at scores 1..99, and 200 clients t* tied at 50: up from 30 the
+        walk gives d30..d99 and every t*; down from below 60 to 20, d20..d59 and every t*;
+        each once, in steps of at most PAGE."""
+        store = await redis_store_factory(local_cache=0)
+        key = "fairlimit:walk-test"
+        try:
+            await store._client.zadd(key, {f"d{i}": float(i) for i in range(1, 100)})
+            await store._client.zadd(key, {f"t{i:03d}": 50.0 for i in range(200)})
+            tied = {f"t{i:03d}" for i in range(200)}
+            for near, far, rev, scores in (("30", "+inf", False, range(30, 100)),
+                                           ("(60", "20", True, range(20, 60))):  # fmt: skip
+                steps = [s async for s in division_rows.walk(store._client, key, near, far,
+                                                              rev, OUTLAST)]  # fmt: skip
+                walked = [c for step in steps for c in step]
+                assert sorted(walked) == sorted({f"d{i}" for i in scores} | tied)
+                assert max(len(step) for step in steps) <= division_rows.PAGE
         finally:
             await store.close()

@@ -57,11 +57,10 @@
 --       share's want, only when a block was asked for; full and was = per counter when it
 --       is full again after this call and before it, for kinds "s" and "g", else "0"), or
 --       {2, now, {cap index, epoch, fields, asker, extra, closing, in_force, indexed,
---       stale}...} when
---       this call won the lock of a cap whose division is due (asker "") or that a request
---       found newly contended (asker = its client, extra = its hits); fields is HLEN of the
---       cap's rows (the caller reads them with HSCAN, in bounded steps: no call returns or
---       walks every row); closing is λ of the window before when the division in force
+--       stale}...} when this call won the lock of a cap whose division is due (asker "")
+--       or that a request found newly contended (asker = its client, extra = its hits);
+--       fields is HLEN of the cap's rows (the caller reads those written lately, found by
+--       seen, in bounded steps: no call returns or walks every row); closing is λ of the window before when the division in force
 --       knows it, else ""; in_force 1 when a division is in force: nothing was recorded
 --       or charged; divide and call again with it, or (a large cap) call again without
 --       it: the lock held, the division in force decides meanwhile; indexed is ZCARD of
