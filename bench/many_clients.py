@@ -7,8 +7,9 @@ Starts a throwaway redis-server (SLOWLOG at 1 ms) and fairlimit on it (bench/ben
 then runs bench/loadgen.py on route=plain (a per-client counter) and route=public (the same
 counter under a fair_share cap), taking turns (``--rounds``), and prints one row per route:
 requests/s, p99, admit.lua µs per call (INFO commandstats), script calls over 1 ms
-(SLOWLOG) and the slowest, with the commands SLOWLOG names, and the answers given by the
-failure mode (fairlimit's backend errors and shed calls). ``--prefill`` first gives the
+(SLOWLOG) and the slowest, with the commands SLOWLOG names (an EVALSHA by its script) and
+their median and slowest, and the answers given by the failure mode (fairlimit's backend
+errors and shed calls); then the Redis time of the costliest commands per route. ``--prefill`` first gives the
 cap a row for every client (a copy of one real row, indexed in the cap's seen set): a run
 reaches only a few thousand.
 Everything binds 127.0.0.1 and is stopped at the end.
@@ -70,14 +71,35 @@ def _script_stats(redis: procs.Redis) -> tuple[int, float]:
     return int(stats.get("calls", 0)), float(stats.get("usec", 0))
 
 
+def _command_stats(redis: procs.Redis) -> dict[str, tuple[int, float]]:
+    stats = redis.client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): (int(v["calls"]), float(v["usec"]))
+            for k, v in stats.items()}  # fmt: skip
+
+
+def _redis_time(before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]]
+                ) -> dict[str, list[float]]:  # fmt: skip
+    """Per command (those inside scripts too, and inside EVALSHA's own time): calls, Redis
+    ms in all and µs per call during a run, the 6 most costly."""
+    out = {}
+    for name, (calls, usec) in after.items():
+        calls0, usec0 = before.get(name, (0, 0.0))
+        if calls > calls0 and name not in ("info", "slowlog|get", "slowlog|reset"):
+            n, t = calls - calls0, usec - usec0
+            out[name] = [n, round(t / 1000, 1), round(t / n, 1)]
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][1])[:6])
+
+
 def _run(route: str, redis: procs.Redis, proc: procs.Proc, port: int, clients: int,
          seconds: float) -> dict[str, Any]:  # fmt: skip
     redis.client.slowlog_reset()
     calls, usec = _script_stats(redis)
+    commands = _command_stats(redis)
     before = proc.metrics()
     result = _loadgen_route(port, route, clients, seconds)
     after = proc.metrics()
     calls2, usec2 = _script_stats(redis)
+    commands2 = _command_stats(redis)
     slow = redis.client.slowlog_get(100_000)
     return {
         "route": route,
@@ -89,6 +111,7 @@ def _run(route: str, redis: procs.Redis, proc: procs.Proc, port: int, clients: i
         "slowest_ms": round(max((s["duration"] for s in slow), default=0) / 1000, 1),
         "slowest": _text(max(slow, key=lambda s: s["duration"])["command"])[:300] if slow else "",
         "slow_commands": _by_command(slow),
+        "redis_time": _redis_time(commands, commands2),
         "failure_mode": sum(after.get(k, 0.0) - before.get(k, 0.0) for k in _FAIL_OPEN),
         "codes": result["codes"],
     }
@@ -165,6 +188,11 @@ def main() -> int:
         print(f"| {r['route']} | {r['rps']} | {r['p99_ms']} | {r['usec_per_call']} | {r['calls']} "
               f"| {r['slowlog_over_1ms']} | {r['slowest_ms']} | {_counts(r['slow_commands'])} "
               f"| {r['failure_mode']:g} |")
+    print("\nRedis time per command (calls, ms in all, µs per call; a script's commands also "
+          "count in its EVALSHA):")
+    for r in rows:
+        print(f"- {r['route']}: " + ", ".join(f"{name} {n} / {ms} ms / {us} µs"
+                                               for name, (n, ms, us) in r["redis_time"].items()))
     return 0
 
 
