@@ -362,3 +362,54 @@ class TestWalkOfSeen:
                 assert max(len(step) for step in steps) <= division_rows.PAGE
         finally:
             await store.close()
+
+
+HOURLY = """
+domain: edge
+descriptors:
+  - key: route
+    value: hourly
+    rate_limit: {unit: hour, requests_per_unit: 100000000}
+    fair_share: {active_clients: 100}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: hour, requests_per_unit: 1000000}
+"""
+
+
+class TestPruneBySeen:
+    """Redis-only: prune.lua finds the stale rows by the cap's seen index, oldest first, a
+    few a call (memory drops the same rows at a new period)."""
+
+    async def test_the_stale_rows_and_only_they_leave_the_rows_and_the_index(
+        self, redis_store_factory: Factory, tmp_path: Path
+    ) -> None:
+        """At an hourly cap (periods of 1 s): 40 clients asked two windows ago (stale: no
+        history, their window gone), hour asked 90 s ago in this window (its history gone,
+        its window not: it stays), fresh asks now, and seen holds ghost, a client without a
+        row, written before them all. The division fresh's request sets off drops the 40
+        (more than PRUNE_STEP: a call drops them a few at a time) and ghost, from the rows
+        hash and from seen; hour and fresh stay in both."""
+        matcher = Matcher(load_text(tmp_path, HOURLY).config)
+
+        def plan(client: str) -> Plan:
+            return make_plan(req("edge", desc("route=hourly", f"client_id={client}")), matcher)
+
+        start = (T0 // 3600 + 1) * 3600  # a window's start
+        store = await redis_store_factory(local_cache=0)
+        (g,) = slot_groups(plan("fresh"), "fairlimit:", False)
+        rows, seen = g.cap_keys[0]["rows"], g.cap_keys[0]["seen"]
+        try:
+            for i in range(40):
+                assert (await store.admit(plan(f"gone{i}"), start - 7200 + 10 + i)).admitted
+            await store._client.zadd(seen, {"ghost": start - 7200})
+            assert (await store.admit(plan("hour"), start + 10)).admitted
+            assert (await store.admit(plan("fresh"), start + 100)).admitted
+            async with asyncio.timeout(OUTLAST):
+                while await store._client.zcard(seen) > 2:
+                    await asyncio.sleep(0.01)
+            with_rows = {f.partition(":")[2] for f in await store._client.hkeys(rows)}
+            assert with_rows == {"hour", "fresh"}
+            assert set(await store._client.zrange(seen, 0, -1)) == {"hour", "fresh"}
+        finally:
+            await store.close()

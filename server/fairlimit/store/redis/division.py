@@ -17,7 +17,8 @@ replicas' requests are while one computes, and the task hands the new division i
 admit-script call of no counters and no shares. A division made for an earlier sub-period is
 still taken when it is newer than the one in force.
 
-The rows stale at a division (those the memory store drops at a new period) are then
+When the hand-back says the cap's least recently written row is older than a stale one can
+be, the rows stale at the division (those the memory store drops at a new period) are then
 dropped by prune.lua, PRUNE_STEP clients a call, the least recently written first, in the
 background.
 """
@@ -160,8 +161,8 @@ def stale(share: Share, now: float) -> list[str | int]:
 
 # Hands a division in: (plan, the group of the one cap, the division) -> done.
 HandIn = Callable[[Plan, SlotGroup, dict[str, GivenDivision]], Awaitable[None]]
-# Runs prune.lua: (KEYS, ARGV) -> its reply.
-Prune = Callable[[list[str], list[str | int]], Awaitable[Any]]
+# Runs prune.lua: (KEYS, ARGV) -> the number of clients it dropped.
+Prune = Callable[[list[str], list[str | int]], Awaitable[int]]
 
 
 @dataclass(slots=True)
@@ -261,7 +262,7 @@ class Background:
                     async with asyncio.timeout(self._timeout):
                         dropped = await self._prune([keys["rows"], keys["seen"]],
                                                     [*args, PRUNE_STEP])  # fmt: skip
-                if int(dropped) < PRUNE_STEP:
+                if dropped < PRUNE_STEP:
                     return
         except StoreUnavailable as exc:
             log.debug("redis: stale rows not dropped: %s", exc)

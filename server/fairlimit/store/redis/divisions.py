@@ -57,9 +57,10 @@ class Divisions:
             self.background.drop(keys, share, now, back)
         return given
 
-    async def _prune(self, keys: list[str], args: list[str | int]) -> None:
-        """prune.lua (not a request's call: not batched, not counted in round_trips)."""
-        await self._scripts.prune(keys=keys, args=args)
+    async def _prune(self, keys: list[str], args: list[str | int]) -> int:
+        """prune.lua (not a request's call: not batched, not counted in round_trips): the
+        number of clients it dropped."""
+        return int(await self._scripts.prune(keys=keys, args=args))
 
     async def _hand_in(self, plan: Plan, g: SlotGroup, given: dict[str, GivenDivision]) -> None:
         """A division made in the background handed in: the admit script with the cap alone."""
