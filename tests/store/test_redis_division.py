@@ -413,3 +413,31 @@ class TestPruneBySeen:
             assert set(await store._client.zrange(seen, 0, -1)) == {"hour", "fresh"}
         finally:
             await store.close()
+
+    async def test_a_call_drops_its_count_oldest_first_and_says_how_many(
+        self, redis_store_factory: Factory, tmp_path: Path
+    ) -> None:
+        """20 clients asked two windows ago and ghost (in seen, without a row) before them:
+        prune.lua asked for 16 drops ghost and the 15 oldest and says 16, then the other 5
+        and says 5 (the division's loop goes on while a call drops all it was asked)."""
+        matcher = Matcher(load_text(tmp_path, HOURLY).config)
+        start = (T0 // 3600 + 1) * 3600
+        store = await redis_store_factory(local_cache=0)
+        plans = [make_plan(req("edge", desc("route=hourly", f"client_id=gone{i:02d}")), matcher)
+                 for i in range(20)]  # fmt: skip
+        (g,) = slot_groups(plans[0], "fairlimit:", False)
+        keys = [g.cap_keys[0]["rows"], g.cap_keys[0]["seen"]]
+        try:
+            for i, p in enumerate(plans):
+                assert (await store.admit(p, start - 7200 + 10 + i)).admitted
+            await store._client.zadd(keys[1], {"ghost": start - 7200})
+            args = division.stale(plans[0].shares[0], start + 100)
+            step = division.PRUNE_STEP
+            assert await store._scripts.prune(keys=keys, args=[*args, step]) == 16
+            left = await store._client.zrange(keys[1], 0, -1)
+            assert left == [f"gone{i:02d}" for i in range(15, 20)]
+            assert await store._scripts.prune(keys=keys, args=[*args, step]) == 5
+            assert await store._client.zcard(keys[1]) == 0
+            assert await store._client.exists(keys[0]) == 0
+        finally:
+            await store.close()
