@@ -7,25 +7,32 @@ Starts a throwaway redis-server (SLOWLOG at 1 ms) and fairlimit on it (bench/ben
 then runs bench/loadgen.py on route=plain (a per-client counter) and route=public (the same
 counter under a fair_share cap), taking turns (``--rounds``), and prints one row per route:
 requests/s, p99, admit.lua µs per call (INFO commandstats), script calls over 1 ms
-(SLOWLOG) and the slowest, with the commands SLOWLOG names, and the answers given by the
-failure mode (fairlimit's backend errors and shed calls). ``--prefill`` first gives the
-cap a row for every client (a copy of one real row): a run reaches only a few thousand.
+(SLOWLOG) and the slowest, with the commands SLOWLOG names (an EVALSHA by its script) and
+their median and slowest, and the answers given by the failure mode (fairlimit's backend
+errors and shed calls); then the Redis time of the costliest commands per route. ``--prefill`` first gives the
+cap a row for every client (a copy of one real row, indexed in the cap's seen set): a run
+reaches only a few thousand.
 Everything binds 127.0.0.1 and is stopped at the end.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import procs
 
+from fairlimit.store.redis import script
+
 _FAIL_OPEN = ("backend_errors", "shed")  # answered by the failure mode
+# EVALSHA's sha -> the script it names (store/redis/script.register registers these)
+_SHAS = {hashlib.sha1(script.source(name).encode()).hexdigest(): name
+         for name in ("admit", "release", "settle", "prune", "acquire", "release_slot", "demand")}
 
 
 def _text(command: object) -> str:
@@ -33,12 +40,30 @@ def _text(command: object) -> str:
 
 
 def _name(command: object) -> str:
-    text = _text(command)
-    return text.split()[0].upper() if text else "?"
+    """The command SLOWLOG logged, an EVALSHA named by its script (``EVALSHA admit``)."""
+    words = _text(command).split()
+    if not words:
+        return "?"
+    name = words[0].upper()
+    if name == "EVALSHA" and len(words) > 1:
+        return f"{name} {_SHAS.get(words[1], words[1][:8])}"
+    return name
 
 
-def _counts(by_name: dict[str, int]) -> str:
-    return ", ".join(f"{name} {n}" for name, n in by_name.items())
+def _by_command(slow: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per command SLOWLOG logged: how many, and the median and slowest ms."""
+    durations: dict[str, list[int]] = {}
+    for s in slow:
+        durations.setdefault(_name(s["command"]), []).append(int(s["duration"]))
+    out = {}
+    for name, d in sorted(durations.items(), key=lambda kv: -len(kv[1])):
+        d.sort()
+        out[name] = [len(d), round(d[len(d) // 2] / 1000, 1), round(d[-1] / 1000, 1)]
+    return out
+
+
+def _counts(by_name: dict[str, list[float]]) -> str:
+    return ", ".join(f"{name} {n} ({mid}/{top} ms)" for name, (n, mid, top) in by_name.items())
 
 
 def _script_stats(redis: procs.Redis) -> tuple[int, float]:
@@ -46,14 +71,35 @@ def _script_stats(redis: procs.Redis) -> tuple[int, float]:
     return int(stats.get("calls", 0)), float(stats.get("usec", 0))
 
 
+def _command_stats(redis: procs.Redis) -> dict[str, tuple[int, float]]:
+    stats = redis.client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): (int(v["calls"]), float(v["usec"]))
+            for k, v in stats.items()}  # fmt: skip
+
+
+def _redis_time(before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]]
+                ) -> dict[str, list[float]]:  # fmt: skip
+    """Per command (those inside scripts too, and inside EVALSHA's own time): calls, Redis
+    ms in all and µs per call during a run, the 6 most costly."""
+    out = {}
+    for name, (calls, usec) in after.items():
+        calls0, usec0 = before.get(name, (0, 0.0))
+        if calls > calls0 and name not in ("info", "slowlog|get", "slowlog|reset"):
+            n, t = calls - calls0, usec - usec0
+            out[name] = [n, round(t / 1000, 1), round(t / n, 1)]
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][1])[:6])
+
+
 def _run(route: str, redis: procs.Redis, proc: procs.Proc, port: int, clients: int,
          seconds: float) -> dict[str, Any]:  # fmt: skip
     redis.client.slowlog_reset()
     calls, usec = _script_stats(redis)
+    commands = _command_stats(redis)
     before = proc.metrics()
     result = _loadgen_route(port, route, clients, seconds)
     after = proc.metrics()
     calls2, usec2 = _script_stats(redis)
+    commands2 = _command_stats(redis)
     slow = redis.client.slowlog_get(100_000)
     return {
         "route": route,
@@ -64,7 +110,8 @@ def _run(route: str, redis: procs.Redis, proc: procs.Proc, port: int, clients: i
         "slowlog_over_1ms": len(slow),
         "slowest_ms": round(max((s["duration"] for s in slow), default=0) / 1000, 1),
         "slowest": _text(max(slow, key=lambda s: s["duration"])["command"])[:300] if slow else "",
-        "slow_commands": dict(Counter(_name(s["command"]) for s in slow).most_common()),
+        "slow_commands": _by_command(slow),
+        "redis_time": _redis_time(commands, commands2),
         "failure_mode": sum(after.get(k, 0.0) - before.get(k, 0.0) for k in _FAIL_OPEN),
         "codes": result["codes"],
     }
@@ -84,10 +131,13 @@ def _prefill(redis: procs.Redis, port: int, clients: int) -> None:
     reaches a few thousand clients in a run): one real request, its row copied."""
     _loadgen_route(port, "public", 1, 0.5)
     (key,) = redis.client.scan_iter(match="*}r:*")
+    (seen,) = redis.client.scan_iter(match="*}a:*")  # the cap's index: client -> written at
     row = {f.partition(":")[0]: v for f, v in redis.client.hgetall(key).items()}
+    ((_, at),) = redis.client.zrange(seen, 0, 0, withscores=True)
     pipe = redis.client.pipeline(transaction=False)
     for i in range(clients):
         pipe.hset(key, mapping={f"{f}:c{i:07d}": v for f, v in row.items()})
+        pipe.zadd(seen, {f"c{i:07d}": at + i * 1e-6})  # as if each asked a µs apart
         if i % 1000 == 999:
             pipe.execute()
     pipe.execute()
@@ -132,12 +182,17 @@ def main() -> int:
     print(f"clients={a.clients} seconds={a.seconds} leases={a.leases} "
           f"rows-hash fields={fields}")
     print("| route | req/s | p99 ms | admit.lua µs/call | calls | SLOWLOG >1 ms | slowest ms "
-          "| slow commands | failure mode |")
+          "| slow commands: n (median/slowest ms) | failure mode |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['route']} | {r['rps']} | {r['p99_ms']} | {r['usec_per_call']} | {r['calls']} "
               f"| {r['slowlog_over_1ms']} | {r['slowest_ms']} | {_counts(r['slow_commands'])} "
               f"| {r['failure_mode']:g} |")
+    print("\nRedis time per command (calls, ms in all, µs per call; a script's commands also "
+          "count in its EVALSHA):")
+    for r in rows:
+        print(f"- {r['route']}: " + ", ".join(f"{name} {n} / {ms} ms / {us} µs"
+                                               for name, (n, ms, us) in r["redis_time"].items()))
     return 0
 
 

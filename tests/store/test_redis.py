@@ -543,6 +543,7 @@ class TestKeys:
                     s = plan.shares[i]
                     keep = max(2 * s.window + 1, sharing.STALE * s.period) * 1000
                     expected[kinds["meta"]] = expected[kinds["rows"]] = int(keep)
+                    expected[kinds["seen"]] = int(keep)
             for rid in ("r1", "r2"):
                 assert await _take(limiter, "a", rid)
             assert not await _take(limiter, "a", "r3")  # the pool's cap: 2 in flight

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
+from fairlimit.core import sharing
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.sharing import FORCES, ROW_FIELDS, SPLIT, STALE
-from fairlimit.store.redis import division, script
+from fairlimit.store.redis import division, division_rows, script
 from fairlimit.store.redis.keys import slot_groups
 from fairlimit.store.redis.script import ADMIT, NEED_LEVEL
 from helpers import desc, load_text, req
@@ -100,18 +101,18 @@ class TestScriptCallsAtScale:
         reply = await _call(store, plan, later, {})
         snapshots.append(_stats(server))
         assert int(reply[0]) == NEED_LEVEL
-        assert _size(reply) == 2 + 7  # NEED_LEVEL, now, one cap's seven fields: no rows
+        assert _size(reply) == 2 + 9  # NEED_LEVEL, now, one cap's nine fields: no rows
         now, (back,) = division.hand_backs(reply)
         assert back.fields == n * len(ROW_FIELDS)  # the rows are there, and not returned
-        rows = await division.read_rows(store._client, g.cap_keys[0]["rows"], OUTLAST)
-        assert len(rows) == n
-        made = division.divide(plan.shares[g.cap_share[0]], rows, now, back)
+        assert back.indexed == n
+        share = plan.shares[g.cap_share[0]]
+        made = await division.made(store._client, g.cap_keys[0], share, now, back, OUTLAST)
         snapshots.append(_stats(server))
         assert int((await _call(store, plan, later, {g.caps[0]: made}))[0]) == 1
         snapshots.append(_stats(server))
         assert int((await _call(store, client_plan(matcher, "c1"), later, {}))[0]) == 1
         snapshots.append(_stats(server))
-        at = snapshots  # HSCAN ran between the second and the third
+        at = snapshots  # the rows were read between the second and the third
         return _inside(at[0], at[1]), _inside(at[2], at[3]), _inside(at[3], at[4])
 
     async def test_commands_and_reply_of_a_call_do_not_grow_with_the_clients(
@@ -119,7 +120,7 @@ class TestScriptCallsAtScale:
     ) -> None:
         """At a cap of 100 and of 10,000 clients, a division due is handed back with the
         same reply size and the same commands inside the script (its rows are not returned:
-        the caller reads them with HSCAN), the call that takes the division runs the same
+        the caller reads them), the call that takes the division runs the same
         commands, and so does the next request's call."""
         measured = []
         for n in (100, 10_000):
@@ -179,7 +180,7 @@ class TestBackgroundDivision:
     ) -> None:
         """At a cap of no more clients than inline_rows, the division is handed in before
         the request is decided (two calls: the hand-back, then the request with the division
-        made from the rows read by HSCAN between them), none in the background."""
+        made from the rows read between them), none in the background."""
         store = await redis_store_factory(clock="redis", inline_rows=100, local_cache=0)
         plan = client_plan(matcher, "c0")
         (g,) = slot_groups(plan, "fairlimit:", False)
@@ -224,5 +225,219 @@ class TestStaleRows:
                 fields = client.hkeys(rows)
             assert sorted(f.partition(":")[2] for f in fields) == ["new"] * len(ROW_FIELDS)
             assert (await store.admit(client_plan(matcher, "old"), later)).admitted
+        finally:
+            await store.close()
+
+
+def _sent(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The commands run between two snapshots (no script runs between them here)."""
+    grown = {k: after[k] - before.get(k, 0) for k in after if k not in {"info", "hello"}}
+    return {k: v for k, v in grown.items() if v}
+
+
+async def _hand_back(store: Any, plan: Plan, at: float) -> tuple[float, division.HandBack]:
+    reply = await _call(store, plan, at, {})
+    assert int(reply[0]) == NEED_LEVEL
+    now, (back,) = division.hand_backs(reply)
+    return now, back
+
+
+async def _whole(store: Any, plan: Plan, now: float, back: division.HandBack
+                 ) -> script.GivenDivision:  # fmt: skip
+    """The division made from every row of the cap (HGETALL), as before the index."""
+    (g,) = slot_groups(plan, "fairlimit:", False)
+    flat = [x for kv in (await store._client.hgetall(g.cap_keys[0]["rows"])).items() for x in kv]
+    return division.divide(plan.shares[g.cap_share[0]], script.rows_of(flat), now, back)
+
+
+class TestRowsReadByADivision:
+    """Redis-only: a division reads the rows written in the last two windows (the cap's seen
+    index), not every row the cap holds, and makes the division every row would make."""
+
+    async def _division(
+        self, store: Any, server: RedisProcess, matcher: Matcher, old: int
+    ) -> tuple[dict[str, int], script.GivenDivision, script.GivenDivision]:
+        """``old`` clients ask at T0, 150 others at T0 + 10 (ten windows later, one instant:
+        a tie in seen); a division due at T0 + 11.3: (the commands it sent, the division
+        made, the division every row gives)."""
+        await _clients(store, matcher, old, T0)
+        later = [client_plan(matcher, f"n{i}") for i in range(150)]
+        assert all(o.admitted for o in await asyncio.gather(*(store.admit(p, T0 + 10)
+                                                              for p in later)))  # fmt: skip
+        plan = later[0]
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        now, back = await _hand_back(store, plan, T0 + 11.3)
+        assert back.indexed == old + 150 and not back.whole
+        before = _stats(server)
+        made = await division.made(store._client, g.cap_keys[0], plan.shares[g.cap_share[0]],
+                                   now, back, OUTLAST)  # fmt: skip
+        sent = _sent(before, _stats(server))
+        return sent, made, await _whole(store, plan, now, back)
+
+    async def test_the_rows_read_grow_with_the_clients_active_not_with_all_rows(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
+    ) -> None:
+        """With 100 and with 2,000 rows left from ten windows before, a division reads the
+        same: the 150 rows written lately (one HMGET each, a few ZRANGE / ZCOUNT steps of
+        seen), no HSCAN; and its division is the one every row gives."""
+        measured = []
+        for old in (100, 2_000):
+            store = await redis_store_factory(local_cache=0, timeout=OUTLAST)
+            try:
+                with redis_server.client() as client:
+                    client.flushall()
+                sent, made, whole = await self._division(store, redis_server, matcher, old)
+            finally:
+                await store.close()
+            assert made == whole
+            assert sent.get("hmget") == 150 and "hscan" not in sent
+            measured.append(sent)
+        assert measured[0] == measured[1]
+
+    async def test_a_division_cold_by_the_rows_read_finds_an_older_rows_history(
+        self, redis_store_factory: Factory, matcher: Matcher
+    ) -> None:
+        """Client old asked ten periods ago (its history lives STALE periods); new asks now
+        for the first time: the rows written lately have no history, old's has, so the
+        division is not cold, as every row makes it."""
+        store = await redis_store_factory(local_cache=0)
+        try:
+            assert (await store.admit(client_plan(matcher, "old"), T0)).admitted
+            plan = client_plan(matcher, "new")
+            (g,) = slot_groups(plan, "fairlimit:", False)
+            now, back = await _hand_back(store, plan, T0 + 10)
+            made = await division.made(store._client, g.cap_keys[0],
+                                       plan.shares[g.cap_share[0]], now, back, OUTLAST)  # fmt: skip
+            whole = await _whole(store, plan, now, back)
+        finally:
+            await store.close()
+        assert made == whole
+        cold = list(sharing.DIVISION_FIELDS).index("cold")
+        assert float(made.values.split(",")[cold]) == 0
+
+    async def test_rows_written_before_the_index_are_read_whole_and_indexed(
+        self, redis_store_factory: Factory, matcher: Matcher
+    ) -> None:
+        """A cap whose seen index holds fewer clients than its rows (written by an earlier
+        version) is read whole, as every row gives its division, and each row is then
+        indexed: the next hand-back counts them all."""
+        store = await redis_store_factory(local_cache=0, timeout=OUTLAST)
+        plan = client_plan(matcher, "c0")
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        try:
+            await _clients(store, matcher, 300, T0)
+            await store._client.delete(g.cap_keys[0]["seen"])
+            now, back = await _hand_back(store, plan, T0 + 1.3)
+            assert back.whole and back.clients == 300
+            made = await division.made(store._client, g.cap_keys[0],
+                                       plan.shares[g.cap_share[0]], now, back, OUTLAST)  # fmt: skip
+            assert made == await _whole(store, plan, now, back)
+            assert await store._client.zcard(g.cap_keys[0]["seen"]) == 300
+        finally:
+            await store.close()
+
+
+class TestWalkOfSeen:
+    """Redis-only: the walk of a cap's seen index (store/redis/division_rows.walk) steps
+    PAGE clients at a time, and a tie of more than a page is read by rank."""
+
+    async def test_every_client_in_the_bounds_is_walked_once_up_and_down(
+        self, redis_store_factory: Factory
+    ) -> None:
+        """Clients d1..d99 at scores 1..99, and 200 clients t* tied at 50: up from 30 the
+        walk gives d30..d99 and every t*; down from below 60 to 20, d20..d59 and every t*;
+        each once, in steps of at most PAGE."""
+        store = await redis_store_factory(local_cache=0)
+        key = "fairlimit:walk-test"
+        try:
+            await store._client.zadd(key, {f"d{i}": float(i) for i in range(1, 100)})
+            await store._client.zadd(key, {f"t{i:03d}": 50.0 for i in range(200)})
+            tied = {f"t{i:03d}" for i in range(200)}
+            for near, far, rev, scores in (("30", "+inf", False, range(30, 100)),
+                                           ("(60", "20", True, range(20, 60))):  # fmt: skip
+                steps = [s async for s in division_rows.walk(store._client, key, near, far,
+                                                              rev, OUTLAST)]  # fmt: skip
+                walked = [c for step in steps for c in step]
+                assert sorted(walked) == sorted({f"d{i}" for i in scores} | tied)
+                assert max(len(step) for step in steps) <= division_rows.PAGE
+        finally:
+            await store.close()
+
+
+HOURLY = """
+domain: edge
+descriptors:
+  - key: route
+    value: hourly
+    rate_limit: {unit: hour, requests_per_unit: 100000000}
+    fair_share: {active_clients: 100}
+    descriptors:
+      - key: client_id
+        rate_limit: {unit: hour, requests_per_unit: 1000000}
+"""
+
+
+class TestPruneBySeen:
+    """Redis-only: prune.lua finds the stale rows by the cap's seen index, oldest first, a
+    few a call (memory drops the same rows at a new period)."""
+
+    async def test_the_stale_rows_and_only_they_leave_the_rows_and_the_index(
+        self, redis_store_factory: Factory, tmp_path: Path
+    ) -> None:
+        """At an hourly cap (periods of 1 s): 40 clients asked two windows ago (stale: no
+        history, their window gone), hour asked 90 s ago in this window (its history gone,
+        its window not: it stays), fresh asks now, and seen holds ghost, a client without a
+        row, written before them all. The division fresh's request sets off drops the 40
+        (more than PRUNE_STEP: a call drops them a few at a time) and ghost, from the rows
+        hash and from seen; hour and fresh stay in both."""
+        matcher = Matcher(load_text(tmp_path, HOURLY).config)
+
+        def plan(client: str) -> Plan:
+            return make_plan(req("edge", desc("route=hourly", f"client_id={client}")), matcher)
+
+        start = (T0 // 3600 + 1) * 3600  # a window's start
+        store = await redis_store_factory(local_cache=0)
+        (g,) = slot_groups(plan("fresh"), "fairlimit:", False)
+        rows, seen = g.cap_keys[0]["rows"], g.cap_keys[0]["seen"]
+        try:
+            for i in range(40):
+                assert (await store.admit(plan(f"gone{i}"), start - 7200 + 10 + i)).admitted
+            await store._client.zadd(seen, {"ghost": start - 7200})
+            assert (await store.admit(plan("hour"), start + 10)).admitted
+            assert (await store.admit(plan("fresh"), start + 100)).admitted
+            async with asyncio.timeout(OUTLAST):
+                while await store._client.zcard(seen) > 2:
+                    await asyncio.sleep(0.01)
+            with_rows = {f.partition(":")[2] for f in await store._client.hkeys(rows)}
+            assert with_rows == {"hour", "fresh"}
+            assert set(await store._client.zrange(seen, 0, -1)) == {"hour", "fresh"}
+        finally:
+            await store.close()
+
+    async def test_a_call_drops_its_count_oldest_first_and_says_how_many(
+        self, redis_store_factory: Factory, tmp_path: Path
+    ) -> None:
+        """20 clients asked two windows ago and ghost (in seen, without a row) before them:
+        prune.lua asked for 16 drops ghost and the 15 oldest and says 16, then the other 5
+        and says 5 (the division's loop goes on while a call drops all it was asked)."""
+        matcher = Matcher(load_text(tmp_path, HOURLY).config)
+        start = (T0 // 3600 + 1) * 3600
+        store = await redis_store_factory(local_cache=0)
+        plans = [make_plan(req("edge", desc("route=hourly", f"client_id=gone{i:02d}")), matcher)
+                 for i in range(20)]  # fmt: skip
+        (g,) = slot_groups(plans[0], "fairlimit:", False)
+        keys = [g.cap_keys[0]["rows"], g.cap_keys[0]["seen"]]
+        try:
+            for i, p in enumerate(plans):
+                assert (await store.admit(p, start - 7200 + 10 + i)).admitted
+            await store._client.zadd(keys[1], {"ghost": start - 7200})
+            args = division.stale(plans[0].shares[0], start + 100)
+            step = division.PRUNE_STEP
+            assert await store._scripts.prune(keys=keys, args=[*args, step]) == 16
+            left = await store._client.zrange(keys[1], 0, -1)
+            assert left == [f"gone{i:02d}" for i in range(15, 20)]
+            assert await store._scripts.prune(keys=keys, args=[*args, step]) == 5
+            assert await store._client.zcard(keys[1]) == 0
+            assert await store._client.exists(keys[0]) == 0
         finally:
             await store.close()

@@ -512,14 +512,15 @@ class TestReplies:
     ) -> None:
         """The admit script hands back the public cap (index 1) at 12.5 for the first remake
         forced in sub-period 50 (id FORCES x 50 + 1) by heavy asking 1, no rows yet (HLEN 0, a
-        division in force): the division given has that epoch, and its text reads back (the
-        Lua's parse) as made at 12.5 with heavy counted (1 row) and excluded, forced once,
-        cold, nothing contended."""
+        division in force, none indexed, none stale): the division given has that epoch, and
+        its text reads back (the Lua's parse) as made at 12.5 with heavy counted (1 row) and
+        excluded, forced once, cold, nothing contended."""
         g = next(g for g in groups if g.shares)
         epoch = sharing.FORCES * 50 + 1
-        reply = [script.NEED_LEVEL, "12.5", [[1, str(epoch), 0, "heavy", "1", "", 1]]]
+        reply = [script.NEED_LEVEL, "12.5", [[1, str(epoch), 0, "heavy", "1", "", 1, 0, 0]]]
         now, (back,) = division.hand_backs(reply)
         assert (now, back.index, back.fields, back.in_force) == (12.5, 0, 0, True)
+        assert (back.indexed, back.stale) == (0, False)
         made = division.divide(plan.shares[g.cap_share[back.index]], {}, now, back)
         assert made.epoch == str(epoch) and made.figures == ("",) * len(script.FIGURES)
         parsed = lua_given_division(made.values)

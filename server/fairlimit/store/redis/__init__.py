@@ -5,8 +5,10 @@ What each module owns:
 - ``keys.py``: key names, hash tags, the anchor cap of each counter, a plan's slot groups
 - ``script.py``: the KEYS/ARGV contract with ``lua/`` (layouts, argument builders, reply
   parsers, script registration)
-- ``division.py``: a hand-back's division: the rows read by HSCAN in bounded steps, the
-  division computed, inline or (a large cap) in the background (division.Background)
+- ``division.py``: a hand-back's division: the rows read, the division computed, inline or
+  (a large cap) in the background (division.Background)
+- ``division_rows.py``: the rows a division reads: those written lately, found by the
+  cap's seen index in bounded steps
 - ``lua/``: one script per operation: ``admit/`` (admission, with the division hand-back;
   one file per concept, joined into one script by script.py), ``release.lua`` (undo a
   reservation of a multi-slot request), ``acquire.lua`` and ``release_slot.lua``

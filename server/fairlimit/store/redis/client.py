@@ -55,7 +55,7 @@ class Options:
     leases: str = "on"  # "off": every request is one script call (core/lease.py)
     lease_max: int = 1_000_000  # hits a lease block may hold at most (bounds the slack)
     # a cap of more clients has its division made in the background (store/redis/division.py)
-    inline_rows: int = 64  # its rows read inline in at most 11 HSCAN steps
+    inline_rows: int = 64  # its rows read inline in one or two round trips
 
 
 @dataclass(frozen=True, slots=True)

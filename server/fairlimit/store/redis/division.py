@@ -1,11 +1,13 @@
-"""A cap's division made outside the script: its rows read by HSCAN in bounded steps, the
-division computed here (core/sharing.divide), inline or in the background.
+"""A cap's division made outside the script: the rows it depends on read in bounded steps
+(division_rows.py), the division computed here (core/sharing.divide), inline or in the
+background.
 
 The admit script never returns or walks a cap's rows (a script blocks every other command on
 that Redis while it runs, issue 41): when a division is due it hands back the cap's index,
-the division's epoch and HLEN of its rows. The caller that won the cap's lock reads the rows
-with HSCAN, SCAN_COUNT fields a step (each step is one short command; other commands run
-between steps), and hands the division in with the next call (``given_division``).
+the division's epoch, HLEN of its rows and ZCARD of its seen index. The caller that won the
+cap's lock reads the rows written lately (division_rows.read_active: what it reads grows
+with the clients active in the last two windows, not with every row the cap holds), and
+hands the division in with the next call (``given_division``).
 
 A cap of at most ``inline_rows`` clients is divided inline, before its request is decided,
 as before (so the deterministic parity tests keep their figures). A larger one, while a
@@ -13,12 +15,12 @@ division is in force and Redis keeps the clock, is divided in the background (on
 cap per store): the request is decided at once by the division in force, as the other
 replicas' requests are while one computes, and the task hands the new division in with an
 admit-script call of no counters and no shares. A division made for an earlier sub-period is
-still taken when it is newer than the one in force. Rows are read as HSCAN returns them:
-a row written between two steps may mix its fields from before and after that request (a
-division is an estimate remade every sub-period; the next one reads it whole).
+still taken when it is newer than the one in force.
 
-The rows a division finds stale (those the memory store drops at a new period) are then
-dropped by prune.lua, PRUNE_STEP clients a call, in the background.
+When the hand-back says the cap's least recently written row is older than a stale one can
+be, the rows stale at the division (those the memory store drops at a new period) are then
+dropped by prune.lua, PRUNE_STEP clients a call, the least recently written first, in the
+background.
 """
 
 import asyncio
@@ -35,22 +37,21 @@ from redis.asyncio.cluster import RedisCluster
 from fairlimit.core import sharing
 from fairlimit.core.fairshare import figures_of
 from fairlimit.core.plan import Plan, Share
-from fairlimit.core.sharing import ROW_FIELDS, Clock, Row
+from fairlimit.core.sharing import ROW_FIELDS, STALE, Clock, Division, Row
 from fairlimit.errors import StoreUnavailable
+from fairlimit.store.redis import division_rows
 from fairlimit.store.redis.client import unavailable
 from fairlimit.store.redis.keys import SlotGroup
-from fairlimit.store.redis.script import FIGURES, GivenDivision, division_text, num, rows_of
+from fairlimit.store.redis.script import FIGURES, GivenDivision, division_text, num
 
 log = logging.getLogger(__name__)
 
-SCAN_COUNT = 128  # hash fields asked for per HSCAN step (about 6 clients' rows): well under
-# a millisecond of Redis time per step, on a loaded machine too
 PRUNE_STEP = 16  # clients whose stale rows one prune.lua call drops (16 x 22 fields)
 # After a division made in the background, the cap's task rests REST times as long as it
-# took before it makes the next: a division reads every row, so at most 1 / (1 + REST) of
-# a core goes to a large cap's divisions, however often they fall due (each period, and at
-# a quarter period after rows / AMORTISE requests); meanwhile requests update the division
-# in force (core/sharing.leave and enter) and only λ waits.
+# took before it makes the next: a division reads every active row, so at most
+# 1 / (1 + REST) of a core goes to a large cap's divisions, however often they fall due
+# (each period, and at a quarter period after rows / AMORTISE requests); meanwhile requests
+# update the division in force (core/sharing.leave and enter) and only λ waits.
 REST = 3.0
 
 
@@ -65,47 +66,41 @@ class HandBack:
     extra: int  # that request's hits
     closing: str  # λ of the window before as the division in force knows it, or ""
     in_force: bool  # a division is in force (a request can be decided without this one)
+    indexed: int  # ZCARD of the cap's seen index
+    stale: bool  # the cap may hold stale rows (prune.lua has some to drop)
 
     @property
     def clients(self) -> int:
         """The rows the hash holds (each has every field of ROW_FIELDS)."""
         return self.fields // len(ROW_FIELDS)
 
+    @property
+    def whole(self) -> bool:
+        """Whether the rows must be read whole: some were written before seen was kept."""
+        return self.indexed < self.clients
+
 
 def hand_backs(reply: Sequence[Any]) -> tuple[float, list[HandBack]]:
     """The clock and the caps of an admit script hand-back (``reply[0] == NEED_LEVEL``)."""
     backs = [
-        HandBack(int(i) - 1, int(e), int(n), str(asker), int(extra), str(closing), bool(int(f)))
-        for i, e, n, asker, extra, closing, f in reply[2]
+        HandBack(
+            int(i) - 1,
+            int(e),
+            int(n),
+            str(asker),
+            int(extra),
+            str(closing),
+            bool(int(f)),
+            int(z),
+            bool(int(old)),
+        )
+        for i, e, n, asker, extra, closing, f, z, old in reply[2]
     ]
     return float(reply[1]), backs
 
 
-async def read_fields(client: "aioredis.Redis | RedisCluster", key: str, timeout: float
-                      ) -> list[str]:  # fmt: skip
-    """The hash ``key`` as flat (field, value) pairs, read SCAN_COUNT fields a step, each
-    step bounded by ``timeout``."""
-    flat: list[str] = []
-    cursor = 0
-    while True:
-        with unavailable():
-            async with asyncio.timeout(timeout):
-                cursor, chunk = await client.hscan(key, cursor, count=SCAN_COUNT)
-        assert isinstance(chunk, dict)  # fields with their values (no no_values)
-        for field, value in chunk.items():
-            flat += (str(field), str(value))  # str already: decode_responses
-        if cursor == 0:
-            return flat
-
-
-async def read_rows(client: "aioredis.Redis | RedisCluster", key: str, timeout: float
-                    ) -> dict[str, Row]:  # fmt: skip
-    """The rows of the hash ``key`` (``read_fields``)."""
-    return rows_of(await read_fields(client, key, timeout))
-
-
-def divide(share: Share, rows: dict[str, Row], now: float, back: HandBack) -> GivenDivision:
-    """The division for ``share``'s cap from its rows (``core.sharing.divide``, as memory)."""
+def _division(share: Share, rows: dict[str, Row], now: float, back: HandBack
+              ) -> tuple[GivenDivision, Division]:  # fmt: skip
     clock = Clock(share.window, share.period, now)
     if back.asker and back.asker not in rows:  # a newcomer: memory holds its fresh row by now
         rows[back.asker] = Row(share.client_limit, share.weight)
@@ -120,22 +115,54 @@ def divide(share: Share, rows: dict[str, Row], now: float, back: HandBack) -> Gi
         fig = figures_of(last)
         figures = tuple(num(x) for x in (fig.utilization, fig.active_clients, fig.level,
                         fig.jain_index, fig.top_client_share, fig.starved_clients))  # fmt: skip
-    return GivenDivision(str(division.epoch), division_text(division), figures)
+    return GivenDivision(str(division.epoch), division_text(division), figures), division
 
 
-def stale(share: Share, rows: dict[str, Row], now: float) -> tuple[int, int, list[str]]:
-    """(stale period, last window, clients): the rows that folding at ``now`` would make
-    fresh ones, those of a period below the first and a window below the second (the
-    memory store drops the same rows at a new period)."""
+def divide(share: Share, rows: dict[str, Row], now: float, back: HandBack) -> GivenDivision:
+    """The division for ``share``'s cap from its rows (``core.sharing.divide``, as memory)."""
+    return _division(share, rows, now, back)[0]
+
+
+async def made(client: "aioredis.Redis | RedisCluster", keys: dict[str, str], share: Share,
+               now: float, back: HandBack, timeout: float, offload: bool = False
+               ) -> GivenDivision:  # fmt: skip
+    """The division ``back`` asks for: the rows it depends on read (division_rows), then
+    divided; ``offload``: in a thread (a large cap's water-filling is CPU work, and the
+    event loop keeps answering requests meanwhile)."""
+
+    async def run(rows: dict[str, Row]) -> tuple[GivenDivision, Division]:
+        if offload:
+            return await asyncio.to_thread(_division, share, rows, now, back)
+        return _division(share, rows, now, back)
+
+    if back.whole:
+        return (await run(await division_rows.read_all(client, keys, share, timeout)))[0]
     clock = Clock(share.window, share.period, now)
-    period, last = clock.period - sharing.STALE, clock.start - clock.window
-    return period, last, [c for c, r in rows.items() if r.period < period and r.window < last]
+    rows, walked = await division_rows.read_active(client, keys, clock, back.asker, timeout)
+    given, division = await run(rows)
+    # no row read has history: an older one may (unless every client indexed when the
+    # hand-back was made has been walked)
+    if division.cold and walked < back.indexed:
+        warm = await division_rows.warm_row(client, keys, share, clock, timeout)
+        if warm:
+            given, _ = await run({**rows, **warm})
+    return given
+
+
+def stale(share: Share, now: float) -> list[str | int]:
+    """prune.lua's ARGV before its count, for a division at ``now``: the rows that folding
+    would make fresh ones, those of a period below stale_period and a window below
+    last_window (the memory store drops the same rows at a new period), are among those
+    last written before ``below``."""
+    clock = Clock(share.window, share.period, now)
+    period, last = clock.period - STALE, clock.start - clock.window
+    return [period, last, repr(min(period * clock.period_len, float(last)))]
 
 
 # Hands a division in: (plan, the group of the one cap, the division) -> done.
 HandIn = Callable[[Plan, SlotGroup, dict[str, GivenDivision]], Awaitable[None]]
-# Runs prune.lua: (KEYS, ARGV) -> its reply.
-Prune = Callable[[list[str], list[str | int]], Awaitable[Any]]
+# Runs prune.lua: (KEYS, ARGV) -> the number of clients it dropped.
+Prune = Callable[[list[str], list[str | int]], Awaitable[int]]
 
 
 @dataclass(slots=True)
@@ -144,13 +171,6 @@ class _Wanted:
     group: SlotGroup  # the one cap, no counters, no shares
     now: float
     back: HandBack
-
-
-def _made(wanted: _Wanted, flat: list[str]) -> tuple[GivenDivision, tuple[int, int, list[str]]]:
-    share = wanted.plan.shares[wanted.group.cap_share[0]]
-    rows = rows_of(flat)
-    dropped = stale(share, rows, wanted.now)  # before divide adds a newcomer's fresh row
-    return divide(share, rows, wanted.now, wanted.back), dropped
 
 
 class Background:
@@ -167,6 +187,7 @@ class Background:
         self._out: dict[str, int] = {}  # cap key -> the epoch of the division being made
         self._next: dict[str, _Wanted] = {}  # cap key -> the newer hand-back waiting
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pruning: set[str] = set()  # the rows keys prune.lua is running on
         self.made = 0  # divisions handed in (tests)
 
     def want(self, plan: Plan, g: SlotGroup, now: float, back: HandBack) -> None:
@@ -207,37 +228,46 @@ class Background:
             self._out.pop(cap, None)
 
     async def _make(self, wanted: _Wanted) -> None:
-        flat = await read_fields(self._client, wanted.group.cap_keys[0]["rows"], self._timeout)
-        # parsing and water-filling a large cap's rows is CPU work: in a thread, so the
-        # event loop keeps answering requests meanwhile
-        made, dropped = await asyncio.to_thread(_made, wanted, flat)
+        share = wanted.plan.shares[wanted.group.cap_share[0]]
+        keys = wanted.group.cap_keys[0]
+        given = await made(self._client, keys, share, wanted.now, wanted.back, self._timeout,
+                           offload=True)  # fmt: skip
         with unavailable():
             async with asyncio.timeout(self._timeout):
-                await self._hand_in(wanted.plan, wanted.group, {wanted.group.caps[0]: made})
+                await self._hand_in(wanted.plan, wanted.group, {wanted.group.caps[0]: given})
         self.made += 1
-        await self._drop(wanted.group.cap_keys[0]["rows"], *dropped)
+        if wanted.back.stale:
+            await self._drop(keys, stale(share, wanted.now))
 
-    def drop(self, key: str, period: int, last: int, clients: list[str]) -> None:
-        """Drop the stale rows of ``clients`` from the rows hash ``key``, in the background."""
-        if not clients:
+    def drop(self, keys: dict[str, str], share: Share, now: float, back: HandBack) -> None:
+        """Drop the cap's rows stale at ``now`` (``stale``), in the background, when the
+        hand-back ``back`` says it holds some; once at a time per cap."""
+        if not back.stale or keys["rows"] in self._pruning:
             return
         task = asyncio.get_running_loop().create_task(
-            self._drop(key, period, last, clients), context=contextvars.Context()
+            self._drop(keys, stale(share, now)), context=contextvars.Context()
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _drop(self, key: str, period: int, last: int, clients: list[str]) -> None:
-        """prune.lua, PRUNE_STEP clients a call (best effort: a row left is dropped at the
-        next division)."""
-        for at in range(0, len(clients), PRUNE_STEP):
-            try:
+    async def _drop(self, keys: dict[str, str], args: list[str | int]) -> None:
+        """prune.lua, PRUNE_STEP clients a call, until a call drops fewer (best effort: a row
+        left is dropped after the next division)."""
+        if keys["rows"] in self._pruning:
+            return
+        self._pruning.add(keys["rows"])
+        try:
+            while True:
                 with unavailable():
                     async with asyncio.timeout(self._timeout):
-                        await self._prune([key], [period, last, *clients[at : at + PRUNE_STEP]])
-            except StoreUnavailable as exc:
-                log.debug("redis: stale rows not dropped: %s", exc)
-                return
+                        dropped = await self._prune([keys["rows"], keys["seen"]],
+                                                    [*args, PRUNE_STEP])  # fmt: skip
+                if dropped < PRUNE_STEP:
+                    return
+        except StoreUnavailable as exc:
+            log.debug("redis: stale rows not dropped: %s", exc)
+        finally:
+            self._pruning.discard(keys["rows"])
 
     async def close(self) -> None:
         pending = list(self._tasks)

@@ -50,16 +50,17 @@ class Divisions:
                                    self._options.clock != "caller"):  # fmt: skip
                 self.background.want(plan, g, now, back)
                 continue
-            key = g.cap_keys[back.index]["rows"]
+            keys = g.cap_keys[back.index]
             timeout = deadline.timeout(self._options.timeout)
-            rows = await division.read_rows(self._client, key, timeout)
-            self.background.drop(key, *division.stale(share, rows, now))
-            given[g.caps[back.index]] = division.divide(share, rows, now, back)
+            given[g.caps[back.index]] = await division.made(self._client, keys, share, now,
+                                                            back, timeout)  # fmt: skip
+            self.background.drop(keys, share, now, back)
         return given
 
-    async def _prune(self, keys: list[str], args: list[str | int]) -> None:
-        """prune.lua (not a request's call: not batched, not counted in round_trips)."""
-        await self._scripts.prune(keys=keys, args=args)
+    async def _prune(self, keys: list[str], args: list[str | int]) -> int:
+        """prune.lua (not a request's call: not batched, not counted in round_trips): the
+        number of clients it dropped."""
+        return int(await self._scripts.prune(keys=keys, args=args))
 
     async def _hand_in(self, plan: Plan, g: SlotGroup, given: dict[str, GivenDivision]) -> None:
         """A division made in the background handed in: the admit script with the cap alone."""

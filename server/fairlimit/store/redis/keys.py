@@ -16,7 +16,7 @@ from fairlimit.core.plan import Plan
 
 COUNTER_KIND = "c"
 # A cap's keys by kind; the scripts' KEYS name them (script.py states which each takes).
-CAP_KINDS = {"meta": "m", "rows": "r", "lock": "l"}
+CAP_KINDS = {"meta": "m", "rows": "r", "lock": "l", "seen": "a"}
 
 
 def tag(counter_key: str) -> str:

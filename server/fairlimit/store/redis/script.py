@@ -57,7 +57,7 @@ class Layout:
 _CAP_FIELDS = ("period", "window", "capacity", "declared", "cap", "total")
 ADMIT = Layout(
     "admit",
-    cap_keys=("meta", "rows", "lock"),
+    cap_keys=("meta", "rows", "lock", "seen"),
     head=("now", "may_lock", "lock_ms", "consumer", "want"),
     counter=("limit", "window", "hits", "shadow", "force", "kind", "extra"),
     cap=(*_CAP_FIELDS, "given_epoch", "given_division", *FIGURES),
@@ -317,6 +317,22 @@ def rows_of(flat: Sequence[str]) -> dict[str, Row]:
                 setattr(row, name, int(float(raw)) if whole else float(raw))
         out[client] = row
     return out
+
+
+_AT = {name: i for i, name in enumerate(ROW_FIELDS)}  # Row attribute -> its HMGET position
+
+
+def row_of(values: Sequence[str | None]) -> Row | None:
+    """A core.sharing row from HMGET of its fields in ROW_FIELDS order (None: no row), as
+    rows_of makes it."""
+    window, limit, weight = (values[_AT[name]] for name in ("window", "limit", "weight"))
+    if window is None or limit is None or weight is None:
+        return None
+    row = Row(float(limit), float(weight))
+    for (_, name, whole), raw in zip(_PARSE, values, strict=True):
+        if raw is not None:
+            setattr(row, name, int(float(raw)) if whole else float(raw))
+    return row
 
 
 def division_text(division: Division) -> str:

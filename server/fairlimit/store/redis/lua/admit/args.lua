@@ -15,7 +15,7 @@
 --
 -- The layout (script.ADMIT states it too; tests/store/test_redis_script.py checks both agree):
 -- KEYS  per counter: counter
--- KEYS  per cap: meta rows lock
+-- KEYS  per cap: meta rows lock seen
 -- ARGV  head: now may_lock lock_ms consumer want
 -- ARGV  per counter: limit window hits shadow force kind extra
 -- ARGV  per cap: period window capacity declared cap total given_epoch given_division f_u f_a f_l f_j f_t f_s
@@ -29,6 +29,9 @@
 --          period's fairness figures f_* and the light demand (LIGHT_FIELD)
 -- rows     hash: per client the fields of core/sharing.Row as <field>:<client> (ROW)
 -- lock     string: the division epoch a replica is computing
+-- seen     sorted set: per client with a row, the latest now its row was written at (ZADD
+--          GT), so a division reads only the rows written since a time (store/redis/
+--          division.py: the others play no part in it) and prune.lua finds the stale ones
 -- now ("" = Redis TIME), may_lock, shadow, sized, force and nested "1" | "0"; total is the
 -- 1-based index of the cap's own counter (0: not in this group); given_epoch "" = no
 -- division given, else given_division is the division's values in DIVISION order, ","
@@ -53,14 +56,16 @@
 --       division this call wrote; block = the hits reserved, 0 = none; wanted = each
 --       share's want, only when a block was asked for; full and was = per counter when it
 --       is full again after this call and before it, for kinds "s" and "g", else "0"), or
---       {2, now, {cap index, epoch, fields, asker, extra, closing, in_force}...} when
---       this call won the lock of a cap whose division is due (asker "") or that a request
---       found newly contended (asker = its client, extra = its hits); fields is HLEN of the
---       cap's rows (the caller reads them with HSCAN, in bounded steps: no call returns or
---       walks every row); closing is λ of the window before when the division in force
+--       {2, now, {cap index, epoch, fields, asker, extra, closing, in_force, indexed,
+--       stale}...} when this call won the lock of a cap whose division is due (asker "")
+--       or that a request found newly contended (asker = its client, extra = its hits);
+--       fields is HLEN of the cap's rows (the caller reads those written lately, found by
+--       seen, in bounded steps: no call returns or walks every row); closing is λ of the window before when the division in force
 --       knows it, else ""; in_force 1 when a division is in force: nothing was recorded
 --       or charged; divide and call again with it, or (a large cap) call again without
---       it: the lock held, the division in force decides meanwhile.
+--       it: the lock held, the division in force decides meanwhile; indexed is ZCARD of
+--       seen (fewer than the rows: rows written before seen was kept, read whole); stale
+--       1 when seen's first client was last written before a stale row's time (prune.lua).
 -- ARGV tail, only for a request that reserves (store/redis/reservations.py): the number of
 -- records, then per record its hits, max_duration in ms and its own counter's 1-based
 -- index; their keys follow the caps' in KEYS. A record still open (not settled, not past its expiry) refuses the call at
@@ -72,7 +77,7 @@
 -- Every key written gets a TTL. Floats cross the boundary as %.17g strings, so Lua and
 -- Python see the same doubles; every formula below is core/sharing.py's, in its order.
 
-local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 7, 14, 12, 3
+local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 7, 14, 12, 4
 
 -- A key outlives its window by a second; with the caller's clock (tests, simulations) TTLs
 -- still run on Redis's own clock, so a slow run must not see a window's counter expire
@@ -135,7 +140,7 @@ for j = 1, tonumber(ARGV[a]) do
   local figures = {}
   for f = 1, 6 do figures[f] = ARGV[a + 8 + f] end
   local start = math.floor(now / w) * w
-  caps[j] = {meta = KEYS[b + 1], rows = KEYS[b + 2], lock = KEYS[b + 3],
+  caps[j] = {meta = KEYS[b + 1], rows = KEYS[b + 2], lock = KEYS[b + 3], seen = KEYS[b + 4],
     -- core/sharing.Clock
     period_len = period, window = w, now = now, period = math.floor(now / period),
     epoch = math.floor(now * SPLIT / period), start = start, finish = start + w,

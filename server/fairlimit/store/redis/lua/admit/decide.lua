@@ -3,7 +3,8 @@
 -- {2, ...}), each share's row folded and left out of its division (or a hand-back when it
 -- finds the cap contended), the counters' counts and the shares' bounds, so whether the
 -- request is admitted, and the demand each cap sees.
--- KEYS: counters (HMGET s n), each cap's rows (HLEN for a hand-back), meta (calendar).
+-- KEYS: counters (HMGET s n), each cap's rows (HLEN for a hand-back) and seen (ZCARD and
+-- its first), meta (calendar).
 -- ARGV: none.
 -- Reads: FORCES EPSILON CALENDAR (contract), caps shares counters may_lock want_block
 -- now fmt whole (args.lua) and the functions of rows.lua, division.lua, verdict.lua and
@@ -19,7 +20,7 @@ for j, cap in ipairs(caps) do
   local d, held = division_of(cap)
   if d == 'compute' then
     table.insert(need, {j, whole(FORCES * cap.epoch), redis.call('HLEN', cap.rows), '', '0',
-      closing_of(held, cap), held and 1 or 0})
+      closing_of(held, cap), held and 1 or 0, redis.call('ZCARD', cap.seen), stale_rows(cap)})
   end
   cap.division = d
 end
@@ -37,7 +38,8 @@ for _, s in ipairs(shares) do
   if contended(s.d, s.row, s, s.cap.capacity) and may_lock and take_lock(s.cap, id) then
     local extra = math.max(s.hits, 1)
     table.insert(need, {0, whole(id), redis.call('HLEN', s.cap.rows),
-      s.client, whole(extra), closing_of(s.d, s.cap), 1})
+      s.client, whole(extra), closing_of(s.d, s.cap), 1, redis.call('ZCARD', s.cap.seen),
+      stale_rows(s.cap)})
     for j, cap in ipairs(caps) do
       if cap == s.cap then need[#need][1] = j end
     end

@@ -2,12 +2,13 @@
 -- the order of the parts): the division in force at a cap, read, given, made empty or due
 -- (then this call takes the cap's lock and hands back for it), and a row leaving and
 -- entering it.
--- KEYS: each cap's meta hash (the division, cap, declared, f_*), rows (EXISTS) and lock.
+-- KEYS: each cap's meta hash (the division, cap, declared, f_*), rows (EXISTS), lock and
+-- seen (its first, stale_rows).
 -- ARGV: none (args.lua parsed the given division and figures into caps).
 -- Reads: DIVISION DIVISION_FIELD FORCES SPLIT AMORTISE (contract), num fmt whole FIGURES
 -- NONE OPEN HELD may_lock lock_ms now (args.lua), part want left (rows.lua).
 -- Defines: load_division write_division given_division stale count leave enter take_lock
--- division_of closing_of.
+-- division_of stale_rows closing_of.
 
 -- --- the division (core/sharing.py: Division, leave, enter, stale_division) ----------------
 
@@ -135,6 +136,16 @@ local function division_of(cap)
   end
   if may_lock and take_lock(cap, FORCES * cap.epoch) then return 'compute', d end
   return d  -- another replica is computing it: keep the one in force meanwhile
+end
+
+-- 1 when the cap's least recently written row is older than a stale one's can be (its
+-- period STALE below, its window two below: the rows prune.lua drops), else 0. O(log n).
+local function stale_rows(cap)
+  local oldest = redis.call('ZRANGE', cap.seen, 0, 0, 'WITHSCORES')
+  if #oldest == 0 then return 0 end
+  local below = math.min((cap.period - STALE) * cap.period_len, cap.start - cap.window)
+  if tonumber(oldest[2]) < below then return 1 end
+  return 0
 end
 
 -- λ of the window before as the division in force knows it ("" when it was made in

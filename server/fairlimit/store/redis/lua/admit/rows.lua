@@ -1,7 +1,7 @@
 -- admit/rows.lua: part 2 of the admit script (lua/admit/args.lua states its layout and
 -- the order of the parts): the clock of a cap and a client's row at it.
 -- KEYS: each cap's rows hash (s.cap.rows: <field>:<client>, ROW_FIELD), read and written
--- by load_row and save_row.
+-- by load_row and save_row, and its seen sorted set (the client at now, save_row).
 -- ARGV: none (args.lua parsed it).
 -- Reads: ROW ROW_FIELD ALPHA STALE LEAD (contract), NONE OPEN HELD num fmt (args.lua).
 -- Defines: left elapsed into (core/sharing.Clock); fresh_row load_row save_row fold
@@ -51,6 +51,8 @@ local function save_row(s, row)
   end
   redis.call('HSET', s.cap.rows, unpack(args))
   redis.call('PEXPIRE', s.cap.rows, s.cap.keep)
+  redis.call('ZADD', s.cap.seen, 'GT', fmt(now), s.client)
+  redis.call('PEXPIRE', s.cap.seen, s.cap.keep)
 end
 
 local function fold(row, c, closing)

@@ -1,0 +1,184 @@
+"""The rows a cap's division reads: those written lately, found by the cap's seen index.
+
+The admit script keeps, beside a cap's rows hash, a sorted set ``seen``: each client with a
+row, scored by the latest ``now`` its row was written at (``ZADD GT``; release.lua and
+settle.lua move only counts of the row's own window and period). A row last written before
+``since`` plays no part in a division at ``now`` (core/sharing.divide): its window is older
+than the window before (no want, nothing in λ of that window) and its period older than the
+period before (no fairness figures). So a division reads the clients of ``seen`` from
+``since`` on, PAGE a step (a ZRANGE, then one HMGET per client, pipelined), and what it
+reads grows with the clients active in the last two windows, not with every row the cap
+holds. Two more rows may count: the asker's (read by itself when older), and, when no row
+read has any history (the division would be cold), the most recent older row that has some
+(at most STALE periods back, read newest first).
+
+Each step is a short command; other commands run between steps. The walk goes up the
+scores from ``since`` with an exclusive bound at the last score read, so a client whose row
+is written meanwhile (its score only grows) is read once more later, never skipped; a
+page of one score only (a tie: two calls in one microsecond, or the caller's clock) is
+read by rank.
+
+A cap whose rows were written before ``seen`` was kept (ZCARD below the rows) is read whole
+with HSCAN, as before, and those rows are indexed then.
+"""
+
+import asyncio
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import aclosing
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+from fairlimit.core import sharing
+from fairlimit.core.plan import Share
+from fairlimit.core.sharing import ROW_FIELDS, STALE, Clock, Row
+from fairlimit.store.redis.client import unavailable
+from fairlimit.store.redis.script import row_of, rows_of
+
+SCAN_COUNT = 128  # hash fields asked for per HSCAN step (a cap read whole)
+PAGE = 64  # clients read a step: one ZRANGE of seen, then an HMGET of each one's row
+
+Client = aioredis.Redis | RedisCluster
+_FIELDS = tuple(ROW_FIELDS.values())
+
+
+def since(clock: Clock) -> float:
+    """The time before which a row's last write leaves it out of a division at ``clock``:
+    the window before's start and the period before's, and a period more (so a float's
+    rounding in a row's window or period never leaves out one that counts)."""
+    before = min(clock.start - clock.window, (clock.period - 1) * clock.period_len)
+    return before - clock.period_len
+
+
+def history_from(clock: Clock) -> float:
+    """The time before which no row has any history left at ``clock`` (STALE periods), and
+    a period more."""
+    return (clock.period - STALE - 1) * clock.period_len
+
+
+async def _zrange(client: Client, key: str, near: str | int, far: str | int, rev: bool,
+                  timeout: float, byscore: bool = True) -> list[tuple[str, float]]:  # fmt: skip
+    """ZRANGE of ``seen`` with scores: PAGE clients by score from ``near`` (or by rank)."""
+    paging: dict[str, Any] = {"byscore": True, "offset": 0, "num": PAGE} if byscore else {}
+    with unavailable():
+        async with asyncio.timeout(timeout):
+            got: list[Any] = await client.zrange(
+                key, near, far, desc=rev, withscores=True, **paging
+            )
+    return [(str(member), float(score)) for member, score in got]
+
+
+async def _tied(client: Client, key: str, score: float, rev: bool, timeout: float
+                ) -> AsyncGenerator[list[str], None]:  # fmt: skip
+    """The clients of ``seen`` at ``score``, PAGE a step by rank."""
+    at = repr(score)
+    with unavailable():
+        async with asyncio.timeout(timeout):
+            before = await (client.zcount(key, f"({at}", "+inf") if rev
+                            else client.zcount(key, "-inf", f"({at}"))  # fmt: skip
+            tied = await client.zcount(key, at, at)
+    for first in range(before, before + tied, PAGE):
+        last = min(first + PAGE, before + tied) - 1
+        page = await _zrange(client, key, first, last, rev, timeout, byscore=False)
+        yield [member for member, s in page if s == score]
+
+
+async def walk(client: Client, key: str, near: str, far: str, rev: bool, timeout: float
+               ) -> AsyncGenerator[list[str], None]:  # fmt: skip
+    """The clients of ``seen`` between two score bounds (Redis syntax, ``near`` first),
+    up the scores or down (``rev``), a step at a time."""
+    while True:
+        page = await _zrange(client, key, near, far, rev, timeout)
+        if len(page) < PAGE:
+            if page:
+                yield [member for member, _ in page]
+            return
+        edge = page[-1][1]
+        if page[0][1] != edge:
+            yield [member for member, score in page if score != edge]
+            near = repr(edge)  # the clients at edge, whole, in the next page
+        else:
+            async for tied in _tied(client, key, edge, rev, timeout):
+                yield tied
+            near = f"({edge!r}"
+
+
+async def read_clients(client: Client, key: str, clients: Sequence[str], timeout: float
+                       ) -> dict[str, Row]:  # fmt: skip
+    """The rows of ``clients`` in the rows hash ``key`` (an HMGET each, pipelined)."""
+    with unavailable():
+        async with asyncio.timeout(timeout):
+            async with client.pipeline(transaction=False) as pipe:
+                for name in clients:
+                    pipe.hmget(key, [f"{field}:{name}" for field in _FIELDS])
+                values = await pipe.execute()
+    rows = {}
+    for name, got in zip(clients, values, strict=True):
+        row = row_of(got)
+        if row is not None:
+            rows[name] = row
+    return rows
+
+
+async def read_fields(client: Client, key: str, timeout: float) -> list[str]:
+    """The hash ``key`` as flat (field, value) pairs, read SCAN_COUNT fields a step, each
+    step bounded by ``timeout``."""
+    flat: list[str] = []
+    cursor = 0
+    while True:
+        with unavailable():
+            async with asyncio.timeout(timeout):
+                cursor, chunk = await client.hscan(key, cursor, count=SCAN_COUNT)
+        assert isinstance(chunk, dict)  # fields with their values (no no_values)
+        for field, value in chunk.items():
+            flat += (str(field), str(value))  # str already: decode_responses
+        if cursor == 0:
+            return flat
+
+
+async def read_all(client: Client, keys: Mapping[str, str], share: Share, timeout: float
+                   ) -> dict[str, Row]:  # fmt: skip
+    """Every row of the cap (HSCAN), each then indexed in ``seen`` (at the latest time its
+    window, period and last request show)."""
+    rows = rows_of(await read_fields(client, keys["rows"], timeout))
+    names = list(rows)
+    for first in range(0, len(names), PAGE):
+        scores = {name: _written(rows[name], share.period) for name in names[first : first + PAGE]}
+        with unavailable():
+            async with asyncio.timeout(timeout):
+                await client.zadd(keys["seen"], scores, gt=True)
+    return rows
+
+
+def _written(row: Row, period_len: float) -> float:
+    return max(float(row.window), row.period * period_len, row.seen)
+
+
+async def read_active(client: Client, keys: Mapping[str, str], clock: Clock, asker: str,
+                      timeout: float) -> tuple[dict[str, Row], int]:  # fmt: skip
+    """The rows written since ``since(clock)``, and the asker's; and how many clients of
+    ``seen`` were walked (all of them: no row is older)."""
+    rows: dict[str, Row] = {}
+    walked: set[str] = set()
+    async with aclosing(walk(client, keys["seen"], repr(since(clock)), "+inf", False,
+                             timeout)) as pages:  # fmt: skip
+        async for clients in pages:
+            walked.update(clients)
+            rows.update(await read_clients(client, keys["rows"], clients, timeout))
+    if asker and asker not in rows:
+        rows.update(await read_clients(client, keys["rows"], [asker], timeout))
+    return rows, len(walked)
+
+
+async def warm_row(client: Client, keys: Mapping[str, str], share: Share, clock: Clock,
+                   timeout: float) -> dict[str, Row]:  # fmt: skip
+    """The most recent row written before ``since(clock)`` that has history at ``clock``
+    (none, or one): a cold division's rows lack one."""
+    near, far = f"({since(clock)!r}", repr(history_from(clock))
+    async with aclosing(walk(client, keys["seen"], near, far, True, timeout)) as pages:
+        async for clients in pages:
+            for name, row in (await read_clients(client, keys["rows"], clients, timeout)).items():
+                if not sharing.divide([(name, row)], share.capacity, clock).cold:
+                    return {name: row}
+    return {}
