@@ -36,6 +36,7 @@ from fairlimit.core.reserve import Settle, Settled, Usage, own_counter
 from fairlimit.core.units import Algorithm, bounds
 from fairlimit.errors import ReservationOpen, StoreUnavailable
 from fairlimit.store import deadline
+from fairlimit.store.patience import Heard, within
 from fairlimit.store.redis import reservations, script
 from fairlimit.store.redis.batch import ScriptBatcher
 from fairlimit.store.redis.client import Options, unavailable
@@ -82,6 +83,7 @@ class RedisStore:
             options.local_cache, 2 * lease.LEASE_TTL if leasing else math.inf
         )
         self.round_trips = 0  # script calls made (tests, the README's numbers)
+        self._heard = Heard()  # its last answer: a timeout blames it only for silence
         self._slots = RedisSlots(client, options.key_prefix, cluster, self._call)
         self._registry = CapRegistry(client, options.key_prefix, options.timeout)
         self._divisions = Divisions(client, options, self._scripts, self._call)
@@ -241,17 +243,17 @@ class RedisStore:
 
     async def _call(self, lua: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         """One EVALSHA (EVAL after NOSCRIPT), given up after the timeout: what the caller's
-        deadline leaves (DeadlineExceeded when too little), else ``?timeout=``.
+        deadline leaves (DeadlineExceeded when too little), else ``?timeout=`` while Redis
+        answers nothing, up to deadline.CEILING while it answers other calls (patience.py).
 
         The timeout is per call, not per request: a division hand-back (a few times a period
         per cap for the whole deployment) may take two calls and the water-filling between.
         """
-        limit = deadline.timeout(self._options.timeout)
         self.round_trips += 1
-        async with asyncio.timeout(limit):
-            if self._batch is not None:
-                return await self._batch.call(lua, keys, args)
-            return await lua(keys=keys, args=args)
+        batch, timeout = self._batch, self._options.timeout
+        if batch is not None:
+            return await within(lambda: batch.call(lua, keys, args), self._heard, timeout)
+        return await within(lambda: lua(keys=keys, args=args), self._heard, timeout)
 
     async def exchange_demand(
         self, consumer: str, report: str, now: float, ttl: float
