@@ -35,8 +35,8 @@ def _reasons(text: str) -> Counter[str]:
     return Counter(re.sub(r"[\d.]+", "N", m) for m in _UNAVAILABLE.findall(text))
 
 
-def _metrics(proc: procs.Proc) -> dict[str, float]:
-    """_metrics(proc), and the calls of each worker (``calls_wN``)."""
+def metrics(proc: procs.Proc) -> dict[str, float]:
+    """metrics(proc), and the calls of each worker (``calls_wN``)."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -80,15 +80,15 @@ def measure(args: argparse.Namespace, workdir: Path, redis: procs.Redis, label: 
     try:
         body = wire.write_body(workdir / "body.bin", "public", "hot")
         target = h2load.grpc_url(port)
-        before = _metrics(proc)
+        before = metrics(proc)
         full = [h2load.run(target, Load(16, 2, args.seconds, 1.0), workdir, body=body)
                 for _ in range(args.rounds)]  # fmt: skip
-        at_full = _metrics(proc)
+        at_full = metrics(proc)
         rps = statistics.median(r.rps for r in full)
         paced = Load(4, 8, args.seconds, 1.0, rps * 0.8 / 4)
         headers = (*h2load.GRPC_HEADERS, "grpc-timeout: 20m")
         at80 = h2load.run(target, paced, workdir, body=body, headers=headers)
-        after = _metrics(proc)
+        after = metrics(proc)
     finally:
         proc.stop()
         if args.log is not None:
