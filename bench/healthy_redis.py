@@ -5,6 +5,7 @@ bench/run.py, its full-speed rounds and its run at 80% of its own maximum, on th
     python bench/healthy_redis.py --workers 1           # (c): leases=off
     python bench/healthy_redis.py --workers 1 --leases on   # (e): the defaults
     python bench/healthy_redis.py --baseline ../main --turns 2   # main's server, then this
+    python bench/healthy_redis.py --rate 1000   # only the paced run, at 1000 req/s
 
 The same loads as bench/run.py: h2load 16 connections x 2 streams as fast as the server
 answers (``--rounds`` runs of ``--seconds``; the median's req/s is the maximum), then paced at
@@ -82,9 +83,9 @@ def measure(args: argparse.Namespace, workdir: Path, redis: procs.Redis, label: 
         target = h2load.grpc_url(port)
         before = metrics(proc)
         full = [h2load.run(target, Load(16, 2, args.seconds, 1.0), workdir, body=body)
-                for _ in range(args.rounds)]  # fmt: skip
+                for _ in range(0 if args.rate else args.rounds)]  # fmt: skip
         at_full = metrics(proc)
-        rps = statistics.median(r.rps for r in full)
+        rps = args.rate / 0.8 if args.rate else statistics.median(r.rps for r in full)
         paced = Load(4, 8, args.seconds, 1.0, rps * 0.8 / 4)
         headers = (*h2load.GRPC_HEADERS, "grpc-timeout: 20m")
         at80 = h2load.run(target, paced, workdir, body=body, headers=headers)
@@ -94,12 +95,13 @@ def measure(args: argparse.Namespace, workdir: Path, redis: procs.Redis, label: 
         if args.log is not None:
             (args.log / f"{label}.log").write_text(proc.text())
     name = f"{label}: leases={args.leases} --workers {args.workers}"
+    if full:
+        print(
+            f"{name}: full speed, req/s of each round {[round(r.rps) for r in full]}, "
+            f"p99 {[round(r.p99_ms, 1) for r in full]} ms: {_delta(at_full, before)}"
+        )
     print(
-        f"{name}: full speed, req/s of each round {[round(r.rps) for r in full]}, "
-        f"p99 {[round(r.p99_ms, 1) for r in full]} ms: {_delta(at_full, before)}"
-    )
-    print(
-        f"{name}: at 80% ({at80.rps:.0f} req/s, p50 {at80.p50_ms:.2f} ms, p99 "
+        f"{name}: paced ({at80.rps:.0f} req/s, p50 {at80.p50_ms:.2f} ms, p99 "
         f"{at80.p99_ms:.2f} ms): {_delta(after, at_full)}"
     )
     print(
@@ -114,6 +116,7 @@ def main() -> int:
     parser.add_argument("--leases", choices=["on", "off"], default="off")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rate", type=float, help="req/s of the paced run (no full-speed one)")
     parser.add_argument("--turns", type=int, default=1, help="each server this many times")
     parser.add_argument("--baseline", type=Path, help="another checkout, run first in turns")
     parser.add_argument("--log", type=Path, help="keep each server's log in this directory")
