@@ -20,6 +20,7 @@ import re
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -28,6 +29,9 @@ import procs
 import wire
 from h2load import Load
 
+# seconds until every worker's figures are in worker 0's /metrics: the others hand theirs
+# over every second (telemetry/pooled.py's DUMP_SECONDS)
+POOLED = 1.5
 _UNAVAILABLE = re.compile(r"backend unavailable: (.*)")
 
 
@@ -36,9 +40,13 @@ def _reasons(text: str) -> Counter[str]:
     return Counter(re.sub(r"[\d.]+", "N", m) for m in _UNAVAILABLE.findall(text))
 
 
-def metrics(proc: procs.Proc) -> dict[str, float]:
-    """metrics(proc), and the calls of each worker (``calls_wN``)."""
+def metrics(proc: procs.Proc, workers: int = 1) -> dict[str, float]:
+    """proc.metrics(), and the calls of each worker (``calls_wN``); with several workers,
+    once the others' figures have reached worker 0 (POOLED)."""
     import urllib.request
+
+    if workers > 1:
+        time.sleep(POOLED)
 
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -81,15 +89,15 @@ def measure(args: argparse.Namespace, workdir: Path, redis: procs.Redis, label: 
     try:
         body = wire.write_body(workdir / "body.bin", "public", "hot")
         target = h2load.grpc_url(port)
-        before = metrics(proc)
+        before = metrics(proc, args.workers)
         full = [h2load.run(target, Load(16, 2, args.seconds, 1.0), workdir, body=body)
                 for _ in range(0 if args.rate else args.rounds)]  # fmt: skip
-        at_full = metrics(proc)
+        at_full = metrics(proc, args.workers)
         rps = args.rate / 0.8 if args.rate else statistics.median(r.rps for r in full)
         paced = Load(4, 8, args.seconds, 1.0, rps * 0.8 / 4)
         headers = (*h2load.GRPC_HEADERS, "grpc-timeout: 20m")
         at80 = h2load.run(target, paced, workdir, body=body, headers=headers)
-        after = metrics(proc)
+        after = metrics(proc, args.workers)
     finally:
         proc.stop()
         if args.log is not None:
