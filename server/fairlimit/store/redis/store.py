@@ -73,8 +73,9 @@ class RedisStore:
         self._scripts = script.register(client)
         # One pipeline for the calls of many requests (batch.py); a Cluster's calls go one
         # by one, each to its own slot's node.
+        self._heard = Heard()  # its last answer: a timeout blames it only for silence
         self._batch = (
-            ScriptBatcher(client, max(options.timeout, deadline.CEILING))
+            ScriptBatcher(client, max(options.timeout, deadline.CEILING), self._heard)
             if isinstance(client, aioredis.Redis)
             else None
         )
@@ -83,7 +84,6 @@ class RedisStore:
             options.local_cache, 2 * lease.LEASE_TTL if leasing else math.inf
         )
         self.round_trips = 0  # script calls made (tests, the README's numbers)
-        self._heard = Heard()  # its last answer: a timeout blames it only for silence
         self._slots = RedisSlots(client, options.key_prefix, cluster, self._call)
         self._registry = CapRegistry(client, options.key_prefix, options.timeout)
         self._divisions = Divisions(client, options, self._scripts, self._call)
