@@ -94,7 +94,7 @@ def _busy(redis: RedisProcess) -> Iterator[None]:
 
     thread = threading.Thread(target=run)
     thread.start()
-    time.sleep(BUSY / 5)  # the script under way
+    time.sleep(BUSY / 2)  # the script under way (a loaded machine may start the thread late)
     try:
         yield
     finally:

@@ -78,28 +78,32 @@ class _Watch:
         self.began = loop.time()
         self.expired = False
         self.blamed = True  # the store's silence, not this process's, timed the call out
+        self.late = False  # the timer fired late: the process did not run
         self.due = min(self.began + limit, last)
         self.handle: asyncio.Handle = loop.call_at(self.due, self._check, 0)
 
     def _check(self, hops: int) -> None:
-        """At ``last`` (the caller's deadline, or the most a call waits): given up, the
-        store blamed unless it answered since the call began or the loop ran late. Before:
-        due again ``limit`` later if the loop ran late (the process held: the store had no
-        time it was heard in, nor perhaps the call itself, sent late), or once the loop has
-        listened, if the store has answered a call in the last ``limit``; else given up."""
-        final, now = self.due >= self.last, self.loop.time()
-        late = hops == 0 and now - self.due > self.limit / 2
-        if final:
-            self.blamed = not late and not self.heard.since(self.began)
-        elif late:
-            self._again(now)
-            return
-        elif hops < LISTEN:
+        """Due again ``limit`` later if the loop ran late (the process held: the store had
+        no time it was heard in, nor perhaps the call itself, sent late), unless ``last``
+        (the caller's deadline, or the most a call waits) has come. Else, once the loop
+        has listened (an answer read meanwhile ends the call): due again ``limit`` later
+        if the store has answered a call in the last ``limit`` and ``last`` has not come;
+        else given up, the store blamed unless it answered since the call began or the
+        loop ran late."""
+        now = self.loop.time()
+        final = self.due >= self.last
+        if hops == 0:
+            self.late = now - self.due > self.limit / 2
+            if self.late and not final:
+                self._again(now)
+                return
+        if hops < LISTEN:
             self.handle = self.loop.call_soon(self._check, hops + 1)
             return
-        elif self.heard.since(self.due - self.limit):
+        if not final and self.heard.since(self.due - self.limit):
             self._again(now)
             return
+        self.blamed = not self.late and not self.heard.since(self.began)
         self.expired = True
         self.bound.reschedule(now)  # the call is cancelled: TimeoutError
 
