@@ -71,8 +71,15 @@ def _redis_rows(results: dict[str, Any]) -> list[str]:
                          f"({own['p99_ms'] / noop['p99_ms']:.2f}x; target <= 1.5x)")  # fmt: skip
         at80 = results.get("targets", {}).get(name, {}).get("hot_80_own")
         if at80:
+            split = ""
+            if "shed" in at80:  # since issue 41: which kind, and each worker's calls
+                split = (f" ({at80['backend_errors']:.0f} backend errors, {at80['shed']:.0f} "
+                         "shed)")  # fmt: skip
+                if len(at80.get("calls_by_worker", [])) > 1:
+                    calls = " / ".join(f"{c:.0f}" for c in at80["calls_by_worker"])
+                    split += f", calls per worker {calls} (its connections spread by the kernel)"
             lines.append(f"{label}: at 80% of its own max ({at80['rps']:.0f} req/s): "
-                         f"{at80['fail_open']:.0f} answers by the failure mode, "
+                         f"{at80['fail_open']:.0f} answers by the failure mode{split}, "
                          f"p99 {_ms(at80['p99_ms'])} ms")  # fmt: skip
     for name, label in TARGETS[2:]:
         row = results.get("targets", {}).get(name)

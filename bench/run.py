@@ -28,6 +28,7 @@ from typing import Any
 
 import envoy_run
 import h2load
+import healthy_redis
 import inproc
 import ladder
 import limits
@@ -154,11 +155,15 @@ class Bench:
             row["hot_half_own"] = self.hot(port, name + "-half-own", row["hot"]["rps"] / 2)
             # Answers by the failure mode at 80% of the target's own maximum (Redis healthy):
             # the target is none.
-            before = proc.metrics()
+            workers = 2 if name == "redis-w2" else 1
+            before = healthy_redis.metrics(proc, workers)
             row["hot_80_own"] = self.hot(port, name + "-80-own", row["hot"]["rps"] * 0.8)
-            after = proc.metrics()
-            row["hot_80_own"]["fail_open"] = sum(
-                after.get(k, 0.0) - before.get(k, 0.0) for k in ("backend_errors", "shed"))
+            after = healthy_redis.metrics(proc, workers)
+            at80 = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+            calls = [at80[k] for k in sorted(at80) if k.startswith("calls_w")]
+            errors, shed = at80["backend_errors"], at80["shed"]
+            row["hot_80_own"].update(fail_open=errors + shed, backend_errors=errors, shed=shed,
+                                     calls_by_worker=calls)  # fmt: skip
         row["many_clients"] = _loadgen(port, self.args.many, self.args.seconds)
         if redis is not None and name.startswith("redis"):
             row.update(self.redis_calls(port, name, redis))

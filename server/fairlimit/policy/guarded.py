@@ -20,6 +20,7 @@ coroutine (``_admit_now``), under the same breaker and failure mode, and notes n
 call that never suspends can be neither stalled nor given up).
 """
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -33,7 +34,7 @@ from fairlimit.core.reserve import Settle, Settled, Usage
 from fairlimit.errors import DeadlineExceeded, StoreUnavailable
 from fairlimit.policy.alone import Alone
 from fairlimit.policy.answers import Unheld, Unlimited, Unsettled
-from fairlimit.policy.breaker import Breaker
+from fairlimit.policy.breaker import HEAR, Breaker
 from fairlimit.policy.local import LocalLimits
 from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
@@ -173,18 +174,19 @@ class FailurePolicy:
         closed. StoreUnavailable (GivenUp included) is counted and, under ``closed``,
         raised; a deadline error is raised as it is. While the breaker is open the store is
         not called: the answer is the failure mode's at once."""
-        now = self._now()
-        skip = self.breaker.skip(now, self.waits)
+        skip = await self._skip()
         if skip is not None:
             if hasattr(call, "close"):
                 call.close()  # never awaited: the store is not asked
             self._failed(StoreUnavailable(f"backend unavailable ({skip})"), False)
             return None
         try:
-            answer = await self.waits.wait(call, now)
+            answer = await self.waits.wait(call, self._now())
         except DeadlineExceeded:
             raise  # a StoreUnavailable too, but shed, not a backend failure
         except StoreUnavailable as exc:
+            if self.breaker.trips(self._now()):
+                await asyncio.sleep(HEAR)  # answers heard meanwhile reset the count
             self._failed(exc, True)
             return None
         breaker = self.breaker
@@ -193,6 +195,20 @@ class FailurePolicy:
             self._state(None)
         return answer
 
+    async def _skip(self) -> str | None:
+        """Why the store is not to be asked now, or None (breaker.py): a wait that seems to
+        have stalled trips the breaker only if no answer comes while the loop listens."""
+        breaker, waits = self.breaker, self.waits
+        now = self._now()
+        skip = breaker.skip(now, waits)
+        if skip is not None or breaker.stalled(now, waits) is None:
+            return skip
+        await asyncio.sleep(HEAR)
+        now = self._now()
+        skip = breaker.skip(now, waits)  # another call's may have opened it meanwhile
+        oldest = breaker.stalled(now, waits)
+        return breaker.stall(now, waits, oldest) if skip is None and oldest is not None else skip
+
     def _admitted_now(self, plan: Plan, now: float) -> Outcome:
         """The in-process store's admit (it never waits) under the policy, as ``_call``
         would: the breaker first, a failure counted (raised when closed), the answer noted
@@ -200,7 +216,7 @@ class FailurePolicy:
         admit = self._admit_now
         assert admit is not None
         at = self._now()
-        skip = self.breaker.skip(at, self.waits)
+        skip = self.breaker.skip(at, self.waits)  # its admit never waits: it cannot stall
         if skip is not None:
             self._failed(StoreUnavailable(f"backend unavailable ({skip})"), False)
             return Unlimited(True, (), (), ())

@@ -19,15 +19,18 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from fairlimit.store.patience import Heard
+
 _Call = tuple[AsyncScript, Sequence[str], Sequence[str | int], "asyncio.Future[Any]"]
 
 
 class ScriptBatcher:
     """Runs scripts for many callers, a pipeline per batch."""
 
-    def __init__(self, client: "aioredis.Redis", timeout: float) -> None:
+    def __init__(self, client: "aioredis.Redis", timeout: float, heard: Heard) -> None:
         self._client = client
         self._timeout = timeout
+        self._heard = heard  # a pipeline's replies are Redis answering, callers gone or not
         self._queue: list[_Call] = []
         self._busy = False  # a call or a pipeline is out
         self._tasks: set[asyncio.Task[None]] = set()
@@ -80,6 +83,7 @@ class ScriptBatcher:
                     for script, keys, args, _ in batch:
                         pipe.evalsha(script.sha, len(keys), *keys, *args)
                     replies = await pipe.execute(raise_on_error=False)
+            self._heard.at = asyncio.get_running_loop().time()
         except Exception as exc:  # the round trip failed: every caller sees why
             for *_, future in batch:
                 if not future.done():

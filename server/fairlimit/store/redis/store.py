@@ -36,6 +36,7 @@ from fairlimit.core.reserve import Settle, Settled, Usage, own_counter
 from fairlimit.core.units import Algorithm, bounds
 from fairlimit.errors import ReservationOpen, StoreUnavailable
 from fairlimit.store import deadline
+from fairlimit.store.patience import Heard, within
 from fairlimit.store.redis import reservations, script
 from fairlimit.store.redis.batch import ScriptBatcher
 from fairlimit.store.redis.client import Options, unavailable
@@ -72,8 +73,9 @@ class RedisStore:
         self._scripts = script.register(client)
         # One pipeline for the calls of many requests (batch.py); a Cluster's calls go one
         # by one, each to its own slot's node.
+        self._heard = Heard()  # its last answer: a timeout blames it only for silence
         self._batch = (
-            ScriptBatcher(client, max(options.timeout, deadline.CEILING))
+            ScriptBatcher(client, max(options.timeout, deadline.CEILING), self._heard)
             if isinstance(client, aioredis.Redis)
             else None
         )
@@ -241,17 +243,17 @@ class RedisStore:
 
     async def _call(self, lua: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         """One EVALSHA (EVAL after NOSCRIPT), given up after the timeout: what the caller's
-        deadline leaves (DeadlineExceeded when too little), else ``?timeout=``.
+        deadline leaves (DeadlineExceeded when too little), else ``?timeout=`` while Redis
+        answers nothing, up to deadline.CEILING while it answers other calls (patience.py).
 
         The timeout is per call, not per request: a division hand-back (a few times a period
         per cap for the whole deployment) may take two calls and the water-filling between.
         """
-        limit = deadline.timeout(self._options.timeout)
         self.round_trips += 1
-        async with asyncio.timeout(limit):
-            if self._batch is not None:
-                return await self._batch.call(lua, keys, args)
-            return await lua(keys=keys, args=args)
+        batch, timeout = self._batch, self._options.timeout
+        if batch is not None:
+            return await within(lambda: batch.call(lua, keys, args), self._heard, timeout)
+        return await within(lambda: lua(keys=keys, args=args), self._heard, timeout)
 
     async def exchange_demand(
         self, consumer: str, report: str, now: float, ttl: float
