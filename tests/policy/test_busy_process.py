@@ -13,10 +13,8 @@ is held); a stopped one (SIGSTOP) is still blamed.
 import asyncio
 import os
 import signal
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -73,43 +71,21 @@ async def _decide(limiter: Limiter, remaining: float | None = None) -> Decision:
     return await limiter.decide(limiter.prepare(req("edge", desc("client_id=a"))), remaining)
 
 
-# Redis runs nothing else for BUSY seconds (its clock): a call sent meanwhile is answered
-# after it, while the test holds the loop, and not before (the test does not race Redis)
-BUSY_SCRIPT = """
-local t = redis.call('TIME')
-local start = t[1] * 1e6 + t[2]
-repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - start >= tonumber(ARGV[1])
-return 1
-"""
-BUSY = 0.05
-
-
-@contextmanager
-def _busy(redis: RedisProcess) -> Iterator[None]:
-    """Redis busy with a script for BUSY seconds from about now (another connection)."""
-
-    def run() -> None:
-        with redis.client() as client:
-            client.eval(BUSY_SCRIPT, 0, int(BUSY * 1e6))
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    time.sleep(BUSY / 2)  # the script under way (a loaded machine may start the thread late)
-    try:
-        yield
-    finally:
-        thread.join()
-
-
 async def _sent(limiter: Limiter, redis: RedisProcess) -> "asyncio.Task[Decision]":
-    """A call in its own task (as each gRPC call is), sent to Redis while it is busy, and
-    the loop then held past the timeout: Redis answers meanwhile, the process reads not."""
-    with _busy(redis):
+    """A call in its own task (as each gRPC call is), sent to a stopped Redis (SIGSTOP),
+    which is then let go while the test holds the loop past the timeout: Redis answers
+    meanwhile, the process reads not. (Stopped, not busy with a script: the call cannot be
+    answered before the hold, however late a loaded machine runs the test.)"""
+    assert redis.proc is not None
+    os.kill(redis.proc.pid, signal.SIGSTOP)
+    try:
         task = asyncio.create_task(_decide(limiter))
-        for _ in range(20):  # sent within a few iterations; no answer before BUSY
+        for _ in range(20):  # sent within a few iterations; no answer while stopped
             await asyncio.sleep(0)
         assert limiter.waits.busy
-        time.sleep(HELD)  # the process does not run; Redis answers meanwhile
+    finally:
+        os.kill(redis.proc.pid, signal.SIGCONT)
+    time.sleep(HELD)  # the process does not run; Redis answers meanwhile
     return task
 
 
