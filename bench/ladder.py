@@ -35,11 +35,15 @@ The rungs, each the one before plus one layer:
     cap        the same on route=public, a client limit under a fair_share cap
 
 ``--what-if`` adds the full server (route=public) without one thing: ``-histogram``
-(the latency histogram not recorded) and, where importable, ``+uvloop`` / ``-uvloop``
-(the other event loop than the one it runs). ``--baseline CHECKOUT`` adds ``base:telemetry``
-and ``base:cap``: `fairlimit serve` from that checkout's server/, taking the same turns
-(before and after a change under the same load). A rung is served by this same file:
-``python bench/ladder.py --serve RUNG -- fairlimit serve flags``.
+(the latency histogram not recorded), ``-gc`` (the cyclic collector off after start-up)
+and, where importable, ``+uvloop`` / ``-uvloop`` (the other event loop than the one it
+runs); and ``server-stream``: the ``server`` rung with the call read as a stream of one
+(``context.read()``), without the budgets and the read deadline, so that ``guards`` over it
+is what they cost and it over ``server`` what the stream of one does. ``--baseline
+CHECKOUT`` adds ``base:telemetry`` and ``base:cap``: `fairlimit serve` from that
+checkout's server/, taking the same turns (before and after a change under the same
+load). A rung is served by this same file: ``python bench/ladder.py --serve RUNG --
+fairlimit serve flags``.
 
 ``--envoy`` adds ``envoy+noop`` and ``envoy+cap`` (and ``base:envoy+cap`` with a baseline):
 Envoy (examples/envoy/envoy.yaml, one worker) in front of the no-op and of the full server,
