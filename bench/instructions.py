@@ -146,7 +146,7 @@ def served(label: str, command: list[str], route: str, workdir: Path,
                       "--separate-threads=yes", f"--callgrind-out-file={out}", *command],
                       workdir, env)  # fmt: skip
     try:
-        port = proc.wait_for(procs._PORT, timeout=300)[0]
+        port = proc.wait_for(procs._PORT, timeout=900)[0]  # valgrind starts slowly
         body = wire.write_body(workdir / f"served-{route}.bin", route, "hot")
         _h2load(int(port), body, WARMUP)
         _dump(proc.pid, out, 1)
