@@ -3,6 +3,7 @@ that other load on the machine does not move, where CPU time and req/s do (issue
 
     python bench/instructions.py                       # plain and public, about 3 minutes
     python bench/instructions.py --baseline ../main    # and another checkout's server/
+    python bench/instructions.py --served --baseline ../main   # in the running server
 
 The call is bench/inproc.py's servicer path (request bytes -> servicer -> limiter -> memory
 store -> response bytes, telemetry on as `serve` installs it) for one hot client, on
@@ -10,20 +11,36 @@ route=plain (a client limit) and route=public (a client limit under a fair_share
 Each count is two runs under callgrind, of FEW and FEW + CALLS calls after the same start:
 their difference over CALLS is what one more call costs, start-up and imports left out.
 Needs valgrind (Debian valgrind, installed here where missing).
+
+``--served`` counts them in the server itself: the no-op (bench/noop.py) and `fairlimit
+serve` (telemetry on, memory://) run under callgrind, one thread per count
+(--separate-threads), driven by h2load (4 connections x 2 streams): WARMUP requests,
+a dump, SERVED requests, another dump; the second dump's counts over the requests are
+per request. The main thread's (the event loop and all the Python, the thread that bounds
+req/s: bench/ladder.py) is shown, then every thread's. The server's own path is in it:
+gRPC's C core, the event loop, the stream of one, the call budgets and the read deadline.
 """
 
 import argparse
 import asyncio
+import glob
 import re
 import subprocess
 import sys
+import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import h2load
 import procs
+import wire
 
 FEW, CALLS, WARMUP = 200, 1000, 300
+SERVED = 1000  # requests counted in the server (--served)
 _COLLECTED = re.compile(r"Collected : (\d+)")
+_HEADER = re.compile(r"^(part|thread|summary|totals): (\d+)", re.M)
+_SUCCEEDED = re.compile(r"(\d+) succeeded")
 
 
 class _Context:
@@ -89,11 +106,88 @@ def per_call(server: Path, route: str, pool: ThreadPoolExecutor) -> int:
     return round((more - few) / CALLS)
 
 
+def _h2load(port: int, body: Path, requests: int) -> int:
+    """``requests`` calls by h2load (4 connections x 2 streams); the number answered."""
+    command = [h2load.binary() or "h2load", "-t", "1", "-c", "4", "-m", "2", "-n",
+               str(requests), "-d", str(body)]  # fmt: skip
+    for header in h2load.GRPC_HEADERS:
+        command += ["-H", header]
+    out = subprocess.run([*command, h2load.grpc_url(port)], capture_output=True, text=True,
+                         timeout=600, check=False)  # fmt: skip
+    found = _SUCCEEDED.search(out.stdout)
+    if out.returncode != 0 or found is None:
+        raise RuntimeError(f"h2load failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+    return int(found.group(1))
+
+
+def _dump(pid: int, out: Path, part: int) -> dict[int, int]:
+    """Have callgrind dump its counts (part ``part``); instructions by thread number."""
+    subprocess.run(["callgrind_control", "--dump", str(pid)], capture_output=True, check=False)
+    deadline = time.monotonic() + 120
+    while not glob.glob(f"{out}.{part}-*"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"callgrind wrote no dump {part} of {pid}")
+        time.sleep(0.5)
+    time.sleep(2)  # every thread's file written
+    counts = {}
+    for name in glob.glob(f"{out}.{part}-*"):
+        fields = {k: int(v) for k, v in _HEADER.findall(Path(name).read_text())}
+        counts[fields["thread"]] = fields.get("summary", fields.get("totals", 0))
+    return counts
+
+
+def served(label: str, command: list[str], route: str, workdir: Path,
+           server: Path | None) -> dict[int, int]:  # fmt: skip
+    """Instructions per request by thread (1: the main thread) in ``command``'s server
+    under callgrind, on ``route``."""
+    out = workdir / f"callgrind-{label}-{route}"
+    env = None if server is None else {"PYTHONPATH": str(server)}
+    proc = procs.Proc(f"served-{label}-{route}", ["valgrind", "--tool=callgrind",
+                      "--separate-threads=yes", f"--callgrind-out-file={out}", *command],
+                      workdir, env)  # fmt: skip
+    try:
+        port = proc.wait_for(procs._PORT, timeout=900)[0]  # valgrind starts slowly
+        body = wire.write_body(workdir / f"served-{route}.bin", route, "hot")
+        _h2load(int(port), body, WARMUP)
+        _dump(proc.pid, out, 1)
+        done = _h2load(int(port), body, SERVED)
+        counts = _dump(proc.pid, out, 2)
+    finally:
+        proc.stop(60)
+    return {thread: round(n / done) for thread, n in sorted(counts.items())}
+
+
+def main_served(baseline: Path | None, routes: list[str]) -> int:
+    """``--served``: the no-op, then each server on each route, one at a time."""
+    flags = ["serve", "--config", str(procs.BENCH / "bench.yaml"), "--backend", "memory://",
+             "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]  # fmt: skip
+    runs: list[tuple[str, list[str], str, Path | None]] = [
+        ("noop", [sys.executable, str(procs.BENCH / "noop.py"), "--addr", "127.0.0.1:0"],
+         "public", None)]  # fmt: skip
+    for name, server in procs.servers(baseline):
+        label = "this checkout" if name == "this" else str(baseline)
+        runs += [(label, [sys.executable, "-m", "fairlimit", *flags], route, server)
+                 for route in routes]  # fmt: skip
+    print(f"instructions per request in the server (callgrind, {SERVED} requests by h2load "
+          f"after {WARMUP}; one hot client, memory://, telemetry on; main: the event loop's "
+          "thread)")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="fairlimit-served-") as tmp:
+        for label, command, route, server in runs:
+            counts = served(label.replace("/", "_").replace(" ", "-"), command, route,
+                            Path(tmp), server)  # fmt: skip
+            main, total = counts.get(1, 0), sum(counts.values())
+            shown = "noop (bench/noop.py)" if label == "noop" else f"route={route:<8}{label}"
+            print(f"{shown:<40} main {main:>9,}   all threads {total:>9,}", flush=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
                         help="also another checkout's server/ (e.g. a worktree of main)")
     parser.add_argument("--routes", default="plain,public", help="comma-separated")
+    parser.add_argument("--served", action="store_true",
+                        help="count in the running server under h2load (and the no-op's)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -102,6 +196,12 @@ def main() -> int:
     if procs.ensure_debian_package("valgrind", "valgrind") is None:
         print("instructions: valgrind not found and not installable", file=sys.stderr)
         return 2
+    if args.served:
+        if procs.ensure_debian_package("h2load", "nghttp2-client") is None:
+            print("instructions: h2load not found and not installable", file=sys.stderr)
+            return 2
+        return main_served(args.baseline.resolve() if args.baseline else None,
+                           args.routes.split(","))  # fmt: skip
     servers = {"this": procs.ROOT / "server"}
     if args.baseline is not None:
         servers["base"] = args.baseline.resolve() / "server"

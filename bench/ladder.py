@@ -17,6 +17,12 @@ The median of the rounds is shown, and the least round (other load on the machin
 adds): on a shared machine the CPU a request costs moves far less than the requests a
 second do.
 
+The *main* columns are the main thread's share of it (/proc/PID/task/PID/stat): the thread
+that runs the event loop and every line of Python, so the one that bounds the requests a
+second. gRPC's own threads (its poller and event engine: reading the sockets) take the rest,
+about as much a call for the no-op as for the server, and run beside the loop: the req/s
+ratio follows the main thread's ratio, not the whole process's (issue 41).
+
 The rungs, each the one before plus one layer:
 
     noop       bench/noop.py: grpc.aio answering a constant, the request not parsed
@@ -29,11 +35,15 @@ The rungs, each the one before plus one layer:
     cap        the same on route=public, a client limit under a fair_share cap
 
 ``--what-if`` adds the full server (route=public) without one thing: ``-histogram``
-(the latency histogram not recorded) and, where importable, ``+uvloop`` / ``-uvloop``
-(the other event loop than the one it runs). ``--baseline CHECKOUT`` adds ``base:telemetry``
-and ``base:cap``: `fairlimit serve` from that checkout's server/, taking the same turns
-(before and after a change under the same load). A rung is served by this same file:
-``python bench/ladder.py --serve RUNG -- fairlimit serve flags``.
+(the latency histogram not recorded), ``-gc`` (the cyclic collector off after start-up)
+and, where importable, ``+uvloop`` / ``-uvloop`` (the other event loop than the one it
+runs); and ``server-stream``: the ``server`` rung with the call read as a stream of one
+(``context.read()``), without the budgets and the read deadline, so that ``guards`` over it
+is what they cost and it over ``server`` what the stream of one does. ``--baseline
+CHECKOUT`` adds ``base:telemetry`` and ``base:cap``: `fairlimit serve` from that
+checkout's server/, taking the same turns (before and after a change under the same
+load). A rung is served by this same file: ``python bench/ladder.py --serve RUNG --
+fairlimit serve flags``.
 
 ``--envoy`` adds ``envoy+noop`` and ``envoy+cap`` (and ``base:envoy+cap`` with a baseline):
 Envoy (examples/envoy/envoy.yaml, one worker) in front of the no-op and of the full server,
@@ -61,6 +71,12 @@ import wire
 from h2load import Load
 from limits import cpu_seconds
 
+
+def main_thread_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid``'s main thread (the event loop's)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
 # rung -> (route asked, what the server process is)
 RUNGS: dict[str, tuple[str, str]] = {
     "noop": ("public", "bench/noop.py"),
@@ -72,6 +88,8 @@ RUNGS: dict[str, tuple[str, str]] = {
 }
 WHAT_IF: dict[str, tuple[str, str]] = {
     "cap-histogram": ("public", "cap, the latency histogram not recorded"),
+    "cap-gc": ("public", "cap, the cyclic garbage collector off after start-up"),
+    "server-stream": ("plain", "server, the call read as a stream of one (context.read())"),
     "cap+uvloop": ("public", "cap, on uvloop"),
     "cap-uvloop": ("public", "cap, on asyncio's own loop"),
 }
@@ -113,6 +131,27 @@ def _unary_constant() -> None:
     servicer.RateLimitServicer.handler = handler  # type: ignore[method-assign]
 
 
+def _stream_constant() -> None:
+    """A stream of one, read with context.read() and answered a constant: no budget, no
+    read deadline (what the stream of one itself costs in grpc)."""
+    import grpc
+
+    from fairlimit.grpc_api import servicer
+
+    answer = servicer.rls_pb2.RateLimitResponse(overall_code=1).SerializeToString()
+
+    async def constant(request: object, context: grpc.aio.ServicerContext) -> bytes:
+        await context.read()
+        return answer
+
+    def handler(self: object) -> grpc.GenericRpcHandler:
+        method = grpc.stream_unary_rpc_method_handler(constant)
+        return grpc.method_handlers_generic_handler(servicer.RLS_SERVICE,
+                                                    {"ShouldRateLimit": method})  # fmt: skip
+
+    servicer.RateLimitServicer.handler = handler  # type: ignore[method-assign]
+
+
 def _guarded_constant() -> None:
     from fairlimit.grpc_api import servicer
 
@@ -128,6 +167,19 @@ def _no_histogram() -> None:
     from fairlimit.telemetry import Telemetry
 
     Telemetry.rpc_finished = lambda self, seconds, result: None  # type: ignore[method-assign]
+
+
+def _no_gc() -> None:
+    """The cyclic collector off once serve has frozen its start-up heap."""
+    import gc
+
+    freeze = gc.freeze
+
+    def freeze_and_disable() -> None:
+        freeze()
+        gc.disable()
+
+    gc.freeze = freeze_and_disable
 
 
 def _event_loop(use_uvloop: bool) -> None:
@@ -149,10 +201,12 @@ def _event_loop(use_uvloop: bool) -> None:
 PATCHES: dict[str, tuple[Callable[[], None], ...]] = {
     "server": (_telemetry_off, _unary_constant),
     "guards": (_telemetry_off, _guarded_constant),
+    "server-stream": (_telemetry_off, _stream_constant),
     "handler": (_telemetry_off,),
     "telemetry": (),
     "cap": (),
     "cap-histogram": (_no_histogram,),
+    "cap-gc": (_no_gc,),
     "cap+uvloop": (lambda: _event_loop(True),),
     "cap-uvloop": (lambda: _event_loop(False),),
 }
@@ -250,6 +304,8 @@ def available(what_if: bool, baseline: Path | None = None, envoy: bool = False
             rungs[BASE + "envoy+cap"] = ("public", f"Envoy in front of cap from {baseline}")
     if what_if:
         rungs["cap-histogram"] = WHAT_IF["cap-histogram"]
+        rungs["cap-gc"] = WHAT_IF["cap-gc"]
+        rungs["server-stream"] = WHAT_IF["server-stream"]
         try:
             import uvloop  # noqa: F401
         except ImportError:
@@ -290,7 +346,7 @@ def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
         for i in range(rounds):
             for name, (proc, port) in running.items():
                 print(f"== ladder, round {i + 1}/{rounds}: {name}", file=sys.stderr)
-                cpu = cpu_seconds(proc.pid)
+                cpu, main = cpu_seconds(proc.pid), main_thread_seconds(proc.pid)
                 label = f"ladder-{name}-{i}".replace(":", "-")
                 if ENVOY in name:
                     result = h2load.run(f"http://127.0.0.1:{port}/", load, workdir,
@@ -300,6 +356,7 @@ def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
                                         body=bodies[rungs[name][0]], label=label)  # fmt: skip
                 done = max(1, result.done)
                 runs[name].append({"cpu_us": (cpu_seconds(proc.pid) - cpu) / done * 1e6,
+                                   "main_us": (main_thread_seconds(proc.pid) - main) / done * 1e6,
                                    "rps": result.rps, "failed": result.failed})  # fmt: skip
         envoy_counters = {name: proc.counters() for name, (proc, _) in running.items()
                           if isinstance(proc, _Fronted)}  # fmt: skip
@@ -315,6 +372,8 @@ def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
             "least_cpu_us": round(min(r["cpu_us"] for r in results), 1),
             "rps": round(statistics.median(r["rps"] for r in results), 1),
             "rounds_cpu_us": [round(r["cpu_us"], 1) for r in results],
+            "main_us": round(statistics.median(r["main_us"] for r in results), 1),
+            "rounds_main_us": [round(r["main_us"], 1) for r in results],
             "failed": sum(int(r["failed"]) for r in results),
         }
         if name in envoy_counters:
@@ -324,9 +383,10 @@ def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
             "loadavg_after": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
 
 
-def _paired(row: dict[str, Any], base: dict[str, Any]) -> float:
-    """The median of the per-round differences of two rungs' CPU per request."""
-    pairs = zip(row["rounds_cpu_us"], base["rounds_cpu_us"], strict=True)
+def _paired(row: dict[str, Any], base: dict[str, Any], key: str = "rounds_cpu_us") -> float:
+    """The median of the per-round differences of two rungs' CPU per request (``key``:
+    the main thread's, with rounds_main_us)."""
+    pairs = zip(row[key], base[key], strict=True)
     return float(statistics.median(a - b for a, b in pairs))
 
 
@@ -349,8 +409,9 @@ def table(results: dict[str, Any]) -> list[str]:
              f"rounds of {results['seconds']:g} s in turns, medians; load average "
              f"{results['loadavg_before']} before, {results['loadavg_after']} after)",
              f"{'rung':<15}{'CPU µs/req':>11}{'step':>8}{'paired':>8}{'vs no-op':>9}"
-             f"{'least':>7}{'step':>8}{'req/s':>7}{'vs no-op':>9}  what",
-             "-" * 118]  # fmt: skip
+             f"{'least':>7}{'step':>8}{'main':>7}{'paired':>8}{'vs no-op':>9}"
+             f"{'req/s':>7}{'vs no-op':>9}  what",
+             "-" * 142]  # fmt: skip
     previous = None
     for row in rows.values():
         row.setdefault("least_cpu_us", min(row["rounds_cpu_us"]))  # JSON from before it
@@ -362,13 +423,22 @@ def table(results: dict[str, Any]) -> list[str]:
         ceiling = rows.get("envoy+noop", {}) if ENVOY in name else noop
         cpu_ratio = f"{ceiling['cpu_us'] / row['cpu_us']:.2f}x" if ceiling else "-"
         rps_ratio = f"{row['rps'] / ceiling['rps']:.2f}x" if ceiling else "-"
+        main, main_paired, main_ratio = "", "", "-"
+        if "main_us" in row:  # JSON from before it has none
+            main = f"{row['main_us']:.1f}"
+            if base is not None and "main_us" in base:
+                main_paired = f"{_paired(row, base, 'rounds_main_us'):+.1f}"
+            if ceiling and "main_us" in ceiling:
+                main_ratio = f"{ceiling['main_us'] / row['main_us']:.2f}x"
         lines.append(f"{name:<15}{row['cpu_us']:>11.1f}{step:>8}{paired:>8}{cpu_ratio:>9}"
-                     f"{row['least_cpu_us']:>7.1f}{least:>8}"
-                     f"{row['rps']:>7.0f}{rps_ratio:>9}  {row['what']}")  # fmt: skip
+                     f"{row['least_cpu_us']:>7.1f}{least:>8}{main:>7}{main_paired:>8}"
+                     f"{main_ratio:>9}{row['rps']:>7.0f}{rps_ratio:>9}  {row['what']}")  # fmt: skip
         if name in RUNGS:
             previous = row
     lines.append("CPU µs/req of each round: " + "; ".join(
         f"{name} {row['rounds_cpu_us']}" for name, row in rows.items()))  # fmt: skip
+    lines.append("main: the main thread's CPU µs per request (the event loop and all the "
+                 "Python: what bounds req/s), paired and vs no-op as for the process's")
     lines.append("vs no-op: the no-op's CPU per request over the rung's (1.00x: as cheap), "
                  "and the rung's req/s over the no-op's; paired: the median of the rounds' "
                  "differences (each round's pair ran back to back); least: the least round's "

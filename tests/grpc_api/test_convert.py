@@ -1,0 +1,38 @@
+"""grpc_api/convert.py: the response Envoy reads, from the core's decision."""
+
+import pytest
+
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
+from fairlimit.core.admission import Code, Status
+from fairlimit.core.rules import RateLimit
+from fairlimit.core.units import Unit
+from fairlimit.grpc_api.convert import response_to_proto
+from fairlimit.limiter import Decision
+
+pytestmark = pytest.mark.unit
+
+RLS = rls_pb2.RateLimitResponse
+
+
+class TestResponse:
+    @pytest.mark.parametrize("unit", list(Unit), ids=lambda u: u.name)
+    def test_a_status_says_its_limits_unit_by_the_same_name(self, unit: Unit) -> None:
+        """Each unit reaches Envoy as RateLimitResponse.RateLimit's unit of the same name."""
+        status = Status(Code.OK, RateLimit(7, unit), 6, 0.0)
+        response = response_to_proto(Decision(Code.OK, (status,)))
+        limit = response.statuses[0].current_limit
+        assert (limit.requests_per_unit, RLS.RateLimit.Unit.Name(limit.unit)) == (7, unit.name)
+
+    @pytest.mark.parametrize("code", list(Code), ids=lambda c: c.name)
+    def test_codes_overall_and_per_status_by_the_same_name(self, code: Code) -> None:
+        """The overall code and each status's code are Envoy's of the same name; an
+        OVER_LIMIT status says 0 left, an OK one what is left."""
+        other = Code.OK if code is Code.OVER_LIMIT else Code.OVER_LIMIT
+        statuses = (Status(code, RateLimit(5, Unit.SECOND), 3, 0.5),
+                    Status(other, RateLimit(5, Unit.MINUTE), 2, 30.0))  # fmt: skip
+        response = response_to_proto(Decision(code, statuses))
+        assert RLS.Code.Name(response.overall_code) == code.name
+        assert [RLS.Code.Name(s.code) for s in response.statuses] == [code.name, other.name]
+        assert [s.limit_remaining for s in response.statuses] == [
+            0 if s.code is Code.OVER_LIMIT else s.limit_remaining for s in statuses
+        ]
