@@ -34,7 +34,12 @@ GREEDY, MODEST = 150.0, 15.0
 MODEST_CLIENTS = [f"modest-{i}" for i in range(4)]
 ENVOYS = 2
 RUN, STEADY_FROM = 20.5, 2 * INTERVAL
-Result = tuple[float, str, int]  # (sent, seconds from the start; client; HTTP status)
+# (sent, seconds from the start; client; HTTP status; how late it went out, seconds)
+Result = tuple[float, str, int, float]
+# A request that went out this late was sent in a bunch with the ones the test's loop held
+# back (a loaded machine): a burst no client at a steady rate makes, which a token bucket may
+# refuse (5 of a modest client's 307 in one run, all sent at once 3.45 s in)
+ON_TIME = 0.05
 
 
 def stated_bound() -> float:
@@ -61,14 +66,14 @@ async def drive(urls: list[str], rates: dict[str, float], seconds: float) -> lis
     async with aiohttp.ClientSession(connector=connector) as session:
         start = loop.time()
 
-        async def one(client: str, url: str) -> None:
+        async def one(client: str, url: str, due: float) -> None:
             sent = loop.time() - start  # when it really went out, late if the loop lagged
             try:
                 async with session.get(url, headers={"x-client-id": client}) as response:
                     await response.read()
-                    results.append((sent, client, response.status))
+                    results.append((sent, client, response.status, sent - due))
             except aiohttp.ClientError:
-                results.append((sent, client, 0))
+                results.append((sent, client, 0, sent - due))
 
         async def client(name: str, rate: float) -> None:
             calls = []
@@ -76,7 +81,7 @@ async def drive(urls: list[str], rates: dict[str, float], seconds: float) -> lis
                 # A load generator's schedule, not a wait for a condition: request k goes
                 # out at k/rate.
                 await asyncio.sleep(max(0.0, start + k / rate - loop.time()))
-                calls.append(asyncio.create_task(one(name, urls[k % len(urls)])))
+                calls.append(asyncio.create_task(one(name, urls[k % len(urls)], k / rate)))
             await asyncio.gather(*calls)
 
         await asyncio.gather(*(client(n, r) for n, r in rates.items()))
@@ -84,7 +89,7 @@ async def drive(urls: list[str], rates: dict[str, float], seconds: float) -> lis
 
 
 def admitted_per_window(results: list[Result]) -> Counter[int]:
-    return Counter(math.floor(sent) for sent, _, status in results if status == 200)
+    return Counter(math.floor(sent) for sent, _, status, _ in results if status == 200)
 
 
 class TestExample:
@@ -102,14 +107,17 @@ CONFIG = str(EXAMPLES / "rlqs-descriptors.yaml")
 
 
 def check_shares(results: list[Result]) -> None:
-    """Modest clients >= 99% success; every 1 s window within the stated bound; from two
-    intervals on, each client within 5% of its max-min share and the cap held."""
+    """Modest clients >= 99% success (of the requests sent on time); every 1 s window
+    within the stated bound; from two intervals on, each client within 5% of its max-min
+    share and the cap held."""
     rates = RATES
-    sent = Counter(client for _, client, _ in results)
-    ok = Counter(client for _, client, status in results if status == 200)
-    assert {status for _, _, status in results} <= {200, 429}
+    on_time = [(t, c, st) for t, c, st, late in results if late < ON_TIME]
+    sent = Counter(client for _, client, _ in on_time)
+    ok = Counter(client for _, client, status in on_time if status == 200)
+    assert {status for _, _, status, _ in results} <= {200, 429}
     for name in MODEST_CLIENTS:
-        denied = [round(t, 2) for t, c, st in results if c == name and st != 200]
+        assert sent[name] >= MODEST * RUN / 2, (name, sent[name])  # half at least on time
+        denied = [round(t, 2) for t, c, st in on_time if c == name and st != 200]
         assert ok[name] / sent[name] >= 0.99, (name, ok[name], sent[name], denied[:40])
 
     windows = admitted_per_window(results)
@@ -121,7 +129,7 @@ def check_shares(results: list[Result]) -> None:
     later = max(n for w, n in windows.items() if w > 0)
     assert later <= bound, (sorted(windows.items()), bound)
 
-    steady = [(s, c, st) for s, c, st in results if STEADY_FROM <= s < RUN - 0.5]
+    steady = [(s, c, st) for s, c, st, _ in results if STEADY_FROM <= s < RUN - 0.5]
     span = RUN - 0.5 - STEADY_FROM
     got = Counter(c for _, c, st in steady if st == 200)
     figures = {name: got[name] / span for name in rates}
@@ -182,9 +190,9 @@ class TestStreamDrop:
         # Before: limited, but by how much depends on how long the first assignment took
         # (ALLOW_ALL until it lands), so only the outage is measured. Away: 50/s plus what
         # the bucket held (at most 1 s of it), and a few answered as fairlimit stopped.
-        assert any(st == 429 for _, _, st in before)
+        assert any(st == 429 for _, _, st, _ in before)
         slack = LIMIT * MAX_DEPTH_SECONDS + 10
-        passed = sum(st == 200 for _, _, st in away)
+        passed = sum(st == 200 for _, _, st, _ in away)
         assert 0.8 * 3 * LIMIT <= passed <= 3 * LIMIT + slack, passed
         (stream,) = streams
         assert [b["bucket"]["client_id"] for b in stream["buckets"]] == ["greedy"]
