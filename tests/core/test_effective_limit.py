@@ -59,3 +59,11 @@ class TestEffectiveLimit:
         """7.9999999999 (a float's rounding of 8) reports 8, 7.5 reports 7."""
         assert _effective_limit(LEAF, _at_cap(Unit.SECOND), 8 - 1e-12).requests_per_unit == 8
         assert _effective_limit(LEAF, _at_cap(Unit.SECOND), 7.5).requests_per_unit == 7
+
+    def test_a_bound_below_zero_reports_none_left_not_a_negative_limit(self) -> None:
+        """A held client's bound goes below zero once the reserve for light clients is
+        held back from it (issue 40): the limit reported is 0 a second. It was -1, which
+        no uint32 field takes: the server answered UNKNOWN, which Envoy lets through."""
+        reported = _effective_limit(LEAF, _at_cap(Unit.SECOND), -1.0)
+        assert (reported.requests_per_unit, reported.unit) == (0, Unit.SECOND)
+        assert _effective_limit(LEAF, _at_cap(Unit.SECOND), -0.5).requests_per_unit == 0

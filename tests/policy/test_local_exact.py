@@ -34,16 +34,23 @@ descriptors:
   - key: client_id
     rate_limit: {{unit: second, requests_per_unit: {LIMIT}}}
 """
-RATE, DEADLINE = 300, 0.25  # calls a second, and Envoy's timeout in the examples
+RATE = 300  # calls a second
+# each call's grpc-timeout, seconds: past 0.25 s (Envoy's timeout in the examples) the server
+# waits on the store no longer (store/deadline.py), so 2 s gets what 0.25 s does from it;
+# and an answer a loaded machine delays past 0.25 s is still seen, not dropped: at 0.25 s a
+# run saw none of a server's 10 in a second of the stall
+DEADLINE = 2.0
 BEFORE, STALL, AFTER = 1.0, 4.0, 1.0
 
 
 @dataclass
 class Answers:
-    """Each server's OK answers by the second that decided them; what could not be placed."""
+    """Each server's OK answers by the second that decided them; what could not be placed;
+    when each OK answer was sent and received."""
 
     admitted: Counter[tuple[int, int]] = field(default_factory=Counter)
     unplaced: int = 0
+    spans: list[tuple[float, float]] = field(default_factory=list)
     calls: int = 0
 
 
@@ -67,7 +74,9 @@ async def _call(stub: rls_pb2_grpc.RateLimitServiceStub, server: int,
     except grpc.aio.AioRpcError:
         return
     if reply.overall_code == rls_pb2.RateLimitResponse.OK:
-        second = _second(sent, time.time())
+        received = time.time()
+        answers.spans.append((sent, received))
+        second = _second(sent, received)
         if second is None:
             answers.unplaced += 1
         else:
@@ -138,4 +147,8 @@ class TestLocalUnderAStall:
         assert len(both) >= 2, (stopped, resumed)
         assert max(per_server.values()) <= PART, (per_server, answers.unplaced)
         assert max(both.values()) <= LIMIT, (both, answers.unplaced)
-        assert sum(both.values()) >= len(both) * PART  # it did limit, not refuse everything
+        # it did limit, not refuse everything: answers decided inside those seconds, also
+        # those that straddle an edge in them (a loaded machine's delay leaves most of the
+        # first ones of a second unplaced, and those are the ones admitted)
+        within = [s for s in answers.spans if inside.start <= s[0] and s[1] < inside.stop]
+        assert len(within) >= len(both) * PART, (both, len(within))

@@ -38,7 +38,13 @@ from fairlimit.store import open_store
 from fairlimit.store.memory import MemoryStore
 from fairlimit.store.redis import RedisStore, parse_url, script
 from helpers import FakeClock, desc, load_text, req
-from redis_servers import RedisClusterProcesses, RedisProcess, RedisSentinel, free_port
+from redis_servers import (
+    SUITE_TIMEOUT,
+    RedisClusterProcesses,
+    RedisProcess,
+    RedisSentinel,
+    free_port,
+)
 from servers import ServerProcess
 
 pytestmark = pytest.mark.behaviour
@@ -579,10 +585,12 @@ class TestKeys:
         slack = 60_000 if clock == "caller" else 1000
         try:
             request = plan_of(Matcher(loaded.config), desc("client_id=a", hits=3))
+            # from before the script sets the TTLs to after they are read: the time between
+            # the script and the read (the admit's reply too: 3.5 ms on a loaded machine)
+            started = time.monotonic()
             outcome = await store.admit(request, T0 + 0.5)
             assert outcome.admitted and outcome.now is not None
             now = outcome.now
-            started = time.monotonic()
             with redis_server.client() as client:
                 ttls = {key: client.pttl(key) for key in client.scan_iter("*")}
             elapsed = int((time.monotonic() - started) * 1000) + 1
@@ -884,15 +892,19 @@ class TestConnections:
             "--tls-key-file", str(tls_files["server.key"]),
             "--tls-ca-cert-file", str(tls_files["ca.crt"]),
         ).start()  # fmt: skip
-        base = f"rediss://127.0.0.1:{port}/?timeout=0.5&ssl_ca_certs={tls_files['ca.crt']}"
+        # the suite's generous timeout: a TLS handshake on a loaded machine took over 0.5 s
+        base = f"rediss://127.0.0.1:{port}/?timeout={SUITE_TIMEOUT}"
+        base += f"&ssl_ca_certs={tls_files['ca.crt']}"
         mutual = f"{base}&ssl_certfile={tls_files['client.crt']}"
         mutual += f"&ssl_keyfile={tls_files['client.key']}"
         plan = plan_of(matcher, desc("user=u1"))
         stores = [open_store(mutual), open_store(base)]
         try:
             assert (await stores[0].admit(plan, 0.0)).admitted
-            with pytest.raises(StoreUnavailable):  # the server asks for a client certificate
+            with pytest.raises(StoreUnavailable) as refused:  # no client certificate
                 await stores[1].admit(plan, 0.0)
+            # refused by the handshake (TLS 1.3's certificate_required alert), not timed out
+            assert "certificate" in str(refused.value).lower(), refused.value
         finally:
             for store in stores:
                 await store.close()

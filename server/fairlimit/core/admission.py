@@ -210,7 +210,9 @@ def _effective_limit(leaf: RateLimit, charge: Charge, fair: float) -> RateLimit:
     if fair == math.inf:
         return leaf
     cap = charge.limit
-    whole = math.floor(fair + _EPSILON)
+    # a bound below zero (a held client's, once the cap's reserve for light clients is held
+    # back from it: docs/fairness.md) reports 0 a window; a negative limit cannot be sent
+    whole = max(0, math.floor(fair + _EPSILON))
     if whole >= most_within((leaf,), cap.window):
         return leaf
     return RateLimit(whole, cap.unit, name=leaf.name, seconds=cap.seconds)
