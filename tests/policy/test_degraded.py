@@ -9,6 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -184,8 +187,28 @@ class TestReplicas:
         assert Replicas().place() == (1, 0)  # alone and told nothing: the whole limit
         assert Replicas(3).place() == (3, 2)  # none seen: the last place, no remainder
         assert placed("b", "c", "a").place() == (3, 1)  # by sorted id
-        assert placed("b", "a", configured=4).place() == (4, 1)
+        assert placed("b", "a", configured=4).place() == (4, 3)  # 2 of 4 seen: the last
         assert placed("c", "a", "b", configured=2).place() == (3, 2)  # more than told
+        assert placed("a", configured=2).place() == (2, 1)  # only itself of 2: the last
+
+    @given(st.data())
+    @hypothesis_settings(max_examples=300, deadline=None)
+    def test_the_places_taken_never_pass_a_limit(self, data: st.DataObject) -> None:
+        """n processes (--replicas x --workers n), each having seen itself and any of the
+        others at its last exchange: the parts they take add up to the limit at most.
+        Before, a process took its index among those it saw, and two that saw only
+        themselves both took the first place (seen in a live run: 11 and 12 of 10)."""
+        n = data.draw(st.integers(1, 6), "processes")
+        limit = data.draw(st.integers(0, 40), "limit")
+        ids = [f"p{k}" for k in range(n)]
+        total = 0
+        for me in ids:
+            rest = [i for i in ids if i != me]
+            others = data.draw(st.sets(st.sampled_from(rest)), me) if rest else set()
+            processes, index = placed(me, *others, configured=n).place()
+            assert processes == n
+            total += part(limit, processes, index)
+        assert total <= limit
 
     async def test_every_exchange_tells_the_processes_apart(self, tmp_path: Path) -> None:
         """Two quota services (one per process, RLQS used or not) on one store each see

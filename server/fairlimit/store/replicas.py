@@ -24,10 +24,13 @@ class Replicas:
 
     def place(self) -> tuple[int, int]:
         """(processes, this one's index): at least the configured count and the processes
-        last seen; the index in the sorted ids of those seen, so that processes that saw the
-        same ones take different places. A process that has seen none takes the last place,
-        the one that never gets a remainder (``core.parts.part``)."""
+        last seen; the index in the sorted ids of those seen when they are all ``n``, so
+        that processes that saw every one take different places. A process that saw fewer
+        takes the last place, the one that never gets a remainder (``core.parts.part``):
+        its index among a part of them could be another's (two processes that each saw
+        only themselves would both take the first place, and the parts would pass the
+        limit)."""
         n = max(self.configured, len(self.seen), 1)
-        if self.consumer is not None and self.consumer in self.seen:
+        if len(self.seen) == n and self.consumer is not None and self.consumer in self.seen:
             return n, self.seen.index(self.consumer)
         return n, n - 1
