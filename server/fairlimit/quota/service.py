@@ -29,6 +29,7 @@ from fairlimit.core.rules import Loaded
 from fairlimit.core.tally import Tally
 from fairlimit.quota.bounds import MAX_BUCKETS, MAX_BUCKETS_PER_STREAM, Room
 from fairlimit.quota.divider import Divider
+from fairlimit.quota.holdings import Holdings
 from fairlimit.quota.remote import Remote
 from fairlimit.quota.reports import CHUNK, Intake
 from fairlimit.quota.stream import QuotaStream, Send, Usage
@@ -121,6 +122,7 @@ class QuotaService:
         self.ledger.pay_off(stream.ident)
         self.room.dropped(len(stream.buckets))
         stream.buckets = {}
+        stream.holdings = Holdings()
         self.telemetry.stale()
         self.divider.everything()
         if not self.divider.due(self.now()):

@@ -11,16 +11,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from fairlimit.core.bucket import BucketKey
-from fairlimit.core.matching import Entry
-from fairlimit.core.quota import NONE, Blanket, Strategy, Target, TokenBucket, code_of, most
+from fairlimit.core.quota import Strategy
+from fairlimit.quota.holdings import MIN_SPAN, Counts, Holdings, Ints, Subscription
+
+__all__ = ["MIN_SPAN", "Abandon", "Action", "Assign", "QuotaStream", "Send", "Subscription",
+           "Usage", "bounded", "bounded_counts"]  # fmt: skip
 
 # Envoy 1.40's RLQS client reports every 5 s whatever the buckets' reporting_interval says
 # (a hard-coded interval in its filter_persistence.cc); a stream is taken to report at least
 # that slowly until SPACINGS reports have measured its real interval.
 DEFAULT_INTERVAL = 5.0
 SPACINGS = 8
-MIN_SPAN = 0.5  # a demand is measured over at least half a reporting interval
 TTL_INTERVALS = 3  # an assignment outlives two missed reports
 # A usage line counts at most this many requests of each kind (Envoy sends uint64s): no
 # Envoy lets four billion requests through one bucket in one report, and counts past int64
@@ -60,71 +64,6 @@ Action = Assign | Abandon
 Send = Callable[[Sequence[Action]], None]
 
 
-class Subscription:
-    """One stream's subscription to one bucket."""
-
-    __slots__ = ("active_at", "allowed", "bucket", "code", "counted", "demand", "denied",
-                 "entries", "extra", "peak", "planned", "row", "since", "strategy",
-                 "target")  # fmt: skip
-
-    def __init__(self, bucket: Mapping[str, str], now: float) -> None:
-        self.bucket = dict(bucket)
-        self.entries: tuple[Entry, ...] | None = None
-        self.target = Target(Blanket.ALLOW_ALL)
-        self.demand: float | None = None
-        self.counted = 0  # requests since ``since``, not yet turned into a demand
-        self.since = now
-        self.active_at = now
-        self.strategy: Strategy | None = None  # the one in force at the Envoy
-        # the most the strategies in force since the last report let through: (rate,
-        # depth) of the largest token bucket, an infinite rate once a blanket rule was among
-        # them; None before the first
-        self.peak: tuple[float, int] | None = None
-        self.allowed = self.denied = 0  # totals, for /rlconfig
-        # for the division (quota/division.py): the bucket's row in its table, the strategy
-        # in force as a code, and the last division's own (before settling) and this
-        # holder's part of the headroom (nan: none)
-        self.row = -1
-        self.code = NONE
-        self.planned = NONE
-        self.extra = math.nan
-
-    def assign(self, strategy: Strategy, code: int | None = None) -> None:
-        """``strategy`` (whose ``code_of`` is ``code`` when given) is sent to the Envoy
-        (and in force there from now on)."""
-        self.strategy = strategy
-        self.code = code_of(strategy) if code is None else code
-        if type(strategy) is TokenBucket:  # most(strategy), inline: 50,000 a division
-            rate, depth = strategy.tokens_per_fill / strategy.fill_seconds, strategy.max_tokens
-        else:
-            rate, depth = most(strategy)
-        peak = self.peak
-        if peak is not None:
-            if peak[0] > rate:
-                rate = peak[0]
-            if peak[1] > depth:
-                depth = peak[1]
-        self.peak = (rate, depth)
-
-    def start_span(self) -> None:
-        """A report came: the next span starts under the strategy in force."""
-        strategy = self.strategy
-        if type(strategy) is TokenBucket:  # most(strategy), inline: every line of a report
-            self.peak = (strategy.tokens_per_fill / strategy.fill_seconds, strategy.max_tokens)
-        else:
-            self.peak = None if strategy is None else most(strategy)
-
-    def measure(self, requests: int, now: float, interval: float) -> None:
-        """Add a report's requests; a span of half an interval or more makes a demand."""
-        self.counted += requests
-        if requests:
-            self.active_at = now
-        span = now - self.since
-        if span >= MIN_SPAN * interval:
-            self.demand = self.counted / span
-            self.counted, self.since = 0, now
-
-
 class QuotaStream:
     """One Envoy's RLQS stream: its domain, reporting interval and buckets."""
 
@@ -132,6 +71,7 @@ class QuotaStream:
         self.ident, self.send = ident, send
         self.domain = ""
         self.buckets: dict[BucketKey, Subscription] = {}
+        self.holdings = Holdings()  # the buckets' figures, a slot each
         self.interval = DEFAULT_INTERVAL
         self._spacings: list[float] = []
         self._last: float | None = None
@@ -176,3 +116,18 @@ def bounded(usage: Usage, held: Subscription | None, span: float | None) -> Usag
     if allowed == usage.allowed and denied == usage.denied:
         return usage
     return Usage(usage.bucket, allowed, denied)
+
+
+def bounded_counts(holdings: Holdings, slots: Ints, allowed: Counts, span: float | None) -> Counts:
+    """``bounded``'s cut of the allowed counts of a report's lines (``slots``: their
+    buckets', each known before the report; counts at most MAX_REPORTED already)."""
+    if span is None:
+        return allowed
+    rate = holdings.peak_rate[slots]
+    cut = (allowed > 0) & ~np.isnan(rate) & (rate != math.inf)
+    if not cut.any():
+        return allowed
+    with np.errstate(invalid="ignore"):
+        most = np.ceil(ALLOWED_SLACK * (rate * span + holdings.peak_depth[slots]))
+    out: Counts = np.where(cut, np.minimum(allowed, most), allowed).astype(np.int64)
+    return out
