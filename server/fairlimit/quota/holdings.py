@@ -67,6 +67,7 @@ class Holdings:
         self.size = 0
         self.subs: list[Subscription] = []
         self.keys: list[BucketKey] = []
+        self.index: dict[BucketKey, int] = {}  # each key's slot
         self.row: Ints
         self.code: Codes
         self.planned: Codes
@@ -106,6 +107,7 @@ class Holdings:
         self.size += 1
         self.subs.append(sub)
         self.keys.append(key)
+        self.index[key] = slot
         self.since[slot] = self.active_at[slot] = now
         self.bucket[slot] = sub.bucket
         return slot
@@ -125,10 +127,11 @@ class Holdings:
             getattr(self, name)[last] = fill
         self.strategy[last] = self.bucket[last] = None
         sub.holdings, sub.slot = alone, 0
+        del self.index[self.keys[slot]]
         if slot != last:
             moved = self.subs[slot] = self.subs[last]
-            self.keys[slot] = self.keys[last]
-            moved.slot = slot
+            key = self.keys[slot] = self.keys[last]
+            moved.slot = self.index[key] = slot
         self.subs.pop()
         self.keys.pop()
         self.size = last

@@ -13,8 +13,10 @@ it holds, and Envoy would reopen it and report the same buckets again.
 import logging
 import operator
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from fairlimit.core.bucket import BucketKey, bucket_key
 from fairlimit.quota.bounds import Room
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 # turn of the loop, and an RLS call waited for all of them (240 ms).
 CHUNK = 128
 KNOWN_CHUNK = 2048
+_BUCKET = operator.attrgetter("bucket")
 
 
 class Intake:
@@ -70,46 +73,77 @@ class Intake:
             self.divider.remote.targets.clear()
             self.divider.changed = None
         span = None if since is None else now - since
-        buckets, holdings = stream.buckets, stream.holdings
         reported: list[BucketKey] = []
         taken: list[Usage] = []
         slots: list[int] = []
         new: list[int] = []  # the lines (of ``taken``) that subscribed their bucket
         refused: dict[str, int] = {}
-        pause = self.divider.pace.pause
-        get, added = buckets.get, 0
-        for n, line in enumerate(usages):
-            if n and (not n % KNOWN_CHUNK or added >= CHUNK):
-                added = 0
-                await pause()
+        find = stream.holdings.index.get
+        for start in range(0, len(usages), KNOWN_CHUNK):
+            if start:
+                await self.divider.pace.pause()
                 if stream.closed:
                     return
-            key = bucket_key(line.bucket)
-            held = get(key)
-            if held is None:
-                if (cap := self.room.full(stream)) is not None:
-                    refused[cap] = refused.get(cap, 0) + 1
-                    continue
-                held = buckets[key] = Subscription(line.bucket, now, holdings, key)
-                self.targets.resolve(stream.domain, key, held)
-                self.room.took()
-                new.append(len(taken))
-                added += 1
-            reported.append(key)
-            taken.append(line)
-            slots.append(held.slot)
+            part = list(usages[start : start + KNOWN_CHUNK])
+            keys = list(map(bucket_key, map(_BUCKET, part)))
+            found = list(map(find, keys))
+            # new buckets (or refused ones) are subscribed (or their lines dropped)
+            subscribed = None not in found or await self._subscribe(
+                stream, part, keys, found, now, refused, new, len(slots)
+            )
+            if not subscribed:
+                return
+            reported += keys
+            taken += part
+            slots += cast(list[int], found)
         self.room.refuse(stream, refused, self.telemetry)
         allowed, denied = self._count(stream, taken, np.array(slots, dtype=np.intp), new,
                                       span, now)  # fmt: skip
         self.telemetry.reported(stream.domain, allowed, denied)
         # Only a periodic report lists every bucket; scanning on each subscription (a report
         # of one new bucket) would cost O(buckets) per new client.
-        full = len(usages) >= len(buckets)
+        full = len(usages) >= len(stream.buckets)
         abandoned = self._abandon_idle(stream, now) if full else []
         if self.divider.due(now):
             await self.divider.divide_yielding(stream, reported, abandoned)
         else:
             self.divider.provisional(stream, reported, abandoned)
+
+    async def _subscribe(
+        self,
+        stream: QuotaStream,
+        part: list[Usage],
+        keys: list[BucketKey],
+        found: list[int | None],
+        now: float,
+        refused: dict[str, int],
+        new: list[int],
+        offset: int,
+    ) -> bool:
+        """Subscribe the buckets of ``part`` not found (``found`` their slots, filled in
+        here), CHUNK at a time; drop the lines of those refused (``Room.full``), counted in
+        ``refused``. ``new``: the lines (from ``offset``) that subscribed their bucket.
+        False when the stream closed meanwhile."""
+        kept, h, added = 0, stream.holdings, 0
+        for line, key, slot in zip(part, keys, found, strict=True):
+            if slot is None and (slot := h.index.get(key)) is None:  # listed before in part
+                if added and not added % CHUNK:
+                    await self.divider.pace.pause()
+                    if stream.closed:
+                        return False
+                if (cap := self.room.full(stream)) is not None:
+                    refused[cap] = refused.get(cap, 0) + 1
+                    continue
+                held = stream.buckets[key] = Subscription(line.bucket, now, h, key)
+                self.targets.resolve(stream.domain, key, held)
+                self.room.took()
+                new.append(offset + kept)
+                added += 1
+                slot = held.slot
+            part[kept], keys[kept], found[kept] = line, key, slot
+            kept += 1
+        del part[kept:], keys[kept:], found[kept:]
+        return True
 
     def _count(
         self,
@@ -120,15 +154,16 @@ class Intake:
         span: float | None,
         now: float,
     ) -> tuple[int, int]:
-        """The taken lines' counts, bounded (``stream.bounded``), measured into their
+        """The taken lines' counts, bounded (``stream.bounded_counts``), measured into their
         buckets' demand and totals, their allowed requests owed (``usage.py``); each bucket
         reported for renewal. A bucket listed twice is measured in turns, in order, as
         line by line. The counts as counted, allowed and denied."""
         h = stream.holdings
-        allowed, denied = _counts(lines, "allowed"), _counts(lines, "denied")
+        (allowed, over), (denied, past) = _counts(lines, "allowed"), _counts(lines, "denied")
         fresh = np.zeros(len(lines), dtype=bool)
         fresh[new] = True  # a new bucket's first line is not measured: its span starts now
-        first_cut = len(lines)
+        cuts = np.flatnonzero(over | past)  # lines past MAX_REPORTED
+        first_cut = int(cuts[0]) if len(cuts) else len(lines)
         for turn in _turns(slots):
             known = turn[~fresh[turn]]
             cut = bounded_counts(h, slots[known], allowed[known], span)
@@ -144,7 +179,7 @@ class Intake:
             stream.warned = True
             log.warning("RLQS: stream %d reported more requests than it can have let"
                         " through (counted as at most %d allowed, %d denied)",
-                        stream.ident, allowed[first_cut], denied[first_cut])  # fmt: skip
+                        stream.ident, int(allowed[first_cut]), int(denied[first_cut]))  # fmt: skip
         owing = np.flatnonzero(allowed > 0).tolist()
         for i, paid in zip(owing, allowed[owing].tolist(), strict=True):
             held = h.subs[slots[i]]
@@ -169,15 +204,17 @@ class Intake:
         return out
 
 
-def _counts(lines: Sequence[Usage], field: str) -> Counts:
-    """One count of every line, at most MAX_REPORTED (Envoy sends uint64s)."""
-    values = map(operator.attrgetter(field), lines)
+def _counts(lines: Sequence[Usage], field: str) -> tuple[Counts, npt.NDArray[np.bool_]]:
+    """One count of every line, at most MAX_REPORTED (Envoy sends uint64s), and whether
+    each was cut to it."""
     try:
-        raw = np.fromiter(values, dtype=np.uint64, count=len(lines))
+        raw = np.fromiter(map(operator.attrgetter(field), lines), np.uint64, len(lines))
     except OverflowError:  # not from protobuf: past uint64, or negative
-        out = [min(v, MAX_REPORTED) for v in map(operator.attrgetter(field), lines)]
-        return np.array(out, dtype=np.int64)
-    return np.minimum(raw, MAX_REPORTED).astype(np.int64)
+        values = [getattr(line, field) for line in lines]
+        over = np.array([v > MAX_REPORTED for v in values], dtype=bool)
+        return np.array([min(v, MAX_REPORTED) for v in values], dtype=np.int64), over
+    over = raw > MAX_REPORTED
+    return np.minimum(raw, MAX_REPORTED).astype(np.int64), over
 
 
 def _turns(slots: Ints) -> list[Ints]:
