@@ -145,6 +145,46 @@ class TestHugeCounts:
         assert decision.code is Code.OK
 
 
+class TestReportLines:
+    async def test_a_bucket_listed_twice_is_taken_line_by_line(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """A report's lines are taken in arrays; a bucket listed twice in one report adds
+        up both lines, as line by line: both counted in its totals and owed, and the second
+        line of a new bucket in the span of its first demand."""
+        limiter = make_limiter(CAPPED)
+        quota = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        stream = quota.open(lambda actions: None)
+        bucket = {"route": "public", "client_id": "twice"}
+        await quota.report(stream, "edge", [Usage(bucket, 3, 10), Usage(bucket, 2, 5)])
+        held = stream.buckets[(("client_id", "twice"), ("route", "public"))]
+        assert (held.allowed, held.denied, held.demand) == (5, 15, None)
+        assert quota.ledger.owed == pytest.approx(5)
+        clock.advance(5.0)
+        await quota.report(stream, "edge", [Usage(bucket, 0, 20)])
+        assert held.demand == pytest.approx((2 + 5 + 20) / 5.0)
+
+    async def test_a_count_past_uint32_is_logged_once_per_stream(
+        self, make_limiter: LimiterFactory, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A new bucket's count past MAX_REPORTED is cut to it, and the stream's first such
+        report is logged with the counts as counted."""
+        limiter = make_limiter(CAPPED)
+        quota = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        stream = quota.open(lambda actions: None)
+        lines = [Usage({"route": "public", "client_id": "a"}, 1, 0),
+                 Usage({"route": "public", "client_id": "huge"}, 2**40, 7)]  # fmt: skip
+        with caplog.at_level("WARNING", logger="fairlimit.quota.reports"):
+            await quota.report(stream, "edge", lines)
+            clock.advance(5.0)
+            await quota.report(stream, "edge", lines)
+        warned = [r.getMessage() for r in caplog.records if "more requests" in r.getMessage()]
+        assert warned == [
+            f"RLQS: stream {stream.ident} reported more requests than it can have let through"
+            f" (counted as at most {MAX_REPORTED} allowed, 7 denied)"
+        ]
+
+
 class TestBoundedCounts:
     def test_a_blanket_rule_in_the_span_leaves_allowed_unbounded(self) -> None:
         """A token bucket of 5/s, then ALLOW_ALL within the span: Envoy may have let any

@@ -30,9 +30,8 @@ from fairlimit.core.quota import (
 )
 from fairlimit.quota.bounds import Pace
 from fairlimit.quota.division import changed, divide
-from fairlimit.quota.holdings import Ints
 from fairlimit.quota.remote import Remote
-from fairlimit.quota.stream import Action, Assign, QuotaStream
+from fairlimit.quota.stream import Action, Assign, Ints, QuotaStream
 from fairlimit.quota.targets import Targets
 
 

@@ -21,12 +21,14 @@ import numpy.typing as npt
 from fairlimit.core.bucket import BucketKey, bucket_key
 from fairlimit.quota.bounds import Room
 from fairlimit.quota.divider import Divider
-from fairlimit.quota.holdings import Counts, Ints, Subscription
 from fairlimit.quota.stream import (
     MAX_REPORTED,
     Abandon,
     Action,
+    Counts,
+    Ints,
     QuotaStream,
+    Subscription,
     Usage,
     bounded_counts,
 )

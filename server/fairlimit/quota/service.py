@@ -29,10 +29,9 @@ from fairlimit.core.rules import Loaded
 from fairlimit.core.tally import Tally
 from fairlimit.quota.bounds import MAX_BUCKETS, MAX_BUCKETS_PER_STREAM, Room
 from fairlimit.quota.divider import Divider
-from fairlimit.quota.holdings import Holdings
 from fairlimit.quota.remote import Remote
 from fairlimit.quota.reports import CHUNK, Intake
-from fairlimit.quota.stream import QuotaStream, Send, Usage
+from fairlimit.quota.stream import Holdings, QuotaStream, Send, Usage
 from fairlimit.quota.targets import Targets
 from fairlimit.quota.usage import UsageLedger
 from fairlimit.store.base import Store
