@@ -105,33 +105,23 @@ class Divider:
         if actions:
             stream.send(actions)
 
-    def divide(
-        self,
-        reporter: QuotaStream | None,
-        reported: Sequence[BucketKey],
-        abandoned: Sequence[Action] = (),
-    ) -> None:
+    def divide(self, reporter: QuotaStream | None, abandoned: Sequence[Action] = ()) -> None:
         """A division at once."""
-        for _ in self._division(reporter, reported, abandoned):
+        for _ in self._division(reporter, abandoned):
             pass
 
     async def divide_yielding(
-        self,
-        reporter: QuotaStream | None,
-        reported: Sequence[BucketKey],
-        abandoned: Sequence[Action] = (),
+        self, reporter: QuotaStream | None, abandoned: Sequence[Action] = ()
     ) -> None:
-        """A division yielding to the event loop between its steps (``reported``: the
-        reporter's buckets, marked for renewal in its holdings). Called with the report
-        turn held, so that no report or reload changes the buckets meanwhile."""
-        for _ in self._division(reporter, reported, abandoned):
+        """A division yielding to the event loop between its steps (the reporter's
+        buckets renewed: those its report marked in its holdings, ``abandoned`` sent
+        first). Called with the report turn held, so that no report or reload changes the
+        buckets meanwhile."""
+        for _ in self._division(reporter, abandoned):
             await self.pace.pause()
 
     def _division(
-        self,
-        reporter: QuotaStream | None,
-        reported: Sequence[BucketKey],
-        abandoned: Sequence[Action],
+        self, reporter: QuotaStream | None, abandoned: Sequence[Action]
     ) -> Iterator[None]:
         targets = self.targets
         if self.remote.present and targets.refresh(self.streams.values()):

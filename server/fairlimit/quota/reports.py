@@ -18,7 +18,7 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from fairlimit.core.bucket import BucketKey, bucket_key
+from fairlimit.core.bucket import bucket_key
 from fairlimit.quota.bounds import Room
 from fairlimit.quota.divider import Divider
 from fairlimit.quota.stream import (
@@ -75,39 +75,40 @@ class Intake:
             self.divider.remote.targets.clear()
             self.divider.changed = None
         span = None if since is None else now - since
-        reported: list[BucketKey] = []
         taken: list[Usage] = []
         slots: list[int] = []
         new: list[int] = []  # the lines (of ``taken``) that subscribed their bucket
         refused: dict[str, int] = {}
-        find = stream.holdings.index.get
+        h = stream.holdings
         for start in range(0, len(usages), KNOWN_CHUNK):
             if start:
                 await self.divider.pace.pause()
                 if stream.closed:
                     return
             part = list(usages[start : start + KNOWN_CHUNK])
-            keys = list(map(bucket_key, map(_BUCKET, part)))
-            found = list(map(find, keys))
+            # each key dropped once looked up (kept, 50,000 a report cost the collector)
+            found = list(map(h.index.get, map(bucket_key, map(_BUCKET, part))))
             # new buckets (or refused ones) are subscribed (or their lines dropped)
             subscribed = None not in found or await self._subscribe(
-                stream, part, keys, found, now, refused, new, len(slots)
+                stream, part, found, now, refused, new, len(slots)
             )
             if not subscribed:
                 return
-            reported += keys
             taken += part
             slots += cast(list[int], found)
         self.room.refuse(stream, refused, self.telemetry)
         allowed, denied = self._count(stream, taken, np.array(slots, dtype=np.intp), new,
                                       span, now)  # fmt: skip
         self.telemetry.reported(stream.domain, allowed, denied)
+        due = self.divider.due(now)
+        # the reported buckets, for a provisional renewal (before an abandon moves slots)
+        reported = [] if due else [h.keys[slot] for slot in slots]
         # Only a periodic report lists every bucket; scanning on each subscription (a report
         # of one new bucket) would cost O(buckets) per new client.
         full = len(usages) >= len(stream.buckets)
         abandoned = self._abandon_idle(stream, now) if full else []
-        if self.divider.due(now):
-            await self.divider.divide_yielding(stream, reported, abandoned)
+        if due:
+            await self.divider.divide_yielding(stream, abandoned)
         else:
             self.divider.provisional(stream, reported, abandoned)
 
@@ -115,7 +116,6 @@ class Intake:
         self,
         stream: QuotaStream,
         part: list[Usage],
-        keys: list[BucketKey],
         found: list[int | None],
         now: float,
         refused: dict[str, int],
@@ -127,24 +127,27 @@ class Intake:
         ``refused``. ``new``: the lines (from ``offset``) that subscribed their bucket.
         False when the stream closed meanwhile."""
         kept, h, added = 0, stream.holdings, 0
-        for line, key, slot in zip(part, keys, found, strict=True):
-            if slot is None and (slot := h.index.get(key)) is None:  # listed before in part
-                if added and not added % CHUNK:
-                    await self.divider.pace.pause()
-                    if stream.closed:
-                        return False
-                if (cap := self.room.full(stream)) is not None:
-                    refused[cap] = refused.get(cap, 0) + 1
-                    continue
-                held = stream.buckets[key] = Subscription(line.bucket, now, h, key)
-                self.targets.resolve(stream.domain, key, held)
-                self.room.took()
-                new.append(offset + kept)
-                added += 1
-                slot = held.slot
-            part[kept], keys[kept], found[kept] = line, key, slot
+        for line, slot in zip(part, found, strict=True):
+            if slot is None:
+                key = bucket_key(line.bucket)
+                slot = h.index.get(key)  # subscribed by a line before it in ``part``
+                if slot is None:
+                    if added and not added % CHUNK:
+                        await self.divider.pace.pause()
+                        if stream.closed:
+                            return False
+                    if (cap := self.room.full(stream)) is not None:
+                        refused[cap] = refused.get(cap, 0) + 1
+                        continue
+                    held = stream.buckets[key] = Subscription(line.bucket, now, h, key)
+                    self.targets.resolve(stream.domain, key, held)
+                    self.room.took()
+                    new.append(offset + kept)
+                    added += 1
+                    slot = held.slot
+            part[kept], found[kept] = line, slot
             kept += 1
-        del part[kept:], keys[kept:], found[kept:]
+        del part[kept:], found[kept:]
         return True
 
     def _count(

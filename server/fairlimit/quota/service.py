@@ -127,12 +127,12 @@ class QuotaService:
         if not self.divider.due(self.now()):
             return  # the next drip divides
         if self.room.held + len(self.remote.counts) <= SYNC_DIVISION:
-            self.divider.divide(None, ())
+            self.divider.divide(None)
             return
         try:
             task = asyncio.get_running_loop().create_task(self._divide_put_off())
         except RuntimeError:  # no event loop (a plain call): at once, then
-            self.divider.divide(None, ())
+            self.divider.divide(None)
             return
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -142,7 +142,7 @@ class QuotaService:
         try:
             async with self._turn:
                 if self.divider.dirty and self.divider.due(self.now()):
-                    await self.divider.divide_yielding(None, ())
+                    await self.divider.divide_yielding(None)
         except Exception:  # a division must never take the server down
             log.exception("RLQS: the division after a stream closed failed")
 
@@ -160,7 +160,7 @@ class QuotaService:
         if divider.dirty and divider.due(self.now()):
             async with self._turn:
                 if divider.dirty and divider.due(self.now()):
-                    await divider.divide_yielding(None, ())
+                    await divider.divide_yielding(None)
         if self.targets.matcher is not None:
             if self.targets.refresh(self.streams.values()):
                 self.remote.targets.clear()
