@@ -20,9 +20,10 @@ are answered while thousands of buckets arrive; and a closed stream leaves nothi
 
 import asyncio
 import logging
-import math
 import uuid
 from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from fairlimit.core.quota import Allocation, Holder
 from fairlimit.core.rules import Loaded
@@ -180,7 +181,8 @@ class QuotaService:
         """Every stream's domain and its buckets' strategies and headroom (for the gauges,
         telemetry/quota.py)."""
         return [
-            (s.domain, [(b.strategy, 0.0 if math.isnan(b.extra) else b.extra)
-                        for b in s.buckets.values()])
+            (s.domain, list(zip(s.holdings.strategy[: s.holdings.size].tolist(),
+                                np.nan_to_num(s.holdings.extra[: s.holdings.size]).tolist(),
+                                strict=True)))
             for s in self.streams.values()
         ]  # fmt: skip
