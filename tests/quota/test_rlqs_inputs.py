@@ -164,6 +164,29 @@ class TestReportLines:
         await quota.report(stream, "edge", [Usage(bucket, 0, 20)])
         assert held.demand == pytest.approx((2 + 5 + 20) / 5.0)
 
+    async def test_a_report_in_the_last_ones_order_or_another_counts_each_bucket(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """A report naming its buckets in the last report's order takes them by their place
+        (no key made); in another order, or after an abandon moved slots, by their keys:
+        either way each line counts for its own bucket."""
+        limiter = make_limiter(CAPPED)
+        quota = QuotaService(lambda: limiter.loaded, limiter.store, clock.now,
+                             abandon_after=8.0)  # fmt: skip
+        stream = quota.open(lambda actions: None)
+        a, b, c = ({"route": "public", "client_id": n} for n in ("a", "b", "c"))
+        await quota.report(stream, "edge", [Usage(c, 0, 3), Usage(a, 0, 1), Usage(b, 0, 2)])
+        for lines in ([Usage(c, 0, 30), Usage(a, 0, 10), Usage(b, 0, 20)],  # the same order
+                      [Usage(b, 0, 200), Usage(a, 0, 100), Usage(c, 0, 0)],  # another
+                      # the same again: c idle for 10 s is abandoned, b moved into its slot
+                      [Usage(b, 0, 200), Usage(a, 0, 100), Usage(c, 0, 0)],
+                      [Usage(b, 0, 2000), Usage(a, 0, 1000), Usage(c, 0, 7)]):  # fmt: skip
+            clock.advance(5.0)
+            await quota.report(stream, "edge", lines)
+        denied = {k[0][1]: held.denied for k, held in stream.buckets.items()}
+        assert denied == {"a": 1 + 10 + 100 + 100 + 1000, "b": 2 + 20 + 200 + 200 + 2000,
+                          "c": 7}  # fmt: skip
+
     async def test_a_count_past_uint32_is_logged_once_per_stream(
         self, make_limiter: LimiterFactory, clock: FakeClock, caplog: pytest.LogCaptureFixture
     ) -> None:

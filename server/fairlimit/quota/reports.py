@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 CHUNK = 128
 KNOWN_CHUNK = 2048
 _BUCKET = operator.attrgetter("bucket")
+_SLOT = operator.attrgetter("slot")
 
 
 class Intake:
@@ -80,14 +81,17 @@ class Intake:
         new: list[int] = []  # the lines (of ``taken``) that subscribed their bucket
         refused: dict[str, int] = {}
         h = stream.holdings
+        order = h.order
         for start in range(0, len(usages), KNOWN_CHUNK):
             if start:
                 await self.divider.pace.pause()
                 if stream.closed:
                     return
             part = list(usages[start : start + KNOWN_CHUNK])
-            # each key dropped once looked up (kept, 50,000 a report cost the collector)
-            found = list(map(h.index.get, map(bucket_key, map(_BUCKET, part))))
+            found = _as_before(part, order[start : start + KNOWN_CHUNK])
+            if found is None:
+                # each key dropped once looked up (kept, 50,000 cost the collector)
+                found = list(map(h.index.get, map(bucket_key, map(_BUCKET, part))))
             # new buckets (or refused ones) are subscribed (or their lines dropped)
             subscribed = None not in found or await self._subscribe(
                 stream, part, found, now, refused, new, len(slots)
@@ -96,6 +100,7 @@ class Intake:
                 return
             taken += part
             slots += cast(list[int], found)
+        h.order = list(map(h.subs.__getitem__, slots))
         self.room.refuse(stream, refused, self.telemetry)
         allowed, denied = self._count(stream, taken, np.array(slots, dtype=np.intp), new,
                                       span, now)  # fmt: skip
@@ -220,6 +225,16 @@ def _counts(lines: Sequence[Usage], field: str) -> tuple[Counts, npt.NDArray[np.
         return np.array([min(v, MAX_REPORTED) for v in values], dtype=np.int64), over
     over = raw > MAX_REPORTED
     return np.minimum(raw, MAX_REPORTED).astype(np.int64), over
+
+
+def _as_before(part: list[Usage], before: list[Subscription]) -> list[int | None] | None:
+    """The slots of ``part``'s buckets when its lines name, in order, the buckets of the
+    last report's lines at the same place (``before``: a dict's equality is C's, keying a
+    line is not); else None."""
+    if len(part) != len(before) or not all(map(operator.eq, map(_BUCKET, part),
+                                               map(_BUCKET, before))):  # fmt: skip
+        return None
+    return list(map(_SLOT, before))
 
 
 def _turns(slots: Ints) -> list[Ints]:

@@ -115,6 +115,9 @@ class Holdings:
         self.subs: list[Subscription] = []
         self.keys: list[BucketKey] = []
         self.index: dict[BucketKey, int] = {}  # each key's slot
+        # the subscriptions of the last report's lines, in order (emptied by a removal):
+        # Envoy lists its buckets in the same order report after report
+        self.order: list[Subscription] = []
         self.row: Ints
         self.code: Codes
         self.planned: Codes
@@ -182,6 +185,7 @@ class Holdings:
         self.subs.pop()
         self.keys.pop()
         self.size = last
+        self.order = []
         return sub
 
     def assign(self, slots: Ints, codes: Codes) -> list[Strategy]:
