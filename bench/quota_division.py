@@ -10,10 +10,12 @@ Then the same N clients spread over 50 caps, and one new client subscribing unde
 them (Envoy reports a new bucket at once): a division re-divides only the caps a report
 touched. CPU time (process_time), the median of 5 reports; on a shared machine wall time
 measures the others. The division's part of the report is printed beside it (the rest is
-taking the report's lines: measuring each bucket).
+taking the report's lines: measuring each bucket). Then five such reports each listing the
+buckets in another order than the last (every line keyed: see quota/reports.py).
 """
 
 import asyncio
+import random
 import statistics
 import sys
 import tempfile
@@ -109,9 +111,11 @@ async def subscribe(n: int) -> float:
     return statistics.median(times) * 1000
 
 
-async def measure(n: int) -> tuple[float, float]:
-    """CPU ms of a periodic report of n clients under one cap, beside a second Envoy's, and
-    of the division in it (the rest: taking the report's lines)."""
+async def measure(n: int) -> tuple[float, float, float]:
+    """CPU ms of a periodic report of n clients under one cap, beside a second Envoy's, of
+    the division in it (the rest: taking the report's lines), and of such a report listing
+    its buckets in another order than the last (Envoy lists them in the same order report
+    after report, until a new bucket reshuffles its map)."""
     clock, service, envoys = await _measured(n, 1)
     division = service.divider._division
     spent: list[float] = []
@@ -122,21 +126,29 @@ async def measure(n: int) -> tuple[float, float]:
         spent.append(time.process_time() - started)
 
     service.divider._division = timed_division  # type: ignore[method-assign,assignment]
-    times, divisions = [], []
+    times, divisions, shuffled = [], [], []
     for round_ in range(3, 8):
         clock.t += 5.0
         await service.report(envoys[1], "edge", _usage(n, round_))
         times.append(await _timed(service, envoys[0], _usage(n, round_)))
         divisions.append(spent[-1])
-    return statistics.median(times) * 1000, statistics.median(divisions) * 1000
+    for round_ in range(8, 13):  # each in another order than the last: every line keyed
+        clock.t += 5.0
+        await service.report(envoys[1], "edge", _usage(n, round_))
+        usage = _usage(n, round_)
+        random.Random(round_).shuffle(usage)
+        shuffled.append(await _timed(service, envoys[0], usage))
+    return (statistics.median(times) * 1000, statistics.median(divisions) * 1000,
+            statistics.median(shuffled) * 1000)  # fmt: skip
 
 
 def main() -> None:
     sizes = [int(x) for x in sys.argv[1:]] or [10_000, 50_000]
     for n in sizes:
-        ms, division = asyncio.run(measure(n))
+        ms, division, shuffled = asyncio.run(measure(n))
         print(f"RLQS division after a report, {n} clients x 2 Envoys: {ms:.0f} ms CPU "
               f"(median of 5; the division {division:.0f} ms of it)")  # fmt: skip
+        print(f"  the same report listing its buckets in another order: {shuffled:.0f} ms CPU")
         ms = asyncio.run(subscribe(n))
         print(f"  a new bucket's report beside them, spread over {CAPS} caps: {ms:.1f} ms CPU")
 

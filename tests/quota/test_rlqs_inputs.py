@@ -145,6 +145,69 @@ class TestHugeCounts:
         assert decision.code is Code.OK
 
 
+class TestReportLines:
+    async def test_a_bucket_listed_twice_is_taken_line_by_line(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """A report's lines are taken in arrays; a bucket listed twice in one report adds
+        up both lines, as line by line: both counted in its totals and owed, and the second
+        line of a new bucket in the span of its first demand."""
+        limiter = make_limiter(CAPPED)
+        quota = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        stream = quota.open(lambda actions: None)
+        bucket = {"route": "public", "client_id": "twice"}
+        await quota.report(stream, "edge", [Usage(bucket, 3, 10), Usage(bucket, 2, 5)])
+        held = stream.buckets[(("client_id", "twice"), ("route", "public"))]
+        assert (held.allowed, held.denied, held.demand) == (5, 15, None)
+        assert quota.ledger.owed == pytest.approx(5)
+        clock.advance(5.0)
+        await quota.report(stream, "edge", [Usage(bucket, 0, 20)])
+        assert held.demand == pytest.approx((2 + 5 + 20) / 5.0)
+
+    async def test_a_report_in_the_last_ones_order_or_another_counts_each_bucket(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """A report naming its buckets in the last report's order takes them by their place
+        (no key made); in another order, or after an abandon moved slots, by their keys:
+        either way each line counts for its own bucket."""
+        limiter = make_limiter(CAPPED)
+        quota = QuotaService(lambda: limiter.loaded, limiter.store, clock.now,
+                             abandon_after=8.0)  # fmt: skip
+        stream = quota.open(lambda actions: None)
+        a, b, c = ({"route": "public", "client_id": n} for n in ("a", "b", "c"))
+        await quota.report(stream, "edge", [Usage(c, 0, 3), Usage(a, 0, 1), Usage(b, 0, 2)])
+        for lines in ([Usage(c, 0, 30), Usage(a, 0, 10), Usage(b, 0, 20)],  # the same order
+                      [Usage(b, 0, 200), Usage(a, 0, 100), Usage(c, 0, 0)],  # another
+                      # the same again: c idle for 10 s is abandoned, b moved into its slot
+                      [Usage(b, 0, 200), Usage(a, 0, 100), Usage(c, 0, 0)],
+                      [Usage(b, 0, 2000), Usage(a, 0, 1000), Usage(c, 0, 7)]):  # fmt: skip
+            clock.advance(5.0)
+            await quota.report(stream, "edge", lines)
+        denied = {k[0][1]: held.denied for k, held in stream.buckets.items()}
+        assert denied == {"a": 1 + 10 + 100 + 100 + 1000, "b": 2 + 20 + 200 + 200 + 2000,
+                          "c": 7}  # fmt: skip
+
+    async def test_a_count_past_uint32_is_logged_once_per_stream(
+        self, make_limiter: LimiterFactory, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A new bucket's count past MAX_REPORTED is cut to it, and the stream's first such
+        report is logged with the counts as counted."""
+        limiter = make_limiter(CAPPED)
+        quota = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+        stream = quota.open(lambda actions: None)
+        lines = [Usage({"route": "public", "client_id": "a"}, 1, 0),
+                 Usage({"route": "public", "client_id": "huge"}, 2**40, 7)]  # fmt: skip
+        with caplog.at_level("WARNING", logger="fairlimit.quota.reports"):
+            await quota.report(stream, "edge", lines)
+            clock.advance(5.0)
+            await quota.report(stream, "edge", lines)
+        warned = [r.getMessage() for r in caplog.records if "more requests" in r.getMessage()]
+        assert warned == [
+            f"RLQS: stream {stream.ident} reported more requests than it can have let through"
+            f" (counted as at most {MAX_REPORTED} allowed, 7 denied)"
+        ]
+
+
 class TestBoundedCounts:
     def test_a_blanket_rule_in_the_span_leaves_allowed_unbounded(self) -> None:
         """A token bucket of 5/s, then ALLOW_ALL within the span: Envoy may have let any

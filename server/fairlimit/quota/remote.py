@@ -64,11 +64,13 @@ class Remote:
         # loop 50-120 ms in one go.
         totals: peers.Totals = {}
         for s in streams:
-            held = list(s.buckets.items())
-            for first in range(0, len(held), EXCHANGE_PART):
-                part = held[first : first + EXCHANGE_PART]
-                peers.add_held(totals, (peers.Held(s.domain, key, b.demand, s.interval)
-                                        for key, b in part if b.entries is not None))  # fmt: skip
+            h = s.holdings  # read as arrays: a property read per bucket cost 0.2 µs each
+            subs, keys = list(h.subs), list(h.keys)
+            demand = [None if math.isnan(d) else d for d in h.demand[: h.size].tolist()]
+            for first in range(0, len(subs), EXCHANGE_PART):
+                part = range(first, min(first + EXCHANGE_PART, len(subs)))
+                peers.add_held(totals, (peers.Held(s.domain, keys[i], demand[i], s.interval)
+                                        for i in part if subs[i].entries is not None))  # fmt: skip
                 await pause()
         summed = list(totals.values())
         parts = []

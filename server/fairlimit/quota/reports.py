@@ -11,23 +11,42 @@ it holds, and Envoy would reopen it and report the same buckets again.
 """
 
 import logging
+import operator
 from collections.abc import Sequence
+from typing import cast
 
-from fairlimit.core.bucket import BucketKey, bucket_key
+import numpy as np
+import numpy.typing as npt
+
+from fairlimit.core.bucket import bucket_key
 from fairlimit.quota.bounds import Room
 from fairlimit.quota.divider import Divider
-from fairlimit.quota.stream import Abandon, Action, QuotaStream, Subscription, Usage, bounded
+from fairlimit.quota.stream import (
+    MAX_REPORTED,
+    Abandon,
+    Action,
+    Counts,
+    Ints,
+    QuotaStream,
+    Subscription,
+    Usage,
+    bounded_counts,
+)
 from fairlimit.quota.targets import Targets
 from fairlimit.quota.usage import UsageLedger
 from fairlimit.telemetry.quota import QuotaTelemetry
 
 log = logging.getLogger(__name__)
 
-# A report is taken this many lines at a time, yielding to the event loop in between (a new
-# bucket costs about 30 µs: its descriptor, plan and target; a known one a few), and one
-# report at a time: twenty streams' reports side by side each ran a chunk in every turn of
-# the loop, and an RLS call waited for all of them (240 ms).
+# A report's lines are keyed and looked up this many new buckets (or KNOWN_CHUNK lines) at a
+# time, yielding to the event loop in between (a new bucket costs about 30 µs: its
+# descriptor, plan and target; a known one under 0.5 µs, its counts then taken in arrays),
+# and one report at a time: twenty streams' reports side by side each ran a chunk in every
+# turn of the loop, and an RLS call waited for all of them (240 ms).
 CHUNK = 128
+KNOWN_CHUNK = 2048
+_BUCKET = operator.attrgetter("bucket")
+_SLOT = operator.attrgetter("slot")
 
 
 class Intake:
@@ -48,7 +67,8 @@ class Intake:
     async def take(
         self, stream: QuotaStream, domain: str, usages: Sequence[Usage], now: float
     ) -> None:
-        """CHUNK lines at a time (a stream closed meanwhile takes the rest no further)."""
+        """Each line keyed and looked up (a new bucket subscribed), then every line's
+        counts at once (``_count``); a stream closed meanwhile takes the rest no further."""
         since = stream.last_report
         stream.observe(now)
         stream.domain = domain or stream.domain
@@ -56,61 +76,174 @@ class Intake:
             self.divider.remote.targets.clear()
             self.divider.changed = None
         span = None if since is None else now - since
-        buckets, interval, ident = stream.buckets, stream.interval, stream.ident
-        reported: list[BucketKey] = []
-        renewing: list[Subscription] = []
-        allowed = denied = 0  # as counted
+        taken: list[Usage] = []
+        slots: list[int] = []
+        new: list[int] = []  # the lines (of ``taken``) that subscribed their bucket
         refused: dict[str, int] = {}
-        pause = self.divider.pace.pause
-        for n, line in enumerate(usages):
-            if n and not n % CHUNK:
-                await pause()
+        h = stream.holdings
+        order = h.order
+        for start in range(0, len(usages), KNOWN_CHUNK):
+            if start:
+                await self.divider.pace.pause()
                 if stream.closed:
                     return
-            key = bucket_key(line.bucket)
-            held = buckets.get(key)
-            if held is None and (cap := self.room.full(stream)) is not None:
-                refused[cap] = refused.get(cap, 0) + 1
-                continue
-            usage = bounded(line, held, span)
-            if usage is not line and not stream.warned:
-                stream.warned = True
-                log.warning("RLQS: stream %d reported more requests than it can have let"
-                            " through (counted as at most %d allowed, %d denied)",
-                            ident, usage.allowed, usage.denied)  # fmt: skip
-            if held is None:
-                held = buckets[key] = Subscription(usage.bucket, now)
-                self.targets.resolve(stream.domain, key, held)
-                self.room.took()
-            else:
-                held.measure(usage.allowed + usage.denied, now, interval)
-                held.start_span()
-            allowed, denied = allowed + usage.allowed, denied + usage.denied
-            held.allowed += usage.allowed
-            held.denied += usage.denied
-            if held.entries is not None and usage.allowed > 0:
-                self.ledger.owe((ident, key), stream.domain, held.entries, usage.allowed,
-                                interval)  # fmt: skip
-            reported.append(key)
-            renewing.append(held)
+            part = list(usages[start : start + KNOWN_CHUNK])
+            found = _as_before(part, order[start : start + KNOWN_CHUNK])
+            if found is None:
+                # each key dropped once looked up (kept, 50,000 cost the collector)
+                found = list(map(h.index.get, map(bucket_key, map(_BUCKET, part))))
+            # new buckets (or refused ones) are subscribed (or their lines dropped)
+            subscribed = None not in found or await self._subscribe(
+                stream, part, found, now, refused, new, len(slots)
+            )
+            if not subscribed:
+                return
+            taken += part
+            slots += cast(list[int], found)
+        h.order = list(map(h.subs.__getitem__, slots))
         self.room.refuse(stream, refused, self.telemetry)
+        allowed, denied = self._count(stream, taken, np.array(slots, dtype=np.intp), new,
+                                      span, now)  # fmt: skip
         self.telemetry.reported(stream.domain, allowed, denied)
+        due = self.divider.due(now)
+        # the reported buckets, for a provisional renewal (before an abandon moves slots)
+        reported = [] if due else [h.keys[slot] for slot in slots]
         # Only a periodic report lists every bucket; scanning on each subscription (a report
         # of one new bucket) would cost O(buckets) per new client.
-        full = len(usages) >= len(buckets)
+        full = len(usages) >= len(stream.buckets)
         abandoned = self._abandon_idle(stream, now) if full else []
-        if self.divider.due(now):
-            await self.divider.divide_yielding(stream, reported, abandoned, renewing)
+        if due:
+            await self.divider.divide_yielding(stream, abandoned)
         else:
             self.divider.provisional(stream, reported, abandoned)
 
+    async def _subscribe(
+        self,
+        stream: QuotaStream,
+        part: list[Usage],
+        found: list[int | None],
+        now: float,
+        refused: dict[str, int],
+        new: list[int],
+        offset: int,
+    ) -> bool:
+        """Subscribe the buckets of ``part`` not found (``found`` their slots, filled in
+        here), CHUNK at a time; drop the lines of those refused (``Room.full``), counted in
+        ``refused``. ``new``: the lines (from ``offset``) that subscribed their bucket.
+        False when the stream closed meanwhile."""
+        kept, h, added = 0, stream.holdings, 0
+        for line, slot in zip(part, found, strict=True):
+            if slot is None:
+                key = bucket_key(line.bucket)
+                slot = h.index.get(key)  # subscribed by a line before it in ``part``
+                if slot is None:
+                    if added and not added % CHUNK:
+                        await self.divider.pace.pause()
+                        if stream.closed:
+                            return False
+                    if (cap := self.room.full(stream)) is not None:
+                        refused[cap] = refused.get(cap, 0) + 1
+                        continue
+                    held = stream.buckets[key] = Subscription(line.bucket, now, h, key)
+                    self.targets.resolve(stream.domain, key, held)
+                    self.room.took()
+                    new.append(offset + kept)
+                    added += 1
+                    slot = held.slot
+            part[kept], found[kept] = line, slot
+            kept += 1
+        del part[kept:], found[kept:]
+        return True
+
+    def _count(
+        self,
+        stream: QuotaStream,
+        lines: Sequence[Usage],
+        slots: Ints,
+        new: list[int],
+        span: float | None,
+        now: float,
+    ) -> tuple[int, int]:
+        """The taken lines' counts, bounded (``stream.bounded_counts``), measured into their
+        buckets' demand and totals, their allowed requests owed (``usage.py``); each bucket
+        reported for renewal. A bucket listed twice is measured in turns, in order, as
+        line by line. The counts as counted, allowed and denied."""
+        h = stream.holdings
+        (allowed, over), (denied, past) = _counts(lines, "allowed"), _counts(lines, "denied")
+        fresh = np.zeros(len(lines), dtype=bool)
+        fresh[new] = True  # a new bucket's first line is not measured: its span starts now
+        cuts = np.flatnonzero(over | past)  # lines past MAX_REPORTED
+        first_cut = int(cuts[0]) if len(cuts) else len(lines)
+        for turn in _turns(slots):
+            known = turn[~fresh[turn]]
+            cut = bounded_counts(h, slots[known], allowed[known], span)
+            moved = np.flatnonzero(cut != allowed[known])
+            if len(moved):
+                first_cut = min(first_cut, int(known[moved[0]]))
+                allowed[known] = cut
+            h.measure(slots[known], allowed[known] + denied[known], now, stream.interval)
+            h.allowed[slots[turn]] += allowed[turn]  # (a turn's slots are distinct)
+            h.denied[slots[turn]] += denied[turn]
+        h.renew[slots] = True
+        if first_cut < len(lines) and not stream.warned:
+            stream.warned = True
+            log.warning("RLQS: stream %d reported more requests than it can have let"
+                        " through (counted as at most %d allowed, %d denied)",
+                        stream.ident, int(allowed[first_cut]), int(denied[first_cut]))  # fmt: skip
+        owing = np.flatnonzero(allowed > 0).tolist()
+        for i, paid in zip(owing, allowed[owing].tolist(), strict=True):
+            held = h.subs[slots[i]]
+            if held.entries is not None:
+                self.ledger.owe((stream.ident, h.keys[slots[i]]), stream.domain,
+                                held.entries, paid, stream.interval)  # fmt: skip
+        return int(allowed.sum()), int(denied.sum())
+
     def _abandon_idle(self, stream: QuotaStream, now: float) -> list[Action]:
-        idle = [k for k, b in stream.buckets.items() if now - b.active_at >= self.abandon_after]
+        h = stream.holdings
+        idle = np.flatnonzero(now - h.active_at[: h.size] >= self.abandon_after)
         out: list[Action] = []
-        for key in idle:
+        for slot in reversed(idle.tolist()):  # from the last: a removal moves the last slot
+            key = h.keys[slot]
             held = stream.buckets.pop(key)
             self.divider.mark(key, held.target)  # its region re-divides without it
-            held.row = -1  # in no table from now on (it may be in the report's renewals)
+            h.remove(slot)
+            held.row = -1  # in no table from now on
             out.append(Abandon(held.bucket))
+        out.reverse()
         self.room.dropped(len(idle))
         return out
+
+
+def _counts(lines: Sequence[Usage], field: str) -> tuple[Counts, npt.NDArray[np.bool_]]:
+    """One count of every line, at most MAX_REPORTED (Envoy sends uint64s), and whether
+    each was cut to it."""
+    try:
+        raw = np.fromiter(map(operator.attrgetter(field), lines), np.uint64, len(lines))
+    except OverflowError:  # not from protobuf: past uint64, or negative
+        values = [getattr(line, field) for line in lines]
+        over = np.array([v > MAX_REPORTED for v in values], dtype=bool)
+        return np.array([min(v, MAX_REPORTED) for v in values], dtype=np.int64), over
+    over = raw > MAX_REPORTED
+    return np.minimum(raw, MAX_REPORTED).astype(np.int64), over
+
+
+def _as_before(part: list[Usage], before: list[Subscription]) -> list[int | None] | None:
+    """The slots of ``part``'s buckets when its lines name, in order, the buckets of the
+    last report's lines at the same place (``before``: a dict's equality is C's, keying a
+    line is not); else None."""
+    if len(part) != len(before) or not all(map(operator.eq, map(_BUCKET, part),
+                                               map(_BUCKET, before))):  # fmt: skip
+        return None
+    return list(map(_SLOT, before))
+
+
+def _turns(slots: Ints) -> list[Ints]:
+    """The lines (indices into ``slots``) in turns: each bucket's first line, then its
+    second, ... (a report lists each bucket once; a bucket listed twice is taken in order)."""
+    if not len(slots) or np.bincount(slots).max() <= 1:
+        return [np.arange(len(slots))]
+    order = np.argsort(slots, kind="stable")
+    ordered = slots[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    rank = np.arange(len(slots)) - np.repeat(starts, np.diff(np.r_[starts, len(slots)]))
+    return [np.sort(order[rank == k]) for k in range(int(rank.max()) + 1)]

@@ -20,9 +20,10 @@ are answered while thousands of buckets arrive; and a closed stream leaves nothi
 
 import asyncio
 import logging
-import math
 import uuid
 from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from fairlimit.core.quota import Allocation, Holder
 from fairlimit.core.rules import Loaded
@@ -31,7 +32,7 @@ from fairlimit.quota.bounds import MAX_BUCKETS, MAX_BUCKETS_PER_STREAM, Room
 from fairlimit.quota.divider import Divider
 from fairlimit.quota.remote import Remote
 from fairlimit.quota.reports import CHUNK, Intake
-from fairlimit.quota.stream import QuotaStream, Send, Usage
+from fairlimit.quota.stream import Holdings, QuotaStream, Send, Usage
 from fairlimit.quota.targets import Targets
 from fairlimit.quota.usage import UsageLedger
 from fairlimit.store.base import Store
@@ -121,17 +122,18 @@ class QuotaService:
         self.ledger.pay_off(stream.ident)
         self.room.dropped(len(stream.buckets))
         stream.buckets = {}
+        stream.holdings = Holdings()
         self.telemetry.stale()
         self.divider.everything()
         if not self.divider.due(self.now()):
             return  # the next drip divides
         if self.room.held + len(self.remote.counts) <= SYNC_DIVISION:
-            self.divider.divide(None, ())
+            self.divider.divide(None)
             return
         try:
             task = asyncio.get_running_loop().create_task(self._divide_put_off())
         except RuntimeError:  # no event loop (a plain call): at once, then
-            self.divider.divide(None, ())
+            self.divider.divide(None)
             return
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -141,7 +143,7 @@ class QuotaService:
         try:
             async with self._turn:
                 if self.divider.dirty and self.divider.due(self.now()):
-                    await self.divider.divide_yielding(None, ())
+                    await self.divider.divide_yielding(None)
         except Exception:  # a division must never take the server down
             log.exception("RLQS: the division after a stream closed failed")
 
@@ -159,7 +161,7 @@ class QuotaService:
         if divider.dirty and divider.due(self.now()):
             async with self._turn:
                 if divider.dirty and divider.due(self.now()):
-                    await divider.divide_yielding(None, ())
+                    await divider.divide_yielding(None)
         if self.targets.matcher is not None:
             if self.targets.refresh(self.streams.values()):
                 self.remote.targets.clear()
@@ -179,7 +181,8 @@ class QuotaService:
         """Every stream's domain and its buckets' strategies and headroom (for the gauges,
         telemetry/quota.py)."""
         return [
-            (s.domain, [(b.strategy, 0.0 if math.isnan(b.extra) else b.extra)
-                        for b in s.buckets.values()])
+            (s.domain, list(zip(s.holdings.strategy[: s.holdings.size].tolist(),
+                                np.nan_to_num(s.holdings.extra[: s.holdings.size]).tolist(),
+                                strict=True)))
             for s in self.streams.values()
         ]  # fmt: skip
