@@ -113,43 +113,38 @@ def _telemetry_off() -> None:
     build.telemetry = lambda *_: Telemetry.off()  # whatever build.telemetry is given
 
 
-def _unary_constant() -> None:
+def _constant(stream: bool) -> None:
+    """ShouldRateLimit answered a constant: a unary call (``stream`` False), or a stream of
+    one read with context.read() (what the stream of one itself costs in grpc); no budget,
+    no read deadline."""
     import grpc
 
     from fairlimit.grpc_api import servicer
 
     answer = servicer.rls_pb2.RateLimitResponse(overall_code=1).SerializeToString()
 
-    async def constant(request: bytes, context: object) -> bytes:
+    async def unary(request: bytes, context: object) -> bytes:
         return answer
 
-    def handler(self: object) -> grpc.GenericRpcHandler:
-        method = grpc.unary_unary_rpc_method_handler(constant)
-        return grpc.method_handlers_generic_handler(servicer.RLS_SERVICE,
-                                                    {"ShouldRateLimit": method})  # fmt: skip
-
-    servicer.RateLimitServicer.handler = handler  # type: ignore[method-assign]
-
-
-def _stream_constant() -> None:
-    """A stream of one, read with context.read() and answered a constant: no budget, no
-    read deadline (what the stream of one itself costs in grpc)."""
-    import grpc
-
-    from fairlimit.grpc_api import servicer
-
-    answer = servicer.rls_pb2.RateLimitResponse(overall_code=1).SerializeToString()
-
-    async def constant(request: object, context: grpc.aio.ServicerContext) -> bytes:
+    async def read_one(request: object, context: grpc.aio.ServicerContext) -> bytes:
         await context.read()
         return answer
 
     def handler(self: object) -> grpc.GenericRpcHandler:
-        method = grpc.stream_unary_rpc_method_handler(constant)
+        method = (grpc.stream_unary_rpc_method_handler(read_one) if stream
+                  else grpc.unary_unary_rpc_method_handler(unary))  # fmt: skip
         return grpc.method_handlers_generic_handler(servicer.RLS_SERVICE,
                                                     {"ShouldRateLimit": method})  # fmt: skip
 
     servicer.RateLimitServicer.handler = handler  # type: ignore[method-assign]
+
+
+def _unary_constant() -> None:
+    _constant(stream=False)
+
+
+def _stream_constant() -> None:
+    _constant(stream=True)
 
 
 def _guarded_constant() -> None:
