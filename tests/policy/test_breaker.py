@@ -251,6 +251,27 @@ class TestStalledStore:
         assert await _ask(limiter) is Code.OK and store.calls == 3
         assert limiter.backend_healthy
 
+    async def test_a_call_listening_before_a_trip_can_be_given_up(self, tmp_path: Path) -> None:
+        """A call that finds a wait stalled listens for HEAR before it trips the breaker,
+        holding its place in the call budget meanwhile: a full budget gives it up as it
+        gives up a wait on the store, and the failure mode answers it at once, the store
+        not asked. Before, the budget could not (CI: 32 calls in progress, none to give
+        up, and a call under a stalled Redis refused RESOURCE_EXHAUSTED)."""
+        clock = FakeClock()
+        store = HungStore()
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
+        assert await _ask(limiter) is Code.OK
+        clock.advance(0.001)  # the wait below begins after the store's last answer
+        store.hung = True
+        waiting = await _started(limiter)
+        clock.advance(PAST_STALLED)
+        listening = await _started(limiter)
+        assert store.calls == 2 and not listening.done()  # listening, the store not asked
+        assert limiter.waits.give_up({listening})
+        assert await listening is Code.OK and store.calls == 2
+        store.release.set()
+        assert await waiting is Code.OK
+
     async def test_a_full_call_budget_gives_up_the_longest_wait(self, tmp_path: Path) -> None:
         """give_up (what a full gRPC call budget asks) answers the longest-waiting call of
         those named by the failure mode at once; a call not named is left waiting."""

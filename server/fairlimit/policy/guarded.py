@@ -31,7 +31,7 @@ from fairlimit.core.concurrency import Claim, SlotOutcome, taken
 from fairlimit.core.fairshare import CapReport
 from fairlimit.core.plan import Plan
 from fairlimit.core.reserve import Settle, Settled, Usage
-from fairlimit.errors import DeadlineExceeded, StoreUnavailable
+from fairlimit.errors import DeadlineExceeded, GivenUp, StoreUnavailable
 from fairlimit.policy.alone import Alone
 from fairlimit.policy.answers import Unheld, Unlimited, Unsettled
 from fairlimit.policy.breaker import HEAR, Breaker
@@ -185,8 +185,8 @@ class FailurePolicy:
         except DeadlineExceeded:
             raise  # a StoreUnavailable too, but shed, not a backend failure
         except StoreUnavailable as exc:
-            if self.breaker.trips(self._now()):
-                await asyncio.sleep(HEAR)  # answers heard meanwhile reset the count
+            if not isinstance(exc, GivenUp) and self.breaker.trips(self._now()):
+                await self._listen()  # answers heard meanwhile reset the count
             self._failed(exc, True)
             return None
         breaker = self.breaker
@@ -203,11 +203,23 @@ class FailurePolicy:
         skip = breaker.skip(now, waits)
         if skip is not None or breaker.stalled(now, waits) is None:
             return skip
-        await asyncio.sleep(HEAR)
+        if not await self._listen():
+            return "given up while the backend seemed stalled"
         now = self._now()
         skip = breaker.skip(now, waits)  # another call's may have opened it meanwhile
         oldest = breaker.stalled(now, waits)
         return breaker.stall(now, waits, oldest) if skip is None and oldest is not None else skip
+
+    async def _listen(self) -> bool:
+        """Let the loop run for HEAR, as a wait on the store: a full call budget may give
+        it up as it gives up any (a call listening holds its place like one waiting; the
+        budget found 32 listening and none to give up, and refused a call under a stalled
+        Redis). False when given up."""
+        try:
+            await self.waits.wait(asyncio.sleep(HEAR), self._now())
+        except GivenUp:
+            return False
+        return True
 
     def _admitted_now(self, plan: Plan, now: float) -> Outcome:
         """The in-process store's admit (it never waits) under the policy, as ``_call``
