@@ -2,8 +2,9 @@
 Sentinel or Cluster), with pools and timeouts bounded for Envoy's 20 ms budget; and the one
 place where what such a client raises becomes StoreUnavailable."""
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+import asyncio
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -32,6 +33,15 @@ def unavailable() -> Iterator[None]:
         yield
     except _FAILURES as exc:
         raise StoreUnavailable(f"redis: {str(exc) or type(exc).__name__}") from exc
+
+
+@asynccontextmanager
+async def bounded(timeout: float) -> AsyncIterator[None]:
+    """The block given up after ``timeout`` seconds, its failures (the timeout's too) as
+    StoreUnavailable: the calls a division, its rows and the demand exchange make."""
+    with unavailable():
+        async with asyncio.timeout(timeout):
+            yield
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ from fairlimit.core.plan import Plan, Share
 from fairlimit.core.sharing import ROW_FIELDS, STALE, Clock, Division, Row
 from fairlimit.errors import StoreUnavailable
 from fairlimit.store.redis import division_rows
-from fairlimit.store.redis.client import unavailable
+from fairlimit.store.redis.client import bounded
 from fairlimit.store.redis.keys import SlotGroup
 from fairlimit.store.redis.script import FIGURES, GivenDivision, division_text, num
 
@@ -232,9 +232,8 @@ class Background:
         keys = wanted.group.cap_keys[0]
         given = await made(self._client, keys, share, wanted.now, wanted.back, self._timeout,
                            offload=True)  # fmt: skip
-        with unavailable():
-            async with asyncio.timeout(self._timeout):
-                await self._hand_in(wanted.plan, wanted.group, {wanted.group.caps[0]: given})
+        async with bounded(self._timeout):
+            await self._hand_in(wanted.plan, wanted.group, {wanted.group.caps[0]: given})
         self.made += 1
         if wanted.back.stale:
             await self._drop(keys, stale(share, wanted.now))
@@ -258,10 +257,9 @@ class Background:
         self._pruning.add(keys["rows"])
         try:
             while True:
-                with unavailable():
-                    async with asyncio.timeout(self._timeout):
-                        dropped = await self._prune([keys["rows"], keys["seen"]],
-                                                    [*args, PRUNE_STEP])  # fmt: skip
+                async with bounded(self._timeout):
+                    dropped = await self._prune([keys["rows"], keys["seen"]],
+                                                [*args, PRUNE_STEP])  # fmt: skip
                 if dropped < PRUNE_STEP:
                     return
         except StoreUnavailable as exc:

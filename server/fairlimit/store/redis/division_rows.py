@@ -22,7 +22,6 @@ A cap whose rows were written before ``seen`` was kept (ZCARD below the rows) is
 with HSCAN, as before, and those rows are indexed then.
 """
 
-import asyncio
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
@@ -33,7 +32,7 @@ from redis.asyncio.cluster import RedisCluster
 from fairlimit.core import sharing
 from fairlimit.core.plan import Share
 from fairlimit.core.sharing import ROW_FIELDS, STALE, Clock, Row
-from fairlimit.store.redis.client import unavailable
+from fairlimit.store.redis.client import bounded
 from fairlimit.store.redis.script import row_of, rows_of
 
 SCAN_COUNT = 128  # hash fields asked for per HSCAN step (a cap read whole)
@@ -61,11 +60,8 @@ async def _zrange(client: Client, key: str, near: str | int, far: str | int, rev
                   timeout: float, byscore: bool = True) -> list[tuple[str, float]]:  # fmt: skip
     """ZRANGE of ``seen`` with scores: PAGE clients by score from ``near`` (or by rank)."""
     paging: dict[str, Any] = {"byscore": True, "offset": 0, "num": PAGE} if byscore else {}
-    with unavailable():
-        async with asyncio.timeout(timeout):
-            got: list[Any] = await client.zrange(
-                key, near, far, desc=rev, withscores=True, **paging
-            )
+    async with bounded(timeout):
+        got: list[Any] = await client.zrange(key, near, far, desc=rev, withscores=True, **paging)
     return [(str(member), float(score)) for member, score in got]
 
 
@@ -73,11 +69,10 @@ async def _tied(client: Client, key: str, score: float, rev: bool, timeout: floa
                 ) -> AsyncGenerator[list[str], None]:  # fmt: skip
     """The clients of ``seen`` at ``score``, PAGE a step by rank."""
     at = repr(score)
-    with unavailable():
-        async with asyncio.timeout(timeout):
-            before = await (client.zcount(key, f"({at}", "+inf") if rev
-                            else client.zcount(key, "-inf", f"({at}"))  # fmt: skip
-            tied = await client.zcount(key, at, at)
+    async with bounded(timeout):
+        before = await (client.zcount(key, f"({at}", "+inf") if rev
+                        else client.zcount(key, "-inf", f"({at}"))  # fmt: skip
+        tied = await client.zcount(key, at, at)
     for first in range(before, before + tied, PAGE):
         last = min(first + PAGE, before + tied) - 1
         page = await _zrange(client, key, first, last, rev, timeout, byscore=False)
@@ -107,12 +102,10 @@ async def walk(client: Client, key: str, near: str, far: str, rev: bool, timeout
 async def read_clients(client: Client, key: str, clients: Sequence[str], timeout: float
                        ) -> dict[str, Row]:  # fmt: skip
     """The rows of ``clients`` in the rows hash ``key`` (an HMGET each, pipelined)."""
-    with unavailable():
-        async with asyncio.timeout(timeout):
-            async with client.pipeline(transaction=False) as pipe:
-                for name in clients:
-                    pipe.hmget(key, [f"{field}:{name}" for field in _FIELDS])
-                values = await pipe.execute()
+    async with bounded(timeout), client.pipeline(transaction=False) as pipe:
+        for name in clients:
+            pipe.hmget(key, [f"{field}:{name}" for field in _FIELDS])
+        values = await pipe.execute()
     rows = {}
     for name, got in zip(clients, values, strict=True):
         row = row_of(got)
@@ -127,9 +120,8 @@ async def read_fields(client: Client, key: str, timeout: float) -> list[str]:
     flat: list[str] = []
     cursor = 0
     while True:
-        with unavailable():
-            async with asyncio.timeout(timeout):
-                cursor, chunk = await client.hscan(key, cursor, count=SCAN_COUNT)
+        async with bounded(timeout):
+            cursor, chunk = await client.hscan(key, cursor, count=SCAN_COUNT)
         assert isinstance(chunk, dict)  # fields with their values (no no_values)
         for field, value in chunk.items():
             flat += (str(field), str(value))  # str already: decode_responses
@@ -145,9 +137,8 @@ async def read_all(client: Client, keys: Mapping[str, str], share: Share, timeou
     names = list(rows)
     for first in range(0, len(names), PAGE):
         scores = {name: _written(rows[name], share.period) for name in names[first : first + PAGE]}
-        with unavailable():
-            async with asyncio.timeout(timeout):
-                await client.zadd(keys["seen"], scores, gt=True)
+        async with bounded(timeout):
+            await client.zadd(keys["seen"], scores, gt=True)
     return rows
 
 

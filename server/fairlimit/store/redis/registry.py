@@ -17,7 +17,7 @@ from fairlimit.core.fairshare import CapReport, FairnessFigures
 from fairlimit.core.sharing import DIVISION_FIELDS
 from fairlimit.errors import StoreUnavailable
 from fairlimit.store.redis import script
-from fairlimit.store.redis.client import unavailable
+from fairlimit.store.redis.client import bounded, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -60,23 +60,21 @@ class CapRegistry:
     ) -> Mapping[str, str]:
         """demand.lua: ``report`` written for ``consumer``, the others' read (``at``: the
         caller's clock, or "" for Redis TIME)."""
-        with unavailable():
-            async with asyncio.timeout(max(self._timeout, 1.0)):
-                flat = await self._demand(keys=[self._demand_key],
-                                          args=[at, consumer, repr(ttl), report])  # fmt: skip
+        async with bounded(max(self._timeout, 1.0)):
+            flat = await self._demand(keys=[self._demand_key],
+                                      args=[at, consumer, repr(ttl), report])  # fmt: skip
         return {str(k): str(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
 
     async def caps(self) -> Mapping[str, CapReport]:
-        with unavailable():
-            async with asyncio.timeout(max(self._timeout, 1.0)):
-                metas = sorted(await self._client.smembers(self._registry))
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for meta in metas:
-                        pipe.hgetall(meta)
-                    states = await pipe.execute() if metas else []
-                gone = [m for m, state in zip(metas, states, strict=True) if not state]
-                if gone:
-                    await self._client.srem(self._registry, *gone)
+        async with bounded(max(self._timeout, 1.0)):
+            metas = sorted(await self._client.smembers(self._registry))
+            async with self._client.pipeline(transaction=False) as pipe:
+                for meta in metas:
+                    pipe.hgetall(meta)
+                states = await pipe.execute() if metas else []
+            gone = [m for m, state in zip(metas, states, strict=True) if not state]
+            if gone:
+                await self._client.srem(self._registry, *gone)
         reports = (_report(state) for state in states if state)
         return {report.cap: report for report in reports}
 
