@@ -903,8 +903,11 @@ class TestConnections:
             assert (await stores[0].admit(plan, 0.0)).admitted
             with pytest.raises(StoreUnavailable) as refused:  # no client certificate
                 await stores[1].admit(plan, 0.0)
-            # refused by the handshake (TLS 1.3's certificate_required alert), not timed out
-            assert "certificate" in str(refused.value).lower(), refused.value
+            # refused by the server, not timed out: TLS 1.3's certificate_required alert, or
+            # the connection reset when the server drops it before the client reads the alert
+            # (seen once: "Connection reset by peer")
+            said = str(refused.value).lower()
+            assert "certificate" in said or "reset by peer" in said, refused.value
         finally:
             for store in stores:
                 await store.close()
