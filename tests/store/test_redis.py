@@ -145,9 +145,11 @@ class TestParityWithMemory:
     ) -> None:  # fmt: skip
         """A client silent for STALE periods, one fewer or one more: its row's history and
         mass (core/sharing._history: decayed up to STALE, gone past it) are memory's."""
-        from fairlimit.core.sharing import Row
+        from fairlimit.core.sharing import ROW_FIELDS, Row
         from fairlimit.store.redis import script
         from fairlimit.store.redis.keys import slot_groups
+
+        _FIELDS = ROW_FIELDS.values()
 
         store, memory = await redis_store_factory(), MemoryStore()
         plan = client_plan(matcher, "a")
@@ -158,9 +160,9 @@ class TestParityWithMemory:
         finally:
             await store.close()
         (g,) = slot_groups(plan, "fairlimit:", False)
-        with redis_server.client() as client:
-            flat = [x for kv in client.hgetall(g.cap_keys[0]["rows"]).items() for x in kv]
-        got: Row = script.rows_of(flat)["a"]
+        with redis_server.client() as client:  # the client's row: its own hash
+            got = script.row_of(client.hmget(f"{g.cap_keys[0]['rows']}:a", list(_FIELDS)))
+        assert got is not None
         want: Row = memory.fair.table[plan.shares[0].cap].rows["a"]
         assert (got.history, got.mass) == pytest.approx((want.history, want.mass))
 
@@ -548,8 +550,10 @@ class TestKeys:
                 for kinds, i in zip(g.cap_keys, g.cap_share, strict=True):
                     s = plan.shares[i]
                     keep = max(2 * s.window + 1, sharing.STALE * s.period) * 1000
-                    expected[kinds["meta"]] = expected[kinds["rows"]] = int(keep)
-                    expected[kinds["seen"]] = int(keep)
+                    expected[kinds["meta"]] = int(keep)
+                    # a row and the seen index: a period and the slack more
+                    row_keep = int(keep + s.period * 1000 + slack)
+                    expected[f"{kinds['rows']}:{s.client}"] = expected[kinds["seen"]] = row_keep
             for rid in ("r1", "r2"):
                 assert await _take(limiter, "a", rid)
             assert not await _take(limiter, "a", "r3")  # the pool's cap: 2 in flight
@@ -748,8 +752,8 @@ class TestSlotGroups:
                 for key in client.scan_iter("*"):  # this node's keys only
                     if key in capped.counter_keys:
                         found[key] = client.hget(key, "n")
-                    elif key == rows:
-                        found["row"] = client.hget(rows, f"{ROW_FIELDS['admitted']}:t")
+                    elif key == f"{rows}:t":  # the client's row, in the cap's slot
+                        found["row"] = client.hget(key, ROW_FIELDS["admitted"])
         assert found == {**dict.fromkeys(capped.counter_keys, "30"), "row": "30"}
 
     async def test_a_rejected_request_across_slots_consumes_nothing(

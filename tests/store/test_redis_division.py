@@ -14,7 +14,7 @@ from fairlimit.core import sharing
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
-from fairlimit.core.sharing import FORCES, ROW_FIELDS, SPLIT, STALE
+from fairlimit.core.sharing import FORCES, ROW_FIELDS, SPLIT, STALE, Row
 from fairlimit.store.redis import division, division_rows, script
 from fairlimit.store.redis.keys import slot_groups
 from fairlimit.store.redis.script import ADMIT, NEED_LEVEL
@@ -103,8 +103,8 @@ class TestScriptCallsAtScale:
         assert int(reply[0]) == NEED_LEVEL
         assert _size(reply) == 2 + 9  # NEED_LEVEL, now, one cap's nine fields: no rows
         now, (back,) = division.hand_backs(reply)
-        assert back.fields == n * len(ROW_FIELDS)  # the rows are there, and not returned
-        assert back.indexed == n
+        assert back.indexed == back.clients == n  # the rows are there, and not returned
+        assert back.fields == 0  # each client's row is its own hash: none in the rows hash
         share = plan.shares[g.cap_share[0]]
         made = await division.made(store._client, g.cap_keys[0], share, now, back, OUTLAST)
         snapshots.append(_stats(server))
@@ -202,8 +202,8 @@ class TestBackgroundDivision:
 
 
 class TestStaleRows:
-    """Redis-only: rows are fields of one hash that lives as long as its cap is used (memory
-    drops a row object at a new period)."""
+    """Redis-only: a row is a hash of its own, indexed in the cap's seen set, which lives as
+    long as its cap is used (memory drops a row object at a new period)."""
 
     async def test_a_row_stale_at_a_division_is_dropped_and_a_live_one_kept(
         self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
@@ -219,11 +219,10 @@ class TestStaleRows:
             assert (await store.admit(client_plan(matcher, "old"), T0)).admitted
             assert (await store.admit(client_plan(matcher, "new"), later)).admitted
             async with asyncio.timeout(OUTLAST):
-                while await store._client.hexists(rows, "ws:old"):
+                while await store._client.exists(f"{rows}:old"):
                     await asyncio.sleep(0.01)
-            with redis_server.client() as client:
-                fields = client.hkeys(rows)
-            assert sorted(f.partition(":")[2] for f in fields) == ["new"] * len(ROW_FIELDS)
+            assert await _row_clients(store, rows) == {"new"}
+            assert await store._client.hlen(f"{rows}:new") == len(ROW_FIELDS)
             assert (await store.admit(client_plan(matcher, "old"), later)).admitted
         finally:
             await store.close()
@@ -242,12 +241,37 @@ async def _hand_back(store: Any, plan: Plan, at: float) -> tuple[float, division
     return now, back
 
 
+async def _row_clients(store: Any, rows: str) -> set[str]:
+    """The clients with a row of their own at the cap whose rows key is ``rows``."""
+    return {key.removeprefix(f"{rows}:") async for key in store._client.scan_iter(f"{rows}:*")}
+
+
+async def _every_row(store: Any, rows: str) -> list[str]:
+    """Every row of the cap, as flat ``<field>:<client>`` pairs (script.rows_of): the rows
+    of their own (SCAN, HGETALL) and those in the rows hash (HGETALL)."""
+    flat = [x for kv in (await store._client.hgetall(rows)).items() for x in kv]
+    for name in await _row_clients(store, rows):
+        for field, value in (await store._client.hgetall(f"{rows}:{name}")).items():
+            flat += (f"{field}:{name}", value)
+    return flat
+
+
 async def _whole(store: Any, plan: Plan, now: float, back: division.HandBack
                  ) -> script.GivenDivision:  # fmt: skip
-    """The division made from every row of the cap (HGETALL), as before the index."""
+    """The division made from every row of the cap, as before the index."""
     (g,) = slot_groups(plan, "fairlimit:", False)
-    flat = [x for kv in (await store._client.hgetall(g.cap_keys[0]["rows"])).items() for x in kv]
+    flat = await _every_row(store, g.cap_keys[0]["rows"])
     return division.divide(plan.shares[g.cap_share[0]], script.rows_of(flat), now, back)
+
+
+async def _as_an_earlier_version(store: Any, rows: str) -> None:
+    """Move every row of its own into the rows hash (``<field>:<client>``): the cap as an
+    earlier version left it (its seen index as it is)."""
+    for name in await _row_clients(store, rows):
+        got = await store._client.hgetall(f"{rows}:{name}")
+        await store._client.hset(rows, mapping={f"{f}:{name}": v for f, v in got.items()})
+        await store._client.delete(f"{rows}:{name}")
+    await store._client.pexpire(rows, 600_000)
 
 
 class TestRowsReadByADivision:
@@ -318,14 +342,15 @@ class TestRowsReadByADivision:
     async def test_rows_written_before_the_index_are_read_whole_and_indexed(
         self, redis_store_factory: Factory, matcher: Matcher
     ) -> None:
-        """A cap whose seen index holds fewer clients than its rows (written by an earlier
-        version) is read whole, as every row gives its division, and each row is then
-        indexed: the next hand-back counts them all."""
+        """A cap whose seen index holds fewer clients than its rows hash holds rows (written
+        by an earlier version, before the index was kept) is read whole, as every row gives
+        its division, and each row is then indexed: the next hand-back counts them all."""
         store = await redis_store_factory(local_cache=0, timeout=OUTLAST)
         plan = client_plan(matcher, "c0")
         (g,) = slot_groups(plan, "fairlimit:", False)
         try:
             await _clients(store, matcher, 300, T0)
+            await _as_an_earlier_version(store, g.cap_keys[0]["rows"])
             await store._client.delete(g.cap_keys[0]["seen"])
             now, back = await _hand_back(store, plan, T0 + 1.3)
             assert back.whole and back.clients == 300
@@ -388,8 +413,8 @@ class TestPruneBySeen:
         history, their window gone), hour asked 90 s ago in this window (its history gone,
         its window not: it stays), fresh asks now, and seen holds ghost, a client without a
         row, written before them all. The division fresh's request sets off drops the 40
-        (more than PRUNE_STEP: a call drops them a few at a time) and ghost, from the rows
-        hash and from seen; hour and fresh stay in both."""
+        (more than PRUNE_STEP: a call drops them a few at a time) and ghost, their rows and
+        from seen; hour and fresh stay in both."""
         matcher = Matcher(load_text(tmp_path, HOURLY).config)
 
         def plan(client: str) -> Plan:
@@ -408,8 +433,7 @@ class TestPruneBySeen:
             async with asyncio.timeout(OUTLAST):
                 while await store._client.zcard(seen) > 2:
                     await asyncio.sleep(0.01)
-            with_rows = {f.partition(":")[2] for f in await store._client.hkeys(rows)}
-            assert with_rows == {"hour", "fresh"}
+            assert await _row_clients(store, rows) == {"hour", "fresh"}
             assert set(await store._client.zrange(seen, 0, -1)) == {"hour", "fresh"}
         finally:
             await store.close()
@@ -441,3 +465,54 @@ class TestPruneBySeen:
             assert await store._client.exists(keys[0]) == 0
         finally:
             await store.close()
+
+
+class TestRowsOfAnEarlierVersion:
+    """Redis-only: an earlier version kept every row of a cap in one hash (``<field>:
+    <client>``); a client's row is a hash of its own now. A cap left by an earlier version
+    goes on as if it never was: its rows are read there, and moved out when written."""
+
+    async def _run(self, store: Any, matcher: Matcher, left: bool
+                   ) -> tuple[dict[str, Any], script.GivenDivision, set[str]]:  # fmt: skip
+        """20 clients ask 3 times at T0; the cap is left as an earlier version kept it
+        (``left``); c0..c9 ask again at T0 + 0.5 (the same window and period), and a
+        division is due at T0 + 1.3: (every row, the division made, the clients whose row
+        is still in the rows hash)."""
+        plan = client_plan(matcher, "c0")
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        rows = g.cap_keys[0]["rows"]
+        for _ in range(3):
+            await _clients(store, matcher, 20, T0)
+        if left:
+            await _as_an_earlier_version(store, rows)
+        await _clients(store, matcher, 10, T0 + 0.5)
+        now, back = await _hand_back(store, plan, T0 + 1.3)
+        assert back.fields == (10 * len(ROW_FIELDS) if left else 0) and not back.whole
+        made = await division.made(store._client, g.cap_keys[0], plan.shares[g.cap_share[0]],
+                                   now, back, OUTLAST)  # fmt: skip
+        every = script.rows_of(await _every_row(store, rows))
+        legacy = {f.partition(":")[2] for f in await store._client.hkeys(rows)}
+        state = {name: {f: getattr(row, f) for f in Row.__slots__} for name, row in every.items()}
+        return state, made, legacy
+
+    async def test_a_cap_left_by_an_earlier_version_goes_on_as_if_never_left(
+        self, redis_store_factory: Factory, redis_server: RedisProcess, matcher: Matcher
+    ) -> None:
+        """The same requests on a cap left by an earlier version and on one never left so
+        give the same rows (c0..c9 counted 4 hits in the window: the 3 accepted before are
+        not lost) and the same division; the rows written since are out of the rows hash,
+        the others still in it."""
+        runs = []
+        for left in (False, True):
+            with redis_server.client() as client:
+                client.flushall()
+            store = await redis_store_factory(local_cache=0, timeout=OUTLAST)
+            try:
+                runs.append(await self._run(store, matcher, left))
+            finally:
+                await store.close()
+        (rows, made, legacy), (rows_left, made_left, legacy_left) = runs
+        assert len(rows) == 20 and rows_left == rows
+        assert made_left == made
+        assert legacy == set() and legacy_left == {f"c{i}" for i in range(10, 20)}
+        assert {rows[f"c{i}"]["admitted"] for i in range(10)} == {4}

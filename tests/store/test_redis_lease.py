@@ -545,7 +545,7 @@ def _row(redis_server: RedisProcess, limiter: Limiter, route: str, client: str) 
     (g,) = slot_groups(plan, "fairlimit:", False)
     rows = g.cap_keys[0]["rows"]
     with redis_server.client() as client_:
-        raw = client_.hmget(rows, [f"{ROW_FIELDS[f]}:{client}" for f in _COUNTS])
+        raw = client_.hmget(f"{rows}:{client}", [ROW_FIELDS[f] for f in _COUNTS])
     return {f: float(v or 0) for f, v in zip(_COUNTS, raw, strict=True)}
 
 

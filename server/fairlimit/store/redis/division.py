@@ -61,7 +61,7 @@ class HandBack:
 
     index: int  # into SlotGroup.caps
     epoch: int  # the division's id: FORCES x its sub-period + the forced remakes before it
-    fields: int  # HLEN of the cap's rows hash
+    fields: int  # HLEN of the cap's rows hash (rows an earlier version kept there)
     asker: str  # the client whose request forced it ("" when due)
     extra: int  # that request's hits
     closing: str  # λ of the window before as the division in force knows it, or ""
@@ -70,14 +70,22 @@ class HandBack:
     stale: bool  # the cap may hold stale rows (prune.lua has some to drop)
 
     @property
-    def clients(self) -> int:
-        """The rows the hash holds (each has every field of ROW_FIELDS)."""
+    def legacy(self) -> int:
+        """The rows an earlier version kept in the cap's rows hash (each has every field of
+        ROW_FIELDS); a client's row is its own hash now (lua/admit/rows.lua)."""
         return self.fields // len(ROW_FIELDS)
 
     @property
+    def clients(self) -> int:
+        """The cap's clients with a row: those seen indexes, or the rows an earlier version
+        kept, when more."""
+        return max(self.indexed, self.legacy)
+
+    @property
     def whole(self) -> bool:
-        """Whether the rows must be read whole: some were written before seen was kept."""
-        return self.indexed < self.clients
+        """Whether the rows hash of an earlier version must be read whole: some of its rows
+        were written before seen was kept."""
+        return self.indexed < self.legacy
 
 
 def hand_backs(reply: Sequence[Any]) -> tuple[float, list[HandBack]]:
@@ -135,15 +143,17 @@ async def made(client: "aioredis.Redis | RedisCluster", keys: dict[str, str], sh
             return await asyncio.to_thread(_division, share, rows, now, back)
         return _division(share, rows, now, back)
 
-    if back.whole:
-        return (await run(await division_rows.read_all(client, keys, share, timeout)))[0]
+    if back.whole:  # every row of the rows hash an earlier version kept, and the others
+        return (await run(await division_rows.read_every(client, keys, share, timeout)))[0]
     clock = Clock(share.window, share.period, now)
-    rows, walked = await division_rows.read_active(client, keys, clock, back.asker, timeout)
+    rows, walked = await division_rows.read_active(client, keys, clock, back.asker, timeout,
+                                                   legacy=back.fields > 0)  # fmt: skip
     given, division = await run(rows)
     # no row read has history: an older one may (unless every client indexed when the
     # hand-back was made has been walked)
     if division.cold and walked < back.indexed:
-        warm = await division_rows.warm_row(client, keys, share, clock, timeout)
+        warm = await division_rows.warm_row(client, keys, share, clock, timeout,
+                                            legacy=back.fields > 0)  # fmt: skip
         if warm:
             given, _ = await run({**rows, **warm})
     return given

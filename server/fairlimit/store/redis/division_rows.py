@@ -99,18 +99,37 @@ async def walk(client: Client, key: str, near: str, far: str, rev: bool, timeout
             near = f"({edge!r}"
 
 
-async def read_clients(client: Client, key: str, clients: Sequence[str], timeout: float
-                       ) -> dict[str, Row]:  # fmt: skip
-    """The rows of ``clients`` in the rows hash ``key`` (an HMGET each, pipelined)."""
+def row_key(rows: str, client: str) -> str:
+    """The key of ``client``'s row: the cap's rows key, ':' and the client (lua/admit/rows.lua;
+    in the cap's slot by its hash tag)."""
+    return f"{rows}:{client}"
+
+
+async def read_clients(client: Client, key: str, clients: Sequence[str], timeout: float,
+                       legacy: bool = False) -> dict[str, Row]:  # fmt: skip
+    """The rows of ``clients`` at the cap whose rows key is ``key`` (an HMGET of each one's
+    row, pipelined); ``legacy``: those without a row of their own are read from the rows
+    hash an earlier version kept (``<field>:<client>``), a second pipeline."""
     async with bounded(timeout), client.pipeline(transaction=False) as pipe:
         for name in clients:
-            pipe.hmget(key, [f"{field}:{name}" for field in _FIELDS])
+            pipe.hmget(row_key(key, name), list(_FIELDS))
         values = await pipe.execute()
-    rows = {}
+    rows, missing = {}, []
     for name, got in zip(clients, values, strict=True):
         row = row_of(got)
         if row is not None:
             rows[name] = row
+        else:
+            missing.append(name)
+    if legacy and missing:
+        async with bounded(timeout), client.pipeline(transaction=False) as pipe:
+            for name in missing:
+                pipe.hmget(key, [f"{field}:{name}" for field in _FIELDS])
+            values = await pipe.execute()
+        for name, got in zip(missing, values, strict=True):
+            row = row_of(got)
+            if row is not None:
+                rows[name] = row
     return rows
 
 
@@ -142,34 +161,49 @@ async def read_all(client: Client, keys: Mapping[str, str], share: Share, timeou
     return rows
 
 
+async def read_every(client: Client, keys: Mapping[str, str], share: Share, timeout: float
+                     ) -> dict[str, Row]:  # fmt: skip
+    """Every row of the cap: the rows hash of an earlier version whole (``read_all``), then
+    the row of each client ``seen`` indexes (once, when some of that hash's rows were
+    written before seen was kept)."""
+    rows = await read_all(client, keys, share, timeout)
+    async with aclosing(walk(client, keys["seen"], "-inf", "+inf", False, timeout)) as pages:
+        async for clients in pages:
+            rows.update(await read_clients(client, keys["rows"], clients, timeout))
+    return rows
+
+
 def _written(row: Row, period_len: float) -> float:
     return max(float(row.window), row.period * period_len, row.seen)
 
 
 async def read_active(client: Client, keys: Mapping[str, str], clock: Clock, asker: str,
-                      timeout: float) -> tuple[dict[str, Row], int]:  # fmt: skip
+                      timeout: float, legacy: bool = False
+                      ) -> tuple[dict[str, Row], int]:  # fmt: skip
     """The rows written since ``since(clock)``, and the asker's; and how many clients of
-    ``seen`` were walked (all of them: no row is older)."""
+    ``seen`` were walked (all of them: no row is older). ``legacy``: the rows hash of an
+    earlier version holds rows too (read_clients)."""
     rows: dict[str, Row] = {}
     walked: set[str] = set()
     async with aclosing(walk(client, keys["seen"], repr(since(clock)), "+inf", False,
                              timeout)) as pages:  # fmt: skip
         async for clients in pages:
             walked.update(clients)
-            rows.update(await read_clients(client, keys["rows"], clients, timeout))
+            rows.update(await read_clients(client, keys["rows"], clients, timeout, legacy))
     if asker and asker not in rows:
-        rows.update(await read_clients(client, keys["rows"], [asker], timeout))
+        rows.update(await read_clients(client, keys["rows"], [asker], timeout, legacy))
     return rows, len(walked)
 
 
 async def warm_row(client: Client, keys: Mapping[str, str], share: Share, clock: Clock,
-                   timeout: float) -> dict[str, Row]:  # fmt: skip
+                   timeout: float, legacy: bool = False) -> dict[str, Row]:  # fmt: skip
     """The most recent row written before ``since(clock)`` that has history at ``clock``
     (none, or one): a cold division's rows lack one."""
     near, far = f"({since(clock)!r}", repr(history_from(clock))
     async with aclosing(walk(client, keys["seen"], near, far, True, timeout)) as pages:
         async for clients in pages:
-            for name, row in (await read_clients(client, keys["rows"], clients, timeout)).items():
+            got = await read_clients(client, keys["rows"], clients, timeout, legacy)
+            for name, row in got.items():
                 if not sharing.divide([(name, row)], share.capacity, clock).cold:
                     return {name: row}
     return {}

@@ -10,6 +10,8 @@
 -- ARGV  per counter: window hits kind extra
 -- ARGV  per cap: period window
 -- ARGV  per share: cap_index client hits
+-- A client's row is the hash <rows>:<client>, or, written by an earlier version, the
+-- fields <field>:<client> of rows (row_at).
 -- KEYS are the counter keys, then each cap's keys; ARGV is the head, then for counters,
 -- caps and shares in turn: their number, then that many rows. Several such segments may
 -- follow one another (KEYS and ARGV each in turn): a sweep gives back many blocks, and
@@ -39,6 +41,18 @@ end
 local function add(key, field, by)
   local held = redis.call('HGET', key, field)
   if held then redis.call('HSET', key, field, fmt(tonumber(held) + by)) end
+end
+
+-- Where a client's row at a cap is: its own hash (the rows key, ':' and the client: lua/
+-- admit/rows.lua), else the fields <field>:<client> of the rows hash an earlier version
+-- kept every row in. Returns the key, the suffix of its fields and the row's window and
+-- period (nil when it has none).
+local function row_at(rows, client)
+  local key = rows .. ':' .. client
+  local v = redis.call('HMGET', key, ROW_FIELD.window, ROW_FIELD.period)
+  if v[1] then return key, '', v end
+  return rows, ':' .. client, redis.call('HMGET', rows, ROW_FIELD.window .. ':' .. client,
+    ROW_FIELD.period .. ':' .. client)
 end
 
 local now, demand  -- the segment's
@@ -93,15 +107,14 @@ while ARGV[a] do
   a = a + 1
   for _ = 1, tonumber(ARGV[a]) do
     local cap, client, hits = caps[tonumber(ARGV[a + 1])], ARGV[a + 2], tonumber(ARGV[a + 3])
-    local held = redis.call('HMGET', cap.rows, ROW_FIELD.window .. ':' .. client,
-      ROW_FIELD.period .. ':' .. client)
+    local key, of, held = row_at(cap.rows, client)
     if hits ~= 0 and tonumber(held[1] or '') == cap.ws then
-      add(cap.rows, ROW_FIELD.admitted .. ':' .. client, -hits)
-      if demand then add(cap.rows, ROW_FIELD.asked .. ':' .. client, -hits) end
+      add(key, ROW_FIELD.admitted .. of, -hits)
+      if demand then add(key, ROW_FIELD.asked .. of, -hits) end
     end
     if hits ~= 0 and tonumber(held[2] or '') == cap.p then
-      add(cap.rows, ROW_FIELD.period_admitted .. ':' .. client, -hits)
-      if demand then add(cap.rows, ROW_FIELD.period_asked .. ':' .. client, -hits) end
+      add(key, ROW_FIELD.period_admitted .. of, -hits)
+      if demand then add(key, ROW_FIELD.period_asked .. of, -hits) end
     end
     a = a + SHARE_ARGS
   end

@@ -11,6 +11,8 @@
 -- ARGV  per counter: window
 -- ARGV  per cap: period window
 -- ARGV  per share: cap_index client
+-- A client's row is the hash <rows>:<client>, or, written by an earlier version, the
+-- fields <field>:<client> of rows (row_at).
 -- KEYS are the counter keys, each cap's rows key, then the record; ARGV is the head, then
 -- for counters, caps and shares in turn: their number, then that many rows.
 --
@@ -90,25 +92,36 @@ local function add(key, field, by)
   if v then redis.call('HSET', key, field, fmt(math.max(0, tonumber(v) + by))) end
 end
 
+-- Where a client's row at a cap is: its own hash (the rows key, ':' and the client: lua/
+-- admit/rows.lua), else the fields <field>:<client> of the rows hash an earlier version
+-- kept every row in. Returns the key, the suffix of its fields and the row's window and
+-- period (nil when it has none).
+local function row_at(rows, client)
+  local key = rows .. ':' .. client
+  local v = redis.call('HMGET', key, ROW_FIELD.window, ROW_FIELD.period)
+  if v[1] then return key, '', v end
+  return rows, ':' .. client, redis.call('HMGET', rows, ROW_FIELD.window .. ':' .. client,
+    ROW_FIELD.period .. ':' .. client)
+end
+
 -- A client's hits at a cap, moved by hits: admitted where its row counts the window and
 -- period of t (when they were charged), asked where it counts those of now
 -- (store/memory._settle_row).
 local function move(cap, client, t, hits)
   if hits == 0 then return end
-  local v = redis.call('HMGET', cap.rows, ROW_FIELD.window .. ':' .. client,
-    ROW_FIELD.period .. ':' .. client)
+  local key, of, v = row_at(cap.rows, client)
   local ws, p = tonumber(v[1] or ''), tonumber(v[2] or '')
   if ws == math.floor(t / cap.window) * cap.window then
-    add(cap.rows, ROW_FIELD.admitted .. ':' .. client, hits)
+    add(key, ROW_FIELD.admitted .. of, hits)
   end
   if p == math.floor(t / cap.period) then
-    add(cap.rows, ROW_FIELD.period_admitted .. ':' .. client, hits)
+    add(key, ROW_FIELD.period_admitted .. of, hits)
   end
   if ws == math.floor(now / cap.window) * cap.window then
-    add(cap.rows, ROW_FIELD.asked .. ':' .. client, hits)
+    add(key, ROW_FIELD.asked .. of, hits)
   end
   if p == math.floor(now / cap.period) then
-    add(cap.rows, ROW_FIELD.period_asked .. ':' .. client, hits)
+    add(key, ROW_FIELD.period_asked .. of, hits)
   end
 end
 

@@ -27,7 +27,11 @@
 --          kind "s" p<k> = "<index>:<hits>" of sub-window slot k; for kind "g" t = its tat
 -- meta     hash: the division (DIVISION names its fields), cap, declared, the last
 --          period's fairness figures f_* and the light demand (LIGHT_FIELD)
--- rows     hash: per client the fields of core/sharing.Row as <field>:<client> (ROW)
+-- rows     the prefix of each client's row: hash <rows>:<client>, the fields of
+--          core/sharing.Row (ROW), its own TTL; not in KEYS (its name holds the client),
+--          in the cap's slot by its hash tag. The rows key itself is the hash an earlier
+--          version kept every row in (<field>:<client>): read when a client has no row of
+--          its own, the row moved out when written (rows.lua)
 -- lock     string: the division epoch a replica is computing
 -- seen     sorted set: per client with a row, the latest now its row was written at (ZADD
 --          GT), so a division reads only the rows written since a time (store/redis/
@@ -147,6 +151,10 @@ for j = 1, tonumber(ARGV[a]) do
     capacity = tonumber(ARGV[a + 3]), declared = tonumber(ARGV[a + 4]), name = ARGV[a + 5],
     total = tonumber(ARGV[a + 6]), given_e = ARGV[a + 7], given = ARGV[a + 8],
     figures = figures, keep = math.max(2 * w + 1, STALE * period) * 1000}
+  -- a client's row (and the seen index) outlives its last write by a period more than keep,
+  -- and the slack: a row that can still count at a division (history up to STALE periods
+  -- back) is never gone before it is stale (prune.lua)
+  caps[j].row_keep = math.ceil(caps[j].keep + period * 1000 + SLACK_MS)
   a = a + CAP_ARGS
 end
 a = a + 1

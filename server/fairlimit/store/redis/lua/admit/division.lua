@@ -2,8 +2,8 @@
 -- the order of the parts): the division in force at a cap, read, given, made empty or due
 -- (then this call takes the cap's lock and hands back for it), and a row leaving and
 -- entering it.
--- KEYS: each cap's meta hash (the division, cap, declared, f_*), rows (EXISTS), lock and
--- seen (its first, stale_rows).
+-- KEYS: each cap's meta hash (the division, cap, declared, f_*), rows and seen (EXISTS:
+-- whether the cap holds a row), lock, and seen (its first, stale_rows).
 -- ARGV: none (args.lua parsed the given division and figures into caps).
 -- Reads: DIVISION DIVISION_FIELD FORCES SPLIT AMORTISE (contract), num fmt whole FIGURES
 -- NONE OPEN HELD may_lock lock_ms now (args.lua), part want left (rows.lua).
@@ -126,7 +126,7 @@ local function division_of(cap)
     return d
   end
   if not stale(d, cap) then return d end
-  if redis.call('EXISTS', cap.rows) == 0 then
+  if redis.call('EXISTS', cap.seen, cap.rows) == 0 then  -- no row: none indexed, none of old
     d = {epoch = FORCES * cap.epoch, at = now, level = math.huge, rows = 0, held = 0, fixed = 0,
       rate = 0, asks = 0, forced = 0, excluded = '', cold = 1, closing = math.huge, top = 0}
     write_division(cap, d)

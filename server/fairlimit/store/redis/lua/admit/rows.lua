@@ -1,10 +1,12 @@
 -- admit/rows.lua: part 2 of the admit script (lua/admit/args.lua states its layout and
 -- the order of the parts): the clock of a cap and a client's row at it.
--- KEYS: each cap's rows hash (s.cap.rows: <field>:<client>, ROW_FIELD), read and written
--- by load_row and save_row, and its seen sorted set (the client at now, save_row).
+-- KEYS: each cap's rows key (s.cap.rows): a client's row is the hash named by it, ':' and
+-- the client (row_key; ROW_FIELD), read and written by load_row and save_row, and rows
+-- written by an earlier version are fields <field>:<client> of the rows hash itself; and
+-- the cap's seen sorted set (the client at now, save_row).
 -- ARGV: none (args.lua parsed it).
 -- Reads: ROW ROW_FIELD ALPHA STALE LEAD (contract), NONE OPEN HELD num fmt (args.lua).
--- Defines: left elapsed into (core/sharing.Clock); fresh_row load_row save_row fold
+-- Defines: left elapsed into (core/sharing.Clock); fresh_row row_key load_row save_row fold
 -- predicted want part (core/sharing.py).
 
 -- --- the clock (core/sharing.Clock) ---------------------------------------------------------
@@ -32,11 +34,31 @@ local function fresh_row(limit, weight)
   return row
 end
 
-local function load_row(s)
+-- A client's row is its own hash (row_key: the cap's rows key, ':' and the client, in the
+-- cap's slot), small (a listpack) and with its own TTL: no command works on one hash of
+-- every client, and no expiry frees one. A row an earlier version wrote into the cap's rows
+-- hash (<field>:<client>) is read from there when the client has none of its own, and
+-- moved out of it when saved (s.legacy).
+local function row_key(cap, client)
+  return cap.rows .. ':' .. client
+end
+
+local ROW_NAMES = {}
+for i, f in ipairs(ROW) do ROW_NAMES[i] = ROW_FIELD[f] end
+
+local function legacy_fields(client)
   local fields = {}
-  for i, f in ipairs(ROW) do fields[i] = ROW_FIELD[f] .. ':' .. s.client end
-  local v = redis.call('HMGET', s.cap.rows, unpack(fields))
-  if v[1] == false then return fresh_row(s.limit, s.weight) end
+  for i, f in ipairs(ROW) do fields[i] = ROW_FIELD[f] .. ':' .. client end
+  return fields
+end
+
+local function load_row(s)
+  local v = redis.call('HMGET', row_key(s.cap, s.client), unpack(ROW_NAMES))
+  if v[1] == false then
+    v = redis.call('HMGET', s.cap.rows, unpack(legacy_fields(s.client)))
+    if v[1] == false then return fresh_row(s.limit, s.weight) end
+    s.legacy = true
+  end
   local row = {}
   for i, f in ipairs(ROW) do row[f] = num(v[i] or '0') end
   row.limit, row.weight = s.limit, s.weight
@@ -44,15 +66,19 @@ local function load_row(s)
 end
 
 local function save_row(s, row)
-  local args = {}
+  local key, args = row_key(s.cap, s.client), {}
   for _, f in ipairs(ROW) do
-    table.insert(args, ROW_FIELD[f] .. ':' .. s.client)
+    table.insert(args, ROW_FIELD[f])
     table.insert(args, fmt(row[f]))
   end
-  redis.call('HSET', s.cap.rows, unpack(args))
-  redis.call('PEXPIRE', s.cap.rows, s.cap.keep)
+  redis.call('HSET', key, unpack(args))
+  redis.call('PEXPIRE', key, s.cap.row_keep)
+  if s.legacy then
+    redis.call('HDEL', s.cap.rows, unpack(legacy_fields(s.client)))
+    s.legacy = false
+  end
   redis.call('ZADD', s.cap.seen, 'GT', fmt(now), s.client)
-  redis.call('PEXPIRE', s.cap.seen, s.cap.keep)
+  redis.call('PEXPIRE', s.cap.seen, s.cap.row_keep)
 end
 
 local function fold(row, c, closing)
