@@ -8,7 +8,8 @@ than the window before (no want, nothing in λ of that window) and its period ol
 period before (no fairness figures). So a division reads the clients of ``seen`` from
 ``since`` on, PAGE a step (a ZRANGE, then one HMGET per client, pipelined), and what it
 reads grows with the clients active in the last two windows, not with every row the cap
-holds. Two more rows may count: the asker's (read by itself when older), and, when no row
+holds. A client's row is a hash of its own (``<rows key>:<client>``, row_key; a listpack
+with its own TTL), so an HMGET of it costs the same however many clients the cap has. Two more rows may count: the asker's (read by itself when older), and, when no row
 read has any history (the division would be cold), the most recent older row that has some
 (at most STALE periods back, read newest first).
 
@@ -18,7 +19,10 @@ is written meanwhile (its score only grows) is read once more later, never skipp
 page of one score only (a tie: two calls in one microsecond, or the caller's clock) is
 read by rank.
 
-A cap whose rows were written before ``seen`` was kept (ZCARD below the rows) is read whole
+Rows an earlier version wrote are fields ``<field>:<client>`` of the cap's rows hash itself:
+while it holds some (the hand-back's HLEN), a client without a row of its own is read there
+(read_clients, ``legacy``), and the admit script moves the row out when it writes it. A cap
+whose rows were written before ``seen`` was kept (ZCARD below the rows hash's) is read whole
 with HSCAN, as before, and those rows are indexed then.
 """
 

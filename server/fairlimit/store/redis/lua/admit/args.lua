@@ -63,12 +63,14 @@
 --       {2, now, {cap index, epoch, fields, asker, extra, closing, in_force, indexed,
 --       stale}...} when this call won the lock of a cap whose division is due (asker "")
 --       or that a request found newly contended (asker = its client, extra = its hits);
---       fields is HLEN of the cap's rows (the caller reads those written lately, found by
---       seen, in bounded steps: no call returns or walks every row); closing is λ of the window before when the division in force
+--       fields is HLEN of the cap's rows hash (rows an earlier version kept there; 0 when
+--       none is left); the caller reads the rows written lately, found by seen, in bounded
+--       steps: no call returns or walks every row; closing is λ of the window before when the division in force
 --       knows it, else ""; in_force 1 when a division is in force: nothing was recorded
 --       or charged; divide and call again with it, or (a large cap) call again without
 --       it: the lock held, the division in force decides meanwhile; indexed is ZCARD of
---       seen (fewer than the rows: rows written before seen was kept, read whole); stale
+--       seen (fewer than the rows hash holds: rows written before seen was kept, read
+--       whole); stale
 --       1 when seen's first client was last written before a stale row's time (prune.lua).
 -- ARGV tail, only for a request that reserves (store/redis/reservations.py): the number of
 -- records, then per record its hits, max_duration in ms and its own counter's 1-based

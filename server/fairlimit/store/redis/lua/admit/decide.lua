@@ -3,8 +3,8 @@
 -- {2, ...}), each share's row folded and left out of its division (or a hand-back when it
 -- finds the cap contended), the counters' counts and the shares' bounds, so whether the
 -- request is admitted, and the demand each cap sees.
--- KEYS: counters (HMGET s n), each cap's rows (HLEN for a hand-back) and seen (ZCARD and
--- its first), meta (calendar).
+-- KEYS: counters (HMGET s n), each cap's rows (HLEN of an earlier version's rows hash, for
+-- a hand-back) and seen (ZCARD and its first), meta (calendar).
 -- ARGV: none.
 -- Reads: FORCES EPSILON CALENDAR (contract), caps shares counters may_lock want_block
 -- now fmt whole (args.lua) and the functions of rows.lua, division.lua, verdict.lua and
