@@ -516,3 +516,29 @@ class TestRowsOfAnEarlierVersion:
         assert made_left == made
         assert legacy == set() and legacy_left == {f"c{i}" for i in range(10, 20)}
         assert {rows[f"c{i}"]["admitted"] for i in range(10)} == {4}
+
+    async def test_a_release_counts_off_a_row_left_by_an_earlier_version(
+        self, redis_store_factory: Factory, matcher: Matcher
+    ) -> None:
+        """c0 is admitted 3 times at T0; the cap is left as an earlier version kept it; 2 of
+        its hits given back (release.lua, as a lease block's unused hits) come off its row in
+        the rows hash, and its next request moves the row out with the count it had: 2."""
+        from fairlimit.store.redis.script import RELEASE
+
+        store = await redis_store_factory(local_cache=0, timeout=OUTLAST)
+        plan = client_plan(matcher, "c0")
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        rows = g.cap_keys[0]["rows"]
+        admitted = ROW_FIELDS["admitted"]
+        try:
+            for _ in range(3):
+                assert (await store.admit(plan, T0)).admitted
+            await _as_an_earlier_version(store, rows)
+            args = script.release_args(plan, g, repr(T0), block=2)
+            await store._scripts.release(keys=script.keys(RELEASE, g), args=args)
+            assert await store._client.hget(rows, f"{admitted}:c0") == "1"
+            assert (await store.admit(plan, T0)).admitted
+            assert await store._client.hget(f"{rows}:c0", admitted) == "2"
+            assert not await store._client.exists(rows)  # its one row moved out
+        finally:
+            await store.close()
