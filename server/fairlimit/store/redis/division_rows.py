@@ -9,7 +9,8 @@ period before (no fairness figures). So a division reads the clients of ``seen``
 ``since`` on, PAGE a step (a ZRANGE, then one HMGET per client, pipelined), and what it
 reads grows with the clients active in the last two windows, not with every row the cap
 holds. A client's row is a hash of its own (``<rows key>:<client>``, row_key; a listpack
-with its own TTL), so an HMGET of it costs the same however many clients the cap has. Two more rows may count: the asker's (read by itself when older), and, when no row
+with its own TTL), so an HMGET of it costs the same however many clients the cap has. Two
+more rows may count: the asker's (read by itself when older), and, when no row
 read has any history (the division would be cold), the most recent older row that has some
 (at most STALE periods back, read newest first).
 
