@@ -238,6 +238,7 @@ def main() -> int:
             for k in rows_keys:
                 pipe.hlen(k)
             fields = sum(int(n) for n in pipe.execute())
+            memory = int(redis.client.info("memory")["used_memory"])
         finally:
             if proc is not None:
                 proc.stop()
@@ -245,7 +246,8 @@ def main() -> int:
                     a.log.write_text(proc.text())
             redis.stop()
     print(f"clients={a.clients} seconds={a.seconds} leases={a.leases} "
-          f"redis-sched={a.redis_sched} row fields={fields} in {len(rows_keys)} keys")
+          f"redis-sched={a.redis_sched} row fields={fields} in {len(rows_keys)} keys, "
+          f"Redis used_memory {memory / 1e6:.1f} MB")
     print("| route | req/s | p99 ms | admit.lua µs/call | calls | SLOWLOG >1 ms (far) "
           "| slowest ms | slow commands: n (median/slowest ms, far) | failure mode "
           "| redis CPU / wait for a CPU ms, preempted |")
