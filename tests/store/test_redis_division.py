@@ -542,3 +542,48 @@ class TestRowsOfAnEarlierVersion:
             assert not await store._client.exists(rows)  # its one row moved out
         finally:
             await store.close()
+
+    async def test_a_settlement_counts_off_a_row_left_by_an_earlier_version(
+        self, redis_store_factory: Factory, tmp_path: Path
+    ) -> None:
+        """Tenant a reserves 40 tokens under the fair cap; the cap is left as an earlier
+        version kept it; the stream's real cost of 10 gives 30 back (settle.lua) off a's row
+        in the rows hash, and a's next reservation of 5 moves the row out with 15."""
+        from fairlimit.core.request import Descriptor, Request
+        from fairlimit.limiter import Limiter
+        from helpers import FakeClock
+
+        minute = 1_700_000_040.0
+        tokens = """
+domain: llm
+descriptors:
+  - key: provider
+    value: llm
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+    fair_share: {active_clients: 2}
+    descriptors:
+      - key: tenant
+        rate_limit: {unit: minute, requests_per_unit: 100}
+        reservation: {max_duration: 120}
+"""
+
+        def start(rid: str, estimate: int) -> Request:
+            return req("llm", desc("provider=llm", "tenant=a", f"request_id={rid}",
+                                   hits=estimate))  # fmt: skip
+
+        store = await redis_store_factory(local_cache=0, timeout=OUTLAST)
+        limiter = Limiter(load_text(tmp_path, tokens), store, FakeClock(minute))
+        plan = make_plan(req("llm", desc("provider=llm", "tenant=a")), limiter._active.matcher)
+        (g,) = slot_groups(plan, "fairlimit:", False)
+        rows, admitted = g.cap_keys[0]["rows"], ROW_FIELDS["admitted"]
+        try:
+            assert (await limiter.should_rate_limit(start("r1", 40))).code.name == "OK"
+            await _as_an_earlier_version(store, rows)
+            entries = (("provider", "llm"), ("tenant", "a"), ("request_done", "r1"))
+            await limiter.should_rate_limit(Request("llm", (Descriptor(entries, None, 10),)))
+            assert await store._client.hget(rows, f"{admitted}:a") == "10"
+            assert (await limiter.should_rate_limit(start("r2", 5))).code.name == "OK"
+            assert await store._client.hget(f"{rows}:a", admitted) == "15"
+            assert not await store._client.exists(rows)
+        finally:
+            await store.close()
