@@ -126,8 +126,8 @@ def unbunched(results: list[Result]) -> list[Result]:
 
 def check_shares(results: list[Result]) -> None:
     """Modest clients >= 99% success (of the requests not sent in a bunch); every 1 s window
-    within the stated bound; from two intervals on, each client within 5% of its max-min
-    share of what was sent, and the cap held."""
+    within the stated bound; from two intervals on, each modest client within 5% of what it
+    sent, the greedy one at least 95% of its max-min share, and the cap held within 5%."""
     rates = RATES
     spaced = unbunched(results)
     sent = Counter(client for _, client, _ in spaced)
@@ -150,9 +150,12 @@ def check_shares(results: list[Result]) -> None:
 
     # Max-min of what was sent: a loaded machine sends fewer requests than the schedule's
     # (drive skips those it is late for). The modest clients get all they sent; the greedy
-    # one at least its share at the schedule's demand (40/s) and at most what the modest
-    # clients left of the cap (measured: 39.4/s in a run whose modest clients sent 11.5/s
-    # each). Where they sent all of the schedule's, these are the max-min shares.
+    # one at least its share at the schedule's demand (40/s; 39.4/s in a run whose modest
+    # clients sent 11.5/s each), and the rest of the cap, at most: the sum's bound. Not 5%
+    # over its share: the division follows the demand reported an interval before, so an
+    # interval a loaded machine's lag thinned the modest clients' requests in gives the
+    # greedy one more in the next, as they come back (43.3/s and 44.4/s in two such runs,
+    # the cap held within 5%).
     steady = [(s, c, st) for s, c, st in results if STEADY_FROM <= s < RUN - 0.5]
     span = RUN - 0.5 - STEADY_FROM
     got = Counter(c for _, c, st in steady if st == 200)
@@ -165,7 +168,7 @@ def check_shares(results: list[Result]) -> None:
     rest = CAP - sum(figures[name] for name in MODEST_CLIENTS)
     assert offered["greedy"] > 1.5 * rest, offered  # it asks for more than is left
     share = CAP - MODEST * len(MODEST_CLIENTS)
-    assert 0.95 * share <= figures["greedy"] <= 1.05 * rest, (figures, offered)
+    assert figures["greedy"] >= 0.95 * share, (figures, offered)
     assert sum(figures.values()) <= CAP * 1.05, figures
 
 
