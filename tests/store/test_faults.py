@@ -110,10 +110,10 @@ def _under_load(server: ServerProcess) -> Iterator[Load]:
             thread.join(30)
 
 
-def _wait(condition: Callable[[], bool], what: str) -> None:
+def _wait(condition: Callable[[], bool], what: Callable[[], str]) -> None:
     deadline = time.monotonic() + RECOVERY_TIMEOUT
     while not condition():
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, what()
         time.sleep(0.05)
 
 
@@ -121,10 +121,12 @@ def _fault(server: ServerProcess, kill: Callable[[], None], name: str,
            record: Callable[[str, object], None]) -> tuple[float, Counter[str]]:  # fmt: skip
     """Break Redis under load; the seconds until the answers came back, the answers by code."""
     with _under_load(server) as load:
-        _wait(lambda: load.recovered_since(0.0) is not None, "no answers before the fault")
+        _wait(lambda: load.recovered_since(0.0) is not None,
+              lambda: f"no answers before the fault: {dict(load.codes())}")  # fmt: skip
         fault = time.monotonic()
         kill()
-        _wait(lambda: load.recovered_since(fault) is not None, f"{name}: never recovered")
+        _wait(lambda: load.recovered_since(fault) is not None,
+              lambda: f"{name}: never recovered: {dict(load.codes())}")  # fmt: skip
         recovery = load.recovered_since(fault)
     assert recovery is not None
     codes = load.codes()
@@ -210,7 +212,10 @@ class TestFailover:
             "--tls-ca-cert-file", str(tls_files["ca.crt"]), "--tls-auth-clients", "no",
         )  # fmt: skip
         redis.start()
-        url = f"rediss://127.0.0.1:{port}/?timeout=0.25&ssl_ca_certs={tls_files['ca.crt']}"
+        # 1 s, not the others' 0.25 s: each new connection is a TLS handshake, which a
+        # loaded machine may take longer than 0.25 s over (a run at a load of 30 answered
+        # no 40 calls in a row in 60 s); a killed Redis refuses at once whatever the timeout.
+        url = f"rediss://127.0.0.1:{port}/?timeout=1&ssl_ca_certs={tls_files['ca.crt']}"
         server = _serve(tmp_path, url)
         try:
             _, codes = _fault(server, lambda: _restart(redis), "tls", record_property)

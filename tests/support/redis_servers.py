@@ -18,8 +18,10 @@ import redis
 from helpers import STARTUP_SECONDS, require
 
 # Generous: the behaviour suite must not fail on a busy 2-core CI machine; the fault tests
-# pass their own small timeouts.
-SUITE_TIMEOUT = 2.0
+# pass their own small timeouts. Not 2 s: at a load average of 26 on 2 cores, one of three
+# runs of TestSizedCap and the Redis fairness scenarios had a call in each of two tests time
+# out after 2 s, answered by the failure mode: their admissions, exact otherwise, failed.
+SUITE_TIMEOUT = 10.0
 
 
 def require_redis() -> str:
