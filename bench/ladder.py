@@ -59,6 +59,7 @@ Envoy rows are compared with ``envoy+noop-statuses`` (the same answer for Envoy 
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -106,6 +107,9 @@ ENVOY_RUNGS: dict[str, tuple[str, str]] = {
     "envoy+cap": ("public", "Envoy in front of cap (fairlimit serve as shipped)"),
 }
 ENVOY_COUNTERS = ("ok", "over_limit", "error", "failure_mode_allowed")
+# noop-spinN (with --rungs, and envoy+noop-spinN): the no-op answering as fairlimit, each
+# call spending N µs of CPU first (noop.py --spin-us): as slow as a server, doing nothing else
+_SPIN = re.compile(r"noop-spin(\d+)")
 
 
 # ---- the rungs, served (patched in this process only, before fairlimit starts) ----------
@@ -269,6 +273,10 @@ def _start(rung: str, workdir: Path, baseline: Path | None
         return procs.noop(workdir, "ladder-noop")
     if rung == "noop-statuses":
         return procs.noop(workdir, "ladder-noop-statuses", "--answer", "statuses")
+    spin = _SPIN.fullmatch(rung)
+    if spin:
+        return procs.noop(workdir, f"ladder-{rung}", "--answer", "statuses",
+                          "--spin-us", spin.group(1))  # fmt: skip
     flags = ["serve", "--config", str(procs.BENCH / "bench.yaml"), "--backend", "memory://",
              "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]  # fmt: skip
     if rung.startswith(BASE):  # as shipped, from the other checkout's server/
@@ -329,6 +337,12 @@ def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
     rounds of h2load in turns; per rung the median CPU µs per request and req/s.
     ``only``: these rungs alone (an A/B of two of them, say)."""
     rungs = available(what_if or bool(only), baseline, envoy)
+    for name in only or ():
+        spin = _SPIN.fullmatch(name.removeprefix(ENVOY))
+        if spin:
+            front = "Envoy in front of " if name.startswith(ENVOY) else ""
+            rungs[name] = ("public", f"{front}the no-op answering as fairlimit, "
+                                     f"{spin.group(1)} µs of CPU a call")  # fmt: skip
     if only:
         unknown = set(only) - set(rungs)
         if unknown:
@@ -399,8 +413,8 @@ def _paired(row: dict[str, Any], base: dict[str, Any], key: str = "rounds_cpu_us
 
 
 def _varied(name: str, rows: dict[str, Any]) -> dict[str, Any] | None:
-    """The row a what-if, base or Envoy row is a step from: the rung it varies (envoy+noop
-    for an Envoy row's rate-limit server)."""
+    """The row a what-if, base or Envoy row is a step from: the rung it varies (for an Envoy
+    row's rate-limit server, envoy+noop-statuses, else envoy+noop)."""
     plain = name.removeprefix(BASE)
     if plain.startswith(ENVOY):
         if plain != name:
@@ -424,10 +438,10 @@ def table(results: dict[str, Any]) -> list[str]:
     lines = [f"per-call CPU ladder (memory://, h2load 1 hot client 16x2, {results['rounds']} "
              f"rounds of {results['seconds']:g} s in turns, medians; load average "
              f"{results['loadavg_before']} before, {results['loadavg_after']} after)",
-             f"{'rung':<15}{'CPU µs/req':>11}{'step':>8}{'paired':>8}{'vs no-op':>9}"
+             f"{'rung':<20}{'CPU µs/req':>11}{'step':>8}{'paired':>8}{'vs no-op':>9}"
              f"{'least':>7}{'step':>8}{'main':>7}{'paired':>8}{'vs no-op':>9}"
              f"{'req/s':>7}{'vs no-op':>9}  what",
-             "-" * 142]  # fmt: skip
+             "-" * 147]  # fmt: skip
     previous = None
     for row in rows.values():
         row.setdefault("least_cpu_us", min(row["rounds_cpu_us"]))  # JSON from before it
@@ -446,7 +460,7 @@ def table(results: dict[str, Any]) -> list[str]:
                 main_paired = f"{_paired(row, base, 'rounds_main_us'):+.1f}"
             if ceiling and "main_us" in ceiling:
                 main_ratio = f"{ceiling['main_us'] / row['main_us']:.2f}x"
-        lines.append(f"{name:<15}{row['cpu_us']:>11.1f}{step:>8}{paired:>8}{cpu_ratio:>9}"
+        lines.append(f"{name:<20}{row['cpu_us']:>11.1f}{step:>8}{paired:>8}{cpu_ratio:>9}"
                      f"{row['least_cpu_us']:>7.1f}{least:>8}{main:>7}{main_paired:>8}"
                      f"{main_ratio:>9}{row['rps']:>7.0f}{rps_ratio:>9}  {row['what']}")  # fmt: skip
         if name in RUNGS:

@@ -8,13 +8,16 @@ default) is {overall_code: OK} alone; ``statuses`` is what fairlimit answers the
 client on route=public (bench/bench.yaml): OK with one descriptor status, its limit (named),
 remaining and reset. Behind Envoy the difference matters: with enable_x_ratelimit_headers
 (examples/envoy/envoy.yaml) Envoy turns a status's limit into x-ratelimit-* headers on the
-response, work a bare OK spares it.
+response, work a bare OK spares it. ``--spin-us N`` has each call spend N µs of the main
+thread's CPU before it answers: a no-op as slow as a given server, to tell what a slower
+server costs the rest of the machine (Envoy) from what it does differently.
 """
 
 import argparse
 import asyncio
 import signal
 import sys
+import time
 
 import grpc
 
@@ -35,12 +38,21 @@ def statuses_response() -> bytes:
     return response.SerializeToString()
 
 
-async def serve(address: str, answer: bytes = OK_RESPONSE) -> None:
+async def serve(address: str, answer: bytes = OK_RESPONSE, spin: float = 0.0) -> None:
+    """Serve until SIGTERM/SIGINT; each call spends ``spin`` seconds of its thread's CPU
+    first (0: none)."""
+
     async def should_rate_limit(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return answer
 
+    async def spinning(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        end = time.thread_time() + spin
+        while time.thread_time() < end:
+            pass
+        return answer
+
     server = grpc.aio.server()
-    method = grpc.unary_unary_rpc_method_handler(should_rate_limit)  # bytes in, bytes out
+    method = grpc.unary_unary_rpc_method_handler(spinning if spin else should_rate_limit)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(RLS, {"ShouldRateLimit": method}),)
     )
@@ -60,8 +72,11 @@ def main() -> None:
     parser.add_argument("--addr", default="127.0.0.1:0")
     parser.add_argument("--answer", choices=["bare", "statuses"], default="bare",
                         help="OK alone, or with fairlimit's descriptor status (above)")
+    parser.add_argument("--spin-us", type=float, default=0.0,
+                        help="CPU µs each call spends first: a slower server, all else the same")
     args = parser.parse_args()
-    asyncio.run(serve(args.addr, statuses_response() if args.answer == "statuses" else OK_RESPONSE))
+    answer = statuses_response() if args.answer == "statuses" else OK_RESPONSE
+    asyncio.run(serve(args.addr, answer, args.spin_us / 1e6))
 
 
 if __name__ == "__main__":
