@@ -8,10 +8,11 @@ what the server does differently for Envoy's calls (issue 41).
 Each server (bench/noop.py, `fairlimit serve` on memory:// with bench/bench.yaml, telemetry
 on) runs under callgrind (--separate-threads), with one Envoy in front of it
 (examples/envoy/envoy.yaml, one worker). The same server is asked, one way after another,
-COUNTED requests each after WARMUP:
+COUNTED requests each after WARMUP, h2load with 4 connections x 2 streams (``--streams
+1x1``: one call at a time, so that no two share a turn of the event loop, and the count
+depends less on how the calls came together):
 
-    h2load        h2load straight to the server (4 connections x 2 streams), as
-                  bench/instructions.py --served does
+    h2load        h2load straight to the server, as bench/instructions.py --served does
     h2load+envoy  the same, with the metadata Envoy's rate-limit filter sends: grpc-timeout
                   (the filter's timeout), x-envoy-expected-rq-timeout-ms, x-envoy-internal,
                   x-forwarded-for
@@ -47,12 +48,13 @@ ENVOY_METADATA = ("grpc-timeout: 5000m", "x-envoy-expected-rq-timeout-ms: 5000",
 WAYS = ("h2load", "h2load+envoy", "envoy")
 
 
-def _h2load(url: str, requests: int, headers: tuple[str, ...], body: Path | None) -> int:
-    """``requests`` by h2load (4 connections x 2 streams) on ``url``; the number that got
-    a 2xx (through Envoy, a 200: the rate-limit call answered OK or failed open, which the
-    Envoy counters tell apart)."""
-    command = [h2load.binary() or "h2load", "-t", "1", "-c", "4", "-m", "2", "-n",
-               str(requests)]  # fmt: skip
+def _h2load(url: str, requests: int, headers: tuple[str, ...], body: Path | None,
+            streams: tuple[int, int] = (4, 2)) -> int:  # fmt: skip
+    """``requests`` by h2load (``streams``: connections x streams each) on ``url``; the
+    number that got a 2xx (through Envoy, a 200: the rate-limit call answered OK or failed
+    open, which the Envoy counters tell apart)."""
+    command = [h2load.binary() or "h2load", "-t", "1", "-c", str(streams[0]), "-m",
+               str(streams[1]), "-n", str(requests)]  # fmt: skip
     if body is not None:
         command += ["-d", str(body)]
     for header in headers:
@@ -74,8 +76,8 @@ def _envoy_errors(admin: int) -> int:
     return sum(int(value) for value in values if value.isdigit())
 
 
-def counts(label: str, command: list[str], route: str, workdir: Path,
-           server: Path | None) -> dict[str, dict[int, int]]:  # fmt: skip
+def counts(label: str, command: list[str], route: str, workdir: Path, server: Path | None,
+           streams: tuple[int, int] = (4, 2)) -> dict[str, dict[int, int]]:  # fmt: skip
     """Per way of asking, instructions per request by thread (1: the main thread) in
     ``command``'s server under callgrind."""
     out = workdir / f"callgrind-{label}"
@@ -104,11 +106,11 @@ def counts(label: str, command: list[str], route: str, workdir: Path,
         }
         part = 0
         for way, (url, headers, sent) in ways.items():
-            _h2load(url, WARMUP, headers, sent)
+            _h2load(url, WARMUP, headers, sent, streams)
             part += 1
             _dump(proc.pid, out, part)
             errors = _envoy_errors(admin)
-            done = _h2load(url, COUNTED, headers, sent)
+            done = _h2load(url, COUNTED, headers, sent, streams)
             if _envoy_errors(admin) != errors:
                 raise RuntimeError(f"{label}: Envoy's rate-limit calls failed while counted")
             part += 1
@@ -127,9 +129,14 @@ def main() -> int:
                         help="also another checkout's server/ (e.g. a worktree of main)")
     parser.add_argument("--route", default="public", help="bench.yaml's route (default public)")
     parser.add_argument("--no-noop", action="store_true", help="leave the no-op out")
+    parser.add_argument("--streams", default="4x2", metavar="CxM",
+                        help="h2load's connections x streams each (1x1: one call at a time, "
+                             "none sharing a loop turn)")  # fmt: skip
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="keep callgrind's files in DIR (callgrind_annotate reads them)")
     args = parser.parse_args()
+    connections, _, each = args.streams.partition("x")
+    streams = (int(connections), int(each or 1))
     for tool, package in (("valgrind", "valgrind"), ("h2load", "nghttp2-client")):
         if procs.ensure_debian_package(tool, package) is None:
             print(f"envoy_instructions: {tool} not found and not installable", file=sys.stderr)
@@ -148,15 +155,16 @@ def main() -> int:
         label = "this checkout" if name == "this" else str(baseline)
         runs.append((label, [sys.executable, "-m", "fairlimit", *flags], server))
     print(f"instructions per request in the server (callgrind, {COUNTED} requests after "
-          f"{WARMUP}, h2load 4 x 2; route={args.route}, memory://, telemetry on; main: the "
-          f"event loop's thread; Envoy's rate-limit timeout {TIMEOUT})")  # fmt: skip
+          f"{WARMUP}, h2load {streams[0]} x {streams[1]}; route={args.route}, memory://, "
+          f"telemetry on; main: the event loop's thread; Envoy's rate-limit timeout "
+          f"{TIMEOUT})")  # fmt: skip
     print(f"{'server':<40}{'asked by':<14}{'main':>11}{'all threads':>13}")
     with tempfile.TemporaryDirectory(prefix="fairlimit-envoy-instr-") as tmp:
         workdir = Path(tmp) if args.keep is None else args.keep
         workdir.mkdir(parents=True, exist_ok=True)
         for label, command, server in runs:
             name = label.replace("/", "_").replace(" ", "-")
-            found = counts(name, command, args.route, workdir, server)
+            found = counts(name, command, args.route, workdir, server, streams)
             for way in WAYS:
                 main, total = found[way].get(1, 0), sum(found[way].values())
                 print(f"{label:<40}{way:<14}{main:>11,}{total:>13,}", flush=True)
