@@ -50,8 +50,8 @@ fairlimit serve flags``.
 of the no-op, of the no-op answering what fairlimit answers (``bench/noop.py --answer
 statuses``: a descriptor status with its limit, which Envoy turns into x-ratelimit-*
 headers, as it does fairlimit's) and of the full server, driven by h2load with
-``x-client-id: hot``; the CPU columns are the rate-limit server's, *envoy* Envoy's own
-(µs per request), and Envoy's counters are read at the end (``ratelimit.ok``, ``.error``,
+``x-client-id: hot``; the CPU columns are the rate-limit server's, and after the table come
+Envoy's own CPU per request (its process's) and its counters (``ratelimit.ok``, ``.error``,
 ``.failure_mode_allowed``: a call Envoy let through unanswered is no answer of ours).
 Envoy rows are compared with ``envoy+noop-statuses`` (the same answer for Envoy to handle).
 """
