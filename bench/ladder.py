@@ -45,16 +45,21 @@ checkout's server/, taking the same turns (before and after a change under the s
 load). A rung is served by this same file: ``python bench/ladder.py --serve RUNG --
 fairlimit serve flags``.
 
-``--envoy`` adds ``envoy+noop`` and ``envoy+cap`` (and ``base:envoy+cap`` with a baseline):
-Envoy (examples/envoy/envoy.yaml, one worker) in front of the no-op and of the full server,
-driven by h2load with ``x-client-id: hot``; the CPU is the rate-limit server's only, and
-Envoy's own counters are read at the end (``ratelimit.ok``, ``.error``,
+``--envoy`` adds ``envoy+noop``, ``envoy+noop-statuses`` and ``envoy+cap`` (and
+``base:envoy+cap`` with a baseline): Envoy (examples/envoy/envoy.yaml, one worker) in front
+of the no-op, of the no-op answering what fairlimit answers (``bench/noop.py --answer
+statuses``: a descriptor status with its limit, which Envoy turns into x-ratelimit-*
+headers, as it does fairlimit's) and of the full server, driven by h2load with
+``x-client-id: hot``; the CPU columns are the rate-limit server's, and after the table come
+Envoy's own CPU per request (its process's) and its counters (``ratelimit.ok``, ``.error``,
 ``.failure_mode_allowed``: a call Envoy let through unanswered is no answer of ours).
+Envoy rows are compared with ``envoy+noop-statuses`` (the same answer for Envoy to handle).
 """
 
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -98,9 +103,13 @@ BASE = "base:"  # rungs served from another checkout (--baseline)
 ENVOY = "envoy+"  # Envoy in front of the rung named after it (--envoy)
 ENVOY_RUNGS: dict[str, tuple[str, str]] = {
     "envoy+noop": ("public", "Envoy in front of the no-op"),
+    "envoy+noop-statuses": ("public", "Envoy in front of the no-op answering as fairlimit"),
     "envoy+cap": ("public", "Envoy in front of cap (fairlimit serve as shipped)"),
 }
 ENVOY_COUNTERS = ("ok", "over_limit", "error", "failure_mode_allowed")
+# noop-spinN (with --rungs, and envoy+noop-spinN): the no-op answering as fairlimit, each
+# call spending N µs of CPU first (noop.py --spin-us): as slow as a server, doing nothing else
+_SPIN = re.compile(r"noop-spin(\d+)")
 
 
 # ---- the rungs, served (patched in this process only, before fairlimit starts) ----------
@@ -226,6 +235,7 @@ class _Fronted:
     def __init__(self, envoy: procs.Proc, admin: int, server: procs.Proc) -> None:
         self.envoy, self.admin, self.server = envoy, admin, server
         self.pid = server.pid
+        self.envoy_pid = envoy.pid
 
     def counters(self) -> dict[str, int]:
         """Envoy's ratelimit counters (``cluster.ok.ratelimit.*``) so far."""
@@ -261,6 +271,12 @@ def _start(rung: str, workdir: Path, baseline: Path | None
         return _Fronted(envoy, admin, server), listener
     if rung == "noop":
         return procs.noop(workdir, "ladder-noop")
+    if rung == "noop-statuses":
+        return procs.noop(workdir, "ladder-noop-statuses", "--answer", "statuses")
+    spin = _SPIN.fullmatch(rung)
+    if spin:
+        return procs.noop(workdir, f"ladder-{rung}", "--answer", "statuses",
+                          "--spin-us", spin.group(1))  # fmt: skip
     flags = ["serve", "--config", str(procs.BENCH / "bench.yaml"), "--backend", "memory://",
              "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]  # fmt: skip
     if rung.startswith(BASE):  # as shipped, from the other checkout's server/
@@ -321,6 +337,12 @@ def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
     rounds of h2load in turns; per rung the median CPU µs per request and req/s.
     ``only``: these rungs alone (an A/B of two of them, say)."""
     rungs = available(what_if or bool(only), baseline, envoy)
+    for name in only or ():
+        spin = _SPIN.fullmatch(name.removeprefix(ENVOY))
+        if spin:
+            front = "Envoy in front of " if name.startswith(ENVOY) else ""
+            rungs[name] = ("public", f"{front}the no-op answering as fairlimit, "
+                                     f"{spin.group(1)} µs of CPU a call")  # fmt: skip
     if only:
         unknown = set(only) - set(rungs)
         if unknown:
@@ -342,6 +364,8 @@ def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
             for name, (proc, port) in running.items():
                 print(f"== ladder, round {i + 1}/{rounds}: {name}", file=sys.stderr)
                 cpu, main = cpu_seconds(proc.pid), main_thread_seconds(proc.pid)
+                envoy_pid = proc.envoy_pid if isinstance(proc, _Fronted) else None
+                envoy_cpu = 0.0 if envoy_pid is None else cpu_seconds(envoy_pid)
                 label = f"ladder-{name}-{i}".replace(":", "-")
                 if ENVOY in name:
                     result = h2load.run(f"http://127.0.0.1:{port}/", load, workdir,
@@ -353,6 +377,8 @@ def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
                 runs[name].append({"cpu_us": (cpu_seconds(proc.pid) - cpu) / done * 1e6,
                                    "main_us": (main_thread_seconds(proc.pid) - main) / done * 1e6,
                                    "rps": result.rps, "failed": result.failed})  # fmt: skip
+                if envoy_pid is not None:
+                    runs[name][-1]["envoy_us"] = (cpu_seconds(envoy_pid) - envoy_cpu) / done * 1e6
         envoy_counters = {name: proc.counters() for name, (proc, _) in running.items()
                           if isinstance(proc, _Fronted)}  # fmt: skip
     finally:
@@ -373,6 +399,7 @@ def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
         }
         if name in envoy_counters:
             rows[name]["envoy_ratelimit"] = envoy_counters[name]
+            rows[name]["envoy_us"] = round(statistics.median(r["envoy_us"] for r in results), 1)
     return {"rows": rows, "rounds": rounds, "seconds": seconds,
             "loadavg_before": [round(x, 2) for x in loadavg],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
@@ -386,14 +413,22 @@ def _paired(row: dict[str, Any], base: dict[str, Any], key: str = "rounds_cpu_us
 
 
 def _varied(name: str, rows: dict[str, Any]) -> dict[str, Any] | None:
-    """The row a what-if, base or Envoy row is a step from: the rung it varies (envoy+noop
-    for an Envoy row's rate-limit server)."""
+    """The row a what-if, base or Envoy row is a step from: the rung it varies (for an Envoy
+    row's rate-limit server, envoy+noop-statuses, else envoy+noop)."""
     plain = name.removeprefix(BASE)
     if plain.startswith(ENVOY):
         if plain != name:
             return rows.get(plain)
-        return None if name == "envoy+noop" else rows.get("envoy+noop")
+        if name in ("envoy+noop", "envoy+noop-statuses"):
+            return None if name == "envoy+noop" else rows.get("envoy+noop")
+        return rows.get("envoy+noop-statuses", rows.get("envoy+noop"))
     return rows.get(plain.split("-")[0].split("+")[0])
+
+
+def _envoy_ceiling(rows: dict[str, Any]) -> dict[str, Any]:
+    """The row Envoy rows are compared with: the no-op answering as fairlimit does, else
+    the bare no-op (JSON from before the first)."""
+    return dict(rows.get("envoy+noop-statuses") or rows.get("envoy+noop") or {})
 
 
 def table(results: dict[str, Any]) -> list[str]:
@@ -403,10 +438,10 @@ def table(results: dict[str, Any]) -> list[str]:
     lines = [f"per-call CPU ladder (memory://, h2load 1 hot client 16x2, {results['rounds']} "
              f"rounds of {results['seconds']:g} s in turns, medians; load average "
              f"{results['loadavg_before']} before, {results['loadavg_after']} after)",
-             f"{'rung':<15}{'CPU µs/req':>11}{'step':>8}{'paired':>8}{'vs no-op':>9}"
+             f"{'rung':<20}{'CPU µs/req':>11}{'step':>8}{'paired':>8}{'vs no-op':>9}"
              f"{'least':>7}{'step':>8}{'main':>7}{'paired':>8}{'vs no-op':>9}"
              f"{'req/s':>7}{'vs no-op':>9}  what",
-             "-" * 142]  # fmt: skip
+             "-" * 147]  # fmt: skip
     previous = None
     for row in rows.values():
         row.setdefault("least_cpu_us", min(row["rounds_cpu_us"]))  # JSON from before it
@@ -415,7 +450,7 @@ def table(results: dict[str, Any]) -> list[str]:
         step = "" if base is None else f"{row['cpu_us'] - base['cpu_us']:+.1f}"
         least = "" if base is None else f"{row['least_cpu_us'] - base['least_cpu_us']:+.1f}"
         paired = "" if base is None else f"{_paired(row, base):+.1f}"
-        ceiling = rows.get("envoy+noop", {}) if ENVOY in name else noop
+        ceiling = _envoy_ceiling(rows) if ENVOY in name else noop
         cpu_ratio = f"{ceiling['cpu_us'] / row['cpu_us']:.2f}x" if ceiling else "-"
         rps_ratio = f"{row['rps'] / ceiling['rps']:.2f}x" if ceiling else "-"
         main, main_paired, main_ratio = "", "", "-"
@@ -425,7 +460,7 @@ def table(results: dict[str, Any]) -> list[str]:
                 main_paired = f"{_paired(row, base, 'rounds_main_us'):+.1f}"
             if ceiling and "main_us" in ceiling:
                 main_ratio = f"{ceiling['main_us'] / row['main_us']:.2f}x"
-        lines.append(f"{name:<15}{row['cpu_us']:>11.1f}{step:>8}{paired:>8}{cpu_ratio:>9}"
+        lines.append(f"{name:<20}{row['cpu_us']:>11.1f}{step:>8}{paired:>8}{cpu_ratio:>9}"
                      f"{row['least_cpu_us']:>7.1f}{least:>8}{main:>7}{main_paired:>8}"
                      f"{main_ratio:>9}{row['rps']:>7.0f}{rps_ratio:>9}  {row['what']}")  # fmt: skip
         if name in RUNGS:
@@ -441,10 +476,12 @@ def table(results: dict[str, Any]) -> list[str]:
                  "rung they vary")
     for name, row in rows.items():
         if "envoy_ratelimit" in row:
-            lines.append(f"{name}: Envoy's ratelimit counters {row['envoy_ratelimit']}")
+            envoy_us = f"; Envoy's CPU {row['envoy_us']:.1f} µs/req" if "envoy_us" in row else ""
+            lines.append(f"{name}: Envoy's ratelimit counters {row['envoy_ratelimit']}{envoy_us}")
     if any(ENVOY in name for name in rows):
-        lines.append("envoy+ rows: vs no-op is against envoy+noop; the CPU is the rate-limit "
-                     "server's, not Envoy's")
+        lines.append("envoy+ rows: vs no-op is against envoy+noop-statuses (the no-op answering "
+                     "as fairlimit does; envoy+noop where it did not run); the CPU is the "
+                     "rate-limit server's, Envoy's is on its counters' line")
     failed = {name: row["failed"] for name, row in rows.items() if row["failed"]}
     if failed:
         lines.append(f"FAILED requests: {failed}")
@@ -463,7 +500,8 @@ def main() -> int:
                         help="also the full server from another checkout (e.g. a worktree of "
                              "main), in the same turns: before and after in one run")
     parser.add_argument("--envoy", action="store_true",
-                        help="also Envoy in front of the no-op and of cap (and of base:cap)")
+                        help="also Envoy in front of the no-op (bare, and answering as "
+                             "fairlimit) and of cap (and of base:cap)")  # fmt: skip
     parser.add_argument("--rungs", help="these rungs alone, comma-separated (e.g. cap,cap-uvloop)")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()

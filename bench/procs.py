@@ -120,8 +120,9 @@ class Proc:
         return self.process.returncode
 
 
-def noop(workdir: Path, name: str = "noop") -> tuple[Proc, int]:
-    proc = Proc(name, [sys.executable, str(BENCH / "noop.py"), "--addr", "127.0.0.1:0"],
+def noop(workdir: Path, name: str = "noop", *extra: str) -> tuple[Proc, int]:
+    """bench/noop.py with ``extra`` flags (``--answer statuses``)."""
+    proc = Proc(name, [sys.executable, str(BENCH / "noop.py"), "--addr", "127.0.0.1:0", *extra],
                 workdir)  # fmt: skip
     return proc, proc.grpc_port()
 

@@ -33,3 +33,37 @@ def test_the_servicer_path_runs(inproc) -> None:  # type: ignore[no-untyped-def]
 
 def test_the_recompute_path_runs(inproc) -> None:  # type: ignore[no-untyped-def]
     assert inproc.lambda_recompute(sizes=(100,))
+
+
+def test_the_noop_answers_as_fairlimit_does(inproc) -> None:  # type: ignore[no-untyped-def]
+    """Envoy + the no-op is Envoy + fairlimit's ceiling only if Envoy has the same answer to
+    handle (its x-ratelimit-* headers come from a status's limit): ``noop.py --answer
+    statuses`` is fairlimit's first answer to the hot client on route=public, byte for byte."""
+    import asyncio
+
+    import noop
+    from wire import message
+
+    from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
+    from fairlimit.app.build import response_options
+    from fairlimit.config.loader import load
+    from fairlimit.grpc_api.servicer import RateLimitServicer
+    from fairlimit.limiter import Limiter
+    from fairlimit.settings import Settings
+    from fairlimit.store.memory import MemoryStore
+    from fairlimit.telemetry import Telemetry
+
+    limiter = Limiter(load([inproc.CONFIG]), MemoryStore(), telemetry=Telemetry.off())
+    options = response_options(Settings())  # `serve`'s defaults
+    servicer = RateLimitServicer(limiter, Telemetry.off(), options)
+    context = inproc._Context()
+    context.body = message("public", "hot")
+
+    async def ask() -> rls_pb2.RateLimitResponse:  # on a task, as grpc.aio runs each call
+        return await servicer.ShouldRateLimit(None, context)
+
+    answer = asyncio.run(ask())
+    # the reset is what is left of the window: whole seconds from a window of one second
+    answer.statuses[0].duration_until_reset.Clear()
+    answer.statuses[0].duration_until_reset.seconds = 1
+    assert answer.SerializeToString() == noop.statuses_response()
