@@ -11,8 +11,17 @@
 """
 
 from fairlimit.quota.service import QuotaService
-from fairlimit.quota.stream import Abandon, Action, Assign, QuotaStream, Send, Usage
+from fairlimit.quota.stream import (
+    Abandon,
+    Action,
+    Assign,
+    Assigns,
+    Lines,
+    QuotaStream,
+    Send,
+    Usage,
+)
 from fairlimit.quota.usage import UsageLedger, recorded
 
-__all__ = ["Abandon", "Action", "Assign", "QuotaService", "QuotaStream", "Send", "Usage",
-           "UsageLedger", "recorded"]  # fmt: skip
+__all__ = ["Abandon", "Action", "Assign", "Assigns", "Lines", "QuotaService", "QuotaStream",
+           "Send", "Usage", "UsageLedger", "recorded"]  # fmt: skip

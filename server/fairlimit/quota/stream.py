@@ -61,6 +61,39 @@ class Usage:
     denied: int
 
 
+class Lines(Sequence[Usage]):
+    """A report's lines kept in columns: each line's bucket, and its allowed and denied
+    counts as uint64 arrays (as Envoy sends them). A report of 50,000 lines as ``Usage``
+    objects cost their making and the cyclic collector's passes (issue 41); the intake reads
+    the columns (``reports.py``). Read as a sequence, each ``Usage`` is made when read."""
+
+    __slots__ = ("allowed", "buckets", "denied")
+
+    def __init__(
+        self,
+        buckets: Sequence[Mapping[str, str]],
+        allowed: npt.NDArray[np.uint64],
+        denied: npt.NDArray[np.uint64],
+    ) -> None:
+        if not len(buckets) == len(allowed) == len(denied):
+            raise ValueError("a report's columns differ in length")
+        self.buckets, self.allowed, self.denied = buckets, allowed, denied
+
+    def __len__(self) -> int:
+        return len(self.buckets)
+
+    @overload
+    def __getitem__(self, index: int) -> Usage: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Usage]: ...
+
+    def __getitem__(self, index: int | slice) -> Usage | Sequence[Usage]:
+        if isinstance(index, slice):
+            return Lines(self.buckets[index], self.allowed[index], self.denied[index])
+        return Usage(self.buckets[index], int(self.allowed[index]), int(self.denied[index]))
+
+
 class Assign(NamedTuple):
     """Apply ``strategy`` to the bucket for ``ttl`` whole seconds (a named tuple: a division
     sends one per bucket renewed, 50,000 at a time, and a frozen dataclass took 1 µs each)."""
