@@ -156,7 +156,9 @@ class Wire:
         lines = message.bucket_quota_usages
         ids = list(map(_BUCKET_ID, lines))
         maps = self._maps
-        self._bound(maps)
+        if len(maps) > 2 * len(self.stream.buckets) + STEP:
+            maps.clear()
+            self._ids.clear()
         buckets = list(map(maps.get, ids))
         if None in buckets:
             for i, raw in enumerate(ids):
@@ -164,6 +166,8 @@ class Wire:
                     bucket = maps.get(raw)
                     if bucket is None:
                         bucket = maps[raw] = dict(rlqs_pb2.BucketId.FromString(raw).bucket)
+                        # its id as Envoy sent it, for the responses
+                        self._ids[id(bucket)] = (bucket, _field(_BUCKET_ID_TAG, raw))
                     buckets[i] = bucket
         n = len(ids)
         allowed = np.fromiter(map(_ALLOWED, lines), np.uint64, n)

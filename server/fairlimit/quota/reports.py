@@ -78,20 +78,24 @@ class Intake:
             self.divider.changed = None
         span = None if since is None else now - since
         buckets = usages.buckets if isinstance(usages, Lines) else list(map(_BUCKET, usages))
-        kept: list[int] = []  # the lines taken (the others refused)
+        kept: list[Sequence[int]] = []  # the lines taken (the others refused), in parts
         slots: list[int] = []
         new: list[int] = []  # the lines (of those taken) that subscribed their bucket
         refused: dict[str, int] = {}
         h = stream.holdings
-        order = h.order
+        listed, listed_slots = h.order
         for start in range(0, len(buckets), KNOWN_CHUNK):
             if start:
                 await self.divider.pace.pause()
                 if stream.closed:
                     return
-            part = buckets[start : start + KNOWN_CHUNK]
-            found = _as_before(part, order[start : start + KNOWN_CHUNK])
-            if found is None:
+            end = start + KNOWN_CHUNK
+            part = buckets[start:end]
+            # the buckets of the last report's lines at the same places: their slots (a
+            # list's equality is C's, and a bucket parsed by the servicer is the same map)
+            if part == listed[start:end]:
+                found: list[int | None] = list(listed_slots[start:end])
+            else:
                 # each key dropped once looked up (kept, 50,000 cost the collector)
                 found = list(map(h.index.get, map(bucket_key, part)))
             lines: Sequence[int] = range(start, start + len(part))
@@ -100,11 +104,12 @@ class Intake:
                                               len(slots))  # fmt: skip
                 if stream.closed:
                     return
-            kept += lines
+            kept.append(lines)
             slots += cast(list[int], found)
-        h.order = list(map(h.subs.__getitem__, slots))
+        taken = None if len(slots) == len(buckets) else [i for part in kept for i in part]
+        h.order = (buckets if taken is None else [buckets[i] for i in taken], slots)
         self.room.refuse(stream, refused, self.telemetry)
-        counts = _columns(usages, kept)
+        counts = _columns(usages, taken)
         allowed, denied = self._count(stream, counts, np.array(slots, dtype=np.intp), new,
                                       span, now)  # fmt: skip
         self.telemetry.reported(stream.domain, allowed, denied)
@@ -224,15 +229,15 @@ class Intake:
 _Counts = tuple[Counts, npt.NDArray[np.bool_], Counts, npt.NDArray[np.bool_]]
 
 
-def _columns(usages: Sequence[Usage], kept: list[int]) -> _Counts:
-    """The allowed and denied counts of the lines ``kept``, each at most MAX_REPORTED
-    (Envoy sends uint64s), and whether each was cut to it."""
+def _columns(usages: Sequence[Usage], taken: list[int] | None) -> _Counts:
+    """The allowed and denied counts of the lines ``taken`` (None: every line), each at
+    most MAX_REPORTED (Envoy sends uint64s), and whether each was cut to it."""
     if isinstance(usages, Lines):
-        every = len(kept) == len(usages)
-        allowed, over = _bounded_counts(usages.allowed if every else usages.allowed[kept])
-        denied, past = _bounded_counts(usages.denied if every else usages.denied[kept])
+        allowed, over = _bounded_counts(usages.allowed if taken is None
+                                        else usages.allowed[taken])  # fmt: skip
+        denied, past = _bounded_counts(usages.denied if taken is None else usages.denied[taken])
         return allowed, over, denied, past
-    lines = [usages[i] for i in kept] if len(kept) != len(usages) else usages
+    lines = usages if taken is None else [usages[i] for i in taken]
     return (*_counts(lines, "allowed"), *_counts(lines, "denied"))
 
 
@@ -250,17 +255,6 @@ def _counts(lines: Sequence[Usage], field: str) -> tuple[Counts, npt.NDArray[np.
         over = np.array([v > MAX_REPORTED for v in values], dtype=bool)
         return np.array([min(v, MAX_REPORTED) for v in values], dtype=np.int64), over
     return _bounded_counts(raw)
-
-
-def _as_before(
-    part: Sequence[Mapping[str, str]], before: list[Subscription]
-) -> list[int | None] | None:
-    """The slots of ``part``'s buckets when they are, in order, the buckets of the last
-    report's lines at the same place (``before``: a dict's equality is C's, keying a line
-    is not); else None."""
-    if len(part) != len(before) or not all(map(operator.eq, part, map(_BUCKET, before))):
-        return None
-    return list(map(_SLOT, before))
 
 
 def _turns(slots: Ints) -> list[Ints]:

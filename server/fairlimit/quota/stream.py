@@ -196,9 +196,9 @@ class Holdings:
         self.subs: list[Subscription] = []
         self.keys: list[BucketKey] = []
         self.index: dict[BucketKey, int] = {}  # each key's slot
-        # the subscriptions of the last report's lines, in order (emptied by a removal):
-        # Envoy lists its buckets in the same order report after report
-        self.order: list[Subscription] = []
+        # the last report's lines' buckets and their slots, in order (emptied by a
+        # removal): Envoy lists its buckets in the same order report after report
+        self.order: tuple[Sequence[Mapping[str, str]], list[int]] = ([], [])
         self.row: Ints
         self.code: Codes
         self.planned: Codes
@@ -266,7 +266,7 @@ class Holdings:
         self.subs.pop()
         self.keys.pop()
         self.size = last
-        self.order = []
+        self.order = ([], [])
         return sub
 
     def assign(self, slots: Ints, codes: Codes) -> list[Strategy]:
@@ -319,7 +319,9 @@ class Subscription:
         holdings: Holdings | None = None,
         key: BucketKey = (),
     ) -> None:
-        self.bucket = dict(bucket)
+        # a plain dict is kept as given (its giver does not change it: the RLQS servicer
+        # knows its own maps by their identity, grpc_api/rlqs.py)
+        self.bucket = bucket if type(bucket) is dict else dict(bucket)
         self.entries: tuple[Entry, ...] | None = None
         self.target = Target(Blanket.ALLOW_ALL)
         self.holdings = Holdings() if holdings is None else holdings
