@@ -16,6 +16,7 @@ import asyncio
 import logging
 import operator
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from itertools import chain, repeat
 from typing import Any, cast
 
 import grpc
@@ -128,6 +129,9 @@ def _varint(n: int) -> bytes:
 
 
 _SHORT = [_varint(n) for n in range(0x80)]  # a length under 128, as most actions' are
+_TAG = _varint(_ACTION_TAG)
+_SECOND = operator.itemgetter(1)
+_KEPT_STRATEGIES = 4096
 
 
 def _field(tag: int, payload: bytes) -> bytes:
@@ -145,10 +149,8 @@ class Wire:
         self.stream = stream
         self._maps: dict[bytes, dict[str, str]] = {}
         self._ids: dict[int, tuple[Mapping[str, str], bytes]] = {}
-
-    def _bound(self, kept: dict[Any, Any]) -> None:
-        if len(kept) > 2 * len(self.stream.buckets) + STEP:
-            kept.clear()
+        self._actions: dict[int, tuple[Strategy, bytes]] = {}
+        self._ttl = 0
 
     def usages(self, payload: bytes) -> tuple[str, Lines]:
         """A report's domain and lines; DecodeError for bytes that are no usage report."""
@@ -178,21 +180,36 @@ class Wire:
         """The encoded RateLimitQuotaResponse carrying ``actions`` in order."""
         if not isinstance(actions, Assigns):
             return response_to_proto(actions).SerializeToString()
-        out = [response_to_proto(actions.head).SerializeToString()] if actions.head else []
         ids = self._ids
-        self._bound(ids)
-        strategies: dict[int, bytes] = {}  # by the strategy's id (alive in ``actions``)
-        short, tag = _SHORT, _varint(_ACTION_TAG)
-        for bucket, strategy in zip(actions.buckets, actions.strategies, strict=True):
-            known = ids.get(id(bucket))
-            if known is None:
-                known = ids[id(bucket)] = (bucket, _field(_BUCKET_ID_TAG, _bucket_id(bucket)))
-            assigned = strategies.get(id(strategy))
-            if assigned is None:
-                assigned = strategies[id(strategy)] = _assignment(strategy, actions.ttl)
-            body = known[1] + assigned
-            size = len(body)
-            out += (tag, short[size] if size < 0x80 else _varint(size), body)
+        if len(ids) > 2 * len(self.stream.buckets) + STEP:
+            ids.clear()
+        fields = list(map(ids.get, map(id, actions.buckets)))
+        if None in fields:
+            for i, bucket in enumerate(actions.buckets):
+                if fields[i] is None:
+                    known = ids.get(id(bucket))
+                    if known is None:
+                        known = ids[id(bucket)] = (bucket, _field(_BUCKET_ID_TAG,
+                                                                  _bucket_id(bucket)))  # fmt: skip
+                    fields[i] = known
+        # each strategy's encoded action, by the strategy's id (kept alive here; a division
+        # makes each strategy once, core.quota.strategy_of)
+        kept = self._actions
+        if self._ttl != actions.ttl or len(kept) > _KEPT_STRATEGIES:
+            kept.clear()
+            self._ttl = actions.ttl
+        if not kept.keys() >= set(map(id, actions.strategies)):
+            for strategy in actions.strategies:
+                if id(strategy) not in kept:
+                    kept[id(strategy)] = (strategy, _assignment(strategy, actions.ttl))
+        assigned = map(_SECOND, map(kept.__getitem__, map(id, actions.strategies)))
+        bodies = list(map(bytes.__add__, map(_SECOND, cast(list[tuple[object, bytes]], fields)),
+                          assigned))  # fmt: skip
+        sizes = list(map(len, bodies))
+        heads = (list(map(_SHORT.__getitem__, sizes)) if max(sizes, default=0) < 0x80
+                 else list(map(_varint, sizes)))  # fmt: skip
+        out = [response_to_proto(actions.head).SerializeToString()] if actions.head else []
+        out += chain.from_iterable(zip(repeat(_TAG), heads, bodies))
         return b"".join(out)
 
 

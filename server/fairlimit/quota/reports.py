@@ -95,9 +95,12 @@ class Intake:
             # list's equality is C's, and a bucket parsed by the servicer is the same map)
             if part == listed[start:end]:
                 found: list[int | None] = list(listed_slots[start:end])
-            else:
-                # each key dropped once looked up (kept, 50,000 cost the collector)
-                found = list(map(h.index.get, map(bucket_key, part)))
+            else:  # by the maps' identity (``Holdings.by_map``), else keyed
+                found = list(map(h.by_map.get, map(id, part)))
+                if None in found:
+                    # each key dropped once looked up (kept, 50,000 cost the collector)
+                    found = [h.index.get(bucket_key(part[i])) if slot is None else slot
+                             for i, slot in enumerate(found)]  # fmt: skip
             lines: Sequence[int] = range(start, start + len(part))
             if None in found:  # new buckets (or refused ones) are subscribed (or dropped)
                 lines = await self._subscribe(stream, part, found, now, refused, new, start,

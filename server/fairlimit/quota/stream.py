@@ -196,6 +196,10 @@ class Holdings:
         self.subs: list[Subscription] = []
         self.keys: list[BucketKey] = []
         self.index: dict[BucketKey, int] = {}  # each key's slot
+        # each slot's bucket map by its identity (the map is the subscription's, alive as
+        # long as the slot): the RLQS servicer hands the same map report after report, so
+        # a report in a new order finds its lines without keying them
+        self.by_map: dict[int, int] = {}
         # the last report's lines' buckets and their slots, in order (emptied by a
         # removal): Envoy lists its buckets in the same order report after report
         self.order: tuple[Sequence[Mapping[str, str]], list[int]] = ([], [])
@@ -239,6 +243,7 @@ class Holdings:
         self.subs.append(sub)
         self.keys.append(key)
         self.index[key] = slot
+        self.by_map[id(sub.bucket)] = slot
         self.since[slot] = self.active_at[slot] = now
         self.bucket[slot] = sub.bucket
         return slot
@@ -259,10 +264,11 @@ class Holdings:
         self.strategy[last] = self.bucket[last] = None
         sub.holdings, sub.slot = alone, 0
         del self.index[self.keys[slot]]
+        del self.by_map[id(sub.bucket)]
         if slot != last:
             moved = self.subs[slot] = self.subs[last]
             key = self.keys[slot] = self.keys[last]
-            moved.slot = self.index[key] = slot
+            moved.slot = self.index[key] = self.by_map[id(moved.bucket)] = slot
         self.subs.pop()
         self.keys.pop()
         self.size = last
