@@ -169,7 +169,7 @@ class Wire:
                     if bucket is None:
                         bucket = maps[raw] = dict(rlqs_pb2.BucketId.FromString(raw).bucket)
                         # its id as Envoy sent it, for the responses
-                        self._ids[id(bucket)] = (bucket, _field(_BUCKET_ID_TAG, raw))
+                        self._ids[id(bucket)] = (bucket, _id_field(raw))
                     buckets[i] = bucket
         n = len(ids)
         allowed = np.fromiter(map(_ALLOWED, lines), np.uint64, n)
@@ -189,8 +189,7 @@ class Wire:
                 if fields[i] is None:
                     known = ids.get(id(bucket))
                     if known is None:
-                        known = ids[id(bucket)] = (bucket, _field(_BUCKET_ID_TAG,
-                                                                  _bucket_id(bucket)))  # fmt: skip
+                        known = ids[id(bucket)] = (bucket, _id_field(_bucket_id(bucket)))
                     fields[i] = known
         # each strategy's encoded action, by the strategy's id (kept alive here; a division
         # makes each strategy once, core.quota.strategy_of)
@@ -211,6 +210,12 @@ class Wire:
         out = [response_to_proto(actions.head).SerializeToString()] if actions.head else []
         out += chain.from_iterable(zip(repeat(_TAG), heads, bodies))
         return b"".join(out)
+
+
+def _id_field(encoded: bytes) -> bytes:
+    """The ``bucket_id`` field of an encoded BucketId (none for an empty one, as
+    response_to_proto leaves it)."""
+    return _field(_BUCKET_ID_TAG, encoded) if encoded else b""
 
 
 def _bucket_id(bucket: Mapping[str, str]) -> bytes:
