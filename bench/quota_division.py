@@ -160,12 +160,12 @@ async def subscribe(n: int) -> float:
     return statistics.median(times) * 1000
 
 
-async def measure(n: int) -> tuple[float, float, float, float]:
+async def measure(n: int) -> tuple[float, float, float, tuple[float, float, float]]:
     """CPU ms of a periodic report of n clients under one cap, beside a second Envoy's, of
     the division in it (the rest: taking the report's lines), of such a report listing
     its buckets in another order than the last (Envoy lists them in the same order report
     after report, until a new bucket reshuffles its map), and of the servicer's whole part
-    of the first (parsing, taking, encoding the responses)."""
+    of the first (parsing, taking, encoding the responses; and its parsing and encoding)."""
     loaded = _loaded(1)
     clock = Clock()
     room = 2 * n + 10
@@ -187,7 +187,7 @@ async def measure(n: int) -> tuple[float, float, float, float]:
         spent.append(time.process_time() - started)
 
     service.divider._division = timed_division  # type: ignore[method-assign,assignment]
-    times, divisions, shuffled, served = [], [], [], []
+    times, divisions, shuffled, served, parsing, encoding = [], [], [], [], [], []
     for round_ in range(3, 13):
         clock.t += 5.0
         usage = _usage(n, round_)
@@ -210,8 +210,11 @@ async def measure(n: int) -> tuple[float, float, float, float]:
         times.append(taken - parsed)
         divisions.append(spent[-1])
         served.append(time.process_time() - started)
-    ms = [statistics.median(x) * 1000 for x in (times, divisions, shuffled, served)]
-    return ms[0], ms[1], ms[2], ms[3]
+        parsing.append(parsed - started)
+        encoding.append(served[-1] - (taken - started))
+    ms = [statistics.median(x) * 1000
+          for x in (times, divisions, shuffled, served, parsing, encoding)]  # fmt: skip
+    return ms[0], ms[1], ms[2], (ms[3], ms[4], ms[5])
 
 
 def main() -> None:
@@ -222,8 +225,8 @@ def main() -> None:
         print(f"RLQS division after a report, {n} clients x 2 Envoys: {ms:.0f} ms CPU "
               f"(median of 5; the division {division:.0f} ms of it)")  # fmt: skip
         print(f"  the same report listing its buckets in another order: {shuffled:.0f} ms CPU")
-        print(f"  the servicer's part (report parsed, taken, responses encoded): {served:.0f}"
-              " ms CPU")  # fmt: skip
+        print(f"  the servicer's part (report parsed, taken, responses encoded): {served[0]:.0f}"
+              f" ms CPU (parsing {served[1]:.0f} ms, encoding {served[2]:.0f} ms)")  # fmt: skip
         ms = asyncio.run(subscribe(n))
         print(f"  a new bucket's report beside them, spread over {CAPS} caps: {ms:.1f} ms CPU")
 
