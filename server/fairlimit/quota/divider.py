@@ -28,9 +28,10 @@ from fairlimit.core.quota import (
     strategy_of,
 )
 from fairlimit.quota.bounds import Pace
+from fairlimit.quota.columns import Assigns
 from fairlimit.quota.division import changed, divide
 from fairlimit.quota.remote import Remote
-from fairlimit.quota.stream import Action, Assign, Assigns, Ints, QuotaStream
+from fairlimit.quota.stream import Action, Assign, Ints, QuotaStream
 from fairlimit.quota.targets import Targets
 
 

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from fairlimit.core.bucket import bucket_key
 from fairlimit.quota.bounds import Room
+from fairlimit.quota.columns import Lines
 from fairlimit.quota.divider import Divider
 from fairlimit.quota.stream import (
     MAX_REPORTED,
@@ -27,7 +28,6 @@ from fairlimit.quota.stream import (
     Action,
     Counts,
     Ints,
-    Lines,
     QuotaStream,
     Subscription,
     Usage,

@@ -13,10 +13,9 @@ renewing their assignments, a Python object touched per bucket each time);
 """
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from typing import Any, NamedTuple, cast, overload
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -61,39 +60,6 @@ class Usage:
     denied: int
 
 
-class Lines(Sequence[Usage]):
-    """A report's lines kept in columns: each line's bucket, and its allowed and denied
-    counts as uint64 arrays (as Envoy sends them). A report of 50,000 lines as ``Usage``
-    objects cost their making and the cyclic collector's passes (issue 41); the intake reads
-    the columns (``reports.py``). Read as a sequence, each ``Usage`` is made when read."""
-
-    __slots__ = ("allowed", "buckets", "denied")
-
-    def __init__(
-        self,
-        buckets: Sequence[Mapping[str, str]],
-        allowed: npt.NDArray[np.uint64],
-        denied: npt.NDArray[np.uint64],
-    ) -> None:
-        if not len(buckets) == len(allowed) == len(denied):
-            raise ValueError("a report's columns differ in length")
-        self.buckets, self.allowed, self.denied = buckets, allowed, denied
-
-    def __len__(self) -> int:
-        return len(self.buckets)
-
-    @overload
-    def __getitem__(self, index: int) -> Usage: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Usage]: ...
-
-    def __getitem__(self, index: int | slice) -> Usage | Sequence[Usage]:
-        if isinstance(index, slice):
-            return Lines(self.buckets[index], self.allowed[index], self.denied[index])
-        return Usage(self.buckets[index], int(self.allowed[index]), int(self.denied[index]))
-
-
 class Assign(NamedTuple):
     """Apply ``strategy`` to the bucket for ``ttl`` whole seconds (a named tuple: a division
     sends one per bucket renewed, 50,000 at a time, and a frozen dataclass took 1 µs each)."""
@@ -112,54 +78,6 @@ class Abandon:
 
 Action = Assign | Abandon
 Send = Callable[[Sequence[Action]], None]
-
-_new_tuple = cast(Callable[[type, tuple[object, ...]], Assign], tuple.__new__)
-
-
-class Assigns(Sequence[Action]):
-    """Actions kept in columns: ``head`` as they are, then an ``Assign`` per bucket of
-    ``buckets`` with the strategy at its place in ``strategies``, each for ``ttl`` seconds.
-    A division renews 50,000 assignments at a time: as tuples they cost their making and
-    the cyclic collector's passes over them (issue 41), while the RLQS servicer reads the
-    columns (``grpc_api/rlqs.py``). Read as a sequence, each ``Assign`` is made when read."""
-
-    __slots__ = ("buckets", "head", "strategies", "ttl")
-
-    def __init__(
-        self,
-        head: Sequence[Action],
-        buckets: Sequence[Mapping[str, str]],
-        strategies: Sequence[Strategy],
-        ttl: int,
-    ) -> None:
-        self.head, self.buckets, self.strategies, self.ttl = head, buckets, strategies, ttl
-
-    def __len__(self) -> int:
-        return len(self.head) + len(self.buckets)
-
-    def __iter__(self) -> Iterator[Action]:
-        yield from self.head
-        yield from map(_new_tuple, repeat(Assign),
-                       zip(self.buckets, self.strategies, repeat(self.ttl)))  # fmt: skip
-
-    @overload
-    def __getitem__(self, index: int) -> Action: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Action]: ...
-
-    def __getitem__(self, index: int | slice) -> Action | Sequence[Action]:
-        if isinstance(index, slice):
-            return list(self)[index]
-        n = len(self.head)
-        index = range(len(self))[index]  # IndexError past the end, negatives counted back
-        if index < n:
-            return self.head[index]
-        return Assign(self.buckets[index - n], self.strategies[index - n], self.ttl)
-
-    def __repr__(self) -> str:
-        return f"Assigns({list(self)!r})"
-
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.intp]
