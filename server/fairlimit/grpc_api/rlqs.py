@@ -7,9 +7,9 @@ A periodic report lists every bucket of the Envoy, and its division renews each 
 assignment: 50,000 buckets cost 0.11 s parsing (a bucket map made a dict per line) and
 0.14 s building the responses (a message per assignment) before ``Wire`` (issue 41). Each
 stream's ``Wire`` keeps, per bucket, its map as parsed (by the bucket id's bytes: a report
-reads them through ``_RawReports``, the same wire format with the bucket id left as bytes)
-and its encoded ``bucket_id`` field, and writes a response's assignments as bytes from those
-and each strategy's encoded action.
+is parsed by ``_raw_reports``' message, the same wire format with the bucket id left as
+bytes) and its encoded ``bucket_id`` field, and writes a response's assignments as bytes
+from those and each strategy's encoded action.
 """
 
 import asyncio
@@ -142,8 +142,9 @@ class Wire:
     """One stream's reports parsed and responses encoded, with what stays the same from one
     to the next kept: each bucket's map by its bucket id's bytes (as Envoy sent it), each
     bucket map's encoded ``bucket_id`` field (by the map, a subscription's own: kept alive
-    here, so that its id names it), and per response each strategy's encoded action. Each
-    kept at most twice the stream's buckets and STEP more (then emptied)."""
+    here, so that its id names it), and each strategy's encoded action (by the strategy, for
+    one TTL). The maps and ids are kept at most twice the stream's buckets and STEP more,
+    the actions at most _KEPT_STRATEGIES (then emptied)."""
 
     def __init__(self, stream: QuotaStream) -> None:
         self.stream = stream
