@@ -2,6 +2,7 @@
 
 - ``stream``: one Envoy's stream as kept here (its interval, its buckets' demand and
   strategy in force), and the report lines and actions it trades.
+- ``columns``: those lines and actions in columns, as the RLQS servicer hands and takes them.
 - ``service``: every stream, TTLs and abandons, and the division of every cap among every
   stream's buckets (the math is ``core/quota.py``).
 - ``remote``: what a division counts besides this process's streams: the other processes'
@@ -10,9 +11,10 @@
   drip over the interval after each report.
 """
 
+from fairlimit.quota.columns import Assigns, Lines
 from fairlimit.quota.service import QuotaService
 from fairlimit.quota.stream import Abandon, Action, Assign, QuotaStream, Send, Usage
 from fairlimit.quota.usage import UsageLedger, recorded
 
-__all__ = ["Abandon", "Action", "Assign", "QuotaService", "QuotaStream", "Send", "Usage",
-           "UsageLedger", "recorded"]  # fmt: skip
+__all__ = ["Abandon", "Action", "Assign", "Assigns", "Lines", "QuotaService", "QuotaStream",
+           "Send", "Usage", "UsageLedger", "recorded"]  # fmt: skip

@@ -12,8 +12,7 @@ the rest, as what is left was worked out with its buckets.
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from itertools import repeat
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +28,7 @@ from fairlimit.core.quota import (
     strategy_of,
 )
 from fairlimit.quota.bounds import Pace
+from fairlimit.quota.columns import Assigns
 from fairlimit.quota.division import changed, divide
 from fairlimit.quota.remote import Remote
 from fairlimit.quota.stream import Action, Assign, Ints, QuotaStream
@@ -192,23 +192,26 @@ class Divider:
             if self.closes != closes:
                 return
             sending = moved[lo:hi].copy()
-            actions: list[Action] = []
+            head: Sequence[Action] = ()
             if stream is reporter:
                 sending[renewing] = True
-                actions = list(abandoned)
+                head = abandoned
             h = stream.holdings
             at = np.flatnonzero(sending)
             strategies = h.strategy[at]
             move = moved[lo:hi][at]
             if move.any():
                 strategies[move] = h.assign(at[move], new[lo:hi][at[move]])
-            actions += _assigns(h.bucket[at].tolist(), strategies.tolist(), stream.ttl)
-            for start in range(0, len(actions), STEP):  # a response at a time, each one turn
+            buckets, assigned = h.bucket[at].tolist(), strategies.tolist()
+            n = len(head)
+            for start in range(0, n + len(buckets), STEP):  # a response at a time, a turn each
                 if start:
                     yield
                     if self.closes != closes:
                         return
-                stream.send(actions[start : start + STEP])
+                i, j = max(start - n, 0), max(start + STEP - n, 0)
+                stream.send(Assigns(head[start : start + STEP], buckets[i:j], assigned[i:j],
+                                    stream.ttl))  # fmt: skip
             yield
 
     def _dirty_rows(self, dirty: set[object]) -> npt.NDArray[np.bool_]:
@@ -237,12 +240,3 @@ def _renewing(reporter: QuotaStream | None) -> Ints:
 
 def _joined(parts: list[npt.NDArray[Any]], dtype: type) -> npt.NDArray[Any]:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-
-
-_new_tuple = cast(Callable[[type, tuple[object, ...]], Action], tuple.__new__)
-
-
-def _assigns(buckets: list[Any], strategies: list[Any], ttl: int) -> list[Action]:
-    """An Assign per bucket (made as tuple.__new__ makes a named tuple, without a Python
-    call each: a division renews 50,000 at a time)."""
-    return list(map(_new_tuple, repeat(Assign), zip(buckets, strategies, repeat(ttl))))

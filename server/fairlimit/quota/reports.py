@@ -12,7 +12,7 @@ it holds, and Envoy would reopen it and report the same buckets again.
 
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 import numpy as np
@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from fairlimit.core.bucket import bucket_key
 from fairlimit.quota.bounds import Room
+from fairlimit.quota.columns import Lines
 from fairlimit.quota.divider import Divider
 from fairlimit.quota.stream import (
     MAX_REPORTED,
@@ -76,33 +77,43 @@ class Intake:
             self.divider.remote.targets.clear()
             self.divider.changed = None
         span = None if since is None else now - since
-        taken: list[Usage] = []
+        buckets = usages.buckets if isinstance(usages, Lines) else list(map(_BUCKET, usages))
+        kept: list[Sequence[int]] = []  # the lines taken (the others refused), in parts
         slots: list[int] = []
-        new: list[int] = []  # the lines (of ``taken``) that subscribed their bucket
+        new: list[int] = []  # the lines (of those taken) that subscribed their bucket
         refused: dict[str, int] = {}
         h = stream.holdings
-        order = h.order
-        for start in range(0, len(usages), KNOWN_CHUNK):
+        listed, listed_slots = h.order
+        for start in range(0, len(buckets), KNOWN_CHUNK):
             if start:
                 await self.divider.pace.pause()
                 if stream.closed:
                     return
-            part = list(usages[start : start + KNOWN_CHUNK])
-            found = _as_before(part, order[start : start + KNOWN_CHUNK])
-            if found is None:
-                # each key dropped once looked up (kept, 50,000 cost the collector)
-                found = list(map(h.index.get, map(bucket_key, map(_BUCKET, part))))
-            # new buckets (or refused ones) are subscribed (or their lines dropped)
-            subscribed = None not in found or await self._subscribe(
-                stream, part, found, now, refused, new, len(slots)
-            )
-            if not subscribed:
-                return
-            taken += part
+            end = start + KNOWN_CHUNK
+            part = buckets[start:end]
+            # the buckets of the last report's lines at the same places: their slots (a
+            # list's equality is C's, and a bucket parsed by the servicer is the same map)
+            if part == listed[start:end]:
+                found: list[int | None] = list(listed_slots[start:end])
+            else:  # by the maps' identity (``Holdings.by_map``), else keyed
+                found = list(map(h.by_map.get, map(id, part)))
+                if None in found:
+                    # each key dropped once looked up (kept, 50,000 cost the collector)
+                    found = [h.index.get(bucket_key(part[i])) if slot is None else slot
+                             for i, slot in enumerate(found)]  # fmt: skip
+            lines: Sequence[int] = range(start, start + len(part))
+            if None in found:  # new buckets (or refused ones) are subscribed (or dropped)
+                lines = await self._subscribe(stream, part, found, now, refused, new, start,
+                                              len(slots))  # fmt: skip
+                if stream.closed:
+                    return
+            kept.append(lines)
             slots += cast(list[int], found)
-        h.order = list(map(h.subs.__getitem__, slots))
+        taken = None if len(slots) == len(buckets) else [i for part in kept for i in part]
+        h.order = (buckets if taken is None else [buckets[i] for i in taken], slots)
         self.room.refuse(stream, refused, self.telemetry)
-        allowed, denied = self._count(stream, taken, np.array(slots, dtype=np.intp), new,
+        counts = _columns(usages, taken)
+        allowed, denied = self._count(stream, counts, np.array(slots, dtype=np.intp), new,
                                       span, now)  # fmt: skip
         self.telemetry.reported(stream.domain, allowed, denied)
         due = self.divider.due(now)
@@ -120,45 +131,48 @@ class Intake:
     async def _subscribe(
         self,
         stream: QuotaStream,
-        part: list[Usage],
+        part: Sequence[Mapping[str, str]],
         found: list[int | None],
         now: float,
         refused: dict[str, int],
         new: list[int],
+        start: int,
         offset: int,
-    ) -> bool:
-        """Subscribe the buckets of ``part`` not found (``found`` their slots, filled in
-        here), CHUNK at a time; drop the lines of those refused (``Room.full``), counted in
-        ``refused``. ``new``: the lines (from ``offset``) that subscribed their bucket.
-        False when the stream closed meanwhile."""
-        kept, h, added = 0, stream.holdings, 0
-        for line, slot in zip(part, found, strict=True):
+    ) -> list[int]:
+        """Subscribe the buckets of ``part`` (the report's lines from ``start``) not found
+        (``found`` their slots, filled in here), CHUNK at a time; drop the lines of those
+        refused (``Room.full``), counted in ``refused``. The lines kept; ``new``: those
+        (from ``offset`` among the lines taken) that subscribed their bucket. The stream
+        may have closed meanwhile (then what is left is not taken)."""
+        kept: list[int] = []
+        h, added = stream.holdings, 0
+        for i, (bucket, slot) in enumerate(zip(part, found, strict=True)):
             if slot is None:
-                key = bucket_key(line.bucket)
+                key = bucket_key(bucket)
                 slot = h.index.get(key)  # subscribed by a line before it in ``part``
                 if slot is None:
                     if added and not added % CHUNK:
                         await self.divider.pace.pause()
                         if stream.closed:
-                            return False
+                            return kept
                     if (cap := self.room.full(stream)) is not None:
                         refused[cap] = refused.get(cap, 0) + 1
                         continue
-                    held = stream.buckets[key] = Subscription(line.bucket, now, h, key)
+                    held = stream.buckets[key] = Subscription(bucket, now, h, key)
                     self.targets.resolve(stream.domain, key, held)
                     self.room.took()
-                    new.append(offset + kept)
+                    new.append(offset + len(kept))
                     added += 1
                     slot = held.slot
-            part[kept], found[kept] = line, slot
-            kept += 1
-        del part[kept:], found[kept:]
-        return True
+            found[len(kept)] = slot
+            kept.append(start + i)
+        del found[len(kept) :]
+        return kept
 
     def _count(
         self,
         stream: QuotaStream,
-        lines: Sequence[Usage],
+        counts: "_Counts",
         slots: Ints,
         new: list[int],
         span: float | None,
@@ -169,7 +183,8 @@ class Intake:
         reported for renewal. A bucket listed twice is measured in turns, in order, as
         line by line. The counts as counted, allowed and denied."""
         h = stream.holdings
-        (allowed, over), (denied, past) = _counts(lines, "allowed"), _counts(lines, "denied")
+        allowed, over, denied, past = counts
+        lines = range(len(slots))
         fresh = np.zeros(len(lines), dtype=bool)
         fresh[new] = True  # a new bucket's first line is not measured: its span starts now
         cuts = np.flatnonzero(over | past)  # lines past MAX_REPORTED
@@ -214,27 +229,35 @@ class Intake:
         return out
 
 
+_Counts = tuple[Counts, npt.NDArray[np.bool_], Counts, npt.NDArray[np.bool_]]
+
+
+def _columns(usages: Sequence[Usage], taken: list[int] | None) -> _Counts:
+    """The allowed and denied counts of the lines ``taken`` (None: every line), each at
+    most MAX_REPORTED (Envoy sends uint64s), and whether each was cut to it."""
+    if isinstance(usages, Lines):
+        allowed, over = _bounded_counts(usages.allowed if taken is None
+                                        else usages.allowed[taken])  # fmt: skip
+        denied, past = _bounded_counts(usages.denied if taken is None else usages.denied[taken])
+        return allowed, over, denied, past
+    lines = usages if taken is None else [usages[i] for i in taken]
+    return (*_counts(lines, "allowed"), *_counts(lines, "denied"))
+
+
+def _bounded_counts(raw: npt.NDArray[np.uint64]) -> tuple[Counts, npt.NDArray[np.bool_]]:
+    over = raw > MAX_REPORTED
+    return np.minimum(raw, MAX_REPORTED).astype(np.int64), over
+
+
 def _counts(lines: Sequence[Usage], field: str) -> tuple[Counts, npt.NDArray[np.bool_]]:
-    """One count of every line, at most MAX_REPORTED (Envoy sends uint64s), and whether
-    each was cut to it."""
+    """One count of every line, at most MAX_REPORTED, and whether each was cut to it."""
     try:
         raw = np.fromiter(map(operator.attrgetter(field), lines), np.uint64, len(lines))
     except OverflowError:  # not from protobuf: past uint64, or negative
         values = [getattr(line, field) for line in lines]
         over = np.array([v > MAX_REPORTED for v in values], dtype=bool)
         return np.array([min(v, MAX_REPORTED) for v in values], dtype=np.int64), over
-    over = raw > MAX_REPORTED
-    return np.minimum(raw, MAX_REPORTED).astype(np.int64), over
-
-
-def _as_before(part: list[Usage], before: list[Subscription]) -> list[int | None] | None:
-    """The slots of ``part``'s buckets when its lines name, in order, the buckets of the
-    last report's lines at the same place (``before``: a dict's equality is C's, keying a
-    line is not); else None."""
-    if len(part) != len(before) or not all(map(operator.eq, map(_BUCKET, part),
-                                               map(_BUCKET, before))):  # fmt: skip
-        return None
-    return list(map(_SLOT, before))
+    return _bounded_counts(raw)
 
 
 def _turns(slots: Ints) -> list[Ints]:

@@ -79,7 +79,6 @@ class Abandon:
 Action = Assign | Abandon
 Send = Callable[[Sequence[Action]], None]
 
-
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.intp]
 Counts = npt.NDArray[np.int64]
@@ -115,9 +114,13 @@ class Holdings:
         self.subs: list[Subscription] = []
         self.keys: list[BucketKey] = []
         self.index: dict[BucketKey, int] = {}  # each key's slot
-        # the subscriptions of the last report's lines, in order (emptied by a removal):
-        # Envoy lists its buckets in the same order report after report
-        self.order: list[Subscription] = []
+        # each slot's bucket map by its identity (the map is the subscription's, alive as
+        # long as the slot): the RLQS servicer hands the same map report after report, so
+        # a report in a new order finds its lines without keying them
+        self.by_map: dict[int, int] = {}
+        # the last report's lines' buckets and their slots, in order (emptied by a
+        # removal): Envoy lists its buckets in the same order report after report
+        self.order: tuple[Sequence[Mapping[str, str]], list[int]] = ([], [])
         self.row: Ints
         self.code: Codes
         self.planned: Codes
@@ -158,6 +161,7 @@ class Holdings:
         self.subs.append(sub)
         self.keys.append(key)
         self.index[key] = slot
+        self.by_map[id(sub.bucket)] = slot
         self.since[slot] = self.active_at[slot] = now
         self.bucket[slot] = sub.bucket
         return slot
@@ -178,14 +182,15 @@ class Holdings:
         self.strategy[last] = self.bucket[last] = None
         sub.holdings, sub.slot = alone, 0
         del self.index[self.keys[slot]]
+        del self.by_map[id(sub.bucket)]
         if slot != last:
             moved = self.subs[slot] = self.subs[last]
             key = self.keys[slot] = self.keys[last]
-            moved.slot = self.index[key] = slot
+            moved.slot = self.index[key] = self.by_map[id(moved.bucket)] = slot
         self.subs.pop()
         self.keys.pop()
         self.size = last
-        self.order = []
+        self.order = ([], [])
         return sub
 
     def assign(self, slots: Ints, codes: Codes) -> list[Strategy]:
@@ -238,7 +243,9 @@ class Subscription:
         holdings: Holdings | None = None,
         key: BucketKey = (),
     ) -> None:
-        self.bucket = dict(bucket)
+        # a plain dict is kept as given (its giver does not change it: the RLQS servicer
+        # knows its own maps by their identity, grpc_api/rlqs.py)
+        self.bucket = bucket if type(bucket) is dict else dict(bucket)
         self.entries: tuple[Entry, ...] | None = None
         self.target = Target(Blanket.ALLOW_ALL)
         self.holdings = Holdings() if holdings is None else holdings
