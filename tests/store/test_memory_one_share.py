@@ -88,8 +88,8 @@ class TestOneShareSameAsGeneral:
             clock.advance(call.after)
             key = (call.client, call.hits)
             if key not in plans:
-                request = req("fair", desc("route=api", f"client_id=c{call.client}", hits=call.hits))
-                plans[key] = plan(request, matcher)
+                entries = ("route=api", f"client_id=c{call.client}")
+                plans[key] = plan(req("fair", desc(*entries, hits=call.hits)), matcher)
             built = plans[key]
             assert len(built.shares) == 1
             got = one.admit_now(built, clock.now())

@@ -236,7 +236,10 @@ class MemoryCaps:
             row = cap.row(share, clock)
         else:  # fold() would leave it as it is
             row.limit, row.weight = share.client_limit, share.weight
-        claim = _claim(share)
+        claim = ShareClaim(  # _claim(share)
+            share.hits, share.client_limit, share.weight, share.capacity, share.declared,
+            share.sized,
+        )  # fmt: skip
         if row.epoch == division.epoch:  # leave(): its live part out
             kind = row.kind
             if kind == OPEN:

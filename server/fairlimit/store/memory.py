@@ -109,9 +109,9 @@ class MemoryStore:
         self._expire(now)
         if plan.reserve:
             self._refuse_open(plan, now)
-        shaped = any(c.shape is not None for c in plan.counters)
-        if shaped:
-            return self._admit_shaped(plan, now)
+        for c in plan.counters:  # any() of a generator, without one (every request)
+            if c.shape is not None:
+                return self._admit_shaped(plan, now)
         counters = [self.counters.counter(c.key, c.window, now) for c in plan.counters]
         counts = tuple([c.count for c in counters])
         if not plan.shares:
