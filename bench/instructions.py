@@ -12,6 +12,12 @@ Each count is two runs under callgrind, of FEW and FEW + CALLS calls after the s
 their difference over CALLS is what one more call costs, start-up and imports left out.
 Needs valgrind (Debian valgrind, installed here where missing).
 
+``--store`` counts only the memory store's admit and the statuses (``admit_now`` and
+``core.admission.statuses`` on the route's prepared plan) on a simulated clock, 10 µs a
+call: no timer, no period rolled mid-run (in-process, a call under callgrind takes wall
+time enough that the cap's per-second work lands in the counted calls, and those counts
+move by tens of thousands between runs), so the same code gives the same count.
+
 ``--served`` counts them in the server itself: the no-op (bench/noop.py) and `fairlimit
 serve` (telemetry on, memory://) run under callgrind, one thread per count
 (--separate-threads), driven by h2load (4 connections x 2 streams): WARMUP requests,
@@ -32,9 +38,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import h2load
 import procs
-import wire
+
+# h2load and wire are imported where --served needs them: wire puts this checkout's
+# server/ first on sys.path and imports fairlimit, so a child importing it at the top
+# would count this checkout's code for --baseline's too.
 
 FEW, CALLS, WARMUP = 200, 1000, 300
 SERVED = 1000  # requests counted in the server (--served)
@@ -91,9 +99,31 @@ def calls(server: str, route: str, count: int) -> None:
     sdk.shutdown()
 
 
-def _collected(server: Path, route: str, count: int) -> int:
+def store_calls(server: str, route: str, count: int) -> None:
+    """``count`` calls of the memory store's admit and the statuses on ``route``'s plan,
+    on a simulated clock, after WARMUP: the child of ``--store``."""
+    sys.path.insert(0, server)
+    from fairlimit.config.loader import load
+    from fairlimit.core.admission import statuses
+    from fairlimit.core.matching import Matcher
+    from fairlimit.core.plan import plan
+    from fairlimit.core.request import Descriptor, Request
+    from fairlimit.store.memory import MemoryStore
+
+    matcher = Matcher(load([procs.BENCH / "bench.yaml"]).config)
+    entries = (("route", route), ("client_id", "hot"))
+    prepared = plan(Request("edge", (Descriptor(entries, None, None),), 0), matcher)
+    store, start = MemoryStore(), 1_700_000_000.0
+    for i in range(WARMUP + count):
+        now = start + i * 1e-5
+        statuses(prepared, store.admit_now(prepared, now), now)
+
+
+def _collected(server: Path, route: str, count: int, store: bool = False) -> int:
     command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
                __file__, "--child", str(server), route, str(count)]  # fmt: skip
+    if store:
+        command.append("--store")
     out = subprocess.run(command, capture_output=True, text=True, check=False)
     found = _COLLECTED.search(out.stderr)
     if out.returncode != 0 or found is None:
@@ -101,13 +131,14 @@ def _collected(server: Path, route: str, count: int) -> int:
     return int(found.group(1))
 
 
-def per_call(server: Path, route: str, pool: ThreadPoolExecutor) -> int:
-    few, more = pool.map(lambda n: _collected(server, route, n), (FEW, FEW + CALLS))
+def per_call(server: Path, route: str, pool: ThreadPoolExecutor, store: bool = False) -> int:
+    few, more = pool.map(lambda n: _collected(server, route, n, store), (FEW, FEW + CALLS))
     return round((more - few) / CALLS)
 
 
 def _h2load(port: int, body: Path, requests: int) -> int:
     """``requests`` calls by h2load (4 connections x 2 streams); the number answered."""
+    import h2load
     command = [h2load.binary() or "h2load", "-t", "1", "-c", "4", "-m", "2", "-n",
                str(requests), "-d", str(body)]  # fmt: skip
     for header in h2load.GRPC_HEADERS:
@@ -147,6 +178,8 @@ def served(label: str, command: list[str], route: str, workdir: Path,
                       workdir, env)  # fmt: skip
     try:
         port = proc.wait_for(procs._PORT, timeout=900)[0]  # valgrind starts slowly
+        import wire
+
         body = wire.write_body(workdir / f"served-{route}.bin", route, "hot")
         _h2load(int(port), body, WARMUP)
         _dump(proc.pid, out, 1)
@@ -188,10 +221,13 @@ def main() -> int:
     parser.add_argument("--routes", default="plain,public", help="comma-separated")
     parser.add_argument("--served", action="store_true",
                         help="count in the running server under h2load (and the no-op's)")
+    parser.add_argument("--store", action="store_true",
+                        help="only the memory store's admit and the statuses, simulated clock")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        calls(args.child[0], args.child[1], int(args.child[2]))
+        child = store_calls if args.store else calls
+        child(args.child[0], args.child[1], int(args.child[2]))
         return 0
     if procs.ensure_debian_package("valgrind", "valgrind") is None:
         print("instructions: valgrind not found and not installable", file=sys.stderr)
@@ -208,9 +244,12 @@ def main() -> int:
     jobs = [(name, route) for route in args.routes.split(",") for name in servers]
     with ThreadPoolExecutor(4) as pool, ThreadPoolExecutor(len(jobs)) as outer:
         counts = dict(zip(jobs, outer.map(
-            lambda job: per_call(servers[job[0]], job[1], pool), jobs), strict=True))  # fmt: skip
+            lambda job: per_call(servers[job[0]], job[1], pool, args.store), jobs),
+            strict=True))  # fmt: skip
+    what = ("the memory store's admit and the statuses, simulated clock" if args.store
+            else "memory://, telemetry on")  # fmt: skip
     print(f"instructions per call, in-process (callgrind, {FEW} and {FEW + CALLS} calls after "
-          f"{WARMUP} warm-up ones; one hot client, memory://, telemetry on)")  # fmt: skip
+          f"{WARMUP} warm-up ones; one hot client, {what})")  # fmt: skip
     for route in args.routes.split(","):
         this = counts["this", route]
         line = f"route={route:<8} this checkout {this:>9,}"

@@ -44,7 +44,11 @@ def admits(
     for c, n in zip(plan.counters, counts, strict=True):
         if counter_over(c, n):
             return False
-    return not any(share_over(s, a, b) for s, a, b in zip(plan.shares, shared, bounds, strict=True))
+    # a loop, not any() over a generator: per request, and most plans have one share
+    for s, a, b in zip(plan.shares, shared, bounds, strict=True):  # noqa: SIM110
+        if share_over(s, a, b):
+            return False
+    return True
 
 
 def forced(plan: Plan, descriptor: int) -> bool:
@@ -171,17 +175,24 @@ def _level(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, charge: Charge, 
     before = outcome.counts[charge.counter]
     # what is left after this request: a refused one moved only its forced levels
     # (charge_when_over_limit), so an OVER_LIMIT there says 0 left, as upstream does
-    charged = counter.hits if outcome.admitted or counter.force else 0
-    over = counter.limit < before + max(counter.hits, 1)
+    hits = counter.hits
+    charged = hits if outcome.admitted or counter.force else 0
+    over = counter.limit < before + (hits if hits > 1 else 1)  # max(hits, 1)
     remaining = counter.limit - before - charged
     leaf = dplan.charges[0].limit
-    # an own level reports its own limit (a rule may have several)
-    limit = charge.limit if charge.share is None else leaf
-    name = _name(dplan, charge, counter.key)
-    if charge.share is not None:
-        share = plan.shares[charge.share]
-        bound = outcome.bounds[charge.share]
-        had = outcome.shared[charge.share]
+    at = charge.share
+    # an own level reports its own limit (a rule may have several), named by the
+    # descriptor's matched rule (an override's too); a cap's level by the cap's rule; an
+    # override no rule matched by its descriptor's key path
+    if at is None:
+        limit, rule = charge.limit, dplan.rule
+    else:
+        limit, rule = leaf, charge.rule
+    name = key_path(counter.key) if rule is None else rule.path
+    if at is not None:
+        share = plan.shares[at]
+        bound = outcome.bounds[at]
+        had = outcome.shared[at]
         over = over or share_over(share, had, bound)
         limit = charge.limit  # the cap's total, unless the client's share is the tighter
         if bound != math.inf:
@@ -190,17 +201,15 @@ def _level(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, charge: Charge, 
             if room <= remaining:  # the client's share holds it: named by the client's rule
                 remaining, limit = room, _effective_limit(leaf, charge, bound)
                 name = name if dplan.rule is None else dplan.rule.path
-    reset = _reset(plan, outcome, charge.counter, now)
+    window = counter.window
+    if counter.shape is None:  # _reset's seconds_until_reset, inlined
+        reset = window - math.floor(now) % window
+    else:
+        reset = _reset(plan, outcome, charge.counter, now)
+    remaining = remaining if remaining > 0 else 0  # max(0, remaining)
     if counter.shadow:
-        return _Level(False, over, max(0, remaining), reset, limit, name)
-    return _Level(over, False, max(0, remaining), reset, limit, name)
-
-
-def _name(dplan: DescriptorPlan, charge: Charge, key: str) -> str:
-    """The rule a level reports: a cap's own, or the descriptor's matched rule (an
-    override's too); an override no rule matched is named by its descriptor's key path."""
-    rule = charge.rule if charge.share is not None else dplan.rule
-    return key_path(key) if rule is None else rule.path
+        return _Level(False, over, remaining, reset, limit, name)
+    return _Level(over, False, remaining, reset, limit, name)
 
 
 def _effective_limit(leaf: RateLimit, charge: Charge, fair: float) -> RateLimit:
@@ -238,18 +247,30 @@ def _status(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, now: float) -> 
         lv = _level(plan, outcome, dplan, charges[0], now)
         code = Code.OVER_LIMIT if lv.over else Code.OK
         return Status(code, lv.limit, lv.remaining, lv.reset, dplan.rule, lv.shadow_over, lv.name)
-    levels = [_level(plan, outcome, dplan, charge, now) for charge in charges]
-    denying = [lv for lv in levels if lv.over]
-    shadowed = any(lv.shadow_over for lv in levels)
-    # the least left; of levels tied there, the tightest (a share below the own limit)
-    chosen = min(denying or levels, key=_least_left)
-    reset = max(lv.reset for lv in denying or levels if lv.remaining == chosen.remaining)
+    # one pass, no key function (a descriptor under a cap has two levels or more)
+    levels: list[_Level] = []
+    denying: list[_Level] = []
+    shadowed = False
+    for charge in charges:
+        lv = _level(plan, outcome, dplan, charge, now)
+        levels.append(lv)
+        if lv.over:
+            denying.append(lv)
+        if lv.shadow_over:
+            shadowed = True
+    pool = denying or levels
+    # the least left; of levels tied there, the tightest (a share below the own limit):
+    # min by (remaining, limit.per_second), the first of equals
+    chosen = pool[0]
+    for lv in pool:
+        if lv.remaining < chosen.remaining or (
+            lv.remaining == chosen.remaining and lv.limit.per_second < chosen.limit.per_second
+        ):
+            chosen = lv
+    # levels run out together wait for the last
+    reset = max([lv.reset for lv in pool if lv.remaining == chosen.remaining])
     code = Code.OVER_LIMIT if denying else Code.OK
     return Status(code, chosen.limit, chosen.remaining, reset, dplan.rule, shadowed, chosen.name)
-
-
-def _least_left(level: _Level) -> tuple[int, float]:
-    return level.remaining, level.limit.per_second
 
 
 def statuses(plan: Plan, outcome: Outcome, now: float) -> tuple[Status, ...]:

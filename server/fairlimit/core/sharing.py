@@ -219,8 +219,29 @@ def _rate(asked: float, previous: float, previous_last: float, clock: Clock) -> 
 
 def want(row: Row, clock: Clock, extra: float = 0.0) -> tuple[float, float]:
     """(fixed, rate): the row's want is ``fixed + rate·left`` (its limit when that is less)."""
-    asked, previous, previous_last, _ = _seen(row, clock)
-    fixed, rate = asked + extra, _rate(asked, previous, previous_last, clock)
+    # ``_seen`` and ``_rate`` inlined, the same operations in the same order (so the same
+    # doubles), without the history ``_seen`` works out: every request asks this twice
+    start = clock.start
+    if row.window != start:
+        asked, last = 0.0, row.seen
+        previous = row.asked if row.window == start - clock.window else -1.0
+    else:
+        asked, previous, last = row.asked, row.previous, row.previous_last
+    if previous < 0:
+        gone = (clock.now - start) / clock.period_len
+        rate = asked / (gone if gone > 1.0 else 1.0)
+    else:
+        since = clock.now - clock.window
+        inside = 0.0
+        if last > since:
+            spread = last - (start - clock.window)
+            if spread > 0:
+                inside = (last - since) / spread
+                inside = inside if inside < 1.0 else 1.0
+            else:
+                inside = 1.0
+        rate = (asked + previous * inside) * clock.period_len / clock.window
+    fixed = asked + extra
     if fixed + rate * clock.left > row.limit:
         return row.limit, 0.0
     return fixed, rate
@@ -422,11 +443,18 @@ def leave(division: Division, row: Row, client: str, window: int, period_len: fl
 def enter(division: Division, row: Row, kind: int, clock: Clock) -> None:
     """Put the row back in the division as ``kind``, its request counted."""
     row.epoch = division.epoch
-    row.fixed, row.rate = want(row, clock) if kind == OPEN else (0.0, 0.0)
     row.kind = kind
-    _count(division, kind, row.weight, row.fixed, row.rate, 1.0)
-    if kind == OPEN:
-        division.top = max(division.top, (row.fixed + row.rate * clock.left) / row.weight)
+    if kind == OPEN:  # ``_count`` inlined (sign 1)
+        row.fixed, row.rate = fixed, rate = want(row, clock)
+        division.fixed += fixed
+        division.rate += rate
+        ratio = (fixed + rate * clock.left) / row.weight
+        top = division.top
+        division.top = ratio if ratio > top else top  # max(top, ratio), the same value
+        return
+    row.fixed = row.rate = 0.0
+    if kind == HELD:
+        division.held = max(0.0, division.held + row.weight)
 
 
 class ShareClaim:
@@ -497,13 +525,16 @@ def verdict(row: Row, division: Division, claim: ShareClaim, clock: Clock, total
     # the open clients' requests still to come, whole: a fraction of one is no request
     # (the last moments of a window must not keep a hit for a client gone quiet)
     coming = math.floor(division.rate * left + EPSILON)
-    room = max(0.0, claim.capacity - division.fixed - coming)
+    room = claim.capacity - division.fixed - coming
+    room = room if room > 0.0 else 0.0  # max(0.0, room)
     if wanted * (division.held + row.weight) <= room * row.weight + EPSILON:
         share = claim.limit  # nobody held: uncontended
         if division.held > 0:  # the level with this client open (its want is below it)
             share = min(share, (room - wanted) / division.held * row.weight)
-        if rate or fixed < claim.limit or division.cold or room - wanted >= 1:
-            bound = _cold(share, division, row, claim, clock, total)
+        cold = division.cold
+        if rate or fixed < claim.limit or cold or room - wanted >= 1:
+            # _cold() gives ``share`` back unless the cap is cold and not sized
+            bound = _cold(share, division, row, claim, clock, total) if cold else share
             return Verdict(bound, share, OPEN, fixed < claim.limit)
         # held by its own limit, which takes all the cap has left: paced as a held client,
         # so a newcomer still finds the cap open; and counted as one, so a newcomer's

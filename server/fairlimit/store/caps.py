@@ -11,6 +11,9 @@ from fairlimit.core.fairshare import CapReport, FairnessFigures, figures_of
 from fairlimit.core.plan import Plan, Share
 from fairlimit.core.sharing import (
     FORCES,
+    HELD,
+    NONE,
+    OPEN,
     STALE,
     Clock,
     Division,
@@ -113,6 +116,27 @@ class MemoryCap:
         return None if division is None or division.cold else division.level
 
 
+def _remake(cap: MemoryCap, division: Division, share: Share, row: Row, clock: Clock) -> Division:
+    """The cap's division remade for a request that finds it newly contended, the client
+    counted with this request (core/sharing.py ``contended``)."""
+    extra = max(share.hits, 1)
+    closing, forced = cap.closing(clock), division.forced + 1
+    if division.epoch // FORCES != clock.epoch:
+        forced = 1  # the division in force was made in an earlier sub-period
+    remade = divide(cap.rows.items(), cap.capacity, clock, share.client, extra, closing, forced)
+    cap.division, row.epoch = remade, remade.epoch
+    return remade
+
+
+def _roll(light: Light, clock: Clock) -> None:
+    """Move the cap's light demand to ``clock``'s window, taking its expected hits out of
+    the calendar."""
+    expected = light.calendar.pop(clock.start, 0.0)
+    for at in [at for at in light.calendar if at < clock.start]:
+        del light.calendar[at]  # windows nobody asked in
+    roll_light(light, clock, expected)
+
+
 def _claim(share: Share) -> ShareClaim:
     return ShareClaim(
         share.hits, share.client_limit, share.weight, share.capacity, share.declared, share.sized
@@ -171,14 +195,7 @@ class MemoryCaps:
             claim = _claim(share)
             leave(division, row, share.client, share.window, period)
             if contended(division, row, claim, clock):
-                extra = max(share.hits, 1)
-                closing, forced = cap.closing(clock), division.forced + 1
-                if division.epoch // FORCES != clock.epoch:
-                    forced = 1  # the division in force was made in an earlier sub-period
-                remade = divide(
-                    cap.rows.items(), cap.capacity, clock, share.client, extra, closing, forced
-                )
-                cap.division, row.epoch = remade, remade.epoch
+                remade = _remake(cap, division, share, row, clock)
                 for k, (before, c, r, t) in enumerate(states):
                     if before is division:
                         s = plan.shares[k]
@@ -191,12 +208,58 @@ class MemoryCaps:
         for (division, claim, _, clock), share in zip(states, plan.shares, strict=True):
             light = self.table[share.cap].light
             if light.window != clock.start:
-                expected = light.calendar.pop(clock.start, 0.0)
-                for at in [at for at in light.calendar if at < clock.start]:
-                    del light.calendar[at]  # windows nobody asked in
-                roll_light(light, clock, expected)
+                _roll(light, clock)
             claim.reserve = sharing.reserve(light, division, clock)
         return states
+
+    def claim(self, share: Share, now: float) -> tuple[Division, ShareClaim, Row, Clock]:
+        """``claims`` of a plan with one share (most plans with a cap): the same steps, the
+        common case of each inlined (the division in force, the row in its window and
+        period and in that division), without the lists."""
+        cap = self.table.get(share.cap)
+        if cap is None:
+            cap = self.cap(share, now)
+        window = share.window
+        period = float(window if window < 1 else 1)  # Share.period
+        clock = Clock(window, period, now)
+        division = cap.division
+        if (
+            division is None
+            or clock.period != cap.period
+            or division.epoch // FORCES != clock.epoch  # else stale_division may remake it
+        ):
+            division = cap.divided(clock, now)
+        else:
+            cap.last_seen = now
+        row = cap.rows.get(share.client)
+        if row is None or row.period != clock.period or row.window != clock.start:
+            row = cap.row(share, clock)
+        else:  # fold() would leave it as it is
+            row.limit, row.weight = share.client_limit, share.weight
+        claim = ShareClaim(  # _claim(share)
+            share.hits, share.client_limit, share.weight, share.capacity, share.declared,
+            share.sized,
+        )  # fmt: skip
+        if row.epoch == division.epoch:  # leave(): its live part out
+            kind = row.kind
+            if kind == OPEN:
+                division.fixed -= row.fixed
+                division.rate -= row.rate
+            elif kind == HELD:
+                division.held = max(0.0, division.held - row.weight)
+            row.kind = NONE
+        else:
+            leave(division, row, share.client, window, period)
+        if (division.held <= 0 and division.forced < FORCES - 1) and contended(
+            division, row, claim, clock
+        ):  # contended() is False at once otherwise
+            division = _remake(cap, division, share, row, clock)
+        division.asks += max(share.hits, 1)
+        light = cap.light
+        if light.window != clock.start:
+            _roll(light, clock)
+        claim.reserve = 0.0 if division.cold else sharing.reserve(light, division, clock)
+        return division, claim, row, clock
 
     def light(self, share: Share, row: Row, clock: Clock) -> None:
         """Count a light request at its cap, and expect the client back (core/sharing.py)."""

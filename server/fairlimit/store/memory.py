@@ -109,9 +109,9 @@ class MemoryStore:
         self._expire(now)
         if plan.reserve:
             self._refuse_open(plan, now)
-        shaped = any(c.shape is not None for c in plan.counters)
-        if shaped:
-            return self._admit_shaped(plan, now)
+        for c in plan.counters:  # any() of a generator, without one (every request)
+            if c.shape is not None:
+                return self._admit_shaped(plan, now)
         counters = [self.counters.counter(c.key, c.window, now) for c in plan.counters]
         counts = tuple([c.count for c in counters])
         if not plan.shares:
@@ -151,6 +151,18 @@ class MemoryStore:
             admitted = admits(plan, counts, (), ())
             charge_counters(counters, plan, admitted, now)
             return Outcome(admitted, counts, (), ())
+        if len(plan.shares) == 1:
+            return self._admit_one(plan, now, counters, counts)
+        return self._admit_many(plan, now, counters, counts)
+
+    def _admit_many(
+        self,
+        plan: Plan,
+        now: float,
+        counters: Sequence[MemoryCounter | MemoryMeter],
+        counts: tuple[int, ...],
+    ) -> Outcome:
+        """A plan with shares: each cap's verdict, nested caps after their parents."""
         states = self.fair.claims(plan, now)
         shared = tuple([int(row.admitted) for _, _, row, _ in states])
         verdicts: list[Verdict] = []
@@ -180,6 +192,33 @@ class MemoryStore:
             if admitted or share.force:
                 charge(row, share.hits)
             enter(division, row, v.kind, clock)
+        if admitted and plan.reserve:
+            self._keep(plan, now)
+        return Outcome(admitted, counts, shared, bounds)
+
+    def _admit_one(
+        self,
+        plan: Plan,
+        now: float,
+        counters: Sequence[MemoryCounter | MemoryMeter],
+        counts: tuple[int, ...],
+    ) -> Outcome:
+        """``_admit_shared`` of a plan with one share (most plans with a cap): the same
+        steps in the same order, without the lists (its one cap is outermost)."""
+        share = plan.shares[0]
+        division, claim, row, clock = self.fair.claim(share, now)
+        had = int(row.admitted)
+        v = verdict(row, division, claim, clock, counts[share.total])
+        shared, bounds = (had,), (v.bound,)
+        admitted = admits(plan, counts, shared, bounds)
+        if admitted or demand_seen(plan, counts, shared, bounds)[0]:
+            record(row, share.hits, now)
+            if v.light and not division.cold:  # cold, everybody is new: nothing light
+                self.fair.light(share, row, clock)
+        charge_counters(counters, plan, admitted, now)
+        if admitted or share.force:
+            charge(row, share.hits)
+        enter(division, row, v.kind, clock)
         if admitted and plan.reserve:
             self._keep(plan, now)
         return Outcome(admitted, counts, shared, bounds)
