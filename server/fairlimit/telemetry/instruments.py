@@ -81,6 +81,7 @@ class Telemetry:
         self._buckets = BucketWatch()
         self._table = CapTable()
         self._top = TopClients(top_clients)  # client values stay here: never an attribute
+        self._watching_top = False  # _top.watching, as of the last ``use`` (read per call)
 
     @classmethod
     def off(cls) -> "Telemetry":
@@ -91,6 +92,7 @@ class Telemetry:
         """The configuration in force from now on."""
         self._buckets.use(loaded)
         self._top.use(loaded)
+        self._watching_top = self._top.watching
         self._rules.forget_rules()
 
     def decided(
@@ -102,7 +104,7 @@ class Telemetry:
         try:
             self._rules.count(request, statuses, self.near_limit_ratio)
             self._buckets.observe(request, statuses, now)
-            if self._top.watching:
+            if self._watching_top:
                 self._top.observe(request, statuses, now)
             if self.upstream is not None and plan is not None:
                 count_upstream(self.upstream, request, statuses, plan)

@@ -81,7 +81,7 @@ class RuleCounters:
                 value = "/".join(f"{k}={v}" for k, v in descriptor.entries)
                 key: Key = (("domain", domain), ("rule", rule.path), ("value", value))
             else:
-                key = self._key(domain, rule.path)
+                key = self._keys.get((domain, rule.path)) or self._key(domain, rule.path)
             tallies["hits"].add(hits, key)
             if status.code is Code.OVER_LIMIT or status.shadowed:
                 tallies["over_limit"].add(hits, key)
