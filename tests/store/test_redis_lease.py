@@ -983,16 +983,16 @@ class TestRefusedHitsCharged:
     async def test_three_shapes_charging_one_counter_count_no_block_twice(
         self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
     ) -> None:
-        """Envoy Gateway's merge test's calls, on an injected clock: the Gateway policy's
-        rule counted by every request, alone (no x-user-id) or beside a client's rule. The
-        path's requests take a block; client one, known over, is refused here (its hit
-        owed); client two goes to Redis. With and without leases the same answers, each
-        status's remaining included, and the same counts. Without leases the block went
-        stale at one's refusal but was not given back before two's script call (it looked
-        for the blocks of the level's last charger only, one's), so two's count held the
-        block's unused hits: 4 extra, as the merge test saw (11 left for 15); and one's
-        refusal, told from what was known of the path's counter, missed the hit the block
-        had just admitted (the header said 15 left where 14 were)."""
+        """Three plans charging one counter, on an injected clock, as a rule every request
+        counts beside clients' rules (Envoy Gateway's merge test has two such plans at its
+        Gateway policy): the counter's own requests take a block; client one, known over,
+        is refused here (its hit owed); client two goes to Redis. With and without leases
+        the same answers, each status's remaining included, and the same counts. The block
+        went stale at one's refusal but was not given back before two's script call (only
+        the block of the counter's last charger here, one's, was looked for), so two's
+        count held the block's unused hits (3 fewer left than there were); and one's
+        refusal, told from what was known of the counter, missed the hit the block had
+        just admitted (one more left than there was)."""
         path = tmp_path / "merge.yaml"
         path.write_text(MERGE)
         loaded = load([path], charge_over_limit=True)
