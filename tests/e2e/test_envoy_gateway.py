@@ -17,6 +17,8 @@ import os
 import re
 import shutil
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +142,7 @@ class Gateway:
     configs: list[Any]
     first_request: Any  # the first DiscoveryRequest
     health_before_config: int  # /healthcheck before any config was pushed
+    redis: RedisProcess
 
     def get(self, path: str, headers: dict[str, str] | None = None, *, merge: bool = False,
             source: str | None = None) -> tuple[int, dict[str, str]]:  # fmt: skip
@@ -187,7 +190,8 @@ def gateway(
             management.push("1", *configs)
             management.acked("1")
             with envoy_on(_bootstrap(certs), rls.grpc_port, tmp, [MERGE_LISTENER]) as proxy:
-                yield Gateway(management, rls, proxy, metrics_port, configs, first, health)
+                yield Gateway(management, rls, proxy, metrics_port, configs, first, health,
+                              redis)  # fmt: skip
     finally:
         management.stop()
         redis.stop()
@@ -409,6 +413,41 @@ class TestPolicyDeleted:
         assert not ack.HasField("error_detail") and ack.response_nonce == "n4"
         assert codes == [200] * 4 and health == 200
         assert (counted, failed) == (2, 0)
+
+
+# A script that keeps Redis busy for ARGV[1] microseconds: no other call is served meanwhile.
+BUSY = ("local s = redis.call('TIME') repeat local n = redis.call('TIME') until"
+        " (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > tonumber(ARGV[1]) return 1")  # fmt: skip
+
+
+class TestStalledRedis:
+    def test_a_request_redis_answers_late_is_never_counted_twice(
+        self, gateway: Gateway
+    ) -> None:
+        """Redis busy for 0.35 s (a slow script; a loaded machine does the same) while
+        Envoy's call for a request waits: past the client's socket timeout (0.25 s) the
+        call is given up (the failure mode answers) or answered, and counted at most once.
+        The client sent it again on that timeout, so the admission script ran twice: the
+        request was charged twice (Envoy Gateway's tests under load saw extra hits: a cost
+        of 10 counted as 20, the next request refused)."""
+        counts = []
+        for source in ("127.0.0.30", "127.0.0.31", "127.0.0.32"):  # /cidr: 3 a month each
+
+            def stall() -> None:
+                with gateway.redis.client() as client:
+                    client.eval(BUSY, 0, 350_000)
+
+            holder = threading.Thread(target=stall)
+            holder.start()
+            time.sleep(0.05)  # the script is running
+            code, _ = gateway.get("/cidr", source=source)
+            holder.join()
+            time.sleep(0.3)  # a call sent before it gave up runs in Redis after the script
+            with gateway.redis.client() as client:
+                keys = list(client.scan_iter(f"*remote_address={source}}}c:*"))
+                counts.append((code, sum(int(client.hget(k, "n") or 0) for k in keys)))
+        assert [code for code, _ in counts] == [200] * 3
+        assert max(n for _, n in counts) <= 1, counts
 
 
 class TestGuide:

@@ -918,6 +918,43 @@ class TestConnections:
             server.stop()
 
 
+    async def test_a_script_answered_late_is_not_sent_again(
+        self, redis_server: RedisProcess
+    ) -> None:
+        """Redis busy for 0.35 s (another client's script) answers a script call after the
+        client's socket timeout (0.25 s): the call fails or gets its one answer, and the
+        script runs once. The client retried on that timeout, sending the script again on a
+        new connection, so Redis ran it twice: under load, Envoy Gateway's tests saw a
+        request charged twice (a response's cost of 10 counted as 20, the next check
+        refused)."""
+        busy = (
+            "local s = redis.call('TIME') repeat local n = redis.call('TIME') until"
+            " (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > tonumber(ARGV[1]) return 1"
+        )
+        with redis_server.client() as client:
+            client.flushall()
+        store = open_store(f"{redis_server.url}/?timeout=0.05")
+        assert isinstance(store, RedisStore)
+        late = store._client  # the client store calls go through, as open_store makes it
+        await late.ping()  # connected: the script call is the one thing on its way
+
+        def hold() -> None:
+            with redis_server.client() as client:
+                client.eval(busy, 0, 350_000)
+
+        holder = asyncio.get_running_loop().run_in_executor(None, hold)
+        await asyncio.sleep(0.05)  # the busy script is running
+        try:
+            await late.eval("return redis.call('INCR', KEYS[1])", 1, "charged")
+        except redis.exceptions.TimeoutError:
+            pass  # given up: the caller's answer is the failure mode's, the script ran once
+        finally:
+            await holder
+            await store.close()
+        with redis_server.client() as client:
+            assert client.get("charged") == "1"
+
+
 class TestPublishedFigures:
     """Redis-only: with one process there is nobody else to publish λ for."""
 

@@ -781,6 +781,16 @@ descriptors:
 """
 
 
+MERGE = """
+domain: up
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 3}
+  - key: every
+    rate_limit: {unit: day, requests_per_unit: 40}
+"""
+
+
 def _upstream_request(client: str = "x") -> object:
     return req("up", desc(f"client_id={client}"), desc("path=/a"))
 
@@ -969,6 +979,55 @@ class TestRefusedHitsCharged:
                 await limiter.store.close()
             answers[leases] = seen
         assert answers["on"] == answers["off"]
+
+    async def test_three_shapes_charging_one_counter_count_no_block_twice(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """Three plans charging one counter, on an injected clock, as a rule every request
+        counts beside clients' rules (Envoy Gateway's merge test has two such plans at its
+        Gateway policy): the counter's own requests take a block; client one, known over,
+        is refused here (its hit owed); client two goes to Redis. With and without leases
+        the same answers, each status's remaining included, and the same counts. The block
+        went stale at one's refusal but was not given back before two's script call (only
+        the block of the counter's last charger here, one's, was looked for), so two's
+        count held the block's unused hits (3 fewer left than there were); and one's
+        refusal, told from what was known of the counter, missed the hit the block had
+        just admitted (one more left than there was)."""
+        path = tmp_path / "merge.yaml"
+        path.write_text(MERGE)
+        loaded = load([path], charge_over_limit=True)
+        one, two = (req("up", desc(f"user={u}"), desc("every=x")) for u in ("one", "two"))
+        alone = req("up", desc("every=x"))
+        # (request, seconds to the next): one reaches its limit at Redis, the path's
+        # requests past RECENT of that take a block, then one (refused here) and two
+        steps = [(one, 0.001)] * 4 + [(alone, 0.3), (alone, 0.01), (alone, 0.001),
+                                      (alone, 0.001), (one, 0.001), (two, 0.001),
+                                      (alone, 0.3), (two, 0.001), (alone, 0.001)]  # fmt: skip
+        answers: dict[str, list[object]] = {}
+        counts: dict[str, tuple[int, ...]] = {}
+        for leases in ("off", "on"):
+            clock = FakeClock((T0 // 86400 + 1) * 86400 + 1)
+            prefix = f"merge-{leases}:"
+            limiter = Limiter(loaded, await lease_store_factory(leases=leases, key_prefix=prefix),  # type: ignore[arg-type]
+                              clock)  # fmt: skip
+            seen = []
+            try:
+                for request, gap in steps:
+                    decision = await limiter.should_rate_limit(request)  # type: ignore[arg-type]
+                    statuses = tuple((s.code, s.limit_remaining) for s in decision.statuses)
+                    seen.append((decision.code, statuses))
+                    clock.advance(gap)
+            finally:
+                await limiter.store.close()
+            answers[leases] = seen
+            plan = make_plan(one, limiter._active.matcher)  # type: ignore[arg-type]
+            (g,) = slot_groups(plan, prefix, False)
+            with redis_server.client() as client:
+                counts[leases] = tuple(int(client.hget(k, "n") or 0) for k in g.counter_keys)
+        assert [code for code, _ in answers["off"]] == [Code.OK] * 3 + [Code.OVER_LIMIT] + [
+            Code.OK] * 4 + [Code.OVER_LIMIT] + [Code.OK] * 4  # fmt: skip
+        assert answers["on"] == answers["off"]
+        assert counts["on"] == counts["off"] == (5, 13)
 
     async def test_replicas_never_admit_past_a_limit(
         self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess

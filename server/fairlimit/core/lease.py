@@ -188,6 +188,9 @@ class Leases:
         self.writer: dict[str, tuple[str, ...]] = {}
         self.version: dict[str, int] = {}
         self.changed: dict[str, float] = {}  # when its writer last changed
+        # per level: the shapes whose block holds it (a block is looked up by its shape, so
+        # a shape listed here whose block has gone holds nothing; pruned at ``expired``)
+        self.holders: dict[str, set[tuple[str, ...]]] = {}
 
     def note(self, plan: Plan, key: tuple[str, ...], base: float) -> None:
         """``plan`` (of shape ``key``) charged its levels here at ``base``, from a block or
@@ -212,13 +215,20 @@ class Leases:
 
     def others(self, plan: Plan, key: tuple[str, ...]) -> list[Block]:
         """The blocks of other shapes that hold a level of ``plan``, forgotten (to give
-        back before its script call, which must not count their unused hits as used)."""
+        back before its script call, which must not count their unused hits as used).
+        Each of them, not only the block of the level's last writer here: a third shape
+        that charged the level since (a refusal the over-limit cache answered) hid the
+        holder's block, whose unused hits the call then counted (issue 41)."""
         out = []
         for level in levels(plan):
-            writer = self.writer.get(level, key)
-            block = self.blocks.pop(writer, None) if writer != key else None
-            if block is not None and block.room > 0:
-                out.append(block)
+            shapes = self.holders.get(level)
+            if not shapes:
+                continue
+            for other in [s for s in shapes if s != key]:
+                shapes.discard(other)
+                block = self.blocks.pop(other, None)
+                if block is not None and block.room > 0:
+                    out.append(block)
         return out
 
     def stale(self, key: tuple[str, ...]) -> Block | None:
@@ -316,6 +326,8 @@ class Leases:
         self.note(plan, key, base)
         named = tuple(levels(plan))
         marks = tuple(self.version.get(level, 0) for level in named)
+        for level in named:
+            self.holders.setdefault(level, set()).add(key)
         self.blocks[key] = Block(ref, until, granted, counts, shared, outcome.bounds, base,
                                  now - base, levels=named, marks=marks)  # fmt: skip
         if old is not None and old.room > 0:
@@ -335,7 +347,11 @@ class Leases:
         for k in [k for k, t in self.seen.items() if base - t > RECENT]:
             del self.seen[k]
         # what is known of levels no block holds and no shape took over within RECENT
-        held = {level for block in self.blocks.values() for level in block.levels}
+        self.holders = {}
+        for k, block in self.blocks.items():
+            for level in block.levels:
+                self.holders.setdefault(level, set()).add(k)
+        held = self.holders.keys()
         for level in [lv for lv in self.writer if lv not in held
                       and not base - self.changed.get(lv, -math.inf) < RECENT]:  # fmt: skip
             del self.writer[level]
@@ -352,4 +368,5 @@ class Leases:
         self.writer.clear()
         self.version.clear()
         self.changed.clear()
+        self.holders.clear()
         return out

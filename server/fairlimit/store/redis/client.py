@@ -15,6 +15,7 @@ from redis.asyncio.connection import BlockingConnectionPool, Connection, SSLConn
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as Disconnected
 from redis.exceptions import RedisClusterException, RedisError
 
 from fairlimit.errors import StoreUnavailable, UnsupportedBackend
@@ -199,8 +200,10 @@ def client_for(u: RedisUrl) -> "aioredis.Redis | RedisCluster":
         limit = u.options.max_connections
         return RedisCluster(startup_nodes=nodes, max_connections=limit, **_common(u), **tls_kwargs)
     # One immediate retry: a pooled connection that died with the server is replaced at
-    # once; a server that is really down still fails within the timeout.
-    common = {**_common(u), "retry": Retry(NoBackoff(), 1)}
+    # once; a server that is really down still fails within the timeout. Not on a timeout:
+    # the call was sent and Redis may run it yet (a script answered late, on a loaded
+    # machine), so a retry would run an admission script twice and charge it twice.
+    common = {**_common(u), "retry": Retry(NoBackoff(), 1, supported_errors=(Disconnected,))}
     if u.scheme == "redis+sentinel":
         return _sentinel_client(u, common, tls_kwargs)
     if len(u.hosts) > 1:

@@ -85,6 +85,7 @@ class Leasing:
             shape = lease.shape(plan)  # a block first: the over-limit cache may predate it
             local = await self._from_block(plan, shape, now, base)
             if local is not None:
+                self._known.admitted(plan)
                 return local, shape, base
             base = self.base(now)
         await self._sweep(base)

@@ -103,6 +103,15 @@ class OverLimitCache:
                 until, count, bound, over = entry
                 self._entries[("c", c.key)] = (until, count + c.hits, bound, over)
 
+    def admitted(self, plan: Plan) -> None:
+        """Count the hits of ``plan``, admitted here from a lease block, in what is known of
+        its counters: a refusal told from them later shows what is left after them."""
+        for c in plan.counters:
+            entry = self._entries.get(("c", c.key))
+            if entry is not None:
+                until, count, bound, over = entry
+                self._entries[("c", c.key)] = (until, count + c.hits, bound, over)
+
     def learn(self, plan: Plan, outcome: Outcome, seen: Lifetimes, base: float) -> None:
         """Remember the counters after ``outcome``; ``base`` maps store time to cache time."""
         charged = outcome.admitted
