@@ -1,6 +1,6 @@
-"""The memory store's path for a plan with one share (``MemoryStore._admit_one`` and
+"""The memory store's path for a plan with one share (store/capped.py's ``admit_one`` and
 ``MemoryCaps.claim``, the common case of each step inlined) decides exactly as its general
-path for plans with shares (``_admit_many``, ``MemoryCaps.claims``): the same outcomes, the
+path for plans with shares (``admit_many``, ``MemoryCaps.claims``): the same outcomes, the
 same rows, the same division, over random call sequences on an injected clock."""
 
 from dataclasses import dataclass
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan, plan
 from fairlimit.core.sharing import DIVISION_FIELDS, ROW_FIELDS
+from fairlimit.store.capped import admit_many
 from fairlimit.store.memory import MemoryStore
 from fairness_cases import flat_config
 from helpers import FakeClock, desc, load_text, req
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.unit
 class GeneralStore(MemoryStore):
     """The memory store with every plan with shares on the general path."""
 
-    _admit_one = MemoryStore._admit_many
+    one_share = staticmethod(admit_many)
 
 
 @dataclass(frozen=True)

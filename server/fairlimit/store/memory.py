@@ -10,7 +10,7 @@ the memory it frees is handed back (store/sweep.py).
 
 from collections.abc import Callable, Mapping, Sequence
 
-from fairlimit.core.admission import Outcome, above, admits, demand_seen
+from fairlimit.core.admission import Outcome, admits
 from fairlimit.core.concurrency import Claim, SlotOutcome
 from fairlimit.core.fairshare import CapReport
 from fairlimit.core.plan import Plan
@@ -23,9 +23,9 @@ from fairlimit.core.reserve import (
     record_key,
     settlement,
 )
-from fairlimit.core.sharing import Verdict, charge, enter, record, verdict
 from fairlimit.core.units import window_start
 from fairlimit.errors import ReservationOpen
+from fairlimit.store.capped import admit_many, admit_one
 from fairlimit.store.caps import MemoryCaps
 from fairlimit.store.counters import MemoryCounter, MemoryCounters, MemoryMeter
 from fairlimit.store.counters import charge as charge_counters
@@ -33,8 +33,6 @@ from fairlimit.store.deadlines import Due
 from fairlimit.store.reservations import MemoryReservations
 from fairlimit.store.slots import MemorySlots
 from fairlimit.store.sweep import EXPIRE_STEP, Sweep, fix_mmap_threshold
-
-_OUTERMOST = (-1,)  # above() of a plan with one share
 
 
 class MemoryStore:
@@ -44,6 +42,9 @@ class MemoryStore:
     (0 without one): the local store of ``--failure-mode local`` starts each counter at what
     the shared store last showed of it (policy/local.py).
     """
+
+    # a plan with one share (most under a cap): admit_many's steps without its lists
+    one_share = staticmethod(admit_one)
 
     def __init__(self, seed: Callable[[str, int], int] | None = None) -> None:
         self._due = due = Due()  # the earliest a table has something due: one look a call
@@ -152,76 +153,12 @@ class MemoryStore:
             charge_counters(counters, plan, admitted, now)
             return Outcome(admitted, counts, (), ())
         if len(plan.shares) == 1:
-            return self._admit_one(plan, now, counters, counts)
-        return self._admit_many(plan, now, counters, counts)
-
-    def _admit_many(
-        self,
-        plan: Plan,
-        now: float,
-        counters: Sequence[MemoryCounter | MemoryMeter],
-        counts: tuple[int, ...],
-    ) -> Outcome:
-        """A plan with shares: each cap's verdict, nested caps after their parents."""
-        states = self.fair.claims(plan, now)
-        shared = tuple([int(row.admitted) for _, _, row, _ in states])
-        verdicts: list[Verdict] = []
-        # one cap: it is outermost (above() says so too, at the cost of two lists)
-        parents: Sequence[int] = above(plan) if len(plan.shares) > 1 else _OUTERMOST
-        for i, (division, claim, row, clock) in enumerate(states):
-            s, parent = plan.shares[i], parents[i]
-            claim.nested = i in parents  # a cap over clients of its own: it paces them
-            if 0 <= parent < i:  # a nested cap divides what its parent gives it
-                claim.capacity = min(claim.capacity, verdicts[parent].share)
-            verdicts.append(verdict(row, division, claim, clock, counts[s.total]))
-        bounds = tuple([v.bound for v in verdicts])
-        admitted = admits(plan, counts, shared, bounds)
-        # Admitted, every level admitted: every cap sees the request as demand.
-        seen = [True] * len(states) if admitted else demand_seen(plan, counts, shared, bounds)
-        for (division, _, row, clock), share, demand, v in zip(
-            states, plan.shares, seen, verdicts, strict=True
-        ):
-            if demand:
-                record(row, share.hits, now)
-                if v.light and not division.cold:  # cold, everybody is new: nothing light
-                    self.fair.light(share, row, clock)
-        # Refused, only the levels of charge_when_over_limit rules are charged (usage that
-        # already happened); admitted, every level is.
-        charge_counters(counters, plan, admitted, now)
-        for (division, _, row, clock), share, v in zip(states, plan.shares, verdicts, strict=True):
-            if admitted or share.force:
-                charge(row, share.hits)
-            enter(division, row, v.kind, clock)
-        if admitted and plan.reserve:
+            outcome = self.one_share(self.fair, plan, now, counters, counts)
+        else:
+            outcome = admit_many(self.fair, plan, now, counters, counts)
+        if outcome.admitted and plan.reserve:
             self._keep(plan, now)
-        return Outcome(admitted, counts, shared, bounds)
-
-    def _admit_one(
-        self,
-        plan: Plan,
-        now: float,
-        counters: Sequence[MemoryCounter | MemoryMeter],
-        counts: tuple[int, ...],
-    ) -> Outcome:
-        """``_admit_shared`` of a plan with one share (most plans with a cap): the same
-        steps in the same order, without the lists (its one cap is outermost)."""
-        share = plan.shares[0]
-        division, claim, row, clock = self.fair.claim(share, now)
-        had = int(row.admitted)
-        v = verdict(row, division, claim, clock, counts[share.total])
-        shared, bounds = (had,), (v.bound,)
-        admitted = admits(plan, counts, shared, bounds)
-        if admitted or demand_seen(plan, counts, shared, bounds)[0]:
-            record(row, share.hits, now)
-            if v.light and not division.cold:  # cold, everybody is new: nothing light
-                self.fair.light(share, row, clock)
-        charge_counters(counters, plan, admitted, now)
-        if admitted or share.force:
-            charge(row, share.hits)
-        enter(division, row, v.kind, clock)
-        if admitted and plan.reserve:
-            self._keep(plan, now)
-        return Outcome(admitted, counts, shared, bounds)
+        return outcome
 
     def _refuse_open(self, plan: Plan, now: float) -> None:
         """Raise ReservationOpen when a reservation's id still holds an open one: two
