@@ -145,6 +145,32 @@ class TestReserveThenSettle:
         check = await limiter.should_rate_limit(req("llm", desc("hourly=llm", hits=0)))
         assert check.statuses[0].limit_remaining == 60
 
+    @pytest.mark.parametrize("algorithm", ["sliding", "gcra", "calendar"])
+    async def test_a_reservation_beside_a_shaped_limit_comes_back(
+        self, make_limiter: LimiterFactory, clock: FakeClock, algorithm: str
+    ) -> None:
+        """A request that reserves at one descriptor and counts a sliding, GCRA or
+        calendar limit at another: the reservation is kept, so its settlement gives back
+        the unused part (the memory store kept none beside such a limit: 60 stayed
+        charged for 10 used)."""
+        clock.t = MINUTE
+        shape = {
+            "sliding": "unit: minute, requests_per_unit: 1000, algorithm: sliding",
+            "gcra": "unit: minute, requests_per_unit: 6000, algorithm: gcra, burst: 100",
+            "calendar": "unit: day, calendar: UTC, requests_per_unit: 1000",
+        }[algorithm]
+        limiter = make_limiter(
+            TOKENS + f"  - key: route\n    rate_limit: {{{shape}}}\n"
+        )  # fmt: skip
+        first = await limiter.should_rate_limit(
+            req("llm", desc("plain=llm", "request_id=r1", hits=60), desc("route=x", hits=1))
+        )
+        assert first.code is Code.OK
+        clock.advance(1)
+        await limiter.should_rate_limit(req("llm", desc("plain=llm", "request_done=r1", hits=10)))
+        check = await limiter.should_rate_limit(req("llm", desc("plain=llm", hits=0)))
+        assert check.statuses[0].limit_remaining == 90
+
 
 class TestOneRequestIdOneReservation:
     async def test_a_second_reservation_by_an_open_id_is_refused(self, limiter: Limiter) -> None:

@@ -151,11 +151,12 @@ class MemoryStore:
         if not plan.shares:
             admitted = admits(plan, counts, (), ())
             charge_counters(counters, plan, admitted, now)
-            return Outcome(admitted, counts, (), ())
-        if len(plan.shares) == 1:
+            outcome = Outcome(admitted, counts, (), ())
+        elif len(plan.shares) == 1:
             outcome = self.one_share(self.fair, plan, now, counters, counts)
         else:
             outcome = admit_many(self.fair, plan, now, counters, counts)
+        # kept whatever the plan counts besides (a sliding, GCRA or calendar limit too)
         if outcome.admitted and plan.reserve:
             self._keep(plan, now)
         return outcome
