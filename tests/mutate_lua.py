@@ -114,6 +114,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "release_slot": _SLOTS,
     "demand": _DEMAND,
     "settle": _SETTLE,
+    "row_at": tuple(dict.fromkeys(_RATES + _SETTLE)),  # release.lua's and settle.lua's
     "prune": _PRUNE,
     "clock": tuple(dict.fromkeys(_SLOTS + _DEMAND + _RATES + _SETTLE + _PRUNE)),
 }

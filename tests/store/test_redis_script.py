@@ -305,10 +305,13 @@ class TestContract:
         assert used["ROW_FIELD"] | used["DIVISION_FIELD"]
 
     def test_the_registered_source_is_the_clock_the_contract_and_the_script(self) -> None:
-        for layout in LAYOUTS:
-            assert script.source(layout.script) == (
-                script.text("clock") + script.contract() + script.text(layout.script)
+        """The clock, the contract, what the script shares with others (SHARED), then it."""
+        for name in [layout.script for layout in LAYOUTS] + ["settle", "prune"]:
+            shared = "".join(script.text(s) for s in script.SHARED.get(name, ()))
+            assert script.source(name) == (
+                script.text("clock") + script.contract() + shared + script.text(name)
             )
+        assert script.SHARED[RELEASE.script] == script.SHARED["settle"] == ("row_at",)
 
 
 LUA = Path(script.__file__).parent / "lua"
@@ -353,7 +356,7 @@ class TestAdmitParts:
         assert any(line.startswith("-- ARGV") for line in opening), part
         assert any("Defines" in line for line in opening), part
 
-    @pytest.mark.parametrize("name", [ADMIT.script, RELEASE.script])
+    @pytest.mark.parametrize("name", [ADMIT.script, RELEASE.script, "settle"])
     def test_every_line_registered_is_located_in_the_file_it_was_written_in(
         self, name: str
     ) -> None:

@@ -132,18 +132,25 @@ def contract() -> str:
     return "\n".join(lines) + "\n"
 
 
+# What some scripts share, lua/<name>.lua, put after the contract and before the script.
+SHARED: dict[str, tuple[str, ...]] = {RELEASE.script: ("row_at",), "settle": ("row_at",)}
+
+
 def source(script: str) -> str:
     """What is registered for ``script``: the clock every script reads (clock.lua), the
-    contract generated from core/sharing.py, then it."""
-    return text("clock") + contract() + text(script)
+    contract generated from core/sharing.py, what it shares with others (SHARED), then it."""
+    shared = "".join(text(name) for name in SHARED.get(script, ()))
+    return text("clock") + contract() + shared + text(script)
 
 
 def locate(script: str, line: int) -> str:
     """Where line ``line`` of what is registered for ``script`` was written, as "<file>:<line>"
     (a Redis error names the line as ``user_script:<line>``): clock.lua, the contract
-    (generated: "contract:<line>"), or the script's file, for a script kept as parts the
-    part's (a blank line between two parts counts as the earlier part's last)."""
+    (generated: "contract:<line>"), a file it shares (SHARED), or the script's file, for a
+    script kept as parts the part's (a blank line between two parts counts as the earlier
+    part's last)."""
     pieces = [("clock.lua", text("clock")), ("contract", contract())]
+    pieces += [(f"{name}.lua", text(name)) for name in SHARED.get(script, ())]
     parts = PARTS.get(script)
     if parts is None:
         pieces.append((f"{script}.lua", text(script)))

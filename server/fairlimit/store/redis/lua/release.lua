@@ -11,7 +11,7 @@
 -- ARGV  per cap: period window
 -- ARGV  per share: cap_index client hits
 -- A client's row is the hash <rows>:<client>, or, written by an earlier version, the
--- fields <field>:<client> of rows (row_at).
+-- fields <field>:<client> of rows (row_at, lua/row_at.lua).
 -- KEYS are the counter keys, then each cap's keys; ARGV is the head, then for counters,
 -- caps and shares in turn: their number, then that many rows. Several such segments may
 -- follow one another (KEYS and ARGV each in turn): a sweep gives back many blocks, and
@@ -41,18 +41,6 @@ end
 local function add(key, field, by)
   local held = redis.call('HGET', key, field)
   if held then redis.call('HSET', key, field, fmt(tonumber(held) + by)) end
-end
-
--- Where a client's row at a cap is: its own hash (the rows key, ':' and the client: lua/
--- admit/rows.lua), else the fields <field>:<client> of the rows hash an earlier version
--- kept every row in. Returns the key, the suffix of its fields and the row's window and
--- period (nil when it has none).
-local function row_at(rows, client)
-  local key = rows .. ':' .. client
-  local v = redis.call('HMGET', key, ROW_FIELD.window, ROW_FIELD.period)
-  if v[1] then return key, '', v end
-  return rows, ':' .. client, redis.call('HMGET', rows, ROW_FIELD.window .. ':' .. client,
-    ROW_FIELD.period .. ':' .. client)
 end
 
 local now, demand  -- the segment's

@@ -12,7 +12,7 @@
 -- ARGV  per cap: period window
 -- ARGV  per share: cap_index client
 -- A client's row is the hash <rows>:<client>, or, written by an earlier version, the
--- fields <field>:<client> of rows (row_at).
+-- fields <field>:<client> of rows (row_at, lua/row_at.lua).
 -- KEYS are the counter keys, each cap's rows key, then the record; ARGV is the head, then
 -- for counters, caps and shares in turn: their number, then that many rows.
 --
@@ -90,18 +90,6 @@ a = a + 2 * #caps + 1
 local function add(key, field, by)
   local v = redis.call('HGET', key, field)
   if v then redis.call('HSET', key, field, fmt(math.max(0, tonumber(v) + by))) end
-end
-
--- Where a client's row at a cap is: its own hash (the rows key, ':' and the client: lua/
--- admit/rows.lua), else the fields <field>:<client> of the rows hash an earlier version
--- kept every row in. Returns the key, the suffix of its fields and the row's window and
--- period (nil when it has none).
-local function row_at(rows, client)
-  local key = rows .. ':' .. client
-  local v = redis.call('HMGET', key, ROW_FIELD.window, ROW_FIELD.period)
-  if v[1] then return key, '', v end
-  return rows, ':' .. client, redis.call('HMGET', rows, ROW_FIELD.window .. ':' .. client,
-    ROW_FIELD.period .. ':' .. client)
 end
 
 -- A client's hits at a cap, moved by hits: admitted where its row counts the window and
