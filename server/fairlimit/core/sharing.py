@@ -189,10 +189,16 @@ def _seen(row: Row, clock: Clock) -> tuple[float, float, float, float]:
     history = row.history
     if row.period < clock.period:
         history = _history(row, clock.period - row.period)[0]
+    return (*_in_window(row, clock), history)
+
+
+def _in_window(row: Row, clock: Clock) -> tuple[float, float, float]:
+    """(asked, previous, previous_last) of the row as ``fold`` would leave them at
+    ``clock``'s window (``_seen`` without the history, which ``want`` does not read)."""
     if row.window != clock.start:
         follows = row.window == clock.start - clock.window
-        return 0.0, row.asked if follows else -1.0, row.seen, history
-    return row.asked, row.previous, row.previous_last, history
+        return 0.0, row.asked if follows else -1.0, row.seen
+    return row.asked, row.previous, row.previous_last
 
 
 def predicted(row: Row, clock: Clock) -> float:
@@ -219,29 +225,8 @@ def _rate(asked: float, previous: float, previous_last: float, clock: Clock) -> 
 
 def want(row: Row, clock: Clock, extra: float = 0.0) -> tuple[float, float]:
     """(fixed, rate): the row's want is ``fixed + rate·left`` (its limit when that is less)."""
-    # ``_seen`` and ``_rate`` inlined, the same operations in the same order (so the same
-    # doubles), without the history ``_seen`` works out: every request asks this twice
-    start = clock.start
-    if row.window != start:
-        asked, last = 0.0, row.seen
-        previous = row.asked if row.window == start - clock.window else -1.0
-    else:
-        asked, previous, last = row.asked, row.previous, row.previous_last
-    if previous < 0:
-        gone = (clock.now - start) / clock.period_len
-        rate = asked / (gone if gone > 1.0 else 1.0)
-    else:
-        since = clock.now - clock.window
-        inside = 0.0
-        if last > since:
-            spread = last - (start - clock.window)
-            if spread > 0:
-                inside = (last - since) / spread
-                inside = inside if inside < 1.0 else 1.0
-            else:
-                inside = 1.0
-        rate = (asked + previous * inside) * clock.period_len / clock.window
-    fixed = asked + extra
+    asked, previous, previous_last = _in_window(row, clock)
+    fixed, rate = asked + extra, _rate(asked, previous, previous_last, clock)
     if fixed + rate * clock.left > row.limit:
         return row.limit, 0.0
     return fixed, rate
@@ -443,18 +428,11 @@ def leave(division: Division, row: Row, client: str, window: int, period_len: fl
 def enter(division: Division, row: Row, kind: int, clock: Clock) -> None:
     """Put the row back in the division as ``kind``, its request counted."""
     row.epoch = division.epoch
+    row.fixed, row.rate = want(row, clock) if kind == OPEN else (0.0, 0.0)
     row.kind = kind
-    if kind == OPEN:  # ``_count`` inlined (sign 1)
-        row.fixed, row.rate = fixed, rate = want(row, clock)
-        division.fixed += fixed
-        division.rate += rate
-        ratio = (fixed + rate * clock.left) / row.weight
-        top = division.top
-        division.top = ratio if ratio > top else top  # max(top, ratio), the same value
-        return
-    row.fixed = row.rate = 0.0
-    if kind == HELD:
-        division.held = max(0.0, division.held + row.weight)
+    _count(division, kind, row.weight, row.fixed, row.rate, 1.0)
+    if kind == OPEN:
+        division.top = max(division.top, (row.fixed + row.rate * clock.left) / row.weight)
 
 
 class ShareClaim:
@@ -525,16 +503,13 @@ def verdict(row: Row, division: Division, claim: ShareClaim, clock: Clock, total
     # the open clients' requests still to come, whole: a fraction of one is no request
     # (the last moments of a window must not keep a hit for a client gone quiet)
     coming = math.floor(division.rate * left + EPSILON)
-    room = claim.capacity - division.fixed - coming
-    room = room if room > 0.0 else 0.0  # max(0.0, room)
+    room = max(0.0, claim.capacity - division.fixed - coming)
     if wanted * (division.held + row.weight) <= room * row.weight + EPSILON:
         share = claim.limit  # nobody held: uncontended
         if division.held > 0:  # the level with this client open (its want is below it)
             share = min(share, (room - wanted) / division.held * row.weight)
-        cold = division.cold
-        if rate or fixed < claim.limit or cold or room - wanted >= 1:
-            # _cold() gives ``share`` back unless the cap is cold and not sized
-            bound = _cold(share, division, row, claim, clock, total) if cold else share
+        if rate or fixed < claim.limit or division.cold or room - wanted >= 1:
+            bound = _cold(share, division, row, claim, clock, total)
             return Verdict(bound, share, OPEN, fixed < claim.limit)
         # held by its own limit, which takes all the cap has left: paced as a held client,
         # so a newcomer still finds the cap open; and counted as one, so a newcomer's

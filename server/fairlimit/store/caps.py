@@ -11,9 +11,6 @@ from fairlimit.core.fairshare import CapReport, FairnessFigures, figures_of
 from fairlimit.core.plan import Plan, Share
 from fairlimit.core.sharing import (
     FORCES,
-    HELD,
-    NONE,
-    OPEN,
     STALE,
     Clock,
     Division,
@@ -219,8 +216,7 @@ class MemoryCaps:
         cap = self.table.get(share.cap)
         if cap is None:
             cap = self.cap(share, now)
-        window = share.window
-        period = float(window if window < 1 else 1)  # Share.period
+        window, period = share.window, share.period
         clock = Clock(window, period, now)
         division = cap.division
         if (
@@ -236,23 +232,9 @@ class MemoryCaps:
             row = cap.row(share, clock)
         else:  # fold() would leave it as it is
             row.limit, row.weight = share.client_limit, share.weight
-        claim = ShareClaim(  # _claim(share)
-            share.hits, share.client_limit, share.weight, share.capacity, share.declared,
-            share.sized,
-        )  # fmt: skip
-        if row.epoch == division.epoch:  # leave(): its live part out
-            kind = row.kind
-            if kind == OPEN:
-                division.fixed -= row.fixed
-                division.rate -= row.rate
-            elif kind == HELD:
-                division.held = max(0.0, division.held - row.weight)
-            row.kind = NONE
-        else:
-            leave(division, row, share.client, window, period)
-        if (division.held <= 0 and division.forced < FORCES - 1) and contended(
-            division, row, claim, clock
-        ):  # contended() is False at once otherwise
+        claim = _claim(share)
+        leave(division, row, share.client, window, period)
+        if contended(division, row, claim, clock):
             division = _remake(cap, division, share, row, clock)
         division.asks += max(share.hits, 1)
         light = cap.light
@@ -289,7 +271,6 @@ class MemoryCaps:
     def first(self) -> float:
         """The earliest instant a cap may be idle (infinity when none)."""
         return self._deadlines[0][0] if self._deadlines else math.inf
-
 
     def settle(
         self, plan: Plan, shares: Sequence[int], at: float, now: float, refund: int, debt: int
