@@ -201,11 +201,7 @@ def _level(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, charge: Charge, 
             if room <= remaining:  # the client's share holds it: named by the client's rule
                 remaining, limit = room, _effective_limit(leaf, charge, bound)
                 name = name if dplan.rule is None else dplan.rule.path
-    window = counter.window
-    if counter.shape is None:  # _reset's seconds_until_reset, inlined
-        reset = window - math.floor(now) % window
-    else:
-        reset = _reset(plan, outcome, charge.counter, now)
+    reset = _reset(plan, outcome, charge.counter, now)
     remaining = remaining if remaining > 0 else 0  # max(0, remaining)
     if counter.shadow:
         return _Level(False, over, remaining, reset, limit, name)
@@ -259,18 +255,16 @@ def _status(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, now: float) -> 
         if lv.shadow_over:
             shadowed = True
     pool = denying or levels
-    # the least left; of levels tied there, the tightest (a share below the own limit):
-    # min by (remaining, limit.per_second), the first of equals
-    chosen = pool[0]
-    for lv in pool:
-        if lv.remaining < chosen.remaining or (
-            lv.remaining == chosen.remaining and lv.limit.per_second < chosen.limit.per_second
-        ):
-            chosen = lv
+    # the least left; of levels tied there, the tightest (a share below the own limit)
+    chosen = min(pool, key=_least_left)
     # levels run out together wait for the last
     reset = max([lv.reset for lv in pool if lv.remaining == chosen.remaining])
     code = Code.OVER_LIMIT if denying else Code.OK
     return Status(code, chosen.limit, chosen.remaining, reset, dplan.rule, shadowed, chosen.name)
+
+
+def _least_left(level: _Level) -> tuple[int, float]:
+    return level.remaining, level.limit.per_second
 
 
 def statuses(plan: Plan, outcome: Outcome, now: float) -> tuple[Status, ...]:
