@@ -169,5 +169,5 @@ class TestTwoReplicasOnOneRedis:
         # 10 runs each: 1.00 in every run (90 to 120 of as many); without the reserve
         # (reserve() 0 in core/sharing.py and admit/verdict.lua) 0.46 to 0.52, 7 of a
         # second's 15 but where the batch job paused just before the pages; v3 (main at
-        # 2ac7625, before issue 40) 0.42 and 0.44. BOUND lies between, a quarter off each
+        # 2ac7625, before issue 40) 0.42 to 0.44 in 4 runs. BOUND lies between, a quarter off each
         assert got >= BOUND * of, (got, of, users)
