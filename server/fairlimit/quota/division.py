@@ -5,9 +5,9 @@ A division at 50,000 clients held on two Envoys took 1.3 s as a loop over Python
 of a ``Table`` (made once per bucket, when it is first seen), and a division is a few numpy
 passes over the holders' rows and demands: per bucket its demand and bound, per cap its
 water level (all caps at once: clients sorted by cap, then by want over weight, as
-``fairshare.water_level`` sorts them), per holder its rate, depth and token bucket. The
-result is a code per holder (``code_of``): what Python then touches is only the holders
-whose assignment changed, or that the reporting stream asked to renew.
+``fairshare.water_level`` sorts them) and slack, per holder its rate, depth and token
+bucket. The result is a code per holder (``code_of``): what Python then touches is only the
+holders whose assignment changed, or that the reporting stream asked to renew.
 
 ``core.quota.allocate`` is the reference: the RLQS tests compare the two on every division
 they make, and tests/quota/test_division.py on random holders.
