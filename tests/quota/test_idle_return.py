@@ -3,14 +3,15 @@ its bound at once where its cap has capacity nobody is granted (the *slack*, doc
 rule 3), so that it is served when it comes back, before its next report is divided; a
 contended cap is divided as before.
 
-The service on an injected clock (the simulated Envoy of test_quota_service), then
-properties of the division (``core.quota.allocate``, which tests/quota/test_division.py
-holds equal to the division in arrays) against the exact max-min level of
+The service on an injected clock (the simulated Envoy of test_quota_service), then the
+division itself (``core.quota.allocate``, each result checked against the division in arrays,
+quota/division.py): chosen cases, and properties against the exact max-min level of
 tests/support/maxmin.py."""
 
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -28,9 +29,11 @@ from fairlimit.core.quota import (
     Target,
     TokenBucket,
     allocate,
+    strategy_of,
     token_bucket,
 )
 from fairlimit.quota import Assign, QuotaService
+from fairlimit.quota.division import Table, divide
 from fairlimit.store.memory import MemoryStore
 from helpers import FakeClock, load_text
 from maxmin import level as exact_level
@@ -142,6 +145,23 @@ def holder(stream: int, client: str, demand: float | None, caps: tuple[CapClaim,
                   INTERVAL)  # fmt: skip
 
 
+def allocate_both(hs: list[Holder]) -> Allocation:
+    """``allocate``'s result, once the division in arrays has given every holder the same
+    strategy and part of the headroom (quota/division.py)."""
+    out = allocate(hs)
+    table = Table()
+    rows = np.array([table.row(h.bucket, h.target) for h in hs], dtype=np.intp)
+    got = divide(table, rows, np.array([np.nan if h.demand is None else h.demand for h in hs]),
+                 np.array([h.interval for h in hs]))  # fmt: skip
+    assert [strategy_of(c) for c in got.codes.tolist()] == [
+        out.strategies[(h.stream, h.bucket)] for h in hs
+    ]
+    assert got.extra.tolist() == pytest.approx(
+        [out.extra.get((h.stream, h.bucket), math.nan) for h in hs], nan_ok=True
+    )
+    return out
+
+
 def rate(out: Allocation, stream: int, client: str) -> float:
     found = out.strategies[(stream, bucket_key({"client_id": client}))]
     assert isinstance(found, TokenBucket), found
@@ -155,16 +175,25 @@ class TestSlackSharing:
         its bound, 50/s; each Envoy keeps its rule 3 rate (26/s and 1/s) and the 23/s left
         are split evenly (+11.5/s each), whichever Envoy its requests come back on."""
         caps = (CapClaim(CAP, "a", CAPACITY, LIMIT, 1.0),)
-        out = allocate([holder(1, "a", 20, caps), holder(2, "a", 0, caps)])
+        out = allocate_both([holder(1, "a", 20, caps), holder(2, "a", 0, caps)])
         assert (rate(out, 1, "a"), rate(out, 2, "a")) == (37.5, 12.5)
         assert out.headroom[CAP] == pytest.approx(50 - 20)
 
     def test_weights_split_the_slack(self) -> None:
         """Two idle clients of weights 3 and 1 under 100/s, limits 60/s: 75/s and 25/s of
         slack, the heavier held to its 60/s."""
-        out = allocate([holder(1, c, 0, (CapClaim(CAP, c, CAPACITY, 60, w),)) for c, w in
+        out = allocate_both([holder(1, c, 0, (CapClaim(CAP, c, CAPACITY, 60, w),)) for c, w in
                         (("heavy", 3.0), ("light", 1.0))])  # fmt: skip
         assert (rate(out, 1, "heavy"), rate(out, 1, "light")) == (60.0, 25.0)
+
+    def test_a_clients_part_is_split_evenly_among_its_buckets(self) -> None:
+        """One client, two idle buckets of their own limit 80/s under a 100/s cap: its part
+        (all the slack) is halved, 50/s each, not 80/s each (160/s under a 100/s cap)."""
+        caps = (CapClaim(CAP, "a", CAPACITY, math.inf, 1.0),)
+        hs = [Holder(1, bucket_key({"client_id": "a", "path": p}), Target(None, 80.0, caps), 0.0,
+                     INTERVAL) for p in ("x", "y")]  # fmt: skip
+        out = allocate_both(hs)
+        assert [out.strategies[(1, h.bucket)] for h in hs] == [TokenBucket(50, 500, 10)] * 2
 
     def test_a_bucket_under_two_caps_takes_the_least_of_its_parts(self) -> None:
         """x under caps a (100/s, alone there) and b (40/s, shared with idle y): its part at
@@ -172,7 +201,7 @@ class TestSlackSharing:
         a, b = "edge/a#1", "edge/b#1"
         x = holder(1, "x", 0, (CapClaim(a, "x", 100, math.inf, 1), CapClaim(b, "x", 40, 50, 1)))
         y = holder(1, "y", 0, (CapClaim(b, "y", 40, 50, 1),))
-        out = allocate([x, y])
+        out = allocate_both([x, y])
         assert (rate(out, 1, "x"), rate(out, 1, "y")) == (20.0, 20.0)
 
 
@@ -229,7 +258,7 @@ class TestSlackProperties:
     ) -> None:
         """A measured bucket whose rule 3 rates fit its bound: each Envoy at least its rule 3
         rate (in 0.1/s steps), the bucket at most its bound."""
-        out = allocate(hs)
+        out = allocate_both(hs)
         bounds = bounds_of(hs)
         for key, bound in bounds.items():
             mine = [h for h in hs if h.bucket == key]
@@ -252,7 +281,7 @@ class TestSlackProperties:
         assigns above demand (a bucket held at its bound by its headroom included), and to at
         most C + the headroom the division reports (the 0.1/s floor of a token bucket
         aside); a contended cap gives no slack away: its headroom is rule 3's."""
-        out = allocate(hs)
+        out = allocate_both(hs)
         bounds = bounds_of(hs)
         for cap in CAPS:
             under = [h for h in hs if any(c.cap == cap for c in h.target.caps)]
