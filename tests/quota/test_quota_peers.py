@@ -12,7 +12,7 @@ from test_quota_service import CONFIG, TWO_CAPS, Envoy
 
 from fairlimit.core.admission import Code
 from fairlimit.core.bucket import bucket_key
-from fairlimit.core.quota import TokenBucket
+from fairlimit.core.quota import SETTLE, TokenBucket
 from fairlimit.limiter import Limiter
 from fairlimit.quota import Assign, QuotaService, Usage, peers
 from fairlimit.store.base import Store
@@ -117,6 +117,14 @@ async def _run(services: Sequence[QuotaService], envoys: Sequence[Envoy], clock:
                 await service.drip()
 
 
+def _as_one(alone: dict[str, float]) -> object:
+    """``alone``'s rates as a comparison: the same, within a 0.1/s step and the 3% an
+    assignment in force is kept within (``settle``). Which rates are in force depends on the
+    path to them: a process divides its own Envoy's report before it trades it, and then sees
+    the cap's slack alone; the modest clients' 10.0/s kept on one path is 10.2/s on another."""
+    return pytest.approx(alone, rel=SETTLE, abs=0.1)
+
+
 def _rates(envoys: Sequence[Envoy]) -> dict[str, float]:
     """Each client's assigned rate summed over the Envoys."""
     return {c: sum(e.rate(c) for e in envoys) for c in ["greedy", *MODEST]}
@@ -146,7 +154,7 @@ class TestOnMemory:
         shared = MemoryStore()
         _, envoys = await _two_processes(tmp_path, [shared, shared], FakeClock())
         alone = await _one_process(tmp_path)
-        assert _rates(envoys) == pytest.approx(alone, abs=0.1)
+        assert _rates(envoys) == _as_one(alone)
         assert alone["greedy"] == pytest.approx(40.8, abs=0.2)
 
     async def test_without_the_store_shared_each_process_gives_the_whole_share(
@@ -316,7 +324,7 @@ class TestOnRedis:
             for store in stores:
                 await store.close()
         alone = await _one_process(tmp_path)
-        assert _rates(envoys) == pytest.approx(alone, abs=0.1)
+        assert _rates(envoys) == _as_one(alone)
 
 
 WIDE = CONFIG.replace("requests_per_unit: 50}", "requests_per_unit: 80}")

@@ -446,11 +446,13 @@ class TestDivisionGap:
     async def test_a_known_bucket_reporting_within_the_gap_keeps_its_assignment(
         self, limiter: Limiter, clock: FakeClock
     ) -> None:
-        """alice measured at 10/s is assigned 10 plus headroom; a report within the gap
-        renews that assignment, not her bound."""
+        """alice measured at 10/s beside three greedy clients (the cap contended: her bound
+        is 30/s) is assigned 10 plus headroom; a report within the gap renews that
+        assignment, not her bound."""
         service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now, divide_gap=0.2)
         envoy = Envoy(service)
-        await steady(clock, [(envoy, [("alice", 50, 0)])])
+        greedy = [(name, 0, 500) for name in ("bob", "carol", "dave")]
+        await steady(clock, [(envoy, [("alice", 50, 0), *greedy])])
         assigned = envoy.rate("alice")
         assert assigned == pytest.approx(10 * (1 + HEADROOM) + HEADROOM_FLOOR, abs=0.1)
         divisions = service.divisions

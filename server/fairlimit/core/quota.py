@@ -16,16 +16,29 @@ requests count: a throttled client's demand stays visible). Per bucket, ``D = su
 3. A bucket below its bound gets, per Envoy, its demand plus headroom,
    ``a_e = d_e·(1 + HEADROOM) + HEADROOM_FLOOR``, so that it can grow (and its arrivals
    jitter) without waiting for a report; if that would pass the bound it is treated as
-   bottlenecked. Its bucket holds half a reporting interval of its rate, at most 1 s.
+   bottlenecked. Where its caps have *slack*, capacity the grants leave over
+   (``S = C - Σ g``, 0 at a contended cap), it gets more: each cap's slack is split by
+   weight among its clients with a bucket below its bound (a client's part evenly among
+   those buckets), a bucket takes the least of its parts over its caps (the whole of its
+   own limit under none), and its total is ``max(Σ_e a_e, D + part)``, at most its bound;
+   what that adds to rule 3 is split evenly among its Envoys. So a client back from an idle
+   spell (``d = 0``, ``a_e`` about 1/s) is served up to its bound at once where nobody else
+   wants the capacity, not refused until its next report is divided. Its bucket holds half
+   a reporting interval of its rate, at most 1 s (as a newcomer's, step 4).
 4. A bucket whose demand is not measured yet (its first report) is taken to want its bound,
    split equally among its Envoys: a newcomer is never starved while it is being measured.
 
-So the assigned rates of a cap's buckets sum to at most ``C + H``, ``H`` the headroom of the
-buckets below their bound (0 when every client is at its share), and they use the headroom
-only by raising their demand, which the next report turns into a new λ.
+So the assigned rates of a cap's buckets sum to at most ``C + H``, ``H`` the headroom: what
+the measured buckets below their bound are assigned above their demand (0 when every client
+is at its share). The slack only raises ``H`` by capacity nobody is granted: the sum stays
+within ``C`` plus rule 3's headroom alone, and a bucket uses any of it only by raising its
+demand, which the next report turns into a new λ.
 
 What governs a bucket (its ``Target``: its own limit and the caps above it) comes from the
 plan of one request in it (``target_of``), as RLS would charge it.
+
+Past 400 lines: ``allocate`` is the reference that ``quota/division.py`` computes in arrays,
+step for step, and is kept in one text to be read beside it.
 """
 
 import enum
@@ -118,10 +131,19 @@ def _wants(holders: Sequence[Holder]) -> float:
     return min(sum(h.demand or 0.0 for h in holders), holders[0].target.limit)
 
 
-def _cap_bounds(
-    buckets: dict[BucketKey, list[Holder]],
-) -> Generator[None, None, tuple[dict[BucketKey, float], dict[str, float]]]:
-    """Each bucket's bound over its own limit and its caps; λ per cap (in steps)."""
+class _Caps(NamedTuple):
+    """What the water-filling leaves: each bucket's bound, and per cap its level, its slack
+    (the capacity granted to nobody) and its clients' buckets and weights."""
+
+    bounds: dict[BucketKey, float]
+    levels: dict[str, float]
+    slack: dict[str, float]
+    members: dict[str, dict[str, list[BucketKey]]]
+    weights: dict[str, list[float]]  # per cap, its clients' weights in ``members``' order
+
+
+def _cap_bounds(buckets: dict[BucketKey, list[Holder]]) -> Generator[None, None, _Caps]:
+    """Each bucket's bound over its own limit and its caps; λ and slack per cap (in steps)."""
     wants: dict[BucketKey, float] = {}
     bounds: dict[BucketKey, float] = {}
     clients: dict[str, dict[str, list[BucketKey]]] = {}
@@ -147,14 +169,18 @@ def _cap_bounds(
             else:
                 keys.append(key)
     levels: dict[str, float] = {}
+    slack: dict[str, float] = {}
+    weights: dict[str, list[float]] = {}
     for cap, members in clients.items():
         yield
         names = list(members)
         demand = [sum(wants[k] for k in members[c]) for c in names]
         spec = [claims[(cap, c)] for c in names]
-        level = water_level(demand, [s.client_limit for s in spec], [s.weight for s in spec],
+        weights[cap] = [s.weight for s in spec]
+        level = water_level(demand, [s.client_limit for s in spec], weights[cap],
                             spec[0].capacity)  # fmt: skip
         levels[cap] = level
+        slack[cap] = _slack(level, demand, spec)
         for name, total, claim in zip(names, demand, spec, strict=True):
             client_bound = min(claim.client_limit, level * claim.weight)
             keys = members[name]
@@ -168,7 +194,49 @@ def _cap_bounds(
             for key in keys:
                 part = 1.0 / len(keys) if even else wants[key] / total
                 bounds[key] = min(bounds[key], client_bound * part)
-    return bounds, levels
+    return _Caps(bounds, levels, slack, clients, weights)
+
+
+def _slack(level: float, demand: Sequence[float], spec: Sequence[CapClaim]) -> float:
+    """The capacity of a cap that its grants leave over: none when it is contended (the
+    water-filling grants all of it), else what the grants ``min(D, L)`` leave of it."""
+    if not math.isinf(level):
+        return 0.0
+    granted = sum([min(d, s.client_limit) for d, s in zip(demand, spec, strict=True)])
+    return max(0.0, spec[0].capacity - granted)
+
+
+def _loose(holders: Sequence[Holder]) -> float | None:
+    """A bucket's total at rule 3 (demand plus headroom per Envoy); None while unmeasured."""
+    if any(h.demand is None for h in holders):
+        return None
+    return sum([(h.demand or 0.0) * (1 + HEADROOM) + HEADROOM_FLOOR for h in holders])
+
+
+def _rooms(
+    buckets: dict[BucketKey, list[Holder]], caps: _Caps
+) -> Generator[None, None, dict[BucketKey, float]]:
+    """Each below-bound bucket's part of the slack (its *room*, in steps): at each cap, the
+    slack split by weight among the clients with a bucket below its bound, a client's part
+    evenly among those buckets; the least over its caps (inf under none: its own limit is
+    its only bound)."""
+    room: dict[BucketKey, float] = {}
+    for n, (key, hs) in enumerate(buckets.items(), 1):
+        if not n % STEP:
+            yield
+        bound = caps.bounds[key]
+        loose = _loose(hs)
+        if 0 < bound < math.inf and loose is not None and loose <= bound:
+            room[key] = math.inf
+    for cap, members in caps.members.items():
+        yield
+        below = [[k for k in keys if k in room] for keys in members.values()]
+        weight = sum([w for w, keys in zip(caps.weights[cap], below, strict=True) if keys])
+        slack = caps.slack[cap]
+        for w, keys in zip(caps.weights[cap], below, strict=True):
+            for key in keys:
+                room[key] = min(room[key], slack * w / weight / len(keys))
+    return room
 
 
 _BUCKETS: dict[tuple[int, int], TokenBucket] = {}  # made once per (depth, tokens per fill)
@@ -244,24 +312,31 @@ def depth_of(rate: float, bottlenecked: bool, interval: float | None) -> int:
     return max(2, math.ceil(rate * seconds - 1e-9))
 
 
-def _bucket_strategies(holders: Sequence[Holder], bound: float) -> dict[int, tuple[float, bool]]:
-    """(rate, bottlenecked) per stream of one bucket under its bound."""
+def _bucket_strategies(
+    holders: Sequence[Holder], bound: float, room: float
+) -> dict[int, tuple[float, bool]]:
+    """(rate, bottlenecked) per stream of one bucket under its bound, ``room`` its part of
+    its caps' slack (rule 3)."""
     if len(holders) == 1:  # the common case, the same arithmetic as below
         only = holders[0]
         if only.demand is None:
             return {only.stream: (bound, False)}
         alone = only.demand * (1 + HEADROOM) + HEADROOM_FLOOR
         if alone <= bound:
-            return {only.stream: (alone, False)}
+            total = min(bound, max(alone, only.demand + room))
+            return {only.stream: (alone + (total - alone), False)}
         if only.demand <= 0:
             return {only.stream: (bound, True)}
         return {only.stream: (bound * only.demand / only.demand, True)}
     if any(h.demand is None for h in holders):
         return {h.stream: (bound / len(holders), False) for h in holders}
     loose = {h.stream: (h.demand or 0.0) * (1 + HEADROOM) + HEADROOM_FLOOR for h in holders}
-    if sum(loose.values()) <= bound:
-        return {stream: (rate, False) for stream, rate in loose.items()}
-    total = sum(h.demand or 0.0 for h in holders)
+    total = sum([h.demand or 0.0 for h in holders])
+    at_rule_3 = sum(loose.values())
+    if at_rule_3 <= bound:
+        # the slack's extra over rule 3, split evenly: whichever Envoy the client comes back on
+        more = (min(bound, max(at_rule_3, total + room)) - at_rule_3) / len(holders)
+        return {stream: (rate + more, False) for stream, rate in loose.items()}
     if total <= 0:  # a bound below the floors and no demand to split it by
         return {h.stream: (bound / len(holders), True) for h in holders}
     return {h.stream: (bound * (h.demand or 0.0) / total, True) for h in holders}
@@ -291,7 +366,9 @@ def allocation(holders: Sequence[Holder]) -> Generator[None, None, Allocation]:
             blanket[(holder.stream, holder.bucket)] = holder.target.blanket
         else:
             buckets.setdefault(holder.bucket, []).append(holder)
-    bounds, levels = yield from _cap_bounds(buckets)
+    caps = yield from _cap_bounds(buckets)
+    bounds, levels = caps.bounds, caps.levels
+    rooms = yield from _rooms(buckets, caps)
     strategies = dict(blanket)
     headroom: dict[str, float] = {cap: 0.0 for cap in levels}
     extra: dict[tuple[int, BucketKey], float] = {}
@@ -305,15 +382,19 @@ def allocation(holders: Sequence[Holder]) -> Generator[None, None, Allocation]:
         if math.isinf(bound):
             strategies.update({(h.stream, key): Blanket.ALLOW_ALL for h in hs})
             continue
-        rates = _bucket_strategies(hs, bound)
+        rates = _bucket_strategies(hs, bound, rooms.get(key, 0.0))
+        # a measured bucket below its bound (held at it by its headroom, or not) is assigned
+        # above its grant, its demand: that is its headroom
+        measured = all(h.demand is not None for h in hs)
+        short = measured and sum([h.demand or 0.0 for h in hs]) < bound
         for h in hs:
             rate, bottlenecked = rates[h.stream]
             depth = depth_of(rate, bottlenecked, None if h.demand is None else h.interval)
             strategies[(h.stream, key)] = token_bucket(rate, depth)
-            if not bottlenecked and h.demand is not None:
-                extra[(h.stream, key)] = rate - h.demand
+            if short:
+                extra[(h.stream, key)] = rate - (h.demand or 0.0)
                 for claim in h.target.caps:
-                    headroom[claim.cap] += rate - h.demand
+                    headroom[claim.cap] += rate - (h.demand or 0.0)
     return Allocation(strategies, levels, headroom, extra)
 
 

@@ -5,9 +5,9 @@ A division at 50,000 clients held on two Envoys took 1.3 s as a loop over Python
 of a ``Table`` (made once per bucket, when it is first seen), and a division is a few numpy
 passes over the holders' rows and demands: per bucket its demand and bound, per cap its
 water level (all caps at once: clients sorted by cap, then by want over weight, as
-``fairshare.water_level`` sorts them), per holder its rate, depth and token bucket. The
-result is a code per holder (``code_of``): what Python then touches is only the holders
-whose assignment changed, or that the reporting stream asked to renew.
+``fairshare.water_level`` sorts them) and slack, per holder its rate, depth and token
+bucket. The result is a code per holder (``code_of``): what Python then touches is only the
+holders whose assignment changed, or that the reporting stream asked to renew.
 
 ``core.quota.allocate`` is the reference: the RLQS tests compare the two on every division
 they make, and tests/quota/test_division.py on random holders.
@@ -156,6 +156,7 @@ def divide(table: Table, bucket: Ints, demand: Floats, interval: Floats) -> Divi
     levels: dict[str, float] = {}
     headroom: dict[str, float] = {}
     caps_in: Ints = np.zeros(0, dtype=np.intp)
+    room = np.full(nb, math.inf)  # a below-bound bucket's part of its caps' slack
     if len(cb):
         ncl = len(t.client_cap)
         keys = np.bincount(cc, minlength=ncl)
@@ -171,6 +172,9 @@ def divide(table: Table, bucket: Ints, demand: Floats, interval: Floats) -> Divi
             part = np.where(even, 1.0 / k, wants[cb] / tot)
             claim_bound = np.where(k == 1, cbound, cbound * part)
         np.minimum.at(bounds, cb, claim_bound)
+        below = counted & ~unmeasured & (loose <= bounds) & (bounds > 0) & np.isfinite(bounds)
+        _share_slack(t, level, asked.astype(np.float64, copy=False), active, (cb, cc), below,
+                     room)  # fmt: skip
         caps_in = np.unique(t.client_cap[active])
         levels = dict(zip([table.cap_names[c] for c in caps_in], level[caps_in].tolist(),
                           strict=True))  # fmt: skip
@@ -182,9 +186,11 @@ def divide(table: Table, bucket: Ints, demand: Floats, interval: Floats) -> Divi
     tot_h = total[bucket]
     blanket = t.blanket[bucket]
     token = (blanket < 0) & (bound > 0) & ~np.isinf(bound)
+    at_rule_3 = loose[bucket]
     with np.errstate(divide="ignore", invalid="ignore"):
+        more = (np.minimum(bound, np.maximum(at_rule_3, tot_h + room[bucket])) - at_rule_3) / n
         rate = np.where(unm | (~fits & (tot_h <= 0)), bound / n,
-                        np.where(fits, loose_h, bound * d0 / tot_h))  # fmt: skip
+                        np.where(fits, loose_h + more, bound * d0 / tot_h))  # fmt: skip
     rate = np.where(token, rate, 1.0)
     bottlenecked = ~unm & ~fits
     seconds = np.where(bottlenecked, BOUND_DEPTH_SECONDS,
@@ -196,13 +202,40 @@ def divide(table: Table, bucket: Ints, demand: Floats, interval: Floats) -> Divi
     codes = np.where(blanket >= 0, blanket.astype(np.uint64), codes)
     codes = np.where((blanket < 0) & (bound <= 0), np.uint64(DENY), codes)
     codes = np.where((blanket < 0) & np.isinf(bound), np.uint64(ALLOW), codes)
-    extra = np.where(token & ~bottlenecked & measured, rate - d0, np.nan)
+    extra = np.where(token & ~unm & (tot_h < bound), rate - d0, np.nan)  # see allocation
     if len(cb):
         per_bucket = np.bincount(bucket, weights=np.nan_to_num(extra, nan=0.0), minlength=nb)
         per_cap = np.bincount(t.client_cap[cc], weights=per_bucket[cb], minlength=len(t.capacity))
         headroom = dict(zip([table.cap_names[c] for c in caps_in], per_cap[caps_in].tolist(),
                             strict=True))  # fmt: skip
     return Divided(codes, extra, levels, headroom)
+
+
+def _share_slack(
+    t: Rows,
+    level: Floats,
+    asked: Floats,
+    active: Ints,
+    claims: tuple[Ints, Ints],
+    below: npt.NDArray[np.bool_],
+    room: Floats,
+) -> None:
+    """Lower ``room`` (per bucket) to each below-bound bucket's part of each of its caps'
+    slack (``core.quota._rooms``): ``asked`` per client, the wants of its buckets;
+    ``claims`` the (bucket, client) rows of the claims taking part."""
+    cb, cc = claims
+    ncap = len(t.capacity)
+    grant = np.minimum(asked[active], t.client_limit[active])
+    granted = np.bincount(t.client_cap[active], weights=grant, minlength=ncap)
+    slack = np.where(np.isinf(level), np.maximum(0.0, t.capacity - granted), 0.0)
+    opened = below[cb]
+    keys = np.bincount(cc, weights=opened, minlength=len(t.client_cap))
+    weight = np.bincount(t.client_cap, weights=np.where(keys > 0, t.client_weight, 0.0),
+                         minlength=ncap)  # fmt: skip
+    cap = t.client_cap[cc[opened]]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = slack[cap] * t.client_weight[cc[opened]] / weight[cap] / keys[cc[opened]]
+    np.minimum.at(room, cb[opened], share)
 
 
 def _water_levels(want: Floats, weight: Floats, cap: Ints, capacity: Floats) -> Floats:
