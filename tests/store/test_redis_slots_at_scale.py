@@ -187,6 +187,33 @@ class TestAViewAssembledOverCalls:
         assert len(truth) == n + HOLDERS
         assert view.clients == truth
 
+    async def test_two_replicas_each_assemble_the_whole_state(
+        self, redis_store_factory: Any, tmp_path: Path
+    ) -> None:
+        """Two stores on one Redis (two replicas), taking turns at the cap of 1,000 refused:
+        each one's view, read from its own cursor, is the cap's state within two passes of
+        its own calls."""
+        stores = [await redis_store_factory(local_cache=0) for _ in range(2)]
+        loaded = load_text(tmp_path, CAP)
+        limiters = [Limiter(loaded, s, FakeClock(T0)) for s in stores]
+        n = 1_000
+        try:
+            keys = await _a_cap_of(n, stores[0], limiters[0], cluster=False)
+            calls = 2 * math.ceil(2 * (3 * n + 1) / STATE_CHUNK) + 2
+            for i in range(calls):
+                for j, limiter in enumerate(limiters):
+                    assert not await take(limiter, "w1", f"p{i}-{j}")
+            key = _cap_pool(limiters[0]._active.matcher, "w1").key
+            views = [s._slots._caps[key].clients for s in stores]
+            truth = await _truth(stores[0], keys)
+        finally:
+            for s in stores:
+                await s.close()
+        assert len(truth) == n + HOLDERS
+        # the first replica's view of w1 is of before the second one's last refusal
+        assert views[0]["w1"].refused == truth["w1"].refused - 1
+        assert views == [truth | {"w1": views[0]["w1"]}, truth]
+
 
 MANY = """
 domain: edge
