@@ -1,9 +1,10 @@
 """A concurrency cap's state as one process has read it from acquire.lua, a bounded part a
 call (issue 41), for the fair bound of its next acquire at that cap.
 
-acquire.lua hands back a cap's held and want hashes whole while each has at most
-STATE_CHUNK fields, and otherwise one HSCAN step of each from the cursor the caller gives,
-with the asking client's own held and refused counts read fresh. A view keeps, per hash,
+acquire.lua hands back a cap's held and want hashes whole while Redis keeps each as a
+listpack (hash-max-listpack-entries: 512 fields by default in Redis 7.0), and otherwise one
+HSCAN step of COUNT STATE_CHUNK from the cursor the caller gives, with the asking client's
+own held and refused counts read fresh. A view keeps, per hash,
 what the last complete pass read, updated by what the current pass has read so far; a
 field the current pass does not find is dropped when it ends. So a client's entry is at
 most two passes old, a pass being about ``fields / STATE_CHUNK`` of this process's

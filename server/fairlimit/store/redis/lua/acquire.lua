@@ -24,8 +24,8 @@
 --   in_pool = slots held in each pool before, expired ones gone; expired = slots each pool
 --   gave back by expiry; states = {pool index, held_cursor, held part, want_stamp,
 --   want_cursor, want part, own held, own refused} for each cap pool, after this call).
--- A part is a flat list of fields and values: the whole hash when it has at most CHUNK
--- fields (its cursor is then ""), else one HSCAN step of COUNT CHUNK from the cursor given
+-- A part is a flat list of fields and values: the whole hash while Redis keeps it as a
+-- listpack (its cursor is then ""), else one HSCAN step of COUNT CHUNK from the cursor given
 -- (its cursor the next one, "0" at the end), so that no call reads more of a cap than a
 -- bounded part (issue 41); own held / own refused: the client's n: and r: (false: none).
 -- A want hash that does not exist reads as empty, stamped now.
@@ -36,7 +36,7 @@ local POOL_ARGS, POOL_KEYS = 10, 4
 local EPS = 1e-9
 local SLACK_MS = 1000
 local DEMAND_MS = 1000
-local CHUNK = 128  -- slots.STATE_CHUNK
+local CHUNK = 128  -- cap_view.STATE_CHUNK
 
 local function num(s)
   if s == 'inf' then return math.huge end
@@ -122,9 +122,13 @@ for _, r in ipairs(rows) do
   end
 end
 
--- A bounded part of a hash (the header says which).
+-- A bounded part of a hash (the header says which). A hash Redis keeps as a listpack (at
+-- most hash-max-listpack-entries fields) is read whole: HSCAN would return it all too, at
+-- twice HGETALL's cost.
 local function part(key, cursor)
-  if redis.call('HLEN', key) <= CHUNK then return {'', redis.call('HGETALL', key)} end
+  if redis.call('OBJECT', 'ENCODING', key) ~= 'hashtable' then
+    return {'', redis.call('HGETALL', key)}
+  end
   return redis.call('HSCAN', key, cursor, 'COUNT', CHUNK)
 end
 
