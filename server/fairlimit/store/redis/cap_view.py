@@ -40,17 +40,18 @@ class HashView:
     def take(self, start: str, cursor: str, flat: Sequence[str]) -> set[str]:
         """Take a part read from ``start`` ending at ``cursor``; returns the clients whose
         fields changed."""
-        changed: set[str] = set()
-        if cursor == WHOLE:
-            changed = {_client(n) for n in self.fields}
-            self.fields, self.seen, self.cursor = {}, set(), "0"
         names = flat[::2]
+        if cursor == WHOLE:
+            whole, old = dict(zip(names, flat[1::2], strict=True)), self.fields
+            changed = {_client(n) for n, v in whole.items() if old.get(n) != v}
+            changed.update(_client(n) for n in old.keys() - whole.keys())
+            self.fields, self.seen, self.cursor = whole, set(), "0"
+            return changed
+        changed = set()
         for name, value in zip(names, flat[1::2], strict=True):
             if self.fields.get(name) != value:
                 self.fields[name] = value
                 changed.add(_client(name))
-        if cursor == WHOLE:
-            return changed
         self.seen.update(names)
         if start != self.cursor:  # a call sent before the last part came back: its fields only
             return changed
