@@ -4,12 +4,12 @@ call (issue 41), for the fair bound of its next acquire at that cap.
 acquire.lua hands back a cap's held and want hashes whole while Redis keeps each as a
 listpack (hash-max-listpack-entries: 512 fields by default in Redis 7.0), and otherwise one
 HSCAN step of COUNT STATE_CHUNK from the cursor the caller gives, with the asking client's
-own held and refused counts read fresh. A view keeps, per hash,
-what the last complete pass read, updated by what the current pass has read so far; a
-field the current pass does not find is dropped when it ends. So a client's entry is at
-most two passes old, a pass being about ``fields / STATE_CHUNK`` of this process's
-acquires at the cap; with small hashes every call is a whole pass, and the view is the
-state after the previous call, as before the steps. A want hash lives DEMAND_PERIOD from
+own held and refused counts read fresh. A view keeps, per hash, what the last complete
+pass read, updated by what the current pass has read so far; a field the current pass does
+not find is dropped when it ends. So a client's entry is at most two passes old, a pass
+being about ``fields / STATE_CHUNK`` of this process's acquires at the cap; with small
+hashes every call reads them whole, and the view is the state after the previous call, as
+before the steps. A want hash lives DEMAND_PERIOD from
 its first refusal and is stamped when made: a part of a newer one starts the want view
 afresh (the refusals before it are gone, as at a new demand period in memory), a part of an
 older one is left out.
