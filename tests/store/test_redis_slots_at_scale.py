@@ -15,7 +15,7 @@ from fairlimit.core.concurrency import CapDemand, Pool, split
 from fairlimit.core.matching import Matcher
 from fairlimit.limiter import Limiter
 from fairlimit.store.memory import MemoryStore
-from fairlimit.store.redis.cap_view import STATE_CHUNK
+from fairlimit.store.redis.cap_view import STATE_CHUNK, WHOLE
 from fairlimit.store.redis.slots import pool_keys
 from helpers import FakeClock, desc, load_text, req
 from redis_servers import RedisProcess
@@ -104,6 +104,12 @@ def _parts(reply: Any) -> int:
     return sum(len(x) for x in state if isinstance(x, list))
 
 
+def _want_whole(reply: Any) -> bool:
+    """Whether an acquire.lua reply hands the cap's want hash back whole (cursor "")."""
+    ((_, _, _, _, cursor, *_),) = reply[4]
+    return bool(cursor == WHOLE)
+
+
 async def _truth(store: Any, keys: dict[str, str]) -> dict[str, CapDemand]:
     """The cap's clients as the whole of its hashes give them (HGETALL, read by the test)."""
     held = await store._client.hgetall(keys["held"])
@@ -123,9 +129,10 @@ class TestAcquireCallsAtScale:
     100-fold."""
 
     async def _measure(self, store: Any, server: RedisProcess, tmp_path: Path, n: int
-                       ) -> tuple[list[dict[str, int]], list[int]]:  # fmt: skip
+                       ) -> tuple[list[dict[str, int]], list[int], list[bool]]:  # fmt: skip
         """The commands inside each of 8 acquires at a full cap with ``n`` clients refused
-        in this demand period, and the fields of the cap each handed back."""
+        in this demand period, the fields of the cap each handed back, and whether each
+        handed the want hash back whole."""
         limiter = Limiter(load_text(tmp_path, CAP), store, FakeClock(T0))
         await _a_cap_of(n, store, limiter, cluster=False)
         recorded = _Recorded(store)
@@ -134,7 +141,8 @@ class TestAcquireCallsAtScale:
             before = _stats(server)
             assert not await take(limiter, "w1", f"p{i}")
             commands.append(_inside(before, _stats(server)))
-        return commands, [_parts(r) for r in recorded.replies]
+        replies = recorded.replies
+        return commands, [_parts(r) for r in replies], [_want_whole(r) for r in replies]
 
     async def test_commands_and_rows_of_a_call_do_not_grow_with_the_clients(
         self, redis_store_factory: Any, redis_server: RedisProcess, tmp_path: Path
@@ -151,8 +159,10 @@ class TestAcquireCallsAtScale:
                 measured.append(await self._measure(store, redis_server, tmp_path, n))
             finally:
                 await store.close()
-        (small, small_parts), (large, large_parts) = measured
+        (small, small_parts, small_whole), (large, large_parts, large_whole) = measured
         assert small == large
+        # 301 fields: a listpack, read whole as before; 30,001: a hashtable, in steps
+        assert all(small_whole) and not any(large_whole)
         # A hash Redis keeps as a listpack is read whole (up to its
         # hash-max-listpack-entries: 301 fields here); a larger one in steps of about COUNT
         # (a hint: a bucket may chain several fields; twice is room, not use).
@@ -227,6 +237,33 @@ class TestAViewAssembledOverCalls:
         # the first replica's view of w1 is of before the second one's last refusal
         assert views[0]["w1"].refused == truth["w1"].refused - 1
         assert views == [truth | {"w1": views[0]["w1"]}, truth]
+
+    async def test_many_holders_are_read_in_steps_too(
+        self, redis_store_factory: Any, tmp_path: Path
+    ) -> None:
+        """At a cap of 300 slots, 200 clients each holding one (601 fields in its held
+        hash: a hashtable) and h0 four: after two passes of h0's refused acquires the
+        view's holders are the cap's."""
+        cap = CAP.replace(f"max_in_flight: {HOLDERS},", "max_in_flight: 300,")
+        store = await redis_store_factory(local_cache=0)
+        limiter = Limiter(load_text(tmp_path, cap), store, FakeClock(T0))
+        pool = _cap_pool(limiter._active.matcher, "h0")
+        keys = pool_keys("fairlimit:", pool, False)
+        try:
+            for i in range(200):
+                assert await take(limiter, f"h{i}", f"r{i}")
+            assert all([await take(limiter, "h0", f"more{j}") for j in range(3)])
+            assert (await store._client.object("encoding", keys["held"])) == "hashtable"
+            await store._client.pexpire(keys["want"], OUTLAST)
+            calls = 2 * math.ceil(3 * 200 / STATE_CHUNK) + 2
+            for i in range(calls):
+                assert not await take(limiter, "h0", f"p{i}")  # its own 4 in flight
+            view = store._slots._caps[pool.key]
+            truth = await _truth(store, keys)
+        finally:
+            await store.close()
+        assert len(truth) == 200 and truth["h0"] == CapDemand(4, calls, 4.0, 1.0)
+        assert view.clients == truth
 
 
 MANY = """

@@ -13,7 +13,8 @@
 -- owner  hash, at a cap: request id -> client
 -- held   hash, at a cap: n: + client = slots held, l: / w: + client = its limit and weight
 -- want   hash, at a cap, lives DEMAND_MS from its first write: r: + client = refused
---        acquires, l: / w: as in held; g = its stamp (Redis TIME in microseconds when made)
+--        acquires, l: / w: as in held; g = its stamp (Redis TIME in microseconds, set by
+--        the call that made it)
 -- now "" = Redis TIME; client "" = not a cap pool (owner, held and want unused); bound is
 -- the client's fair bound at the cap ("inf" when the caller has no recent state), computed
 -- by core.concurrency.fair_bound from the state this script returned to earlier calls.
@@ -115,10 +116,7 @@ for _, r in ipairs(rows) do
     local fresh = redis.call('EXISTS', r.want) == 0
     redis.call('HINCRBY', r.want, 'r:' .. r.client, 1)
     redis.call('HSET', r.want, 'l:' .. r.client, r.climit, 'w:' .. r.client, r.weight)
-    if fresh then
-      redis.call('HSET', r.want, 'g', stamp())
-      redis.call('PEXPIRE', r.want, DEMAND_MS)
-    end
+    if fresh then redis.call('PEXPIRE', r.want, DEMAND_MS) end
   end
 end
 
@@ -138,7 +136,7 @@ for i, r in ipairs(rows) do
     local since = redis.call('HGET', r.want, 'g')
     if not since then
       since = stamp()
-      -- a want hash made by an earlier version, without a stamp: stamped now
+      -- a want hash this call made (or an earlier version did) is stamped now
       if redis.call('EXISTS', r.want) == 1 then redis.call('HSET', r.want, 'g', since) end
     end
     local held = part(r.held, r.held_cursor)
