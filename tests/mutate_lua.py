@@ -90,6 +90,7 @@ _SLOTS = (
     "tests/store/test_redis.py",
     "tests/limiter/test_concurrency_invariants.py",
     "tests/telemetry/test_telemetry.py",
+    "tests/store/test_redis_slots_at_scale.py",
 )
 # settle.lua (token budgets): the reservation and settlement suites on every backend
 _SETTLE = (

@@ -609,7 +609,9 @@ class TestSlotScripts:
         assert len({re.search(r"\{(.*?)\}", k)[1] for k in cut}) == 1  # type: ignore[index]
         args = slots.acquire_args(pairs, "12.5", [3.0, 0.0])
         assert args[:2] == ["12.5", 2]
-        rows = [dict(zip(ACQUIRE.pool, args[2 + i * 7 : 9 + i * 7], strict=True)) for i in range(2)]
+        n = len(ACQUIRE.pool)
+        rows = [dict(zip(ACQUIRE.pool, args[2 + i * n : 2 + (i + 1) * n], strict=True))
+                for i in range(2)]  # fmt: skip
         assert [(r["request_id"], r["limit"], r["client"]) for r in rows] == [
             ("r1", 20, "heavy"),
             ("r1", 5, ""),

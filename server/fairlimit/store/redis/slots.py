@@ -8,7 +8,8 @@ already taken are released (the same two-phase rule as store.py's admission, wit
 residual race: a concurrent request may see a slot that is about to come back).
 
 The fair bound at a cap (core.concurrency.fair_bound) is worked out here from the cap's
-state that the previous acquire at that cap returned, when it is under DEMAND_PERIOD old;
+state as this process has read it from earlier acquires at that cap, a bounded part a call
+(cap_view.py says how stale it can be), while the last part is under DEMAND_PERIOD old;
 without one only the cap's and the client's own maximum apply. The limits themselves are
 checked atomically in Lua, so staleness can cost fairness for a moment, never a limit.
 """
@@ -25,13 +26,13 @@ from redis.crc import key_slot
 
 from fairlimit.core.concurrency import (
     DEMAND_PERIOD,
-    CapDemand,
     Claim,
     Pool,
     SlotOutcome,
     fair_bound,
     taken,
 )
+from fairlimit.store.redis.cap_view import CapView
 from fairlimit.store.redis.keys import tag
 from fairlimit.store.redis.script import source
 
@@ -54,7 +55,8 @@ ACQUIRE = SlotLayout(
     "acquire",
     pool_keys=("ids", "owner", "held", "want"),
     head=("now",),
-    pool=("request_id", "limit", "ttl", "client", "client_limit", "bound", "weight"),
+    pool=("request_id", "limit", "ttl", "client", "client_limit", "bound", "weight",
+          "held_cursor", "want_cursor", "want_stamp"),
 )
 RELEASE_SLOT = SlotLayout(
     "release_slot",
@@ -85,15 +87,23 @@ def keys(
     return out
 
 
+FROM_THE_START = ("0", "0", "")  # acquire.lua's reads of a cap this process has no view of
+
+
 def acquire_args(
-    pairs: Sequence[tuple[str, Pool]], now: str, bounds: Sequence[float]
+    pairs: Sequence[tuple[str, Pool]],
+    now: str,
+    bounds: Sequence[float],
+    reads: Sequence[tuple[str, str, str]] | None = None,
 ) -> list[str | int]:
-    """ARGV of acquire.lua (ACQUIRE)."""
+    """ARGV of acquire.lua (ACQUIRE); ``reads``: each pool's held_cursor, want_cursor and
+    want_stamp (CapView.reads; FROM_THE_START when None)."""
     args: list[str | int] = [now, len(pairs)]
-    for (request_id, p), bound in zip(pairs, bounds, strict=True):
+    every = [FROM_THE_START] * len(pairs) if reads is None else reads
+    for (request_id, p), bound, read in zip(pairs, bounds, every, strict=True):
         client = "" if p.client is None else p.client
         args += [request_id, p.limit, _num(p.ttl), client, _num(p.client_limit), _num(bound)]
-        args.append(_num(p.weight))
+        args += [_num(p.weight), *read]
     return args
 
 
@@ -105,25 +115,6 @@ def release_args(pairs: Sequence[tuple[str, Pool]], now: str) -> list[str | int]
     return args
 
 
-def _demand(held: Sequence[str], want: Sequence[str]) -> dict[str, CapDemand]:
-    """A cap's clients from acquire.lua's flat held and want hashes."""
-    h = dict(zip(held[::2], held[1::2], strict=True))
-    w = dict(zip(want[::2], want[1::2], strict=True))
-    out: dict[str, CapDemand] = {}
-    for source_hash, field in ((h, "n:"), (w, "r:")):
-        for name in source_hash:
-            if name.startswith(field):
-                client = name[2:]
-                terms = h if f"l:{client}" in h else w
-                out[client] = CapDemand(
-                    int(h.get("n:" + client, 0)),
-                    int(w.get("r:" + client, 0)),
-                    float(terms["l:" + client]),
-                    float(terms["w:" + client]),
-                )
-    return out
-
-
 class RedisSlots:
     """Acquire and release through the two scripts; caps' recent state for the fair bound."""
 
@@ -133,7 +124,7 @@ class RedisSlots:
         self._acquire = client.register_script(source(ACQUIRE.script))
         self._release = client.register_script(source(RELEASE_SLOT.script))
         self._prefix, self._cluster, self._call = prefix, cluster, call
-        self._caps: dict[str, tuple[float, dict[str, CapDemand]]] = {}  # pool key -> state
+        self._caps: dict[str, CapView] = {}  # pool key -> the cap as read so far
 
     def _groups(self, pairs: list[tuple[str, Pool]]) -> list[list[tuple[str, Pool]]]:
         if not self._cluster:
@@ -144,13 +135,31 @@ class RedisSlots:
             by_slot.setdefault(key_slot(ids.encode()), []).append(pair)
         return list(by_slot.values())
 
+    def _view(self, pool: Pool, base: float) -> CapView | None:
+        """The cap's view, while its last part is under DEMAND_PERIOD old."""
+        view = self._caps.get(pool.key)
+        if view is None or base - view.at >= DEMAND_PERIOD:
+            return None
+        return view
+
     def _bound(self, pool: Pool, base: float) -> float:
         if pool.client is None:
             return 0.0
-        seen = self._caps.get(pool.key)
-        if seen is None or base - seen[0] >= DEMAND_PERIOD:
-            return float("inf")
-        return fair_bound(pool, seen[1])
+        view = self._view(pool, base)
+        return float("inf") if view is None else fair_bound(pool, view.clients)
+
+    def _reads(self, pool: Pool, base: float) -> tuple[str, str, str]:
+        view = self._view(pool, base) if pool.client is not None else None
+        return FROM_THE_START if view is None else view.reads()
+
+    def _take(self, pool: Pool, base: float, sent: tuple[str, str, str],
+              state: Sequence[object]) -> None:  # fmt: skip
+        """Take a cap's part of a reply into its view (a new one after DEMAND_PERIOD)."""
+        assert pool.client is not None and pool.rule.fair_share is not None
+        view = self._view(pool, base)
+        if view is None:
+            view = self._caps[pool.key] = CapView(base, pool.rule.fair_share.weight)
+        view.take(base, sent, state, (pool.client, pool.client_limit, pool.weight))
 
     async def acquire(self, claims: Sequence[Claim], now: str, base: float) -> SlotOutcome:
         """All of ``claims``' slots or none; ``now`` "" = Redis TIME, ``base`` the local
@@ -160,15 +169,17 @@ class RedisSlots:
         done: list[list[tuple[str, Pool]]] = []
         admitted = True
         for group in self._groups(pairs):
+            reads = [self._reads(p, base) for _, p in group]
             reply = await self._call(
                 self._acquire,
                 keys(ACQUIRE, group, self._prefix, self._cluster),
-                acquire_args(group, now, [self._bound(p, base) for _, p in group]),
+                acquire_args(group, now, [self._bound(p, base) for _, p in group], reads),
             )
             for (request_id, pool), n, gone in zip(group, reply[2], reply[3], strict=True):
                 seen[request_id, pool.key] = (int(n), int(gone))
-            for index, held, want in reply[4]:
-                self._caps[group[int(index) - 1][1].key] = (base, _demand(held, want))
+            for index, *state in reply[4]:
+                i = int(index) - 1
+                self._take(group[i][1], base, reads[i], state)
             if int(reply[0]) != 1:
                 admitted = False
                 for earlier in done:

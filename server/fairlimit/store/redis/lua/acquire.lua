@@ -5,7 +5,7 @@
 -- The layout (slots.ACQUIRE states it too; tests/store/test_redis_script.py checks both agree):
 -- KEYS  per pool: ids owner held want
 -- ARGV  head: now
--- ARGV  per pool: request_id limit ttl client client_limit bound weight
+-- ARGV  per pool: request_id limit ttl client client_limit bound weight held_cursor want_cursor want_stamp
 -- KEYS are each pool's keys in turn; ARGV is the head, then the number of pools, then that
 -- many rows.
 --
@@ -13,21 +13,31 @@
 -- owner  hash, at a cap: request id -> client
 -- held   hash, at a cap: n: + client = slots held, l: / w: + client = its limit and weight
 -- want   hash, at a cap, lives DEMAND_MS from its first write: r: + client = refused
---        acquires, l: / w: as in held
+--        acquires, l: / w: as in held; g = its stamp (Redis TIME in microseconds, set by
+--        the call that made it)
 -- now "" = Redis TIME; client "" = not a cap pool (owner, held and want unused); bound is
 -- the client's fair bound at the cap ("inf" when the caller has no recent state), computed
--- by core.concurrency.fair_bound from the state this script returned last time.
+-- by core.concurrency.fair_bound from the state this script returned to earlier calls.
+-- held_cursor, want_cursor: where the caller's read of each hash goes on ("0": from the
+-- start); want_stamp: the stamp of the want hash want_cursor belongs to (another one is
+-- read from the start).
 -- Returns {1 | 0, now, in_pool, expired, states} (1 = every slot taken, 0 = nothing taken;
 --   in_pool = slots held in each pool before, expired ones gone; expired = slots each pool
---   gave back by expiry; states = {pool index, held as a flat hash, want as a flat hash}
---   for each cap pool, after this call).
+--   gave back by expiry; states = {pool index, held_cursor, held part, want_stamp,
+--   want_cursor, want part, own held, own refused} for each cap pool, after this call).
+-- A part is a flat list of fields and values: the whole hash while Redis keeps it as a
+-- listpack (its cursor is then ""), else one HSCAN step of COUNT CHUNK from the cursor given
+-- (its cursor the next one, "0" at the end), so that no call reads more of a cap than a
+-- bounded part (issue 41); own held / own refused: the client's n: and r: (false: none).
+-- A want hash that does not exist reads as empty, stamped now.
 -- Every key written gets a TTL.
 
-local POOL_ARGS, POOL_KEYS = 7, 4
+local POOL_ARGS, POOL_KEYS = 10, 4
 
 local EPS = 1e-9
 local SLACK_MS = 1000
 local DEMAND_MS = 1000
+local CHUNK = 128  -- cap_view.STATE_CHUNK
 
 local function num(s)
   if s == 'inf' then return math.huge end
@@ -36,6 +46,11 @@ end
 
 local now = clock(ARGV[1])  -- clock.lua
 
+local function stamp()
+  local t = redis.call('TIME')
+  return t[1] .. string.format('%06d', tonumber(t[2]))
+end
+
 local rows = {}
 local a = 3
 for i = 1, tonumber(ARGV[2]) do
@@ -43,7 +58,8 @@ for i = 1, tonumber(ARGV[2]) do
   rows[i] = {ids = KEYS[k + 1], owner = KEYS[k + 2], held = KEYS[k + 3], want = KEYS[k + 4],
     id = ARGV[a], limit = tonumber(ARGV[a + 1]), ttl = tonumber(ARGV[a + 2]),
     client = ARGV[a + 3], climit = ARGV[a + 4], bound = num(ARGV[a + 5]),
-    weight = ARGV[a + 6]}
+    weight = ARGV[a + 6], held_cursor = ARGV[a + 7], want_cursor = ARGV[a + 8],
+    want_stamp = ARGV[a + 9]}
   a = a + POOL_ARGS
 end
 
@@ -104,10 +120,29 @@ for _, r in ipairs(rows) do
   end
 end
 
+-- A bounded part of a hash (the header says which). A hash Redis keeps as a listpack (at
+-- most hash-max-listpack-entries fields) is read whole: HSCAN would return it all too, at
+-- twice HGETALL's cost.
+local function part(key, cursor)
+  if redis.call('OBJECT', 'ENCODING', key) ~= 'hashtable' then
+    return {'', redis.call('HGETALL', key)}
+  end
+  return redis.call('HSCAN', key, cursor, 'COUNT', CHUNK)
+end
+
 local states = {}
 for i, r in ipairs(rows) do
   if r.client ~= '' then
-    states[#states + 1] = {i, redis.call('HGETALL', r.held), redis.call('HGETALL', r.want)}
+    local since = redis.call('HGET', r.want, 'g')
+    if not since then
+      since = stamp()
+      -- a want hash this call made (or an earlier version did) is stamped now
+      if redis.call('EXISTS', r.want) == 1 then redis.call('HSET', r.want, 'g', since) end
+    end
+    local held = part(r.held, r.held_cursor)
+    local want = part(r.want, since == r.want_stamp and r.want_cursor or '0')
+    states[#states + 1] = {i, held[1], held[2], since, want[1], want[2],
+      redis.call('HGET', r.held, 'n:' .. r.client), redis.call('HGET', r.want, 'r:' .. r.client)}
   end
 end
 return {ok and 1 or 0, string.format('%.17g', now), in_pool, expired, states}
