@@ -180,6 +180,31 @@ class TestRuleKinds:
         again = await limiter.should_rate_limit(req("edge", desc("client_id=a", limit=override)))
         assert again.code is Code.OVER_LIMIT
 
+    async def test_the_tighter_of_two_limits_on_one_key_holds(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """Two descriptors of one key, limits 10 and 1 a minute (an override beside
+        another, or beside the rule's 3 a second's key when the units agree): one counter,
+        refused past the tighter, each status with its own limit and what it has left.
+        Found by fuzzing accepted configs (issue 41): the counter kept the first limit, so
+        the 1 a minute admitted 5 requests of 2 hits, and said 8 left of 1."""
+        clock.t = 1_700_000_040.0  # a minute boundary
+        limiter = make_limiter(CONFIG)
+        loose, tight = RateLimit(10, Unit.MINUTE), RateLimit(1, Unit.MINUTE)
+        both = req("edge", desc("client_id=a", limit=loose), desc("client_id=a", limit=tight))
+        out = await limiter.should_rate_limit(both)
+        assert out.code is Code.OVER_LIMIT
+        assert [(s.code, s.current_limit, s.limit_remaining) for s in out.statuses] == [
+            (Code.OK, loose, 10), (Code.OVER_LIMIT, tight, 1)  # refused: nothing charged
+        ]
+        alone = await limiter.should_rate_limit(req("edge", desc("client_id=a", limit=tight)))
+        assert (alone.code, alone.statuses[0].limit_remaining) == (Code.OK, 0)
+        rule = RateLimit(1, Unit.SECOND)  # the rule's key: client_id=a per second
+        out = await limiter.should_rate_limit(
+            req("edge", desc("client_id=b"), desc("client_id=b", limit=rule))
+        )
+        assert [s.code for s in out.statuses] == [Code.OK, Code.OVER_LIMIT]
+
     async def test_unknown_domain_and_unmatched_descriptor_are_ok(
         self, make_limiter: LimiterFactory
     ) -> None:

@@ -6,7 +6,7 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.core.admission import Code, Status
 from fairlimit.core.rules import RateLimit
 from fairlimit.core.units import Unit
-from fairlimit.grpc_api.convert import response_to_proto
+from fairlimit.grpc_api.convert import MAX_RESET_SECONDS, response_to_proto
 from fairlimit.limiter import Decision
 
 pytestmark = pytest.mark.unit
@@ -22,6 +22,16 @@ class TestResponse:
         response = response_to_proto(Decision(Code.OK, (status,)))
         limit = response.statuses[0].current_limit
         assert (limit.requests_per_unit, RLS.RateLimit.Unit.Name(limit.unit)) == (7, unit.name)
+
+    @pytest.mark.parametrize("reset", [1e19, 1e23, float(MAX_RESET_SECONDS) + 0.5])
+    def test_a_reset_past_durations_range_is_sent_as_its_longest(self, reset: float) -> None:
+        """A GCRA bucket charged far ahead resets after more seconds than int64 holds
+        (protobuf raised ValueError: the call ended UNKNOWN, found by fuzzing accepted
+        configs, issue 41); sent as google.protobuf.Duration's longest, 10,000 years."""
+        status = Status(Code.OVER_LIMIT, RateLimit(1, Unit.YEAR), 0, reset)
+        response = response_to_proto(Decision(Code.OVER_LIMIT, (status,)))
+        duration = response.statuses[0].duration_until_reset
+        assert (duration.seconds, duration.nanos) == (MAX_RESET_SECONDS, 0)
 
     @pytest.mark.parametrize("code", list(Code), ids=lambda c: c.name)
     def test_codes_overall_and_per_status_by_the_same_name(self, code: Code) -> None:

@@ -296,3 +296,31 @@ class TestFairlimitsDefault:
         refused = await limiter.should_rate_limit(charge("second", 7))
         assert (refused.code, refused.statuses[0].limit_remaining) == (Code.OVER_LIMIT, 5)
         assert await check(limiter, "second") == (Code.OK, 5)
+
+
+GCRA_DAILY = """
+domain: llm
+descriptors:
+  - key: tenant
+    rate_limit: {unit: day, requests_per_unit: 1, algorithm: gcra, charge_when_over_limit: true}
+"""
+
+
+class TestGcraChargedFarAhead:
+    async def test_a_bucket_in_debt_for_millions_of_years_stays_over_limit(
+        self, make_limiter: LimiterFactory, clock: FakeClock
+    ) -> None:
+        """Two refused charges of 1e9 (the most Envoy sends) on 1 a day put the bucket
+        ~5.5 million years ahead: every answer after is OVER_LIMIT with that reset, the
+        store stays healthy. Found by fuzzing accepted configs (issue 41): on Redis the
+        key's TTL, past 1e17 ms, made PEXPIRE fail the script; the calls were counted as the
+        backend's failures and answered by the failure mode (OK)."""
+        clock.t = 1_700_000_000.0
+        limiter = make_limiter(GCRA_DAILY)
+        for hits in (10**9, 10**9, 1, 0):
+            decision = await limiter.should_rate_limit(req("llm", desc("tenant=a", hits=hits)))
+            assert decision.code is Code.OVER_LIMIT, hits
+        assert decision.statuses[0].duration_until_reset > 1.7e14
+        assert limiter.backend_healthy
+        other = await limiter.should_rate_limit(req("llm", desc("tenant=b", hits=1)))
+        assert other.code is Code.OK

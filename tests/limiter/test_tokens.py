@@ -352,6 +352,20 @@ def _sums(reader: InMemoryMetricReader) -> dict[tuple[str, str], float]:
     return out
 
 
+def _domains(reader: InMemoryMetricReader) -> set[str]:
+    """The ``domain`` attributes of fairlimit.tokens.unpaired."""
+    data = reader.get_metrics_data()
+    return {
+        str(point.attributes.get("domain"))
+        for resource in (data.resource_metrics if data else ())
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "fairlimit.tokens.unpaired"
+        for point in metric.data.data_points
+        if point.attributes
+    }
+
+
 class TestMetrics:
     async def test_reserved_refunded_debt_and_unpaired(
         self, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -388,3 +402,17 @@ class TestMetrics:
             "negative hits paired with no reservation were ignored (logged once per rule): "
             f"domain llm, rule {rule}",
         ]
+
+    async def test_negative_hits_of_unknown_domains_are_one_series(self, tmp_path: Path) -> None:
+        """Negative hits of 20 domains no file has count under domain "": each was a series
+        of its own, any caller's domain an attribute (found by fuzzing, issue 41)."""
+        reader = InMemoryMetricReader()
+        telemetry = Telemetry(MeterProvider(metric_readers=[reader]), TracerProvider())
+        limiter = Limiter(load_text(tmp_path, TOKENS), MemoryStore(), FakeClock(MINUTE),
+                          telemetry=telemetry)  # fmt: skip
+        entries = (("provider", "llm"), ("tenant", "a"), ("request_done", "r1"))
+        for i in range(20):
+            await limiter.should_rate_limit(Request(f"x{i}", (Descriptor(entries, None, 5, True),)))
+        await limiter.should_rate_limit(Request("llm", (Descriptor(entries, None, 5, True),)))
+        assert _domains(reader) == {"", "llm"}
+

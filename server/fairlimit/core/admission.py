@@ -177,8 +177,11 @@ def _level(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, charge: Charge, 
     # (charge_when_over_limit), so an OVER_LIMIT there says 0 left, as upstream does
     hits = counter.hits
     charged = hits if outcome.admitted or counter.force else 0
-    over = counter.limit < before + (hits if hits > 1 else 1)  # max(hits, 1)
-    remaining = counter.limit - before - charged
+    # against this level's own limit: its counter may hold a tighter one of another
+    # descriptor of the same key (core/plan.py), which refused the request, not this level
+    own = charge.limit.requests_per_unit
+    over = own < before + (hits if hits > 1 else 1)  # max(hits, 1)
+    remaining = own - before - charged
     leaf = dplan.charges[0].limit
     at = charge.share
     # an own level reports its own limit (a rule may have several), named by the

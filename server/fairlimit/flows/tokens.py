@@ -65,8 +65,12 @@ class TokensFlow:
         and unpaired descriptors answer OK (Envoy ignores the stream-done answer)."""
         for settle in tokens.settle:
             await self._settle(request.domain, settle, now, active.matcher)
-        for rule in tokens.unpaired:
-            self._unpaired(request.domain, rule)
+        if tokens.unpaired:
+            # a domain the config does not have is not an attribute: any caller may send
+            # any domain, one series each (found by fuzzing with hostile requests, issue 41)
+            known = active.matcher.has_domain(request.domain)
+            for rule in tokens.unpaired:
+                self._unpaired(request.domain if known else "", rule)
         statuses = [Status(Code.OK, None, 0, 0.0) for _ in request.descriptors]
         rates = tokens.rates
         if not rates.descriptors:
@@ -97,7 +101,7 @@ class TokensFlow:
             log.warning(
                 "negative hits paired with no reservation were ignored (logged "
                 "once per rule): domain %s, rule %s",
-                domain,
+                domain or "-",
                 rule or "-",
             )
 

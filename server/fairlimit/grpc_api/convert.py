@@ -22,6 +22,10 @@ _PROTO_UNITS = {Unit.SECOND.value: _RL.SECOND, Unit.MINUTE.value: _RL.MINUTE,
                 Unit.HOUR.value: _RL.HOUR, Unit.DAY.value: _RL.DAY, Unit.WEEK.value: _RL.WEEK,
                 Unit.MONTH.value: _RL.MONTH, Unit.YEAR.value: _RL.YEAR}  # fmt: skip
 _OK, _OVER_LIMIT = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
+# google.protobuf.Duration's range (10,000 years): a longer reset is sent as this. A GCRA
+# bucket charged far ahead (charge_when_over_limit and huge hits_addends) has a reset past
+# int64 seconds, which protobuf refused with ValueError: the call ended UNKNOWN.
+MAX_RESET_SECONDS = 315_576_000_000
 
 
 def _code(code: Code) -> "rls_pb2.RateLimitResponse.Code":
@@ -76,6 +80,8 @@ def _add_status(response: rls_pb2.RateLimitResponse, status: Status, names: bool
             current.name = name
     reset = status.duration_until_reset
     if reset > 0:
+        if reset > MAX_RESET_SECONDS:
+            reset = MAX_RESET_SECONDS
         seconds = math.floor(reset)
         duration = out.duration_until_reset
         duration.seconds = seconds

@@ -2,8 +2,9 @@
 the stream-done calls that paired with no reservation, and the reservations refused because
 their request id still held an open one.
 
-Attributes are ``domain`` and ``rule`` (the reserving rule's path; "" for a negative-hits
-descriptor that matched no rule); never a client value or a request id.
+Attributes are ``domain`` ("" for a negative-hits descriptor of a domain the config does
+not have) and ``rule`` (the reserving rule's path; "" for a negative-hits descriptor that
+matched no rule); never a client value or a request id.
 """
 
 from collections.abc import Callable

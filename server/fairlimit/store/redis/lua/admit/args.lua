@@ -9,9 +9,9 @@
 -- before it define, and the body runs from here through decide, lease and charge.
 --
 -- This part reads every KEYS and ARGV (the layout below). Defines, for the later parts:
--- num fmt whole list calendar (helpers), SLACK_MS FIGURES NONE OPEN HELD (constants),
--- may_lock lock_ms holder want_block now (the head), counters caps shares n (the rows) and
--- records (the ARGV tail); a record still open returns {3, now} here.
+-- num fmt whole list calendar (helpers), SLACK_MS MAX_TTL_MS FIGURES NONE OPEN HELD
+-- (constants), may_lock lock_ms holder want_block now (the head), counters caps shares n
+-- (the rows) and records (the ARGV tail); a record still open returns {3, now} here.
 --
 -- The layout (script.ADMIT states it too; tests/store/test_redis_script.py checks both agree):
 -- KEYS  per counter: counter
@@ -89,6 +89,11 @@ local COUNTER_ARGS, CAP_ARGS, SHARE_ARGS, CAP_KEYS = 7, 14, 12, 4
 -- still run on Redis's own clock, so a slow run must not see a window's counter expire
 -- before its simulated end: a minute of slack then.
 local SLACK_MS = ARGV[1] == '' and 1000 or 60000
+-- The longest TTL given (~2.85 million years, longer than any window): Redis reads a number
+-- a script passes as its %.17g text, which has an exponent from 1e17 on, and PEXPIRE then
+-- fails the whole call ("value is not an integer or out of range"). A GCRA bucket charged
+-- far ahead (charge_when_over_limit, a hits_addend of 1e9 on a daily limit of 1) reached it.
+local MAX_TTL_MS = 9e16
 local FIGURES = {'f_u', 'f_a', 'f_l', 'f_j', 'f_t', 'f_s'}
 local NONE, OPEN, HELD = 0, 1, 2
 

@@ -5,9 +5,9 @@
 -- KEYS: counters (n, s, r, t, p<k>, L:<consumer>), each cap's rows and meta, the records.
 -- ARGV: none.
 -- Reads: DIVISION_FIELD LIGHT_FIELD (contract), counters caps shares records holder
--- SLACK_MS now fmt (args.lua), admitted counts shared bounds rolled wanted was (decide.lua),
--- block (lease.lua), meter_charge meter_full (meters.lua), enter (division.lua), save_row
--- (rows.lua).
+-- SLACK_MS MAX_TTL_MS now fmt (args.lua), admitted counts shared bounds rolled wanted was
+-- (decide.lua), block (lease.lua), meter_charge meter_full (meters.lua), enter
+-- (division.lua), save_row (rows.lua).
 -- Defines: full; returns {1 | 0, now, counts, admitted, bounds, rolled, block, wanted,
 -- full, was}.
 
@@ -20,7 +20,8 @@ for i, c in ipairs(counters) do
     local at = meter_full(c)
     full[i] = fmt(at)
     if at > now then
-      redis.call('PEXPIRE', c.key, math.ceil((at - now) * 1000 + SLACK_MS))
+      local ttl = math.ceil((at - now) * 1000 + SLACK_MS)
+      redis.call('PEXPIRE', c.key, math.min(ttl, MAX_TTL_MS))
     end
   elseif add ~= 0 and (admitted or c.force) then
     full[i] = '0'
