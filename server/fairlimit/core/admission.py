@@ -177,11 +177,10 @@ def _level(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, charge: Charge, 
     # (charge_when_over_limit), so an OVER_LIMIT there says 0 left, as upstream does
     hits = counter.hits
     charged = hits if outcome.admitted or counter.force else 0
-    # against this level's own limit: its counter may hold a tighter one of another
-    # descriptor of the same key (core/plan.py), which refused the request, not this level
-    own = charge.limit.requests_per_unit
-    over = own < before + (hits if hits > 1 else 1)  # max(hits, 1)
-    remaining = own - before - charged
+    # against the counter's limit: the tightest of the descriptors sharing its key
+    # (core/plan.py), and this process's part of it while it limits alone (core/parts.py)
+    over = counter.limit < before + (hits if hits > 1 else 1)  # max(hits, 1)
+    remaining = counter.limit - before - charged
     leaf = dplan.charges[0].limit
     at = charge.share
     # an own level reports its own limit (a rule may have several), named by the

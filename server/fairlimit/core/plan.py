@@ -122,9 +122,10 @@ class _Builder:
             return at
         # Two descriptors of one key may give two limits (a limit override beside the rule's,
         # or two overrides): the counter holds the tighter, as upstream's shared counter
-        # refuses when either descriptor's own limit is passed; each status still reports
-        # its own limit (core/admission.py). It kept the first: 1/year after 10/year on one
-        # key admitted 10 a year (found by fuzzing accepted configs, issue 41).
+        # refuses when either descriptor's own limit is passed; each status names its own
+        # limit and reports what the counter has left under the tighter (core/admission.py).
+        # It kept the first: 1/year after 10/year on one key admitted 10 a year (found by
+        # fuzzing accepted configs, issue 41).
         known = self.counters[at]
         tighter = min(known.limit, limit.requests_per_unit)
         self.counters[at] = Counter(
