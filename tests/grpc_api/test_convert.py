@@ -7,6 +7,7 @@ from fairlimit.core.admission import Code, Status
 from fairlimit.core.rules import RateLimit
 from fairlimit.core.units import Unit
 from fairlimit.grpc_api.convert import MAX_RESET_SECONDS, response_to_proto
+from fairlimit.grpc_api.headers import ResponseOptions, add_extras
 from fairlimit.limiter import Decision
 
 pytestmark = pytest.mark.unit
@@ -32,6 +33,24 @@ class TestResponse:
         response = response_to_proto(Decision(Code.OVER_LIMIT, (status,)))
         duration = response.statuses[0].duration_until_reset
         assert (duration.seconds, duration.nanos) == (MAX_RESET_SECONDS, 0)
+
+    def test_the_headers_and_metadata_say_the_reset_the_status_says(self) -> None:
+        """The same far reset in RateLimit-Reset, the RateLimit header and the fairlimit
+        metadata as in the status (they said the raw 10^23 s, found by fuzzing, issue 41)."""
+        status = Status(Code.OVER_LIMIT, RateLimit(1, Unit.YEAR), 0, 1e23, name="edge/k")
+        request = rls_pb2.RateLimitRequest(domain="edge")
+        request.descriptors.add().entries.add(key="k", value="v")
+        response = response_to_proto(Decision(Code.OVER_LIMIT, (status,)))
+        options = ResponseOptions(headers=True, metadata=True, rule_names=True)
+        add_extras(response, request, (status,), options)
+        headers = {h.key: h.value for h in response.response_headers_to_add}
+        said = str(response.statuses[0].duration_until_reset.seconds)
+        assert headers["RateLimit-Reset"] == said == str(MAX_RESET_SECONDS)
+        assert headers["RateLimit"].endswith(f";t={said}")
+        fairlimit = response.dynamic_metadata.fields["fairlimit"].struct_value
+        assert fairlimit.fields["reported"].struct_value.fields["reset"].number_value == float(
+            MAX_RESET_SECONDS
+        )
 
     @pytest.mark.parametrize("code", list(Code), ids=lambda c: c.name)
     def test_codes_overall_and_per_status_by_the_same_name(self, code: Code) -> None:

@@ -18,6 +18,7 @@ from google.protobuf import struct_pb2, text_format
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.core.admission import Code, Status, reported
+from fairlimit.grpc_api.convert import MAX_RESET_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +62,7 @@ def add_headers(
         return
     limit = status.current_limit
     remaining = 0 if status.code is Code.OVER_LIMIT else min(status.limit_remaining, 0xFFFFFFFF)
-    reset = int(status.duration_until_reset)
+    reset = _reset(status)
     headers = [
         (options.limit_header, str(limit.requests_per_unit)),
         (options.remaining_header, str(remaining)),
@@ -101,6 +102,12 @@ def _descriptor(message: Any) -> dict[str, object]:
     return out
 
 
+def _reset(status: Status) -> int:
+    """Whole seconds until the status's window resets, at most what its status in the
+    response says (convert.MAX_RESET_SECONDS: a GCRA bucket charged far ahead)."""
+    return int(min(status.duration_until_reset, MAX_RESET_SECONDS))
+
+
 def _status_fields(status: Status) -> dict[str, object]:
     out: dict[str, object] = {"code": status.code.name}
     limit = status.current_limit
@@ -110,7 +117,7 @@ def _status_fields(status: Status) -> dict[str, object]:
         out["name"] = status.name
     out.update(limit=limit.requests_per_unit, window=limit.window,
                remaining=min(status.limit_remaining, 0xFFFFFFFF),
-               reset=int(status.duration_until_reset))  # fmt: skip
+               reset=_reset(status))  # fmt: skip
     return out
 
 
