@@ -206,11 +206,16 @@ def _slack(level: float, demand: Sequence[float], spec: Sequence[CapClaim]) -> f
     return max(0.0, spec[0].capacity - granted)
 
 
+def _headroomed(demand: float) -> float:
+    """One Envoy's rate at rule 3: its demand plus headroom."""
+    return demand * (1 + HEADROOM) + HEADROOM_FLOOR
+
+
 def _loose(holders: Sequence[Holder]) -> float | None:
     """A bucket's total at rule 3 (demand plus headroom per Envoy); None while unmeasured."""
     if any(h.demand is None for h in holders):
         return None
-    return sum([(h.demand or 0.0) * (1 + HEADROOM) + HEADROOM_FLOOR for h in holders])
+    return sum([_headroomed(h.demand or 0.0) for h in holders])
 
 
 def _rooms(
@@ -321,7 +326,7 @@ def _bucket_strategies(
         only = holders[0]
         if only.demand is None:
             return {only.stream: (bound, False)}
-        alone = only.demand * (1 + HEADROOM) + HEADROOM_FLOOR
+        alone = _headroomed(only.demand)
         if alone <= bound:
             total = min(bound, max(alone, only.demand + room))
             return {only.stream: (alone + (total - alone), False)}
@@ -330,7 +335,7 @@ def _bucket_strategies(
         return {only.stream: (bound * only.demand / only.demand, True)}
     if any(h.demand is None for h in holders):
         return {h.stream: (bound / len(holders), False) for h in holders}
-    loose = {h.stream: (h.demand or 0.0) * (1 + HEADROOM) + HEADROOM_FLOOR for h in holders}
+    loose = {h.stream: _headroomed(h.demand or 0.0) for h in holders}
     total = sum([h.demand or 0.0 for h in holders])
     at_rule_3 = sum(loose.values())
     if at_rule_3 <= bound:
