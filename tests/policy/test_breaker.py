@@ -267,20 +267,26 @@ class TestStalledStore:
         clock.advance(PAST_STALLED)
         listening = await _started(limiter)
         assert store.calls == 2 and not listening.done()  # listening, the store not asked
-        assert limiter.waits.give_up({listening})
+        assert limiter.waits.give_up({listening}, clock.now())
         assert await listening is Code.OK and store.calls == 2
         store.release.set()
         assert await waiting is Code.OK
 
     async def test_a_full_call_budget_gives_up_the_longest_wait(self, tmp_path: Path) -> None:
         """give_up (what a full gRPC call budget asks) answers the longest-waiting call of
-        those named by the failure mode at once; a call not named is left waiting."""
+        those named by the failure mode at once, if it has waited long enough; a call not
+        named is left waiting."""
+        clock = FakeClock()
         store = HungStore()
-        limiter = Limiter(load_text(tmp_path, CONFIG), store, FakeClock())
+        limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
         store.hung = True
         first, second = await _started(limiter), await _started(limiter)
-        assert not limiter.waits.give_up(set())
-        assert limiter.waits.give_up({first, second})
+        started = clock.now()
+        clock.advance(0.3)
+        assert not limiter.waits.give_up(set(), clock.now())
+        assert not limiter.waits.give_up({first, second}, started - 0.001)  # not that long
+        assert not first.done()
+        assert limiter.waits.give_up({first, second}, clock.now() - 0.25)
         assert await first is Code.OK and not second.done()
         store.release.set()
         assert await second is Code.OK

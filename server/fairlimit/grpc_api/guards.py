@@ -2,18 +2,23 @@
 and the read deadline.
 
 Each kind of call has a budget of its own: rate-limit calls, RLQS streams (long-lived, one
-per Envoy) and the rest (health, reflection). A call beyond its kind's budget is refused at
-once with RESOURCE_EXHAUSTED, before its message is read, so idle RLQS streams or stalled
-health checks never take a rate-limit call's place. A call must deliver its (first) message
-within the read deadline or it ends with DEADLINE_EXCEEDED: a client that sends headers and
-nothing more holds a place for that long at most. The budgets, not HTTP/2's stream limit,
-bound what connections hold, and refuse with a status: no SETTINGS_MAX_CONCURRENT_STREAMS is
-sent unless asked for, since a fresh connection opens streams before it reads the setting and
+per Envoy) and the rest (health, reflection), so idle RLQS streams or stalled health checks
+never take a rate-limit call's place. A call beyond its kind's budget waits for a place,
+its message unread (``Pool``): a burst is served in turn rather than refused, since Envoy
+lets through every request whose call is refused. Only when the queue is full too, or a
+call has waited the read deadline in it, is it refused with RESOURCE_EXHAUSTED. A call must
+deliver its (first) message within the read deadline or it ends with DEADLINE_EXCEEDED: a
+client that sends headers and nothing more holds a place for that long at most, and for a
+quarter of a second when calls wait for one. The budgets, not HTTP/2's stream limit, bound
+what connections hold, and refuse with a status: no SETTINGS_MAX_CONCURRENT_STREAMS is sent
+unless asked for, since a fresh connection opens streams before it reads the setting and
 grpc resets each one past it (REFUSED_STREAM), which Envoy does not retry.
 """
 
 import asyncio
+import contextlib
 import inspect
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +49,17 @@ def largest_request() -> int:
 
 
 OTHER_CALLS = 8  # health checks and reflection at once: probes, grpcurl (not a flag)
+# Calls that may wait for a place, per place in the budget (rate-limit and other calls; an
+# RLQS stream holds its place for as long as Envoy runs, so none waits for one). Each holds
+# its message unread: 64 KB at most (HTTP/2's window without BDP probing).
+QUEUED_PER_PLACE = 32
+# A call in a place that has waited this long for its message (or on the store) gives its
+# place to a call waiting for one. A real client sends its message with its headers, and
+# Envoy's rate-limit timeouts (20 ms by default, 0.25 s in examples/envoy) have passed by
+# then; a starved event loop took up to 40 ms to read a message that had come (bench/
+# fresh_envoy.py --starve 6).
+STALLED_SECONDS = 0.25
+STALLED_CHECK = STALLED_SECONDS / 5  # how often a queue looks for a stalled call
 
 
 @dataclass(frozen=True)
@@ -98,51 +114,141 @@ def server_options(budgets: Budgets) -> list[tuple[str, int]]:
 
 
 class Pool:
-    """One kind of call's budget: how many are in progress, and which of them are still
-    waiting for their message (those give their place to a new call when it is full).
+    """One kind of call's budget: the calls in progress, which of them still wait for their
+    message, and the calls waiting for a place (``queue``).
 
-    When it is full, a call waiting on the store gives its place first (``relieve``: the
-    rate-limit calls'), answered by the failure mode at once: a slow store fills no budget
-    (issue 38).
+    A new call takes a free place (``admit``); when there is none it waits for one
+    (``wait_for_place``) with its message unread. A call leaving hands its place to a
+    waiting call (``leave``): the first to come, or the last while the first has waited
+    ``stalled`` seconds (a queue that old is a flood of stalled calls, or calls whose
+    callers' deadlines are passing: the newest are the ones still worth serving). A call in
+    a place gives it up to a waiting call, ending at once, only once it has been stalled
+    for ``stalled`` seconds:
+
+    - waiting for its message: it ends RESOURCE_EXHAUSTED (``evicted``);
+    - waiting on the store (``relieve``: the rate-limit calls'): the failure mode answers it,
+      so a slow store fills no budget for long (issue 38).
+
+    A burst on a busy loop (calls started faster than their messages are read) is thus
+    served in turn. Before, each call beyond the budget took at once the place of the call
+    that had waited longest for its message, which had often sent it: that call ended
+    RESOURCE_EXHAUSTED and Envoy let its request through.
     """
 
-    def __init__(self, kind: str, most: int, what: str) -> None:
-        """``kind``: the metric's name for it (rls, rlqs, other); ``what``: the refusal's."""
+    def __init__(
+        self, kind: str, most: int, what: str, *, queued: int | None = None,
+        stalled: float = STALLED_SECONDS,
+    ) -> None:  # fmt: skip
+        """``kind``: the metric's name for it (rls, rlqs, other); ``what``: the refusal's;
+        ``queued``: how many calls may wait for a place (QUEUED_PER_PLACE a place if None)."""
         self.kind = kind
         self.most = most
+        self.queued = QUEUED_PER_PLACE * most if queued is None else queued
+        self.stalled = stalled
         self.busy = 0
         self.started = 0  # calls admitted so far (a drain waits until none come)
         self.detail = f"{most} {what} in progress, the most at once"
         self.evicted_detail = f"no request message yet, and {most} {what} in progress"
-        # calls waiting for their first message, oldest first, with their deadline
+        # calls waiting for their first message, oldest first, since when (the loop's clock)
         self.waiting: dict[asyncio.Task[Any], float] = {}
         self.interrupted: dict[asyncio.Task[Any], str] = {}  # why: read_timeout, evicted
-        # a call in progress that can give up its place: True when one did (its wait on the
-        # store given up, so the failure mode answers it at once)
-        self.relieve: Callable[[], bool] | None = None
+        # calls waiting for a place, in order of arrival: their future (True: a place was
+        # handed over) and since when
+        self.queue: deque[tuple[asyncio.Future[bool], float]] = deque()
+        self._checking: asyncio.TimerHandle | None = None
+        # a call in progress waiting on the store for ``age`` seconds or more gives up its
+        # place: True when one did (its wait given up, so the failure mode answers it)
+        self.relieve: Callable[[float], bool] | None = None
 
     def admit(self) -> bool:
-        """Take a place for a new call; when the budget is full, a call that ``relieve``
-        answers at once gives up its place (its wait on the store given up: answered by the
-        failure mode), else the call that has waited longest for its message (a real client
-        sends the message with the headers: the waiting ones are stalled, or their message
-        is still to be read on a busy loop, and end RESOURCE_EXHAUSTED). False: every place
-        serves a call that is neither."""
-        if self.busy >= self.most:
-            if self.relieve is not None and self.relieve():
-                pass
-            elif self.waiting:
-                self.interrupt(next(iter(self.waiting)), "evicted")
-            else:
-                return False
+        """Take a place at once: a free one, when no call waits for one, or a stalled
+        call's. False: the call must wait for a place (``wait_for_place``)."""
+        if self.queue or (self.busy >= self.most and not self._give_up_one()):
+            return False
         self.busy += 1
         self.started += 1
         return True
+
+    async def wait_for_place(self) -> bool:
+        """Wait for a place; False when none came: the queue is full, or the call waited
+        the read deadline (the sweep ends it)."""
+        if len(self.queue) >= self.queued:
+            return False
+        loop = asyncio.get_running_loop()
+        handed: asyncio.Future[bool] = loop.create_future()
+        entry = (handed, loop.time())
+        self.queue.append(entry)
+        if self.busy < self.most:  # a place came free as the queue emptied
+            self._serve_queue()
+        if self._checking is None and self.queue:
+            self._checking = loop.call_later(STALLED_CHECK, self._check)
+        try:
+            placed = await handed
+        except asyncio.CancelledError:  # the call ended (its deadline, the client)
+            if handed.done() and not handed.cancelled() and handed.result():
+                self.leave()  # handed a place as it was cancelled: give it on
+            else:
+                self._drop(entry)
+            raise
+        if placed:
+            self.started += 1
+        return placed
+
+    def leave(self) -> None:
+        """A call in a place has ended: a call waiting for one takes it."""
+        self.busy -= 1
+        if self.queue and self.busy < self.most:
+            self._hand_over()
+
+    def expire(self, now: float, timeout: float) -> None:
+        """End the waits for a place that began ``timeout`` seconds or more before ``now``."""
+        while self.queue and self.queue[0][1] <= now - timeout:
+            future, _ = self.queue.popleft()
+            if not future.done():
+                future.set_result(False)
 
     def interrupt(self, task: "asyncio.Task[Any]", why: str) -> None:
         del self.waiting[task]
         self.interrupted[task] = why
         task.cancel()
+
+    def _hand_over(self) -> None:
+        """Give a place to a waiting call: the first, or the last once the first has waited
+        ``stalled`` seconds."""
+        queue = self.queue
+        newest = queue[0][1] <= queue[0][0].get_loop().time() - self.stalled
+        while queue:
+            future, _ = queue.pop() if newest else queue.popleft()
+            if not future.done():
+                self.busy += 1
+                future.set_result(True)
+                return
+
+    def _give_up_one(self) -> bool:
+        """End a call in a place stalled ``stalled`` seconds (see the class); False when
+        none is."""
+        if self.relieve is not None and self.relieve(self.stalled):
+            return True
+        for task, since in self.waiting.items():  # the oldest only
+            if task.get_loop().time() - since < self.stalled:
+                return False
+            self.interrupt(task, "evicted")
+            return True
+        return False
+
+    def _serve_queue(self) -> None:
+        while self.queue and (self.busy < self.most or self._give_up_one()):
+            self._hand_over()
+
+    def _check(self) -> None:
+        self._checking = None
+        self._serve_queue()
+        if self.queue:
+            self._checking = asyncio.get_running_loop().call_later(STALLED_CHECK, self._check)
+
+    def _drop(self, entry: tuple["asyncio.Future[bool]", float]) -> None:
+        with contextlib.suppress(ValueError):  # already taken off by the sweep
+            self.queue.remove(entry)
 
 
 class TooSlow(Exception):
@@ -174,7 +280,7 @@ class Reader:
         the call's (``asyncio.current_task()``, which the caller has read already)."""
         if task is None:  # not on a task: cannot be interrupted, wait as long as it takes
             return await context.read()
-        pool.waiting[task] = task.get_loop().time() + self.timeout  # the running loop's
+        pool.waiting[task] = task.get_loop().time()  # the running loop's clock
         try:
             return await context.read()
         except asyncio.CancelledError:
@@ -193,14 +299,17 @@ class Reader:
         return grpc.StatusCode.DEADLINE_EXCEEDED, self.detail
 
     async def sweep(self) -> None:
-        """Interrupt the calls past their deadline, for as long as the server runs."""
+        """Interrupt the calls past their deadline, and end the waits for a place as long,
+        for as long as the server runs."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.timeout / 4)
             now = loop.time()
             for pool in self.pools:
-                for task in [t for t, deadline in pool.waiting.items() if deadline <= now]:
+                late = [t for t, since in pool.waiting.items() if since <= now - self.timeout]
+                for task in late:
                     pool.interrupt(task, "read_timeout")
+                pool.expire(now, self.timeout)
 
 
 Refused = Callable[[str, str], None]  # kind, reason (busy, read_timeout, evicted)
@@ -240,7 +349,7 @@ class Guarded(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc has no stub
         unary_request = not handler.request_streaming
 
         async def behaviour(_: object, context: grpc.aio.ServicerContext) -> Any:
-            if not pool.admit():
+            if not pool.admit() and not await pool.wait_for_place():
                 refused(pool.kind, "busy")
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, pool.detail)
             try:
@@ -249,7 +358,7 @@ class Guarded(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc has no stub
                 refused(pool.kind, slow.why)
                 await context.abort(*reader.details(pool, slow))
             finally:
-                pool.busy -= 1
+                pool.leave()
 
         make = (
             grpc.stream_stream_rpc_method_handler

@@ -1,7 +1,6 @@
 """The RateLimitService servicer and the grpc.aio server around it."""
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -109,9 +108,14 @@ class RateLimitServicer:
         self.telemetry = telemetry  # spans and the latency metric; the limiter counts hits
         # the calls past their message: a full budget gives up the longest store wait of one
         self._deciding: set[asyncio.Task[Any]] = set()
-        self.pool.relieve = functools.partial(limiter.waits.give_up, self._deciding)
+        self.pool.relieve = self._relieve
         self._prepared: dict[bytes, _Kept] = {}
         self.options = options or ResponseOptions()
+
+    def _relieve(self, age: float) -> bool:
+        """Give up the longest store wait of one of this servicer's calls, if it has waited
+        ``age`` seconds or more (Pool.relieve)."""
+        return self.limiter.waits.give_up(self._deciding, self.limiter.clock.now() - age)
 
     def handler(self) -> grpc.GenericRpcHandler:
         # A stream of one on the server's side (the same bytes on the wire): the handler
@@ -132,7 +136,7 @@ class RateLimitServicer:
         extracted and no span is made: nothing would read either, and it costs ~15 µs a call.
         """
         pool = self.pool
-        if not pool.admit():
+        if not pool.admit() and not await pool.wait_for_place():
             self.telemetry.refused(RLS_KIND, "busy")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, pool.detail)
         task = asyncio.current_task()
@@ -155,7 +159,7 @@ class RateLimitServicer:
                 result = _result(answer)
             telemetry.rpc_finished(time.perf_counter() - started, result)
         finally:
-            pool.busy -= 1
+            pool.leave()
             if task is not None:
                 self._deciding.discard(task)
         if isinstance(answer, tuple):
@@ -272,7 +276,7 @@ class GrpcServer:
         other_pool = guards.Pool("other", budgets.other, OTHER_WHAT)  # health and reflection
         guarded = [(handler, other_pool) for handler in other.handlers]
         if self.quota is not None:
-            rlqs_pool = guards.Pool("rlqs", budgets.rlqs, RLQS_WHAT)
+            rlqs_pool = guards.Pool("rlqs", budgets.rlqs, RLQS_WHAT, queued=0)
             guarded.insert(0, (self.quota.handler(), rlqs_pool))
         self.server.add_generic_rpc_handlers(
             [guards.Guarded(h, pool, self.reader, telemetry.refused) for h, pool in guarded]
@@ -329,7 +333,7 @@ class GrpcServer:
         seen, quiet_since = -1, loop.time()
         while (now := loop.time()) < until:
             started = sum(pool.started for pool in self._pools)
-            if started != seen or rls.busy:
+            if started != seen or rls.busy or rls.queue:
                 seen, quiet_since = started, now
             elif now - quiet_since >= SETTLE_QUIET:
                 return

@@ -2,10 +2,10 @@
 
 A store that stalls (a stopped Redis, a partition) holds each call for its timeout. The
 limiter answers a call by its failure mode as soon as the store is known to be stalled,
-and the gRPC call budget, when full, gives up the call that has waited longest so that a
-new call gets its place (grpc_api/guards.py): the call given up is answered by the failure
-mode at once, as if its store call had failed. Each gRPC call runs in its own task, so a
-call is its task here.
+and the gRPC call budget, when full, gives up the call that has waited longest, once it has
+waited long enough, so that a call waiting for a place gets it (grpc_api/guards.py): the
+call given up is answered by the failure mode at once, as if its store call had failed.
+Each gRPC call runs in its own task, so a call is its task here.
 """
 
 import asyncio
@@ -63,9 +63,12 @@ class Waits:
                 self._given_up.add(task)
                 task.cancel()
 
-    def give_up(self, among: Collection[asyncio.Task[object]]) -> bool:
-        """Give up the longest wait of one of ``among``'s calls; False when none waits."""
-        for task in self._since:
+    def give_up(self, among: Collection[asyncio.Task[object]], before: float) -> bool:
+        """Give up the longest wait of one of ``among``'s calls, if it began at ``before``
+        or earlier; False when none did."""
+        for task, since in self._since.items():
+            if since > before:
+                return False
             if task in among and task not in self._given_up:
                 self._given_up.add(task)
                 task.cancel()
