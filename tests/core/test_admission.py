@@ -208,6 +208,32 @@ class TestRuleKinds:
         assert [s.code for s in out.statuses] == [Code.OVER_LIMIT, Code.OVER_LIMIT]
         assert [s.current_limit for s in out.statuses][1] == rule
 
+    @pytest.mark.parametrize("shadow_first", [True, False])
+    async def test_a_shadow_rule_beside_an_override_on_one_key(
+        self, make_limiter: LimiterFactory, clock: FakeClock, shadow_first: bool
+    ) -> None:
+        """A shadow-mode rule (10 a second) and an override of its key (4 a second, the same
+        unit: one counter): the override is enforced whichever descriptor comes first, and
+        the shadow rule's status says OK over it. Found by fuzzing accepted configs (issue
+        41): the counter took the first descriptor's shadow mode, so after the shadow rule
+        the override admitted every request, and before it the shadow rule's status said
+        OVER_LIMIT."""
+        clock.t = 1_700_000_040.0
+        limiter = make_limiter(
+            "domain: edge\ndescriptors:\n  - key: audit\n    shadow_mode: true\n"
+            "    rate_limit: {unit: second, requests_per_unit: 10}\n"
+        )
+        override = RateLimit(4, Unit.SECOND)
+        pair = [desc("audit=x"), desc("audit=x", limit=override)]
+        if not shadow_first:
+            pair.reverse()
+        codes = []
+        for _ in range(3):  # 2 hits on the counter each
+            out = await limiter.should_rate_limit(req("edge", *pair))
+            codes.append((out.code, [s.code for s in out.statuses]))
+        over = [Code.OK, Code.OVER_LIMIT] if shadow_first else [Code.OVER_LIMIT, Code.OK]
+        assert codes == [(Code.OK, [Code.OK] * 2)] * 2 + [(Code.OVER_LIMIT, over)]
+
     async def test_unknown_domain_and_unmatched_descriptor_are_ok(
         self, make_limiter: LimiterFactory
     ) -> None:

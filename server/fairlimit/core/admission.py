@@ -205,7 +205,7 @@ def _level(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, charge: Charge, 
                 name = name if dplan.rule is None else dplan.rule.path
     reset = _reset(plan, outcome, charge.counter, now)
     remaining = remaining if remaining > 0 else 0  # max(0, remaining)
-    if counter.shadow:
+    if charge.shadow:  # its own rule's: the counter may be shared with one that is not
         return _Level(False, over, remaining, reset, limit, name)
     return _Level(over, False, remaining, reset, limit, name)
 

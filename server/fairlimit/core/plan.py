@@ -67,6 +67,7 @@ class Charge:
     share: int | None  # index into Plan.shares, for a cap
     limit: RateLimit
     rule: Rule | None
+    shadow: bool = False  # its rule's shadow_mode: over it, its status says OK
 
 
 @dataclass(slots=True)  # not frozen: built per request (see Counter)
@@ -126,10 +127,14 @@ class _Builder:
         # limit and reports what the counter has left under the tighter (core/admission.py).
         # It kept the first: 1/year after 10/year on one key admitted 10 a year (found by
         # fuzzing accepted configs, issue 41).
+        # Likewise the counter refuses unless every descriptor on it is in shadow mode (a
+        # shadow rule's key beside an override's, never shadow): it kept the first's, so
+        # the override went unenforced behind a shadow rule; each status still says OK
+        # over a shadow limit (its charge's shadow, core/admission.py).
         known = self.counters[at]
         tighter = min(known.limit, limit.requests_per_unit)
         self.counters[at] = Counter(
-            key, tighter, known.window, known.hits + hits, known.shadow,
+            key, tighter, known.window, known.hits + hits, known.shadow and shadow,
             known.force or force, known.shape,
         )  # fmt: skip
         return at
@@ -181,7 +186,7 @@ def _cap_charges(
                 builder.counter(key, limit, hits, cap.shadow_mode, force),
                 force,
             )
-            charges.append(Charge(share.total, builder.share(share), limit, cap))
+            charges.append(Charge(share.total, builder.share(share), limit, cap, cap.shadow_mode))
     return charges
 
 
@@ -222,7 +227,7 @@ def _descriptor_plan(
         counter = builder.counter(
             key, each, hits, shadow, _forced(each, charge_over and not under_cap)
         )
-        charges.append(Charge(counter, None, each, rule))
+        charges.append(Charge(counter, None, each, rule, shadow))
     if match is not None:
         trail = match.trail
         charges.extend(_cap_charges(builder, paths, descriptor, hits, trail, replaced, force))
