@@ -74,6 +74,15 @@ def start(
     return [asyncio.create_task(serve(pool, reader, call, hold)) for call in calls]
 
 
+async def one_then_another(
+    pool: guards.Pool, reader: guards.Reader, hold: asyncio.Event, first: Call, then: Call
+) -> tuple["asyncio.Task[str]", "asyncio.Task[str]"]:
+    """``first`` takes the place of a budget of 1, then ``then`` comes: their tasks."""
+    held = start(pool, reader, [first], hold)[0]
+    await settle()
+    return held, start(pool, reader, [then], hold)[0]
+
+
 class TestBurst:
     async def test_calls_started_faster_than_their_messages_are_read_are_all_served(
         self,
@@ -167,9 +176,7 @@ class TestStalledCalls:
         hold.set()
         loop = asyncio.get_running_loop()
         began = loop.time()
-        first = start(pool, reader, [stalled], hold)[0]
-        await settle()
-        second = start(pool, reader, [waiting], hold)[0]
+        first, second = await one_then_another(pool, reader, hold, stalled, waiting)
         await settle()
         assert len(pool.queue) == 1 and not first.done()
         assert await ended(second) == "served"
@@ -194,9 +201,7 @@ class TestStalledCalls:
         working, waiting = Call(), Call()
         working.deliver()
         waiting.deliver()
-        tasks = start(pool, reader, [working], hold)
-        await settle()
-        tasks += start(pool, reader, [waiting], hold)
+        tasks = await one_then_another(pool, reader, hold, working, waiting)
         assert [await ended(task) for task in tasks] == ["served", "served"]
         assert len(asked) == 3 and set(asked) == {0.05}
         assert pool.busy == 0
@@ -238,9 +243,7 @@ class TestBounds:
             waiting.deliver()
             loop = asyncio.get_running_loop()
             began = loop.time()
-            first = start(pool, reader, [working], hold)[0]
-            await settle()
-            second = start(pool, reader, [waiting], hold)[0]
+            first, second = await one_then_another(pool, reader, hold, working, waiting)
             assert await ended(second) == "busy"
             assert loop.time() - began >= 0.2
             assert not first.done() and pool.busy == 1 and not pool.queue
