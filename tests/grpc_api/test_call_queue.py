@@ -4,7 +4,7 @@ Before, each call beyond --grpc-max-concurrent took at once the place of the cal
 waited longest for its message. On a loaded machine the event loop starts calls faster than
 it reads their messages, so a burst ended calls that had sent theirs RESOURCE_EXHAUSTED,
 and Envoy let those requests through (CI: 7 of 200 on a fresh Envoy; `python
-bench/fresh_envoy.py` has the figures). Here the pool and the reader run on a real event
+bench/grpc_burst.py --starve 6` has the figures). Here the pool and the reader run on a real event
 loop; a call's message arrives when the test delivers it.
 """
 

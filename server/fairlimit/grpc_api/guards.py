@@ -57,7 +57,7 @@ QUEUED_PER_PLACE = 32
 # place to a call waiting for one. A real client sends its message with its headers, and
 # Envoy's rate-limit timeouts (20 ms by default, 0.25 s in examples/envoy) have passed by
 # then; a starved event loop took up to 40 ms to read a message that had come (bench/
-# starved_burst.py).
+# grpc_burst.py --starve 6).
 STALLED_SECONDS = 0.25
 STALLED_CHECK = STALLED_SECONDS / 5  # how often a queue looks for a stalled call
 
