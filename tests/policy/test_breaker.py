@@ -11,6 +11,7 @@ import pytest
 from fairlimit.core.admission import Code
 from fairlimit.errors import StoreUnavailable
 from fairlimit.limiter import BREAK_AFTER, BREAK_SECONDS, STALLED, Limiter
+from fairlimit.policy.breaker import HEAR
 from fairlimit.settings import FailureMode
 from fairlimit.store.memory import MemoryStore
 from helpers import FakeClock, desc, load_text, req
@@ -267,27 +268,36 @@ class TestStalledStore:
         clock.advance(PAST_STALLED)
         listening = await _started(limiter)
         assert store.calls == 2 and not listening.done()  # listening, the store not asked
-        assert limiter.waits.give_up({listening}, clock.now())
+        clock.advance(HEAR)
+        assert limiter.policy.relieve({listening})
         assert await listening is Code.OK and store.calls == 2
         store.release.set()
         assert await waiting is Code.OK
 
-    async def test_a_full_call_budget_gives_up_the_longest_wait(self, tmp_path: Path) -> None:
-        """give_up (what a full gRPC call budget asks) answers the longest-waiting call of
-        those named by the failure mode at once, if it has waited long enough; a call not
-        named is left waiting."""
+    async def test_a_full_call_budget_gives_up_a_wait_on_a_stalled_store(
+        self, tmp_path: Path
+    ) -> None:
+        """relieve (what a full gRPC call budget asks) answers by the failure mode the
+        longest wait of the calls named, once the store has answered nothing for HEAR since
+        it began. Left waiting: a call not named, a wait younger than HEAR, and a wait on a
+        store that has answered since it began (a queue, soon served: giving it up at once,
+        as a full budget did, answered calls of a mere burst by the failure mode)."""
         clock = FakeClock()
         store = HungStore()
         limiter = Limiter(load_text(tmp_path, CONFIG), store, clock)
+        assert await _ask(limiter) is Code.OK  # the store's last answer
+        clock.advance(0.001)
         store.hung = True
         first, second = await _started(limiter), await _started(limiter)
-        started = clock.now()
-        clock.advance(0.3)
-        assert not limiter.waits.give_up(set(), clock.now())
-        assert not limiter.waits.give_up({first, second}, started - 0.001)  # not that long
-        assert not first.done()
-        assert limiter.waits.give_up({first, second}, clock.now() - 0.25)
+        relieve = limiter.policy.relieve
+        assert not relieve({first, second})  # not HEAR yet
+        clock.advance(HEAR)
+        assert not relieve(set())
+        assert relieve({first, second})
         assert await first is Code.OK and not second.done()
+        limiter.policy.breaker.answered(clock.now())  # the store answers another call
+        clock.advance(1.0)
+        assert not relieve({second})
         store.release.set()
         assert await second is Code.OK
 

@@ -122,12 +122,14 @@ class Pool:
     waiting call (``leave``): the first to come, or the last while the first has waited
     ``stalled`` seconds (a queue that old is a flood of stalled calls, or calls whose
     callers' deadlines are passing: the newest are the ones still worth serving). A call in
-    a place gives it up to a waiting call, ending at once, only once it has been stalled
-    for ``stalled`` seconds:
+    a place gives it up to a waiting call, ending at once, only when it is stalled:
 
-    - waiting for its message: it ends RESOURCE_EXHAUSTED (``evicted``);
-    - waiting on the store (``relieve``: the rate-limit calls'): the failure mode answers it,
-      so a slow store fills no budget for long (issue 38).
+    - waiting for its message for ``stalled`` seconds: it ends RESOURCE_EXHAUSTED
+      (``evicted``);
+    - waiting on a store that has not answered anything since the wait began, for a moment
+      (``relieve``, the rate-limit calls': grpc_api/servicer.py): the failure mode answers
+      it, so a stalled store fills no budget (issue 38), while a slow one that answers is
+      waited for.
 
     A burst on a busy loop (calls started faster than their messages are read) is thus
     served in turn. Before, each call beyond the budget took at once the place of the call
@@ -156,9 +158,9 @@ class Pool:
         # handed over) and since when
         self.queue: deque[tuple[asyncio.Future[bool], float]] = deque()
         self._checking: asyncio.TimerHandle | None = None
-        # a call in progress waiting on the store for ``age`` seconds or more gives up its
-        # place: True when one did (its wait given up, so the failure mode answers it)
-        self.relieve: Callable[[float], bool] | None = None
+        # a call in progress waiting on a stalled store gives up its place: True when one
+        # did (its wait given up, so the failure mode answers it)
+        self.relieve: Callable[[], bool] | None = None
 
     def admit(self) -> bool:
         """Take a place at once: a free one, when no call waits for one, or a stalled
@@ -225,9 +227,8 @@ class Pool:
                 return
 
     def _give_up_one(self) -> bool:
-        """End a call in a place stalled ``stalled`` seconds (see the class); False when
-        none is."""
-        if self.relieve is not None and self.relieve(self.stalled):
+        """End a stalled call in a place (see the class); False when none is."""
+        if self.relieve is not None and self.relieve():
             return True
         for task, since in self.waiting.items():  # the oldest only
             if task.get_loop().time() - since < self.stalled:

@@ -1,6 +1,7 @@
 """The RateLimitService servicer and the grpc.aio server around it."""
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -108,14 +109,9 @@ class RateLimitServicer:
         self.telemetry = telemetry  # spans and the latency metric; the limiter counts hits
         # the calls past their message: a full budget gives up the longest store wait of one
         self._deciding: set[asyncio.Task[Any]] = set()
-        self.pool.relieve = self._relieve
+        self.pool.relieve = functools.partial(limiter.policy.relieve, self._deciding)
         self._prepared: dict[bytes, _Kept] = {}
         self.options = options or ResponseOptions()
-
-    def _relieve(self, age: float) -> bool:
-        """Give up the longest store wait of one of this servicer's calls, if it has waited
-        ``age`` seconds or more (Pool.relieve)."""
-        return self.limiter.waits.give_up(self._deciding, self.limiter.clock.now() - age)
 
     def handler(self) -> grpc.GenericRpcHandler:
         # A stream of one on the server's side (the same bytes on the wire): the handler

@@ -2,9 +2,9 @@
 
 A store that stalls (a stopped Redis, a partition) holds each call for its timeout. The
 limiter answers a call by its failure mode as soon as the store is known to be stalled,
-and the gRPC call budget, when full, gives up the call that has waited longest, once it has
-waited long enough, so that a call waiting for a place gets it (grpc_api/guards.py): the
-call given up is answered by the failure mode at once, as if its store call had failed.
+and the gRPC call budget, when full, gives up the call that has waited longest with no
+answer from the store since, so that a call waiting for a place gets it (grpc_api/guards.py):
+the call given up is answered by the failure mode at once, as if its store call had failed.
 Each gRPC call runs in its own task, so a call is its task here.
 """
 
@@ -63,13 +63,16 @@ class Waits:
                 self._given_up.add(task)
                 task.cancel()
 
-    def give_up(self, among: Collection[asyncio.Task[object]], before: float) -> bool:
+    def give_up(
+        self, among: Collection[asyncio.Task[object]], before: float, answered: float
+    ) -> bool:
         """Give up the longest wait of one of ``among``'s calls, if it began at ``before``
-        or earlier; False when none did."""
+        or earlier and after ``answered`` (when the store last answered); False when none
+        did."""
         for task, since in self._since.items():
             if since > before:
                 return False
-            if task in among and task not in self._given_up:
+            if since > answered and task in among and task not in self._given_up:
                 self._given_up.add(task)
                 task.cancel()
                 return True
