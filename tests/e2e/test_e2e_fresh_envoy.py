@@ -9,11 +9,9 @@ lets the request through: 200 requests at once from a client allowed 10 a minute
 
 import asyncio
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from envoy_proxy import EXAMPLE, EnvoyProcess, burst, envoy_in_front
 from servers import ServerProcess, fairlimit_server
@@ -35,14 +33,10 @@ def _all_answered(envoy: EnvoyProcess, server: ServerProcess) -> None:
     try:
         envoy.assert_no_failed_calls()
     except AssertionError as failed:
-        url = f"http://127.0.0.1:{server.admin_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
         refused = {
-            (s.labels["kind"], s.labels["reason"]): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-            if s.name == "fairlimit_rpc_refused_total" and s.value
+            (labels["kind"], labels["reason"]): value
+            for labels, value in server.samples("fairlimit_rpc_refused_total")
+            if value
         }
         raise AssertionError(f"{failed}\nfairlimit refused {refused}") from None
 

@@ -8,7 +8,6 @@ RESOURCE_EXHAUSTED for as long as they stayed open.
 import asyncio
 import contextlib
 import functools
-import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -16,7 +15,6 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
-from prometheus_client.parser import text_string_to_metric_families
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
@@ -79,27 +77,15 @@ async def _ask(target: str, n: int) -> list[str]:
         return [await _code(rls(REQUEST, timeout=1)) for _ in range(n)]
 
 
-def _samples(server: ServerProcess, name: str) -> list[tuple[dict[str, str], float]]:
-    url = f"http://127.0.0.1:{server.admin_port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    return [
-        (sample.labels, sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    ]
-
-
 def _refused(server: ServerProcess, kind: str) -> dict[str, float]:
     """fairlimit.rpc.refused for ``kind``, by reason."""
-    samples = _samples(server, "fairlimit_rpc_refused_total")
+    samples = server.samples("fairlimit_rpc_refused_total")
     return {labels["reason"]: value for labels, value in samples if labels["kind"] == kind}
 
 
 def _in_progress(server: ServerProcess) -> dict[str, float]:
     """fairlimit.rpc.in_progress by kind."""
-    samples = _samples(server, "fairlimit_rpc_in_progress")
+    samples = server.samples("fairlimit_rpc_in_progress")
     return {labels["kind"]: value for labels, value in samples}
 
 

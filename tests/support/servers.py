@@ -8,9 +8,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import STARTUP_SECONDS
 
@@ -91,6 +94,18 @@ class ServerProcess:
     @property
     def admin_port(self) -> int:
         return int(self.wait_for(r"serving admin HTTP on \S+ \(port (\d+)\)"))
+
+    def samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """The samples named ``name`` on the server's /metrics: their labels and values."""
+        url = f"http://127.0.0.1:{self.admin_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        return [
+            (sample.labels, sample.value)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        ]
 
     def terminate(self) -> None:
         """SIGTERM once: a second one may land after the server's handlers are gone (its
