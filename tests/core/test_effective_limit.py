@@ -17,7 +17,7 @@ LEAF = RateLimit(10, Unit.SECOND, name="per-client")  # the client's own limit: 
 
 def _at_cap(unit: Unit) -> Charge:
     """A claim at a cap whose window is ``unit``."""
-    return Charge(counter=1, share=0, limit=RateLimit(6000, unit), rule=None)
+    return Charge(counter=1, share=0, limit=RateLimit(6000, unit), rule=None, shadow=False)
 
 
 class TestEffectiveLimit:

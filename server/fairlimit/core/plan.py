@@ -67,7 +67,7 @@ class Charge:
     share: int | None  # index into Plan.shares, for a cap
     limit: RateLimit
     rule: Rule | None
-    shadow: bool = False  # its rule's shadow_mode: over it, its status says OK
+    shadow: bool  # its rule's shadow_mode: over it, its status says OK
 
 
 @dataclass(slots=True)  # not frozen: built per request (see Counter)
