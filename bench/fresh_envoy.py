@@ -23,14 +23,11 @@ a call still waiting for its message, and Envoy let that request through.
 
 import argparse
 import asyncio
-import contextlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,44 +55,6 @@ def counters(admin: int) -> dict[str, int]:
     return {short: found.get(name, 0) for name, short in COUNTERS.items()}
 
 
-def refusals(server: procs.Proc) -> dict[str, int]:
-    """fairlimit_rpc_refused_total for rate-limit calls, by reason (those above 0)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    found = procs._ADMIN.search(server.text())
-    if not found:
-        return {}
-    url = f"http://127.0.0.1:{found.group(1)}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    return {
-        sample.labels["reason"]: int(sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "fairlimit_rpc_refused_total"
-        and sample.labels["kind"] == "rls" and sample.value
-    }  # fmt: skip
-
-
-@contextlib.contextmanager
-def starved(pid: int, loops: int) -> Iterator[None]:
-    """Process ``pid`` (every thread) on CPU 0 beside ``loops`` busy loops, until the end."""
-    if not loops:
-        yield
-        return
-    cpu = "0"
-    subprocess.run(["taskset", "-a", "-p", "-c", cpu, str(pid)], check=True, capture_output=True)
-    spin = [sys.executable, "-c", "import time\nend = time.monotonic() + 120\n"
-            "while time.monotonic() < end: pass"]  # fmt: skip
-    hogs = [subprocess.Popen(["taskset", "-c", cpu, *spin]) for _ in range(loops)]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
-
-
 def one_round(workdir: Path, requests: int, timeout: str, starve: int, serve: list[str]) -> None:
     example = workdir / "envoy-example.yaml"
     text = envoy_run.EXAMPLE.read_text()
@@ -107,12 +66,12 @@ def one_round(workdir: Path, requests: int, timeout: str, starve: int, serve: li
         )
         try:
             url = f"http://127.0.0.1:{listener}/"
-            with starved(server.process.pid, starve):
+            with procs.starved(server.process.pid, starve):
                 for label in ("at start", "1 s later"):
                     statuses = asyncio.run(burst(url, requests))
                     print(f"  {label:9}: 200s {statuses[200]:4}, 429s {statuses[429]:4}, "
                           f"envoy {counters(admin)}, fairlimit refused "
-                          f"{refusals(server)}")  # fmt: skip
+                          f"{server.refusals()}")  # fmt: skip
                     time.sleep(1)
         finally:
             envoy.stop()

@@ -31,7 +31,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import procs  # noqa: E402
 import wire  # noqa: E402
-from fresh_envoy import refusals, starved  # noqa: E402
 
 QUICKSTART = ROOT / "examples" / "envoy" / "descriptors" / "quickstart.yaml"
 
@@ -67,9 +66,9 @@ def main() -> None:
             Path(workdir), "fairlimit", "memory://", 1, *serve, config=QUICKSTART
         )
         try:
-            with starved(server.process.pid, args.starve):
+            with procs.starved(server.process.pid, args.starve):
                 ended = asyncio.run(calls(f"127.0.0.1:{port}", args.calls, args.rounds))
-            refused = refusals(server)
+            refused = server.refusals()
         finally:
             server.stop()
     print(f"{args.calls} calls at once x {args.rounds} on one channel, fairlimit "

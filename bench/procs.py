@@ -1,5 +1,6 @@
 """Processes the benchmark starts: on 127.0.0.1 only, each stopped explicitly."""
 
+import contextlib
 import os
 import re
 import shutil
@@ -8,7 +9,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -75,33 +78,49 @@ class Proc:
         self.stop()
         raise RuntimeError(f"{self.name} did not start:\n{self.text()[-3000:]}")
 
-    def metrics(self) -> dict[str, float]:
-        """fairlimit's /metrics (every worker's, summed): backend errors, shed calls, calls,
-        and hits within/over the two-replica rule (route=shared)."""
+    def samples(self) -> list[Any]:
+        """The samples on fairlimit's /metrics (every worker's); [] before it serves."""
         import urllib.request
 
         from prometheus_client.parser import text_string_to_metric_families
 
         found = _ADMIN.search(self.text())
         if not found:
-            return {}
+            return []
         url = f"http://127.0.0.1:{found.group(1)}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
             text = response.read().decode()
+        return [sample for family in text_string_to_metric_families(text)
+                for sample in family.samples]  # fmt: skip
+
+    def metrics(self) -> dict[str, float]:
+        """fairlimit's /metrics (every worker's, summed): backend errors, shed calls, calls,
+        and hits within/over the two-replica rule (route=shared)."""
+        samples = self.samples()
+        if not samples:
+            return {}
         wanted = {"fairlimit_backend_errors_total": "backend_errors",
                   "fairlimit_rpc_shed_total": "shed",
                   "fairlimit_rpc_duration_seconds_count": "rpc_calls"}  # fmt: skip
         totals = dict.fromkeys([*wanted.values(), "shared_within", "shared_over"], 0.0)
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in wanted:
-                    totals[wanted[sample.name]] += sample.value
-                elif "shared" in sample.labels.get("rule", "") and sample.name in (
-                    "ratelimit_within_limit_total", "ratelimit_over_limit_total"
-                ):
-                    key = "shared_within" if "within" in sample.name else "shared_over"
-                    totals[key] += sample.value
+        for sample in samples:
+            if sample.name in wanted:
+                totals[wanted[sample.name]] += sample.value
+            elif "shared" in sample.labels.get("rule", "") and sample.name in (
+                "ratelimit_within_limit_total", "ratelimit_over_limit_total"
+            ):
+                key = "shared_within" if "within" in sample.name else "shared_over"
+                totals[key] += sample.value
         return totals
+
+    def refusals(self) -> dict[str, int]:
+        """fairlimit_rpc_refused_total for rate-limit calls, by reason (those above 0)."""
+        return {
+            sample.labels["reason"]: int(sample.value)
+            for sample in self.samples()
+            if sample.name == "fairlimit_rpc_refused_total"
+            and sample.labels["kind"] == "rls" and sample.value
+        }  # fmt: skip
 
     def grpc_port(self, processes: int = 1) -> int:
         ports = {int(p) for p in self.wait_for(_PORT, processes)}
@@ -118,6 +137,26 @@ class Proc:
                 self.process.kill()
                 self.process.wait(5)
         return self.process.returncode
+
+
+@contextlib.contextmanager
+def starved(pid: int, loops: int) -> Iterator[None]:
+    """Process ``pid`` (every thread) on CPU 0 beside ``loops`` busy loops, until the end
+    (Linux's taskset): a loaded machine, as the process sees it."""
+    if not loops:
+        yield
+        return
+    cpu = "0"
+    subprocess.run(["taskset", "-a", "-p", "-c", cpu, str(pid)], check=True, capture_output=True)
+    spin = [sys.executable, "-c", "import time\nend = time.monotonic() + 120\n"
+            "while time.monotonic() < end: pass"]  # fmt: skip
+    hogs = [subprocess.Popen(["taskset", "-c", cpu, *spin]) for _ in range(loops)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
 
 
 def noop(workdir: Path, name: str = "noop", *extra: str) -> tuple[Proc, int]:
