@@ -43,23 +43,15 @@ def _reasons(text: str) -> Counter[str]:
 def metrics(proc: procs.Proc, workers: int = 1) -> dict[str, float]:
     """proc.metrics(), and the calls of each worker (``calls_wN``); with several workers,
     once the others' figures have reached worker 0 (POOLED)."""
-    import urllib.request
-
     if workers > 1:
         time.sleep(POOLED)
-
-    from prometheus_client.parser import text_string_to_metric_families
-
+    samples = proc.samples()
+    assert samples, f"{proc.name}: no admin /metrics"
     totals = proc.metrics()
-    admin = re.search(r"serving admin HTTP on \S+ \(port (\d+)\)", proc.text())
-    assert admin is not None
-    with urllib.request.urlopen(f"http://127.0.0.1:{admin.group(1)}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "fairlimit_rpc_duration_seconds_count":
-                key = f"calls_w{sample.labels.get('worker', '0')}"
-                totals[key] = totals.get(key, 0.0) + sample.value
+    for sample in samples:
+        if sample.name == "fairlimit_rpc_duration_seconds_count":
+            key = f"calls_w{sample.labels.get('worker', '0')}"
+            totals[key] = totals.get(key, 0.0) + sample.value
     return totals
 
 
