@@ -44,11 +44,12 @@ COUNTERS = {
     "cluster.ok.ratelimit.failure_mode_allowed": "failure_mode_allowed",
     "cluster.fairlimit.upstream_rq_rx_reset": "reset",
     "cluster.fairlimit.upstream_rq_timeout": "timeout",
+    "cluster.fairlimit.upstream_rq_pending_overflow": "overflow",
 }
 
 
 def counters(admin: int) -> dict[str, int]:
-    url = f"http://127.0.0.1:{admin}/stats?format=json&filter=ratelimit|rx_reset|rq_timeout"
+    url = f"http://127.0.0.1:{admin}/stats?format=json&filter=ratelimit|rx_reset|rq_timeout|rq_pending_overflow"
     with urllib.request.urlopen(url, timeout=5) as response:
         stats = json.loads(response.read())["stats"]
     found = {s["name"]: int(s.get("value", 0)) for s in stats if "value" in s}

@@ -195,6 +195,20 @@ class TestEnvoyExample:
         options["explicit_http_config"]["http2_protocol_options"] = {"max_concurrent_streams": 8}
         assert cluster["typed_extension_protocol_options"] == expected
 
+    @pytest.mark.parametrize(
+        "config", [p for p in ENVOY_EXAMPLES if p.stem != "rlqs"], ids=lambda p: p.name
+    )
+    def test_a_burst_is_not_failed_by_envoys_circuit_breaker(self, config: Path) -> None:
+        """Envoy's default circuit breaker fails calls past 1,024 in flight on a cluster;
+        on the rate-limit service's each lets its request through unlimited. Every example
+        that sends ShouldRateLimit calls (not RLQS: one stream) raises it far past that
+        (tests/e2e/test_e2e_fresh_envoy.py sends 2,000 at once)."""
+        clusters = yaml.safe_load(config.read_text())["static_resources"]["clusters"]
+        (thresholds,) = by_name(clusters, "fairlimit")["circuit_breakers"]["thresholds"]
+        assert thresholds.get("priority", "DEFAULT") == "DEFAULT"
+        assert thresholds["max_requests"] >= 100_000
+        assert thresholds["max_pending_requests"] >= 100_000
+
     def test_limited_route_forwards_to_a_cluster(self) -> None:
         """Envoy skips the ratelimit filter on direct_response routes, so the route forwards."""
         listener = yaml.safe_load(ENVOY_EXAMPLE.read_text())["static_resources"]["listeners"][0]

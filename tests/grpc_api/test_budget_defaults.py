@@ -44,6 +44,15 @@ def test_no_stream_limit_per_connection_is_sent_unless_set() -> None:
     assert dict(server_options(limited))["grpc.max_concurrent_streams"] == 16
 
 
+def test_grpc_cancels_no_call_waiting_to_be_taken_up_below_its_hard_limit() -> None:
+    """grpc's default cancels new calls at random from 1,000 waiting for the server to take
+    them up (tests/e2e/test_e2e_fresh_envoy.py's 2,000 at once lost 9-124): the soft
+    limit is the hard one, so none is cancelled below it."""
+    options = dict(server_options(Budgets.of(Settings())))
+    soft = options["grpc.server.max_pending_requests"]
+    assert soft == options["grpc.server.max_pending_requests_hard_limit"] >= 3000
+
+
 def test_the_stream_limit_flag_takes_0_and_refuses_what_is_not_a_count() -> None:
     """0 (the default) is no limit; a negative or non-numeric value names the flag."""
     assert (

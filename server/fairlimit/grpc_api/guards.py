@@ -60,6 +60,10 @@ QUEUED_PER_PLACE = 32
 # grpc_burst.py --starve 6).
 STALLED_SECONDS = 0.25
 STALLED_CHECK = STALLED_SECONDS / 5  # how often a queue looks for a stalled call
+# Calls grpc holds before the server has taken them up (its loop takes one call at a time).
+# grpc's own default drops new calls at random from 1,000 such calls (CANCELLED, counted
+# nowhere of ours) and all from 3,000: one soft limit at its hard one drops none below it.
+PENDING_CALLS = 3000
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,8 @@ def server_options(budgets: Budgets) -> list[tuple[str, int]]:
     options = [
         ("grpc.max_receive_message_length", budgets.receive_limit),
         ("grpc.http2.bdp_probe", 0),
+        ("grpc.server.max_pending_requests", PENDING_CALLS),
+        ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS),
     ]
     if budgets.per_connection:
         options.append(("grpc.max_concurrent_streams", budgets.per_connection))
