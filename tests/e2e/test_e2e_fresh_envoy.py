@@ -8,8 +8,9 @@ lets the request through: 200 requests at once from a client allowed 10 a minute
 
 A larger burst failed twice over: Envoy's default circuit breaker failed every call past 1,024
 in flight on the fairlimit cluster, and grpc, in front of fairlimit's own queue, cancelled
-calls at random once 1,000 waited to be taken up; fairlimit counted neither. 2,000 requests at
-once, twice: 840 let through unlimited with the breaker's default, 9-124 with grpc's.
+calls at random once 1,000 waited to be taken up; fairlimit counted neither. The first burst
+of 2,000 requests at once let 840 through unlimited with the breaker's default, and 9-124 in
+three runs with grpc's.
 """
 
 import asyncio
