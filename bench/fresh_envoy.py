@@ -6,13 +6,14 @@
 Each round starts fairlimit (the quick start's descriptors, alice allowed 10 a minute,
 memory backend) and a fresh Envoy (examples/envoy/envoy.yaml as it is, one worker thread),
 sends --requests requests from alice at once, each on a connection of its own, then as many
-again 1 s later. After each burst it prints alice's status codes and Envoy's own counters:
+again 1 s later. After each burst it prints alice's status codes; Envoy's own counters:
 ratelimit.error (calls that failed) and failure_mode_allowed (requests Envoy let through
-unlimited because of one), and on the fairlimit cluster the calls reset and timed out
-(the example's timeout is 0.25 s; --timeout sets another, to tell a slow answer on a loaded
-machine from a refused one), and fairlimit's own refusals (fairlimit_rpc_refused_total by
-reason). With ``-- --grpc-max-streams-per-connection 16`` (the old default) a fresh Envoy
-lost most calls.
+unlimited because of one), and on the fairlimit cluster the calls reset, timed out (the
+example's timeout is 0.25 s; --timeout sets another, to tell a slow answer on a loaded
+machine from a refused one) and failed by Envoy's circuit breaker (``overflow``; its default
+fails calls past 1,024 in flight); and fairlimit's own refusals
+(fairlimit_rpc_refused_total by reason). With ``-- --grpc-max-streams-per-connection 16``
+(the old default) a fresh Envoy lost most calls.
 
 ``--starve N`` pins fairlimit to one CPU beside N busy loops for the round (Linux's
 ``taskset``; Envoy and the client run elsewhere), as a loaded machine starves it: its event
