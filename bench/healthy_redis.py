@@ -47,7 +47,7 @@ def metrics(proc: procs.Proc, workers: int = 1) -> dict[str, float]:
         time.sleep(POOLED)
     samples = proc.samples()
     assert samples, f"{proc.name}: no admin /metrics"
-    totals = proc.metrics()
+    totals = proc.metrics(samples)  # the same reading as the calls per worker below
     for sample in samples:
         if sample.name == "fairlimit_rpc_duration_seconds_count":
             key = f"calls_w{sample.labels.get('worker', '0')}"

@@ -93,10 +93,12 @@ class Proc:
         return [sample for family in text_string_to_metric_families(text)
                 for sample in family.samples]  # fmt: skip
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, samples: list[Any] | None = None) -> dict[str, float]:
         """fairlimit's /metrics (every worker's, summed): backend errors, shed calls, calls,
-        and hits within/over the two-replica rule (route=shared)."""
-        samples = self.samples()
+        and hits within/over the two-replica rule (route=shared); from ``samples`` when
+        given (one reading of ``samples()`` serving other figures too)."""
+        if samples is None:
+            samples = self.samples()
         if not samples:
             return {}
         wanted = {"fairlimit_backend_errors_total": "backend_errors",
