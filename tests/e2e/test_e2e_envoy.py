@@ -56,6 +56,32 @@ class TestThroughEnvoy:
                 return
             raise AssertionError("three attempts straddled minute boundaries")
 
+    def test_a_hostile_client_id_is_limited_not_let_through(self, tmp_path: Path) -> None:
+        """x-client-id as a hostile client sends it: 20,000 characters, a byte 0xFF, a broken
+        UTF-8 sequence. Each was refused by fairlimit (too long, or no UTF-8 for protobuf)
+        and Envoy let every such request through; now each is a client of its own, held to
+        5 a minute, and no call fails (the fixture asserts Envoy's ratelimit.error and
+        failure_mode_allowed are 0)."""
+        values = {"long": "L" * 20_000, "byte-ff": "\xff", "broken": "hostile-\xc3("}
+        with (
+            fairlimit_server("--config", str(FIXTURES / "fair")) as server,
+            envoy_in_front(server.grpc_port, tmp_path, MINUTE_ROUTE) as envoy,
+        ):
+            for attempt in range(3):  # a minute boundary mid-test spoils an attempt
+                seen = {}
+                for name, value in values.items():
+                    # urllib sends a header's characters up to U+00FF as single bytes
+                    answers = [http_get(envoy.url, {"x-client-id": f"{value}{attempt}"})
+                               for _ in range(6)]  # fmt: skip
+                    seen[name] = [code for code, _, _ in answers]
+                    resets = [int(h.get("x-ratelimit-reset", "0")) for _, h, _ in answers]
+                    if resets != sorted(resets, reverse=True):
+                        break
+                else:
+                    assert seen == {name: [200] * 5 + [429] for name in values}
+                    return
+            raise AssertionError("three attempts straddled minute boundaries")
+
     def test_requests_without_a_client_id_are_one_anonymous_client(self, tmp_path: Path) -> None:
         """No x-client-id: Envoy sends client_id=anonymous, so they share one 5/min bucket."""
         for _ in range(3):  # a minute boundary mid-test spoils an attempt

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit._proto.envoy.type.v3 import ratelimit_unit_pb2
+from fairlimit.core.request import MAX_TEXT, STAND_IN_EDGE
 from servers import ROOT, ServerProcess
 
 pytestmark = pytest.mark.process
@@ -115,6 +116,57 @@ class TestShouldRateLimit:
         request = _request(("client_id", "override-test"), limit=override)
         codes = [stub.ShouldRateLimit(request, timeout=5).overall_code for _ in range(3)]
         assert codes == [RLS.OK, RLS.OK, RLS.OVER_LIMIT]
+
+
+def _with_bytes(value: bytes, domain: bytes = b"edge") -> bytes:
+    """A request of (route=admin),(client_id=``value``) with a yearly override of 2, its
+    domain and value given as raw bytes (protobuf would not build one that is no UTF-8)."""
+    override = D.RateLimitOverride(requests_per_unit=2, unit=ratelimit_unit_pb2.YEAR)
+    mark_domain, mark_value = "D" * len(domain), "V" * len(value)
+    request = _request(("route", "admin"), ("client_id", mark_value), limit=override)
+    request.domain = mark_domain
+    payload = request.SerializeToString()
+    assert payload.count(mark_value.encode()) == 1 and payload.count(mark_domain.encode()) == 1
+    return payload.replace(mark_value.encode(), value).replace(mark_domain.encode(), domain)
+
+
+class TestHostileValues:
+    """A descriptor value is what a client sent (Envoy copies a header's bytes as they
+    came): one too long or no UTF-8 is limited like any other, never refused, because
+    Envoy lets the request of a refused call through."""
+
+    def _codes(self, channel: grpc.Channel, payload: bytes, times: int = 3) -> list[str]:
+        call = channel.unary_unary(METHOD)
+        codes = []
+        for _ in range(times):
+            reply = rls_pb2.RateLimitResponse.FromString(call(payload, timeout=5))
+            codes.append(RLS.Code.Name(reply.overall_code))
+        return codes
+
+    @pytest.mark.parametrize(
+        "value",
+        [b"\xff", b"hostile-\xc3(", b"\xed\xa0\x80", b"x" * (MAX_TEXT + 1), b"y" * 200_000],
+        ids=["byte-ff", "broken-sequence", "surrogate", "one-too-long", "200kB"],
+    )
+    def test_each_value_is_limited_on_its_own(self, channel: grpc.Channel, value: bytes) -> None:
+        """Two a year: OK, OK, OVER_LIMIT; the same value with one byte more has its own."""
+        assert self._codes(channel, _with_bytes(value)) == ["OK", "OK", "OVER_LIMIT"]
+        assert self._codes(channel, _with_bytes(value + b"\xfe"), 1) == ["OK"]
+
+    def test_long_values_apart_only_in_the_middle_are_apart(self, channel: grpc.Channel) -> None:
+        head, tail = b"h" * MAX_TEXT, b"t" * MAX_TEXT  # a stand-in keeps STAND_IN_EDGE of each
+        assert STAND_IN_EDGE < MAX_TEXT
+        first, second = head + b"middle-1" + tail, head + b"middle-2" + tail
+        assert self._codes(channel, _with_bytes(first)) == ["OK", "OK", "OVER_LIMIT"]
+        assert self._codes(channel, _with_bytes(second), 1) == ["OK"]
+
+    def test_a_domain_that_is_no_utf8_is_still_refused(self, channel: grpc.Channel) -> None:
+        """The domain and keys are Envoy's configuration: bytes there are a broken message."""
+        call = channel.unary_unary(METHOD)
+        with pytest.raises(grpc.RpcError) as caught:
+            call(_with_bytes(b"alice", domain=b"ed\xffe"), timeout=5)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "RateLimitRequest" in (caught.value.details() or "")
 
 
 class TestHealthAndReflection:

@@ -1,5 +1,6 @@
 """A rate-limit request free of the wire format, and the bounds it must keep."""
 
+import hashlib
 from dataclasses import dataclass
 
 from fairlimit.core.matching import Entry
@@ -10,6 +11,12 @@ MAX_DESCRIPTORS = 64
 MAX_ENTRIES = 16
 MAX_TEXT = 1024
 MAX_HITS = 0xFFFFFFFF
+# A descriptor's value is what the request carried (a header, a path, a claim), so its
+# client chooses it; the domain and the keys are Envoy's configuration. A value longer than
+# MAX_TEXT, or bytes that are no UTF-8, is matched and counted as its stand-in, not refused:
+# Envoy lets the request of a refused call through (failure_mode_deny: false), so a refusal
+# would let any client past every limit with one long or broken header.
+STAND_IN_EDGE = 448  # the characters of each end a stand-in keeps (969 characters in all)
 
 
 # Built on every request, so slotted but not frozen: a frozen dataclass's __init__ sets each
@@ -39,6 +46,24 @@ class Request:
         return self.hits or 1
 
 
+def stand_in(raw: bytes) -> str:
+    """What a value of ``raw`` bytes that is too long or no UTF-8 is matched and counted as:
+    its first and last STAND_IN_EDGE characters (a byte that is no UTF-8 as U+FFFD) around
+    the SHA-256 of all its bytes. Distinct values keep distinct counters of bounded size,
+    the same value the same counter in every replica, and a wildcard value (``/api/*``,
+    ``*.jpg``) matches it as it would the value when its fixed text lies within each end."""
+    text = raw.decode("utf-8", "replace")
+    digest = hashlib.sha256(raw).hexdigest()
+    return f"{text[:STAND_IN_EDGE]}\u2026sha256:{digest}\u2026{text[-STAND_IN_EDGE:]}"
+
+
+def bounded_value(value: str) -> str:
+    """``value`` itself, or its stand-in when it is longer than MAX_TEXT."""
+    if len(value) <= MAX_TEXT:
+        return value
+    return stand_in(value.encode("utf-8", "surrogatepass"))
+
+
 def too_many_descriptors() -> RequestError:
     """The refusal of a request past MAX_DESCRIPTORS (also raised before conversion)."""
     return RequestError(f"at most {MAX_DESCRIPTORS} descriptors per request")
@@ -66,9 +91,10 @@ def _validate_descriptor(index: int, descriptor: Descriptor) -> None:
             if not entries
             else f"descriptor {index} has more than {MAX_ENTRIES} entries"
         )
-    longest = max([len(k) for k, _ in entries] + [len(v) for _, v in entries])
-    if longest > MAX_TEXT:
-        raise RequestError(f"descriptor {index} has an entry longer than {MAX_TEXT}")
+    if max([len(k) for k, _ in entries]) > MAX_TEXT:
+        raise RequestError(f"descriptor {index} has an entry key longer than {MAX_TEXT}")
+    if max([len(v) for _, v in entries]) > MAX_TEXT:  # the wire's are bounded_value()'s
+        raise RequestError(f"descriptor {index} has an entry value longer than {MAX_TEXT}")
     if not all([k for k, _ in entries]):
         raise RequestError(f"descriptor {index} has an entry with an empty key")
     if descriptor.hits is not None and descriptor.hits > MAX_HITS:

@@ -5,7 +5,13 @@ import math
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.core.admission import Code, Status
-from fairlimit.core.request import MAX_DESCRIPTORS, Descriptor, Request, too_many_descriptors
+from fairlimit.core.request import (
+    MAX_DESCRIPTORS,
+    Descriptor,
+    Request,
+    bounded_value,
+    too_many_descriptors,
+)
 from fairlimit.core.rules import RateLimit
 from fairlimit.core.units import Unit
 from fairlimit.errors import RequestError
@@ -47,14 +53,15 @@ def request_from_proto(message: rls_pb2.RateLimitRequest) -> Request:
 
     The descriptor count is checked before any descriptor is converted: a request of 10,000
     descriptors (200 kB, under the receive limit) took 30-40 ms of the event loop to convert
-    before validate() refused it, and 32 of them held every other call for up to 1 s.
+    before validate() refused it, and 32 of them held every other call for up to 1 s. A
+    value longer than MAX_TEXT is taken as its stand-in (core/request.py), not refused.
     """
     if len(message.descriptors) > MAX_DESCRIPTORS:
         raise too_many_descriptors()
     descriptors = []
     for index, descriptor in enumerate(message.descriptors):
         hits = int(descriptor.hits_addend.value) if descriptor.HasField("hits_addend") else None
-        entries = tuple([(e.key, e.value) for e in descriptor.entries])
+        entries = tuple([(e.key, bounded_value(e.value)) for e in descriptor.entries])
         negative = descriptor.is_negative_hits
         descriptors.append(Descriptor(entries, _override(descriptor, index), hits, negative))
     return Request(message.domain, tuple(descriptors), message.hits_addend)

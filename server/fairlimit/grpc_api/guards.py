@@ -33,8 +33,10 @@ from fairlimit.settings import Settings
 
 
 def largest_request() -> int:
-    """The encoded size of the largest RateLimitRequest the request bounds admit (in ASCII
-    text: 2,108,809 bytes). A larger message cannot be valid, so grpc may refuse it unread."""
+    """The encoded size of the largest RateLimitRequest the request bounds admit with every
+    text within MAX_TEXT (in ASCII: 2,108,809 bytes), the receive limit ``0`` asks for. A
+    longer value is taken as its stand-in (core/request.py), but past this size grpc
+    refuses the message unread."""
     text = "x" * MAX_TEXT
     entry = ratelimit_pb2.RateLimitDescriptor.Entry(key=text, value=text)
     override = ratelimit_pb2.RateLimitDescriptor.RateLimitOverride(

@@ -15,7 +15,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.errors import RequestError, StoreUnavailable
-from fairlimit.grpc_api import guards
+from fairlimit.grpc_api import guards, lenient
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
 from fairlimit.grpc_api.headers import ResponseOptions, add_extras
 from fairlimit.grpc_api.rlqs import RLQS_SERVICE, QuotaServicer
@@ -207,7 +207,13 @@ class RateLimitServicer:
 
     def _prepare(self, payload: bytes, span: Span) -> _Kept:
         """Parse, validate and plan ``payload`` (DecodeError, RequestError); kept for reuse."""
-        request = rls_pb2.RateLimitRequest.FromString(payload)
+        try:
+            request = rls_pb2.RateLimitRequest.FromString(payload)
+        except DecodeError as exc:  # perhaps values that are no UTF-8: a client's header bytes
+            try:
+                request = lenient.request(payload)
+            except DecodeError:
+                raise exc from None
         _describe(span, request)
         kept = (request, self.limiter.prepare(request_from_proto(request)))
         if len(payload) <= PREPARED_MAX_BYTES:
