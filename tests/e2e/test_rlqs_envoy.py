@@ -242,3 +242,37 @@ class TestStreamDrop:
                 return streams
             time.sleep(0.2)  # a poll of the admin endpoint, not a wait for time to pass
         raise AssertionError("Envoy did not reopen its RLQS stream within 20 s")
+
+
+class TestHostileBucketId:
+    def test_a_client_id_that_is_no_utf8_keeps_the_stream(self, tmp_path: Path) -> None:
+        """A client sends x-client-id with a byte 0xFF; Envoy puts it in the bucket id as it
+        came. fairlimit ended the stream on that report (INVALID_ARGUMENT), and Envoy's next
+        stream likewise: every bucket of that Envoy was left to its expired and then its
+        no_assignment_behavior (ALLOW_ALL in the example). Now the stream stays open, the
+        other clients stay assigned, and Envoy resets nothing."""
+        with (
+            fairlimit_server("--config", CONFIG) as server,
+            envoy_in_front(server.grpc_port, tmp_path, example=EXAMPLES / "rlqs.yaml") as envoy,
+        ):
+            rlconfig = f"http://127.0.0.1:{server.admin_port}/rlconfig"
+            hostile = "hostile-\xff"  # urllib sends U+00FF as the byte 0xFF
+            held: list[dict[str, str]] = []
+            deadline = time.monotonic() + 20  # Envoy reports a new bucket at once, or at 5 s
+            while time.monotonic() < deadline and len(held) < 2:
+                for client in ("greedy", hostile):
+                    http_get(envoy.url, {"x-client-id": client})
+                streams = json.loads(http_get(rlconfig)[2])["rlqs"]["streams"]
+                held = [b["bucket"] for s in streams for b in s["buckets"]]
+                time.sleep(0.2)  # polls the server's state; asserts no duration
+            assert len(held) == 2, f"the stream holds {held}"
+            time.sleep(1.0)  # Envoy read the response to that report meanwhile (or reset)
+            streams = json.loads(http_get(rlconfig)[2])["rlqs"]["streams"]
+            url = f"http://127.0.0.1:{envoy.admin}/stats?format=json&filter=fairlimit.upstream_rq"
+            stats = {s["name"]: s.get("value") for s in json.loads(http_get(url)[2])["stats"]
+                     if "name" in s}  # fmt: skip
+        assert len(streams) == 1
+        assert stats["cluster.fairlimit.upstream_rq_tx_reset"] == 0
+        assert stats["cluster.fairlimit.upstream_rq_total"] == 1
+        clients = sorted(b["bucket"]["client_id"] for b in streams[0]["buckets"])
+        assert clients[0] == "greedy" and "sha256:" in clients[1]

@@ -22,6 +22,7 @@ from fairlimit._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2, rlqs_pb
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit.core.admission import Code
 from fairlimit.core.quota import UINT32_MAX, token_bucket
+from fairlimit.grpc_api.rlqs import RLQS_SERVICE
 from fairlimit.grpc_api.servicer import GrpcServer
 from fairlimit.limiter import Limiter
 from fairlimit.quota import QuotaService, Usage
@@ -103,6 +104,54 @@ class TestFastRules:
             response = await asyncio.wait_for(call.read(), 10)
             bucket = response.bucket_action[0].quota_assignment_action.rate_limit_strategy
             assert bucket.token_bucket.tokens_per_fill.value == UINT32_MAX
+            await call.done_writing()
+            assert await call.code() == grpc.StatusCode.OK
+
+
+@pytest.fixture
+async def capped_server(tmp_path: Path) -> AsyncIterator[str]:
+    from fairlimit.store.memory import MemoryStore
+
+    clock = FakeClock()
+    limiter = Limiter(load_text(tmp_path, CAPPED), MemoryStore(), clock)
+    quota = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
+    server = GrpcServer(limiter, Telemetry.off(), "127.0.0.1:0", quota=quota)
+    await server.start()
+    yield f"127.0.0.1:{server.port}"
+    await server.server.stop(None)
+
+
+def _raw_report(*clients: bytes) -> bytes:
+    """A report of one request from each client on route=public, the client ids given as
+    bytes (protobuf builds no message whose string is no UTF-8: they are put in after)."""
+    marks = [str(i).rjust(len(client), "#").encode() for i, client in enumerate(clients)]
+    payload = _report("public", *[(mark.decode(), 1, 0) for mark in marks]).SerializeToString()
+    for mark, client in zip(marks, clients, strict=True):
+        assert payload.count(mark) == 1
+        payload = payload.replace(mark, client)
+    return payload
+
+
+class TestBucketIdsThatAreNoUtf8:
+    async def test_a_bucket_id_that_is_no_utf8_keeps_the_stream(self, capped_server: str) -> None:
+        """Envoy copies a header's bytes into a bucket id as the client sent them. Such a
+        report ended the stream (INVALID_ARGUMENT), and with it every bucket's assignment;
+        echoing the id back made Envoy reset the stream (it cannot read it). Now the bucket
+        is divided under its value's stand-in, every response is one Envoy can read (all
+        UTF-8), the others are assigned under their own ids, and the stream goes on."""
+        async with grpc.aio.insecure_channel(capped_server) as channel:
+            method = f"/{RLQS_SERVICE}/StreamRateLimitQuotas"
+            call = channel.stream_stream(method)()
+            hostile = b"hostile-\xff-client"
+            for _ in range(2):
+                await call.write(_raw_report(b"alice", hostile))
+                raw = await asyncio.wait_for(call.read(), 10)
+                assert isinstance(raw, bytes)
+                response = rlqs_pb2.RateLimitQuotaResponse.FromString(raw)  # as Envoy reads it
+                ids = [dict(a.bucket_id.bucket) for a in response.bucket_action]
+                assert {"route": "public", "client_id": "alice"} in ids
+                others = [i["client_id"] for i in ids if i["client_id"] != "alice"]
+                assert others and all("sha256:" in other for other in others)
             await call.done_writing()
             assert await call.code() == grpc.StatusCode.OK
 

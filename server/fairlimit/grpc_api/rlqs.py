@@ -27,6 +27,8 @@ from google.protobuf.message import DecodeError
 from fairlimit._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from fairlimit._proto.envoy.type.v3 import ratelimit_strategy_pb2
 from fairlimit.core.quota import STEP, Blanket, Strategy, TokenBucket
+from fairlimit.core.request import bounded_value
+from fairlimit.grpc_api import lenient
 from fairlimit.quota import Abandon, Action, Assigns, Lines, QuotaService, QuotaStream, Usage
 
 log = logging.getLogger(__name__)
@@ -168,9 +170,13 @@ class Wire:
                 if buckets[i] is None:
                     bucket = maps.get(raw)
                     if bucket is None:
-                        bucket = maps[raw] = dict(rlqs_pb2.BucketId.FromString(raw).bucket)
-                        # its id as Envoy sent it, for the responses
-                        self._ids[id(bucket)] = (bucket, _id_field(raw))
+                        bucket, readable = _bucket_map(raw)
+                        maps[raw] = bucket
+                        # its id as Envoy sent it, for the responses; Envoy cannot read
+                        # back one that is no UTF-8 (it resets the stream): its stand-in's,
+                        # which Envoy ignores (that bucket keeps no_assignment_behavior)
+                        sent = raw if readable else _bucket_id(bucket)
+                        self._ids[id(bucket)] = (bucket, _id_field(sent))
                     buckets[i] = bucket
         n = len(ids)
         allowed = np.fromiter(map(_ALLOWED, lines), np.uint64, n)
@@ -211,6 +217,20 @@ class Wire:
         out = [response_to_proto(actions.head).SerializeToString()] if actions.head else []
         out += chain.from_iterable(zip(repeat(_TAG), heads, bodies))
         return b"".join(out)
+
+
+def _bucket_map(raw: bytes) -> tuple[dict[str, str], bool]:
+    """The bucket map of an encoded BucketId, each value that is no UTF-8 (lenient.py) or
+    longer than MAX_TEXT taken as its stand-in, as a rate-limit call's (core/request.py):
+    Envoy copies a header into it as the client sent it; and whether it was all UTF-8."""
+    try:
+        message, readable = rlqs_pb2.BucketId.FromString(raw), True
+    except DecodeError as exc:
+        try:
+            message, readable = lenient.bucket_id(raw), False
+        except DecodeError:
+            raise exc from None
+    return {key: bounded_value(value) for key, value in message.bucket.items()}, readable
 
 
 def _id_field(encoded: bytes) -> bytes:
