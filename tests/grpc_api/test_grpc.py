@@ -160,6 +160,17 @@ class TestHostileValues:
         assert self._codes(channel, _with_bytes(first)) == ["OK", "OK", "OVER_LIMIT"]
         assert self._codes(channel, _with_bytes(second), 1) == ["OK"]
 
+    def test_a_hits_addend_past_uint32_is_over_the_limit(self, channel: grpc.Channel) -> None:
+        """A descriptor's hits_addend is a uint64, which Envoy may take from a request header
+        (``hits_addend: {format: "%REQ(x-cost)%"}``): one past 2^32 - 1 was refused, and
+        Envoy let the request through. Now it counts as 2^32 - 1: over a limit of 2."""
+        call = channel.unary_unary(METHOD)
+        for hits in (2**32, 2**64 - 1):
+            request = rls_pb2.RateLimitRequest.FromString(_with_bytes(f"costly-{hits}".encode()))
+            request.descriptors[0].hits_addend.value = hits
+            reply = call(request.SerializeToString(), timeout=5)
+            assert rls_pb2.RateLimitResponse.FromString(reply).overall_code == RLS.OVER_LIMIT
+
     def test_a_domain_that_is_no_utf8_is_still_refused(self, channel: grpc.Channel) -> None:
         """The domain and keys are Envoy's configuration: bytes there are a broken message."""
         call = channel.unary_unary(METHOD)

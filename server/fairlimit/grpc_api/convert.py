@@ -7,6 +7,7 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.core.admission import Code, Status
 from fairlimit.core.request import (
     MAX_DESCRIPTORS,
+    MAX_HITS,
     Descriptor,
     Request,
     bounded_value,
@@ -53,14 +54,21 @@ def request_from_proto(message: rls_pb2.RateLimitRequest) -> Request:
 
     The descriptor count is checked before any descriptor is converted: a request of 10,000
     descriptors (200 kB, under the receive limit) took 30-40 ms of the event loop to convert
-    before validate() refused it, and 32 of them held every other call for up to 1 s. A
-    value longer than MAX_TEXT is taken as its stand-in (core/request.py), not refused.
+    before validate() refused it, and 32 of them held every other call for up to 1 s.
+
+    What a client may have chosen is bounded, not refused: Envoy lets the request of a
+    refused call through. A value longer than MAX_TEXT is taken as its stand-in
+    (core/request.py); a descriptor's hits_addend (a uint64, which Envoy may format from a
+    request header) above MAX_HITS as MAX_HITS, more than any limit but the largest holds,
+    as RLQS takes a count past it.
     """
     if len(message.descriptors) > MAX_DESCRIPTORS:
         raise too_many_descriptors()
     descriptors = []
     for index, descriptor in enumerate(message.descriptors):
         hits = int(descriptor.hits_addend.value) if descriptor.HasField("hits_addend") else None
+        if hits is not None and hits > MAX_HITS:  # more than any limit holds (see above)
+            hits = MAX_HITS
         entries = tuple([(e.key, bounded_value(e.value)) for e in descriptor.entries])
         negative = descriptor.is_negative_hits
         descriptors.append(Descriptor(entries, _override(descriptor, index), hits, negative))
