@@ -5,6 +5,7 @@ quota nor costs other buckets their usage, buckets past a cap are refused withou
 the others, and RLS calls are answered while thousands of buckets arrive."""
 
 import asyncio
+import contextlib
 import json
 import queue
 import threading
@@ -77,17 +78,26 @@ def _report(route: str, *usage: tuple[str, int, int]) -> Reports:
     return Reports(domain="edge", bucket_quota_usages=lines)
 
 
-@pytest.fixture
-async def fast_server(tmp_path: Path) -> AsyncIterator[str]:
+@contextlib.asynccontextmanager
+async def _serving(tmp_path: Path, config: str) -> AsyncIterator[str]:
+    """A gRPC server with RLQS on ``config`` and a memory store; its target."""
     from fairlimit.store.memory import MemoryStore
 
     clock = FakeClock()
-    limiter = Limiter(load_text(tmp_path, FAST), MemoryStore(), clock)
+    limiter = Limiter(load_text(tmp_path, config), MemoryStore(), clock)
     quota = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
     server = GrpcServer(limiter, Telemetry.off(), "127.0.0.1:0", quota=quota)
     await server.start()
-    yield f"127.0.0.1:{server.port}"
-    await server.server.stop(None)
+    try:
+        yield f"127.0.0.1:{server.port}"
+    finally:
+        await server.server.stop(None)
+
+
+@pytest.fixture
+async def fast_server(tmp_path: Path) -> AsyncIterator[str]:
+    async with _serving(tmp_path, FAST) as target:
+        yield target
 
 
 class TestFastRules:
@@ -110,15 +120,8 @@ class TestFastRules:
 
 @pytest.fixture
 async def capped_server(tmp_path: Path) -> AsyncIterator[str]:
-    from fairlimit.store.memory import MemoryStore
-
-    clock = FakeClock()
-    limiter = Limiter(load_text(tmp_path, CAPPED), MemoryStore(), clock)
-    quota = QuotaService(lambda: limiter.loaded, limiter.store, clock.now)
-    server = GrpcServer(limiter, Telemetry.off(), "127.0.0.1:0", quota=quota)
-    await server.start()
-    yield f"127.0.0.1:{server.port}"
-    await server.server.stop(None)
+    async with _serving(tmp_path, CAPPED) as target:
+        yield target
 
 
 def _raw_report(*clients: bytes) -> bytes:
