@@ -3,6 +3,7 @@
 import http.client
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -56,15 +57,23 @@ class TestThroughEnvoy:
                 return
             raise AssertionError("three attempts straddled minute boundaries")
 
-    def test_a_hostile_client_id_is_limited_not_let_through(self, tmp_path: Path) -> None:
+    @pytest.mark.parametrize("backend", ["memory", "redis"])
+    def test_a_hostile_client_id_is_limited_not_let_through(
+        self, tmp_path: Path, backend: str, request: pytest.FixtureRequest
+    ) -> None:
         """x-client-id as a hostile client sends it: 20,000 characters, a byte 0xFF, a broken
         UTF-8 sequence. Each was refused by fairlimit (too long, or no UTF-8 for protobuf)
         and Envoy let every such request through; now each is a client of its own, held to
-        5 a minute, and no call fails (the fixture asserts Envoy's ratelimit.error and
-        failure_mode_allowed are 0)."""
-        values = {"long": "L" * 20_000, "byte-ff": "\xff", "broken": "hostile-\xc3("}
+        5 a minute, on either backend, and no call fails (the fixture asserts Envoy's
+        ratelimit.error and failure_mode_allowed are 0)."""
+        run = uuid.uuid4().hex[:8]  # the session's Redis outlives a test
+        values = {"long": "L" * 20_000 + run, "byte-ff": f"\xff{run}",
+                  "broken": f"hostile-\xc3({run}"}  # fmt: skip
+        flags = ["--config", str(FIXTURES / "fair")]
+        if backend == "redis":
+            flags += ["--backend", request.getfixturevalue("redis_server").url]
         with (
-            fairlimit_server("--config", str(FIXTURES / "fair")) as server,
+            fairlimit_server(*flags) as server,
             envoy_in_front(server.grpc_port, tmp_path, MINUTE_ROUTE) as envoy,
         ):
             for attempt in range(3):  # a minute boundary mid-test spoils an attempt
