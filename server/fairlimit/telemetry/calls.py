@@ -45,8 +45,9 @@ class CallInstruments:
             "gRPC calls refused before their message was served, by kind (rate-limit calls, "
             "RLQS streams, other calls) and reason (busy: the kind's budget was full, and "
             "so was its queue, or the call waited --grpc-read-timeout for a place; evicted: "
-            "still waiting for its message after 0.25 s, it gave its place to a waiting "
-            "call; read_timeout: the message did not arrive within --grpc-read-timeout)",
+            "stalled, still waiting for its message, it gave its place to a waiting call "
+            "(docs/failure-modes.md); read_timeout: the message did not arrive within "
+            "--grpc-read-timeout)",
         )
         # where fairlimit.rpc.in_progress reads its figures: (kind, calls) pairs
         self.in_progress: Callable[[], Iterable[tuple[str, int]]] = tuple
