@@ -14,6 +14,7 @@ from fairlimit._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from fairlimit.config.loader import load
 from fairlimit.core.bucket import bucket_key
 from fairlimit.core.quota import STEP, Blanket, TokenBucket
+from fairlimit.core.request import MAX_TEXT
 from fairlimit.core.rules import Loaded
 from fairlimit.grpc_api.rlqs import Wire, response_to_proto, usages_from_proto
 from fairlimit.quota import Abandon, Action, Assign, Assigns, Lines, QuotaService, Usage
@@ -123,6 +124,23 @@ class TestResponses:
         actions: list[Action] = [Assign({"client_id": "a"}, Blanket.ALLOW_ALL, 9),
                                  Abandon({"client_id": "b"})]  # fmt: skip
         assert wire().response(actions) == response_to_proto(actions).SerializeToString()
+
+
+    def test_a_long_value_is_answered_under_the_id_envoy_sent(self) -> None:
+        """A bucket value past MAX_TEXT is divided under its stand-in, but Envoy knows the
+        bucket by the id it sent: every response names that id, also once the kept ids were
+        emptied (more than STEP since), when the others are encoded again from their maps."""
+        long = {"route": "public", "client_id": "L" * 2000}
+        w = wire()
+        _, lines = w.usages(payload([(long, 1, 0)]))
+        (bucket,) = lines.buckets
+        assert bucket != long and len(bucket["client_id"]) <= MAX_TEXT  # its stand-in
+        for _ in range(2):
+            actions = Assigns([], [bucket], [Blanket.ALLOW_ALL], 9)
+            (action,) = Response.FromString(w.response(actions)).bucket_action
+            assert dict(action.bucket_id.bucket) == long
+            others = [{"client_id": f"c{i}"} for i in range(STEP + 1)]  # fills the kept ids
+            w.response(Assigns([], others, [Blanket.DENY_ALL] * len(others), 9))
 
 
 class TestColumns:

@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError
 from fairlimit._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from fairlimit._proto.envoy.type.v3 import ratelimit_strategy_pb2
 from fairlimit.core.quota import STEP, Blanket, Strategy, TokenBucket
-from fairlimit.core.request import bounded_value
+from fairlimit.core.request import MAX_TEXT, bounded_value
 from fairlimit.grpc_api import lenient
 from fairlimit.quota import Abandon, Action, Assigns, Lines, QuotaService, QuotaStream, Usage
 
@@ -152,6 +152,9 @@ class Wire:
         self.stream = stream
         self._maps: dict[bytes, dict[str, str]] = {}
         self._ids: dict[int, tuple[Mapping[str, str], bytes]] = {}
+        # the ids Envoy sent of buckets whose map took a value's stand-in (a value past
+        # MAX_TEXT): the map does not encode them again; kept as long as the maps
+        self._sent: dict[int, tuple[Mapping[str, str], bytes]] = {}
         self._actions: dict[int, tuple[Strategy, bytes]] = {}
         self._ttl = 0
 
@@ -164,19 +167,22 @@ class Wire:
         if len(maps) > 2 * len(self.stream.buckets) + STEP:
             maps.clear()
             self._ids.clear()
+            self._sent.clear()
         buckets = list(map(maps.get, ids))
         if None in buckets:
             for i, raw in enumerate(ids):
                 if buckets[i] is None:
                     bucket = maps.get(raw)
                     if bucket is None:
-                        bucket, readable = _bucket_map(raw)
+                        bucket, readable, exact = _bucket_map(raw)
                         maps[raw] = bucket
                         # its id as Envoy sent it, for the responses; Envoy cannot read
                         # back one that is no UTF-8 (it resets the stream): its stand-in's,
                         # which Envoy ignores (that bucket keeps no_assignment_behavior)
                         sent = raw if readable else _bucket_id(bucket)
-                        self._ids[id(bucket)] = (bucket, _id_field(sent))
+                        self._ids[id(bucket)] = known = (bucket, _id_field(sent))
+                        if readable and not exact:
+                            self._sent[id(bucket)] = known
                     buckets[i] = bucket
         n = len(ids)
         allowed = np.fromiter(map(_ALLOWED, lines), np.uint64, n)
@@ -194,9 +200,10 @@ class Wire:
         if None in fields:
             for i, bucket in enumerate(actions.buckets):
                 if fields[i] is None:
-                    known = ids.get(id(bucket))
+                    known = ids.get(id(bucket)) or self._sent.get(id(bucket))
                     if known is None:
-                        known = ids[id(bucket)] = (bucket, _id_field(_bucket_id(bucket)))
+                        known = (bucket, _id_field(_bucket_id(bucket)))
+                    ids[id(bucket)] = known
                     fields[i] = known
         # each strategy's encoded action, by the strategy's id (kept alive here; a division
         # makes each strategy once, core.quota.strategy_of)
@@ -219,10 +226,11 @@ class Wire:
         return b"".join(out)
 
 
-def _bucket_map(raw: bytes) -> tuple[dict[str, str], bool]:
+def _bucket_map(raw: bytes) -> tuple[dict[str, str], bool, bool]:
     """The bucket map of an encoded BucketId, each value that is no UTF-8 (lenient.py) or
     longer than MAX_TEXT taken as its stand-in, as a rate-limit call's (core/request.py):
-    Envoy copies a header into it as the client sent it; and whether it was all UTF-8."""
+    Envoy copies a header into it as the client sent it; whether it was all UTF-8, and
+    whether the map is the id's own (no stand-in taken)."""
     try:
         message, readable = rlqs_pb2.BucketId.FromString(raw), True
     except DecodeError as exc:
@@ -230,7 +238,9 @@ def _bucket_map(raw: bytes) -> tuple[dict[str, str], bool]:
             message, readable = lenient.bucket_id(raw), False
         except DecodeError:
             raise exc from None
-    return {key: bounded_value(value) for key, value in message.bucket.items()}, readable
+    bucket = {key: bounded_value(value) for key, value in message.bucket.items()}
+    exact = readable and all(len(value) <= MAX_TEXT for value in message.bucket.values())
+    return bucket, readable, exact
 
 
 def _id_field(encoded: bytes) -> bytes:
