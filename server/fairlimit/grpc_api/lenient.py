@@ -11,14 +11,14 @@ value that is no UTF-8 is replaced by its stand-in (core/request.py), and the re
 parsed as the real message. Keys and domains come from Envoy's configuration: those must be
 UTF-8 still.
 
-Only bytes that failed to parse come here: a message that parses pays nothing.
+A message that parses is parsed once, as the real message, and nothing more.
 """
 
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
@@ -99,10 +99,19 @@ _M = TypeVar("_M", bound=Message)
 
 
 def _parse(real: type[_M], mirror: type[Message], payload: bytes,
-           entries: Callable[[Any], Iterable[Any]]) -> _M:  # fmt: skip
-    message = mirror.FromString(payload)
-    _mend(entries(message))
-    return real.FromString(message.SerializeToString())
+           entries: Callable[[Any], Iterable[Any]]) -> tuple[_M, bool]:  # fmt: skip
+    """``payload`` as ``real``, and whether it read as it was; if it does not parse, read
+    again through ``mirror`` with each of its ``entries``' values that is no UTF-8 replaced
+    by its stand-in. DecodeError, protobuf's first one, when it does not parse even so."""
+    try:
+        return real.FromString(payload), True
+    except DecodeError as exc:
+        try:
+            message = mirror.FromString(payload)
+            _mend(entries(message))
+            return real.FromString(message.SerializeToString()), False
+        except DecodeError:
+            raise exc from None
 
 
 def request(payload: bytes) -> rls_pb2.RateLimitRequest:
@@ -112,10 +121,11 @@ def request(payload: bytes) -> rls_pb2.RateLimitRequest:
     def entries(message: Any) -> Iterable[Any]:
         return (entry for descriptor in message.descriptors for entry in descriptor.entries)
 
-    return _parse(rls_pb2.RateLimitRequest, _Request, payload, entries)
+    return _parse(rls_pb2.RateLimitRequest, _Request, payload, entries)[0]
 
 
-def bucket_id(payload: bytes) -> rlqs_pb2.BucketId:
+def bucket_id(payload: bytes) -> tuple[rlqs_pb2.BucketId, bool]:
     """The RLQS BucketId in ``payload``, each value that is no UTF-8 replaced by its
-    stand-in; DecodeError when it is no BucketId even so."""
+    stand-in, and whether it was all UTF-8 (Envoy reads back only such an id); DecodeError
+    when it is no BucketId even so."""
     return _parse(rlqs_pb2.BucketId, _BucketId, payload, lambda message: message.bucket)

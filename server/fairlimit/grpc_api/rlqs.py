@@ -231,13 +231,7 @@ def _bucket_map(raw: bytes) -> tuple[dict[str, str], bool, bool]:
     longer than MAX_TEXT taken as its stand-in, as a rate-limit call's (core/request.py):
     Envoy copies a header into it as the client sent it; whether it was all UTF-8, and
     whether the map is the id's own (no stand-in taken)."""
-    try:
-        message, readable = rlqs_pb2.BucketId.FromString(raw), True
-    except DecodeError as exc:
-        try:
-            message, readable = lenient.bucket_id(raw), False
-        except DecodeError:
-            raise exc from None
+    message, readable = lenient.bucket_id(raw)
     bucket = {key: bounded_value(value) for key, value in message.bucket.items()}
     exact = readable and all(len(value) <= MAX_TEXT for value in message.bucket.values())
     return bucket, readable, exact

@@ -207,13 +207,7 @@ class RateLimitServicer:
 
     def _prepare(self, payload: bytes, span: Span) -> _Kept:
         """Parse, validate and plan ``payload`` (DecodeError, RequestError); kept for reuse."""
-        try:
-            request = rls_pb2.RateLimitRequest.FromString(payload)
-        except DecodeError as exc:  # perhaps values that are no UTF-8: a client's header bytes
-            try:
-                request = lenient.request(payload)
-            except DecodeError:
-                raise exc from None
+        request = lenient.request(payload)  # values that are no UTF-8: a client's header bytes
         _describe(span, request)
         kept = (request, self.limiter.prepare(request_from_proto(request)))
         if len(payload) <= PREPARED_MAX_BYTES:
