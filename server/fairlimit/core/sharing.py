@@ -60,7 +60,7 @@ class Row:
         *("admitted", "asked", "credit", "epoch", "fixed", "history", "kind"),
         *("last_admitted", "last_asked", "limit", "mass", "period", "period_admitted"),
         *("period_asked", "previous", "previous_last", "rate", "seen", "weight", "window"),
-        *("page", "gap"),
+        *("page", "gap", "first"),
     )
 
     def __init__(self, limit: float, weight: float) -> None:
@@ -81,6 +81,7 @@ class Row:
         self.limit, self.weight = limit, weight
         self.page = -1  # the window start of its last light request (``schedule``)
         self.gap = 0.0  # windows between its last two windows of light requests
+        self.first = -1.0  # when it first asked in window ``window`` (before it: not yet)
 
 
 # Row attribute -> field of the row in the Redis rows hash (``<field>:<client>``); the
@@ -108,6 +109,7 @@ ROW_FIELDS = {
     "weight": "w",
     "page": "lg",
     "gap": "gp",
+    "first": "ft",
 }
 WHOLE_FIELDS = frozenset({"window", "period", "epoch", "kind", "page"})
 
@@ -658,6 +660,8 @@ def record(row: Row, hits: int, now: float) -> None:
     row.asked += hits
     row.period_asked += hits
     row.seen = now
+    if row.first < row.window:
+        row.first = now
 
 
 def stale_division(division: Division | None, clock: Clock) -> bool:

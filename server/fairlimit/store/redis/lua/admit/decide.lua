@@ -94,6 +94,7 @@ for _, s in ipairs(shares) do
     s.row.asked = s.row.asked + s.hits
     s.row.period_asked = s.row.period_asked + s.hits
     s.row.seen = now
+    if s.row.first < s.row.window then s.row.first = now end
     if s.light and s.d.cold == 0 then
       s.cap.light.asked = s.cap.light.asked + s.hits
       local at = schedule(s.row, s.cap)

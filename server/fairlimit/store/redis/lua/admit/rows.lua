@@ -28,7 +28,7 @@ end
 local function fresh_row(limit, weight)
   local row = {}
   for _, f in ipairs(ROW) do row[f] = 0 end
-  row.window, row.period, row.epoch, row.previous, row.page = -1, -1, -1, -1, -1
+  row.window, row.period, row.epoch, row.previous, row.page, row.first = -1, -1, -1, -1, -1, -1
   row.kind = NONE
   row.limit, row.weight = limit, weight
   return row
