@@ -743,6 +743,54 @@ class TestVerdictHeld:
         assert v.share == pytest.approx(324.0)
 
 
+class TestVerdictArrived:
+    """At a cap whose window is longer than a period (LONG: a minute, 15 s gone), a client
+    held at 180 (asked 60: want 61 + 60 / 15 x 45 = 241), history 10 a period: its history
+    paces it to 180 x φ = 45.09, unless it arrived during the window (it first asked there
+    after more of it had gone than it has asked since): its history is then a burst's."""
+
+    def test_arrived_it_keeps_back_only_for_the_declared_still_to_come(self) -> None:
+        """First asked at 129 (9 s gone, 6 s since). Four clients declared and four in the
+        division: nobody is still to come, so it is not paced: 180. Six declared: the two to
+        come, held beside it and the others' weight 2, would take 180 x 2 / 5 = 72 of its
+        share: bound 108."""
+        row = client(history=10.0, asked=60.0, admitted=30.0, first=129.0)
+        assert verdict(row, others(), claim(), LONG, 200).bound == 180.0
+        six = ShareClaim(1, INF, 1.0, 600.0, 6, False)
+        assert verdict(row, others(), six, LONG, 200).bound == pytest.approx(108.0)
+
+    def test_there_since_the_window_began_it_is_paced_by_its_history(self) -> None:
+        """First asked at 121 (1 s gone, 14 s since), or at 127.5 (7.5 s each side: not
+        arrived), went quiet perhaps and is back: paced to 180 x φ."""
+        for first in (121.0, 127.5):
+            row = client(history=10.0, asked=60.0, admitted=30.0, first=first)
+            assert verdict(row, others(), claim(), LONG, 200).bound == pytest.approx(180 * PHI)
+
+    def test_arrived_it_leaves_the_open_clients_requests_still_to_come(self) -> None:
+        """Arrived, with 590 of the cap's 600 admitted already (the others took more than
+        the division gives them while they were open): the 10 left hold the open clients'
+        18 requests to come, so its bound is 30 + 10 - 18 = 22, under what it holds (with
+        500 admitted: 30 + 100 - 18 = 112)."""
+        row = client(history=10.0, asked=60.0, admitted=30.0, first=129.0)
+        assert verdict(row, others(), claim(), LONG, 590).bound == 22.0
+        assert verdict(row, others(), claim(), LONG, 500).bound == 112.0
+
+    def test_at_a_cap_of_one_period_its_history_paces_it(self) -> None:
+        """A window of one period: the history is of windows before, so it paces as ever.
+        At 7.5 of [7, 8), room 600 beside held weight 2; 150 asked this second since 7.3
+        (want 151 + 150 x 0.5 = 226), history 800 a period: held at 200, greedy, paced to
+        200 x 0.53125 = 106.25 (as a client that arrived during a longer window it would
+        take its 200)."""
+        now = Clock(1, 1.0, 7.5)
+        division = Division(FORCES * now.epoch, now.now, 100.0, 4)
+        division.held = 2.0
+        row = client(history=800.0, asked=150.0, admitted=50.0, now=now, period_asked=150.0,
+                     first=7.3)  # fmt: skip
+        v = verdict(row, division, claim(), now, 200)
+        assert (v.kind, v.share) == (HELD, 200.0)
+        assert v.bound == pytest.approx(106.25)
+
+
 class TestVerdictOpen:
     """A client wanting no more than the level with it counted: open."""
 

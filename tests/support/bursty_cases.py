@@ -103,6 +103,9 @@ VARIANTS = (
     _page_loads(30, 150),
     # minute 0: the sparse clients 15 each, the late client the other 810
     _with_phase(LATE_ONE_SHOT, "late", Phase(5.5, 5.6, 15000), "late-one-shot at 5.5 s"),
+    # minute 0: the same 1500 sent over 3 s, 500 a second: still 810 (paced as if it kept
+    # 500 a second to the minute's end, it got 316)
+    _with_phase(LATE_ONE_SHOT, "late", Phase(20.5, 23.5, 500), "late-one-shot over 3 s"),
     # six steady clients (720/min each, 4320 in all: no contention), then 4800/7 = 686 each
     _steady_clients(MINUTE_START, 6, "burst-at-minute-start, 6 steady clients"),
 )

@@ -19,7 +19,9 @@ therefore counted at once, and held clients yield to it from that request on.
 A held client is paced by its own history: of its share it may not yet take what it is
 predicted (by its history alone, not by the burst under way) to ask for later in the window,
 up to the part of the window still to come. A steady client is so paced linearly; a client
-with no history (a newcomer, a one-shot burst) takes its share at once. Fractions of λ·w_i
+with no history (a newcomer, a one-shot burst) takes its share at once, and one that arrived
+during a window longer than a period (a burst of seconds at a cap of minutes) keeps back only
+what the clients declared and not yet seen would take (``_arrived``). Fractions of λ·w_i
 are carried from window to window in a credit below one hit, so remainders rotate.
 
 Light clients (open below their own limit: page loads) that come back at a gap of two
@@ -542,6 +544,7 @@ def _paced(
     its own clients; a cap sized for its clients is never paced; where nobody has history
     it is paced by the elapsed window."""
     held_back = part = kept = 0.0
+    eased = False
     if not claim.sized:
         if division.cold:
             held_back = share * (1 - clock.elapsed)
@@ -549,6 +552,10 @@ def _paced(
             part, kept = _for_light(share, row, division, claim, clock)
             share -= kept
             held_back = min(share * (1 - clock.elapsed), row.history * clock.left)
+            if _arrived(row, clock):
+                unseen = _unseen(share, row, division, claim)
+                eased = unseen < held_back
+                held_back = min(held_back, unseen)
     bound = share - held_back
     if held_back and row.admitted + 1 <= max(bound, 1.0):
         # below its paced share (and a paced client may always hold one request), a request
@@ -559,7 +566,34 @@ def _paced(
         # holding its whole part, it leaves the whole reserve in the cap: the held clients'
         # fractional shares and credits (and the request above) must not eat into it
         bound = min(bound, row.admitted + claim.capacity - total - claim.reserve)
+    if eased:
+        # paced less than its history says, it leaves the open clients' requests still to
+        # come in the cap (a client held now may hold more than its share: it took it while
+        # open, before this one came)
+        coming = math.floor(division.rate * clock.left + EPSILON)
+        bound = min(bound, row.admitted + claim.capacity - total - coming)
     return _cold(bound, division, row, claim, clock, total)
+
+
+def _arrived(row: Row, clock: Clock) -> bool:
+    """Whether the client arrived during this window, at a cap whose window is longer than
+    a period: it first asked in the window after more of it had gone than it has been
+    asking since. Its history is then that of a burst of a few periods, not a rate it has
+    kept: pacing it as if it kept that rate to the window's end would hold back, for
+    nobody, what max-min gives a burst of seconds at a cap of minutes or hours."""
+    if clock.window <= clock.period_len or row.first < clock.start:
+        return False
+    return clock.now - row.first < row.first - clock.start
+
+
+def _unseen(share: float, row: Row, division: Division, claim: ShareClaim) -> float:
+    """What a client that arrived during the window (``_arrived``) keeps back of ``share``:
+    what the clients declared (``active_clients``) and not yet in the division would take
+    from it, each of weight 1 held beside it; nothing when all have come."""
+    unseen = claim.declared - division.rows
+    if unseen <= 0:
+        return 0.0
+    return share * unseen / (division.held + row.weight + unseen)
 
 
 def _for_light(share: float, row: Row, division: Division, claim: ShareClaim, clock: Clock

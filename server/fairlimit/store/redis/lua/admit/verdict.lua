@@ -5,7 +5,8 @@
 -- ARGV: none.
 -- Reads: FORCES AMORTISE EPSILON BURST RELEASE STALE LIGHT_FIELD CALENDAR (contract),
 -- num whole OPEN HELD (args.lua), want left elapsed into (rows.lua).
--- Defines: contended cold bursting for_light paced verdict load_light schedule reserve.
+-- Defines: contended cold bursting for_light arrived unseen paced verdict load_light schedule
+-- reserve.
 
 -- --- the verdict (core/sharing.py: contended, verdict, _cold) -------------------------------
 
@@ -42,10 +43,24 @@ local function for_light(share, row, d, s)
   return part, margin
 end
 
+-- core/sharing._arrived
+local function arrived(row, c)
+  if c.window <= c.period_len or row.first < c.start then return false end
+  return c.now - row.first < row.first - c.start
+end
+
+-- core/sharing._unseen
+local function unseen(share, row, d, s)
+  local count = s.cap.declared - d.rows
+  if count <= 0 then return 0 end
+  return share * count / (d.held + row.weight + count)
+end
+
 -- core/sharing._paced
 local function paced(share, row, d, s, capacity, total)
   local c = s.cap
   local held_back, part, kept = 0, 0, 0
+  local eased = false
   if not s.sized then
     if d.cold ~= 0 then
       held_back = share * (1 - elapsed(c))
@@ -53,6 +68,11 @@ local function paced(share, row, d, s, capacity, total)
       part, kept = for_light(share, row, d, s)
       share = share - kept
       held_back = math.min(share * (1 - elapsed(c)), row.history * left(c))
+      if arrived(row, c) then
+        local kept_back = unseen(share, row, d, s)
+        eased = kept_back < held_back
+        held_back = math.min(held_back, kept_back)
+      end
     end
   end
   local bound = share - held_back
@@ -61,6 +81,10 @@ local function paced(share, row, d, s, capacity, total)
   end
   if kept ~= 0 and kept >= part then
     bound = math.min(bound, row.admitted + capacity - total - s.reserve)
+  end
+  if eased then
+    local coming = math.floor(d.rate * left(c) + EPSILON)
+    bound = math.min(bound, row.admitted + capacity - total - coming)
   end
   return cold(bound, d, row, s, capacity, total)
 end
