@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -276,3 +277,38 @@ class TestHostileBucketId:
         assert stats["cluster.fairlimit.upstream_rq_total"] == 1
         clients = sorted(b["bucket"]["client_id"] for b in streams[0]["buckets"])
         assert clients[0] == "greedy" and "sha256:" in clients[1]
+
+
+class TestBucketsPastTheCaps:
+    def test_a_new_client_past_the_bucket_cap_is_held_to_its_limit(self, tmp_path: Path) -> None:
+        """--rlqs-max-buckets-per-stream 3, and three made-up ids fill the stream's room: a
+        new client's bucket is refused (not tracked). It was sent no assignment, so the
+        example's no_assignment_behavior (ALLOW_ALL) let all its requests through (150 of
+        150 in 0.15 s, docs/rlqs.md). Now it is sent a new bucket's assignment, its own
+        50/s (a token bucket a second deep, full): of 300 requests sent as fast as one
+        connection goes, at most 50 and 50/s more pass."""
+        with (
+            fairlimit_server("--config", CONFIG, "--rlqs-max-buckets-per-stream", "3") as server,
+            envoy_in_front(server.grpc_port, tmp_path, example=EXAMPLES / "rlqs.yaml") as envoy,
+        ):
+            rlconfig = f"http://127.0.0.1:{server.admin_port}/rlconfig"
+
+            deadline = time.monotonic() + 20  # Envoy reports a new bucket at once, or at 5 s
+            refused = 0
+            while time.monotonic() < deadline and not refused:
+                for client in ("made-0", "made-1", "made-2", "late"):
+                    http_get(envoy.url, {"x-client-id": client})
+                found: list[dict[str, Any]] = json.loads(http_get(rlconfig)[2])["rlqs"]["streams"]
+                refused = sum(cast(int, s["buckets_refused_in_last_report"]) for s in found)
+                time.sleep(0.2)  # polls the server's state; asserts no duration
+            assert refused, f"no bucket was refused: {found}"
+            held = sorted(b["bucket"]["client_id"] for s in found for b in s["buckets"])
+            assert held == ["made-0", "made-1", "made-2"]
+            time.sleep(0.5)  # the assignment left with that report's response; Envoy applies it
+            start = time.monotonic()
+            statuses = Counter(http_get(envoy.url, {"x-client-id": "late"})[0] for _ in range(300))
+            elapsed = time.monotonic() - start
+        bound = LIMIT * MAX_DEPTH_SECONDS + LIMIT * elapsed + 2
+        assert bound < 300, f"300 requests took {elapsed:.1f} s: too slow to tell"
+        assert statuses[200] <= bound, (statuses, elapsed)
+        assert statuses[200] + statuses[429] == 300, statuses

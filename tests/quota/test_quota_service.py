@@ -578,24 +578,37 @@ class TestBucketCaps:
         self, limiter: Limiter, clock: FakeClock, caplog: pytest.LogCaptureFixture
     ) -> None:
         """Caps of 3 buckets a stream and 5 a process: the first Envoy's report of 5 new
-        buckets gets its first 3 assigned, nothing for the other 2 (not tracked); the
-        second Envoy gets 2 of its 4 (the process's room); each refusal is logged once per
-        stream, naming the cap's flag, however many reports repeat it."""
+        buckets has its first 3 tracked; the other 2 are not, and are sent a new bucket's
+        assignment (their own limit, 50/s: the cap of 100/s not divided yet), first in the
+        response; the second Envoy has 2 of its 4 tracked (the process's room), the others
+        sent their share at the level then in force; each
+        refusal is logged once per stream, naming the cap's flag, however many reports
+        repeat it, and each report renews every assignment."""
         service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now,
                                max_buckets_per_stream=3, max_buckets=5)  # fmt: skip
         one, two = Envoy(service), Envoy(service)
-        await one.report([(f"a{i}", 1, 0) for i in range(5)])
-        assert {a.bucket["client_id"] for a in one.actions} == {"a0", "a1", "a2"}
+        mine = [f"a{i}" for i in range(5)]
+        await one.report([(c, 1, 0) for c in mine])
+        assert [a.bucket["client_id"] for a in one.actions][:2] == ["a3", "a4"]
+        assert {a.bucket["client_id"] for a in one.actions} == set(mine)
+        assert one.rate("a3") == one.rate("a4") == pytest.approx(50)
         assert len(one.stream.buckets) == 3 and one.stream.refused == 2
         await two.report([(f"b{i}", 1, 0) for i in range(4)])
-        assert {a.bucket["client_id"] for a in two.actions} == {"b0", "b1"}
+        assert {a.bucket["client_id"] for a in two.actions} == {"b0", "b1", "b2", "b3"}
         assert service.held == 5 and two.stream.refused == 2
-        for _ in range(3):  # periodic reports: the held buckets renewed, the others not
+        # the level the first report's division found (three buckets, unmeasured, each
+        # wanting its 50/s of the 100/s cap): 33.3/s, a newcomer's share
+        assert two.rate("b3") == pytest.approx(33.3)
+        for _ in range(3):  # periodic reports: the held buckets and the others renewed
             clock.advance(5.0)
             one.actions.clear()
-            await one.report([(f"a{i}", 1, 0) for i in range(5)])
-            assert {a.bucket["client_id"] for a in one.actions} == {"a0", "a1", "a2"}
+            await one.report([(c, 1, 0) for c in mine])
+            assert {a.bucket["client_id"] for a in one.actions} == set(mine)
             assert all(isinstance(a, Assign) for a in one.actions)
+            # its share under the levels the divisions found (a newcomer's bound), at most
+            # its own 50/s: never unlimited
+            assert 0 < one.rate("a4") <= 50
+            assert len(one.stream.buckets) == 3
         told = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
         assert len(told) == 2, told
         assert "stream 1" in told[0] and "--rlqs-max-buckets-per-stream" in told[0]
@@ -604,18 +617,21 @@ class TestBucketCaps:
     async def test_a_refused_bucket_is_taken_once_there_is_room(
         self, limiter: Limiter, clock: FakeClock
     ) -> None:
-        """A process full with one Envoy's buckets: another's new bucket is refused until
-        the first Envoy's stream closes; reported again then, it is assigned."""
+        """A process full with one Envoy's buckets: another's new bucket is refused (not
+        tracked, sent its own limit) until the first Envoy's stream closes; reported again
+        then, it is tracked."""
         service = QuotaService(lambda: limiter.loaded, limiter.store, clock.now,
                                max_buckets=2)  # fmt: skip
         one, two = Envoy(service), Envoy(service)
         await one.report([("a0", 1, 0), ("a1", 1, 0)])
         await two.report([("b0", 1, 0)])
-        assert two.actions == [] and two.stream.refused == 1
+        assert two.rate("b0") == pytest.approx(50) and two.stream.refused == 1
+        assert not two.stream.buckets
         one.service.close(one.stream)
         clock.advance(5.0)
         await two.report([("b0", 1, 0)])
         assert two.rate("b0") == pytest.approx(50) and two.stream.refused == 0
+        assert len(two.stream.buckets) == 1
 
     async def test_a_refused_bucket_is_counted_in_the_metric(
         self, limiter: Limiter, clock: FakeClock

@@ -92,10 +92,11 @@ class Room:
             limit = self.per_stream if cap == "stream" else self.total
             where = "buckets a stream" if cap == "stream" else "buckets over this process's streams"
             log.warning("RLQS: stream %d (domain %r) reported new buckets past the cap of %d %s"
-                        " (%s): %d of this report refused; they get no assignment, so Envoy"
-                        " applies their no_assignment_behavior, and are taken when reported"
-                        " again with room. Logged once per stream; fairlimit.rlqs.refused_buckets"
-                        " counts each", stream.ident, stream.domain, limit, where,
+                        " (%s): %d of this report refused; they are not tracked or counted at"
+                        " the caps, each is assigned its own limit or a newcomer's share, and"
+                        " they are taken when reported again with room. Logged once per stream;"
+                        " fairlimit.rlqs.refused_buckets counts each", stream.ident,
+                        stream.domain, limit, where,
                         CAP_FLAGS[cap], count)  # fmt: skip
 
 

@@ -3,11 +3,15 @@ allowed usage owed to the store's counters (``usage.py``), idle buckets abandone
 division or, within the division gap, provisional assignments (``divider.py``).
 
 A new bucket past a cap (``Room.full``) is refused: not tracked, its usage neither paid nor
-counted, no assignment sent. Envoy then applies the bucket's no_assignment_behavior and
-lists it in each periodic report, where it costs a lookup, and is taken like any new bucket
-once the stream has room (an AbandonAction would make Envoy forget it and report it afresh
-at its next request, one report per request). The stream is not ended: that would drop what
-it holds, and Envoy would reopen it and report the same buckets again.
+counted. It is sent the assignment a new bucket gets until the next division (its bound as
+a greedy newcomer under the levels in force, ``core.quota.provisional``), renewed at each
+report that lists it: so it is held to its own limit and its share, where Envoy's
+no_assignment_behavior (``ALLOW_ALL`` in the documented settings) would let it through
+unlimited; the caps do not count it. Envoy lists it in each periodic report, where it costs a
+lookup and a plan, and it is taken like any new bucket once the stream has room (an
+AbandonAction would make Envoy forget it and report it afresh at its next request, one
+report per request). The stream is not ended: that would drop what it holds, and Envoy would
+reopen it and report the same buckets again.
 """
 
 import logging
@@ -19,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fairlimit.core.bucket import bucket_key
+from fairlimit.core.quota import provisional
 from fairlimit.quota.bounds import Room
 from fairlimit.quota.columns import Lines
 from fairlimit.quota.divider import Divider
@@ -26,6 +31,7 @@ from fairlimit.quota.stream import (
     MAX_REPORTED,
     Abandon,
     Action,
+    Assign,
     Counts,
     Ints,
     QuotaStream,
@@ -82,6 +88,7 @@ class Intake:
         slots: list[int] = []
         new: list[int] = []  # the lines (of those taken) that subscribed their bucket
         refused: dict[str, int] = {}
+        turned: list[Mapping[str, str]] = []  # the refused lines' buckets
         h = stream.holdings
         listed, listed_slots = h.order
         for start in range(0, len(buckets), KNOWN_CHUNK):
@@ -103,8 +110,8 @@ class Intake:
                              for i, slot in enumerate(found)]  # fmt: skip
             lines: Sequence[int] = range(start, start + len(part))
             if None in found:  # new buckets (or refused ones) are subscribed (or dropped)
-                lines = await self._subscribe(stream, part, found, now, refused, new, start,
-                                              len(slots))  # fmt: skip
+                lines = await self._subscribe(stream, part, found, now, refused, turned, new,
+                                              start, len(slots))  # fmt: skip
                 if stream.closed:
                     return
             kept.append(lines)
@@ -123,6 +130,10 @@ class Intake:
         # of one new bucket) would cost O(buckets) per new client.
         full = len(usages) >= len(stream.buckets)
         abandoned = self._abandon_idle(stream, now) if full else []
+        if turned:  # sent with the abandons, first in the response
+            abandoned = [*abandoned, *await self._turned(stream, turned)]
+            if stream.closed:
+                return
         if due:
             await self.divider.divide_yielding(stream, abandoned)
         else:
@@ -135,13 +146,15 @@ class Intake:
         found: list[int | None],
         now: float,
         refused: dict[str, int],
+        turned: list[Mapping[str, str]],
         new: list[int],
         start: int,
         offset: int,
     ) -> list[int]:
         """Subscribe the buckets of ``part`` (the report's lines from ``start``) not found
         (``found`` their slots, filled in here), CHUNK at a time; drop the lines of those
-        refused (``Room.full``), counted in ``refused``. The lines kept; ``new``: those
+        refused (``Room.full``), counted in ``refused``, their buckets in ``turned``. The
+        lines kept; ``new``: those
         (from ``offset`` among the lines taken) that subscribed their bucket. The stream
         may have closed meanwhile (then what is left is not taken)."""
         kept: list[int] = []
@@ -157,6 +170,7 @@ class Intake:
                             return kept
                     if (cap := self.room.full(stream)) is not None:
                         refused[cap] = refused.get(cap, 0) + 1
+                        turned.append(bucket)
                         continue
                     held = stream.buckets[key] = Subscription(bucket, now, h, key)
                     self.targets.resolve(stream.domain, key, held)
@@ -168,6 +182,20 @@ class Intake:
             kept.append(start + i)
         del found[len(kept) :]
         return kept
+
+    async def _turned(self, stream: QuotaStream, turned: Sequence[Mapping[str, str]]
+                      ) -> list[Action]:  # fmt: skip
+        """Each refused bucket's assignment: a new bucket's, held by this stream alone,
+        under the levels in force (not tracked: the next report that lists it renews it).
+        A plan each, CHUNK at a time (a report may list thousands)."""
+        levels, target = self.divider.levels, self.targets.target
+        out: list[Action] = []
+        for start in range(0, len(turned), CHUNK):
+            if start:
+                await self.divider.pace.pause()
+            out += [Assign(bucket, provisional(target(stream.domain, bucket), levels, 1),
+                           stream.ttl) for bucket in turned[start : start + CHUNK]]  # fmt: skip
+        return out
 
     def _count(
         self,
