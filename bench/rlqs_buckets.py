@@ -16,7 +16,8 @@ the next wave's buckets are new ones.
 Prints, per wave, the RLS latencies (p50/p99/max over every call, a failed one counted to
 its error; the calls that failed, by code; and those not answered OK within Envoy's default
 20 ms RLS timeout) from the first report to the last assignment, the
-buckets assigned and refused (sent, but never assigned), and the server's RSS before the
+buckets assigned and those never assigned (a bucket past the caps is assigned, not
+tracked: the server's log line counts them), and the server's RSS before the
 first wave, with the streams open, and ``--settle`` seconds after they closed; then the
 latencies over the whole run and the server's log lines about refused buckets. With
 ``--steps``, the server also logs each step of its event loop that took more than 10 ms of
@@ -303,7 +304,8 @@ def main() -> None:
         during = [s for s in samples if done.started <= s[0] <= done.ended]
         print(f"  wave {n}: {done.ended - done.started:.2f} s from the first report to the "
               f"last assignment; {done.assigned} buckets assigned, "
-              f"{done.sent - done.assigned} refused")  # fmt: skip
+              f"{done.sent - done.assigned} never (past the caps: assigned, not tracked; "
+              f"the log below counts them)")  # fmt: skip
         print(f"    RLS meanwhile: {latencies(during)}")
         if args.steps:
             longest = sorted((ms for ms, at in steps if done.started <= at <= done.ended),
