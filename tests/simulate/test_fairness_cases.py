@@ -41,6 +41,7 @@ from fairlimit.simulate import engine
 from fairlimit.simulate.report import Result
 from fairlimit.store.base import Store
 from fairness_figures import Figures, Window, figures, read_cap
+from helpers import once
 from redis_servers import StoreFactory
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
@@ -253,14 +254,7 @@ def _differences(a: Figures, b: Figures) -> str:
 @pytest.mark.parametrize("backend", ["redis"])
 async def test_redis_admits_as_memory_does(case: Case, store: Store, tmp_path: Path) -> None:
     """On Redis (the caller's clock) every window admits exactly what memory admits."""
-    made: list[Store] = []
-
-    def fresh() -> Store:  # the fixture's store is fresh and empty once: one run only
-        assert not made, "the engine asked for a second store"
-        made.append(store)
-        return store
-
-    on_redis = await _measure(case, tmp_path, fresh)
+    on_redis = await _measure(case, tmp_path, once(store))
     on_memory = await _measure(case, tmp_path)
     assert on_redis.admitted() == on_memory.admitted(), _differences(on_redis, on_memory)
     check(case, on_redis)
@@ -278,15 +272,8 @@ async def test_leases_meet_the_same_targets(
     """On Redis with lease blocks (``?leases=on``, one replica) every target holds, and the
     worst window's error against max-min is memory's, within half a point."""
     store = await redis_store_factory(leases="on")
-    made: list[Store] = []
-
-    def fresh() -> Store:
-        assert not made, "the engine asked for a second store"
-        made.append(store)  # type: ignore[arg-type]
-        return store  # type: ignore[return-value]
-
     try:
-        leased = await _measure(case, tmp_path, fresh)
+        leased = await _measure(case, tmp_path, once(store))  # type: ignore[arg-type]
     finally:
         await store.close()  # type: ignore[attr-defined]
     on_memory = await _measure(case, tmp_path)

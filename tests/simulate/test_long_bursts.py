@@ -27,7 +27,9 @@ import pytest
 from fairlimit.cli import main
 from fairlimit.simulate import engine, load_scenario
 from fairlimit.store.base import Store
+from fairness_cases import flat_config
 from fairness_figures import UNITS, Figures, figures, read_cap
+from helpers import once
 
 pytestmark = pytest.mark.behaviour
 
@@ -43,23 +45,10 @@ class Drawn:
     bursts: tuple[str, ...]
 
 
-def _config(capacity: int, unit: str, limit: int, declared: int) -> str:
-    return f"""domain: edge
-descriptors:
-  - key: route
-    value: api
-    rate_limit: {{unit: {unit}, requests_per_unit: {capacity}}}
-    fair_share: {{active_clients: {declared}}}
-    descriptors:
-      - key: client_id
-        rate_limit: {{unit: {unit}, requests_per_unit: {limit}}}
-"""
-
-
 def _scenario(name: str, window: int, clients: list[str]) -> str:
     lines = "\n".join(f"  - {c}" for c in clients)
     return f"""name: {name}
-domain: edge
+domain: fair
 descriptors:
   - [{{key: route, value: api}}, {{key: client_id, value: "{{client}}"}}]
 configs:
@@ -105,7 +94,7 @@ def draw(seed: int, start: str = "apart") -> Drawn:
     capacity = round(asked[0] + asked[1] * rng.uniform(0.5, 1.3))
     return Drawn(
         _scenario(f"long bursts {seed}", 2 * window, clients),
-        _config(capacity, unit, capacity, len(clients)),
+        flat_config(capacity, unit, capacity, active=len(clients)),
         bursts,
     )
 
@@ -142,14 +131,7 @@ async def test_redis_admits_as_memory_does(
 ) -> None:
     """On Redis (its script runs the same rule) every window admits what memory admits."""
     drawn = draw(seed, start)
-    made: list[Store] = []
-
-    def fresh() -> Store:  # the fixture's store is fresh and empty once: one run only
-        assert not made, "the engine asked for a second store"
-        made.append(store)
-        return store
-
-    on_redis = await _run(drawn, tmp_path, fresh)
+    on_redis = await _run(drawn, tmp_path, once(store))
     on_memory = await _run(drawn, tmp_path)
     assert on_redis.admitted() == on_memory.admitted()
 

@@ -22,6 +22,7 @@ from fairlimit.config.loader import load
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import Loaded, RateLimit
 from fairlimit.limiter import Limiter
+from fairlimit.store.base import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -100,3 +101,16 @@ def require_module(name: str, hint: str) -> ModuleType:
         return importlib.import_module(name)
     except ImportError:
         skip_or_fail(f"{name} is not installed ({hint})")
+
+
+def once(store: Store) -> Callable[[], Store]:
+    """A store factory for one run (``engine.run_async``'s ``store``): ``store``, fresh and
+    empty once; the engine asking for a second fails the test."""
+    made: list[Store] = []
+
+    def fresh() -> Store:
+        assert not made, "the engine asked for a second store"
+        made.append(store)
+        return store
+
+    return fresh
