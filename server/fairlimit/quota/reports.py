@@ -154,9 +154,9 @@ class Intake:
         """Subscribe the buckets of ``part`` (the report's lines from ``start``) not found
         (``found`` their slots, filled in here), CHUNK at a time; drop the lines of those
         refused (``Room.full``), counted in ``refused``, their buckets in ``turned``. The
-        lines kept; ``new``: those
-        (from ``offset`` among the lines taken) that subscribed their bucket. The stream
-        may have closed meanwhile (then what is left is not taken)."""
+        lines kept; ``new``: those (from ``offset`` among the lines taken) that subscribed
+        their bucket. The stream may have closed meanwhile (then what is left is not
+        taken)."""
         kept: list[int] = []
         h, added = stream.holdings, 0
         for i, (bucket, slot) in enumerate(zip(part, found, strict=True)):
