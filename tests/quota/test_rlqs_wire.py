@@ -125,7 +125,6 @@ class TestResponses:
                                  Abandon({"client_id": "b"})]  # fmt: skip
         assert wire().response(actions) == response_to_proto(actions).SerializeToString()
 
-
     def test_a_long_value_is_answered_under_the_id_envoy_sent(self) -> None:
         """A bucket value past MAX_TEXT is divided under its stand-in, but Envoy knows the
         bucket by the id it sent: every response names that id, also once the kept ids were
