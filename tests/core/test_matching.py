@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from fairlimit.core.matching import Matcher
 from fairlimit.core.rules import Config, Domain, Rule
+from fairlimit.core.values import MAX_TEXT, bounded_value
 from helpers import load_text
 from strategies import entries_lists, rule_trees
 
@@ -115,6 +116,49 @@ class TestSeparateStrings:
         """(a_b, c) matches its rule; (a, b_c) does not collide with it."""
         assert _limit(tmp_path, ("a_b", "c")) == 7
         assert _limit(tmp_path, ("a", "b_c")) is None
+
+
+LONG = "tok-" + "k" * MAX_TEXT  # one past MAX_TEXT: requests carry it as its stand-in
+LONGER = "tok-" + "k" * 20_000
+
+
+class TestLongExactValues:
+    """A request's value past MAX_TEXT arrives as its stand-in (grpc_api/convert.py): an
+    exact value that long in the config matched no request, silently (`check` said ok), and
+    its requests fell to the value-less rule. It is indexed as its stand-in now."""
+
+    TEXT = f"""
+domain: d
+descriptors:
+  - key: token
+    value: "{LONG}"
+    rate_limit: {{unit: minute, requests_per_unit: 1}}
+  - key: token
+    value: "{LONGER}"
+    rate_limit: {{unit: minute, requests_per_unit: 2}}
+  - key: token
+    value: "tok-*"
+    rate_limit: {{unit: minute, requests_per_unit: 3}}
+  - key: token
+    rate_limit: {{unit: minute, requests_per_unit: 4}}
+"""
+
+    def _limit(self, tmp_path: Path, value: str) -> int | None:
+        found = Matcher(load_text(tmp_path, self.TEXT).config).match("d", [("token", value)])
+        limit = None if found is None else found.rule.rate_limit
+        return None if limit is None else limit.requests_per_unit
+
+    def test_a_long_exact_value_matches_the_requests_that_carry_it(self, tmp_path: Path) -> None:
+        assert self._limit(tmp_path, bounded_value(LONG)) == 1
+        assert self._limit(tmp_path, bounded_value(LONGER)) == 2
+
+    def test_a_value_apart_in_its_middle_is_another_value(self, tmp_path: Path) -> None:
+        """The stand-in keeps the value's ends and the hash of all of it: one character
+        changed in the middle is another value (the wildcard's, here)."""
+        middle = len(LONGER) // 2
+        other = LONGER[:middle] + "x" + LONGER[middle + 1 :]
+        assert self._limit(tmp_path, bounded_value(other)) == 3
+        assert self._limit(tmp_path, bounded_value(LONG + "k")) == 3
 
 
 def _glob(pattern: str, value: str) -> bool:

@@ -20,6 +20,7 @@ from fairlimit.core.quota import (
     token_bucket,
 )
 from fairlimit.core.rules import Domain
+from fairlimit.core.values import MAX_TEXT, bounded_value
 from helpers import load_text
 from maxmin import maxmin
 from oracles import grants
@@ -402,6 +403,23 @@ class TestBucketMapping:
             ("team", "ops"),
         )
         assert entries_for(domain, {"tenant": "t1"}) == (("tenant", "t1"),)
+
+    def test_a_long_exact_value_maps_its_stand_in(self, tmp_path: Path) -> None:
+        """A bucket's value past MAX_TEXT comes as its stand-in (grpc_api/rlqs.py): an exact
+        value that long in the config maps it, as RLS matches it (core/matching.py)."""
+        long = "v" * (MAX_TEXT + 1)
+        text = f"""
+domain: edge
+descriptors:
+  - key: client_id
+    value: "{long}"
+    rate_limit: {{unit: minute, requests_per_unit: 1}}
+"""
+        domain = load_text(tmp_path, text).config.domains["edge"]
+        assert entries_for(domain, {"client_id": bounded_value(long)}) == (
+            ("client_id", bounded_value(long)),
+        )
+        assert entries_for(domain, {"client_id": bounded_value(long + "v")}) is None
 
     def test_a_wildcard_maps_only_values_it_matches(self, domain: Domain) -> None:
         """The route "private" is not "intern*": its level has no rule for it, though the

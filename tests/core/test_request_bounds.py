@@ -8,14 +8,11 @@ from fairlimit.core.request import (
     MAX_DESCRIPTORS,
     MAX_ENTRIES,
     MAX_HITS,
-    MAX_TEXT,
-    STAND_IN_EDGE,
     Descriptor,
     Request,
-    bounded_value,
-    stand_in,
     validate,
 )
+from fairlimit.core.values import MAX_TEXT, STAND_IN_EDGE, bounded_value, stand_in
 from fairlimit.errors import RequestError
 
 pytestmark = pytest.mark.unit

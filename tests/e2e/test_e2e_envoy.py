@@ -91,6 +91,43 @@ class TestThroughEnvoy:
                     return
             raise AssertionError("three attempts straddled minute boundaries")
 
+    def test_a_long_exact_client_id_in_the_config_limits_that_client(self, tmp_path: Path) -> None:
+        """A config naming a client by a value past 1,024 characters (an API key, say): its
+        rule matched no request, silently, and that client got the value-less rule's 5 a
+        minute. Now its own 2 a minute, through Envoy; a client whose id differs in the
+        middle still gets 5."""
+        run = uuid.uuid4().hex[:8]
+        keys = [f"key-{run}-{attempt}-" + "k" * 1100 for attempt in range(3)]
+        rules = "".join(f"""
+      - key: client_id
+        value: "{key}"
+        rate_limit: {{unit: minute, requests_per_unit: 2}}""" for key in keys)
+        config = tmp_path / "long.yaml"
+        config.write_text(f"""
+domain: edge
+descriptors:
+  - key: route
+    value: e2e-minute
+    descriptors:{rules}
+      - key: client_id
+        rate_limit: {{unit: minute, requests_per_unit: 5}}
+""")
+        with (
+            fairlimit_server("--config", str(config)) as server,
+            envoy_in_front(server.grpc_port, tmp_path, MINUTE_ROUTE) as envoy,
+        ):
+            for key in keys:  # a minute boundary mid-test spoils an attempt
+                other = key[:600] + "x" + key[601:]
+                answers = [http_get(envoy.url, {"x-client-id": key}) for _ in range(3)]
+                answers += [http_get(envoy.url, {"x-client-id": other}) for _ in range(6)]
+                resets = [int(h.get("x-ratelimit-reset", "0")) for _, h, _ in answers]
+                if resets != sorted(resets, reverse=True):
+                    continue
+                assert [code for code, _, _ in answers] == [200, 200, 429] + [200] * 5 + [429]
+                assert answers[0][1]["x-ratelimit-limit"].startswith("2, 2;w=60")
+                return
+            raise AssertionError("three attempts straddled minute boundaries")
+
     def test_requests_without_a_client_id_are_one_anonymous_client(self, tmp_path: Path) -> None:
         """No x-client-id: Envoy sends client_id=anonymous, so they share one 5/min bucket."""
         for _ in range(3):  # a minute boundary mid-test spoils an attempt

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from fairlimit._proto.envoy.type.v3 import ratelimit_unit_pb2
-from fairlimit.core.request import MAX_TEXT, STAND_IN_EDGE
+from fairlimit.core.values import MAX_TEXT, STAND_IN_EDGE
 from servers import ROOT, ServerProcess
 
 pytestmark = pytest.mark.process

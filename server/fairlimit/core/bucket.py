@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from fairlimit.core.matching import Entry
 from fairlimit.core.rules import Domain, Rule
+from fairlimit.core.values import bounded_value
 
 BucketKey = tuple[tuple[str, str], ...]  # the bucket map as sorted (key, value) pairs
 
@@ -33,10 +34,11 @@ def _matches(pattern: str, value: str) -> bool:
 
 
 def _rule_for(rules: Sequence[Rule], key: str, value: str) -> Rule | None:
-    """The rule of one level that ``(key, value)`` matches, with RLS's precedence."""
+    """The rule of one level that ``(key, value)`` matches, with RLS's precedence (an exact
+    value past MAX_TEXT as its stand-in, as the bucket's values come: core/values.py)."""
     keyed = [r for r in rules if r.key == key]
     for rule in keyed:
-        if rule.is_fixed and rule.value == value:
+        if rule.is_fixed and rule.value is not None and bounded_value(rule.value) == value:
             return rule
     for rule in keyed:
         if rule.is_wildcard and rule.value is not None and _matches(rule.value, value):

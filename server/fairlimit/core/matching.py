@@ -3,7 +3,8 @@
 Per level: the exact value first, then wildcard values in declaration order, then the
 value-less key. A rule applies only when the request is exactly as deep as it; there is no
 backtracking to a sibling and no fallback to a parent's limit. Keys and values are compared
-as separate strings, never joined.
+as separate strings, never joined. A request's value longer than MAX_TEXT comes as its
+stand-in (core/values.py), so an exact value that long is indexed as its stand-in.
 """
 
 import re
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fairlimit.core.rules import Config, Rule
+from fairlimit.core.values import bounded_value
 
 Entry = tuple[str, str]
 
@@ -55,7 +57,7 @@ class _Level:
                 pattern = _wildcard_regex(rule.value)
                 self.wildcards.setdefault(rule.key, []).append((pattern, node, below))
             else:
-                self.exact[(rule.key, rule.value)] = (node, below)
+                self.exact[(rule.key, bounded_value(rule.value))] = (node, below)
 
     def find(self, key: str, value: str) -> "tuple[Match, _Level] | None":
         found = self.exact.get((key, value))

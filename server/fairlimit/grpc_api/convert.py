@@ -10,11 +10,11 @@ from fairlimit.core.request import (
     MAX_HITS,
     Descriptor,
     Request,
-    bounded_value,
     too_many_descriptors,
 )
 from fairlimit.core.rules import RateLimit
 from fairlimit.core.units import Unit
+from fairlimit.core.values import bounded_value
 from fairlimit.errors import RequestError
 from fairlimit.limiter import Decision
 
@@ -58,7 +58,7 @@ def request_from_proto(message: rls_pb2.RateLimitRequest) -> Request:
 
     What a client may have chosen is bounded, not refused: Envoy lets the request of a
     refused call through. A value longer than MAX_TEXT is taken as its stand-in
-    (core/request.py); a descriptor's hits_addend (a uint64, which Envoy may format from a
+    (core/values.py); a descriptor's hits_addend (a uint64, which Envoy may format from a
     request header) above MAX_HITS as MAX_HITS, more than any limit but the largest holds,
     as RLQS takes a count past it.
     """

@@ -28,14 +28,15 @@ import grpc
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit._proto.envoy.type.v3 import ratelimit_unit_pb2
-from fairlimit.core.request import MAX_DESCRIPTORS, MAX_ENTRIES, MAX_HITS, MAX_TEXT
+from fairlimit.core.request import MAX_DESCRIPTORS, MAX_ENTRIES, MAX_HITS
+from fairlimit.core.values import MAX_TEXT
 from fairlimit.settings import Settings
 
 
 def largest_request() -> int:
     """The encoded size of the largest RateLimitRequest the request bounds admit with every
     text within MAX_TEXT (in ASCII: 2,108,809 bytes), the receive limit ``0`` asks for. A
-    longer value is taken as its stand-in (core/request.py), but past this size grpc
+    longer value is taken as its stand-in (core/values.py), but past this size grpc
     refuses the message unread."""
     text = "x" * MAX_TEXT
     entry = ratelimit_pb2.RateLimitDescriptor.Entry(key=text, value=text)

@@ -7,7 +7,7 @@ bucket id) as they came, and HTTP/1.1 lets a header carry any byte but controls:
 (``failure_mode_allowed``), every time; in an RLQS report it ended the stream of every
 bucket of that Envoy. So bytes that do not parse are read a second time as the same
 messages with ``bytes`` where they have ``string`` (the wire format is the same); each
-value that is no UTF-8 is replaced by its stand-in (core/request.py), and the result is
+value that is no UTF-8 is replaced by its stand-in (core/values.py), and the result is
 parsed as the real message. Keys and domains come from Envoy's configuration: those must be
 UTF-8 still.
 
@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError, Message
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
-from fairlimit.core.request import stand_in
+from fairlimit.core.values import stand_in
 
 
 def _as_bytes(message: descriptor_pb2.DescriptorProto, renamed: dict[str, str]) -> set[str]:

@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError
 from fairlimit._proto.envoy.service.rate_limit_quota.v3 import rlqs_pb2
 from fairlimit._proto.envoy.type.v3 import ratelimit_strategy_pb2
 from fairlimit.core.quota import STEP, Blanket, Strategy, TokenBucket
-from fairlimit.core.request import MAX_TEXT, bounded_value
+from fairlimit.core.values import MAX_TEXT, bounded_value
 from fairlimit.grpc_api import lenient
 from fairlimit.quota import Abandon, Action, Assigns, Lines, QuotaService, QuotaStream, Usage
 
@@ -228,7 +228,7 @@ class Wire:
 
 def _bucket_map(raw: bytes) -> tuple[dict[str, str], bool, bool]:
     """The bucket map of an encoded BucketId, each value that is no UTF-8 (lenient.py) or
-    longer than MAX_TEXT taken as its stand-in, as a rate-limit call's (core/request.py):
+    longer than MAX_TEXT taken as its stand-in, as a rate-limit call's (core/values.py):
     Envoy copies a header into it as the client sent it; whether it was all UTF-8, and
     whether the map is the id's own (no stand-in taken)."""
     message, readable = lenient.bucket_id(raw)
