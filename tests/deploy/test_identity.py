@@ -238,6 +238,53 @@ class TestJwtEndToEnd:
         raise AssertionError("both attempts straddled an hour boundary")
 
 
+REMOTE_ADDRESS_CONFIG = """
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+    fair_share: {active_clients: 3}
+    descriptors:
+      - key: remote_address
+        rate_limit: {unit: hour, requests_per_unit: 3}
+"""
+# What a client sends to pass for another caller: each request claims a new address.
+FORGED = ("x-forwarded-for", "x-envoy-external-address", "x-real-ip", "forwarded")
+
+
+class TestRemoteAddressEndToEnd:
+    """HTTP -> a real Envoy (identity-remote-address.yaml) -> a real fairlimit: 3 per hour
+    per caller address, the TCP peer's."""
+
+    def test_forged_forwarding_headers_do_not_make_a_new_client(
+        self, envoy: str, tmp_path: Path
+    ) -> None:
+        """Every request claims another address in the headers proxies use to pass the
+        caller's on; all come from 127.0.0.1, so they are one client: 3, then 429."""
+        descriptors = tmp_path / "edge.yaml"
+        descriptors.write_text(textwrap.dedent(REMOTE_ADDRESS_CONFIG))
+        example = (EXAMPLES / "envoy" / "identity-remote-address.yaml").read_text()
+        for _ in range(2):  # an hour boundary mid-test spoils an attempt
+            with (
+                fairlimit_server("--config", str(descriptors)) as server,
+                envoy_on(example, server.grpc_port, tmp_path) as proxy,
+            ):
+                answers = []
+                for i in range(6):
+                    address = f"203.0.113.{i + 1}"
+                    headers = {name: address for name in FORGED}
+                    headers["forwarded"] = f"for={address}"
+                    answers.append(http_get(proxy.url, headers))
+            resets = [int(h.get("x-ratelimit-reset", "0")) for _, h, _ in answers]
+            if resets != sorted(resets, reverse=True):
+                continue
+            assert [code for code, _, _ in answers] == [200, 200, 200, 429, 429, 429]
+            assert answers[0][1]["x-ratelimit-limit"].startswith("3, 3;w=3600")
+            return
+        raise AssertionError("both attempts straddled an hour boundary")
+
+
 def bearer(sub: str, key: bytes = SECRET) -> dict[str, str]:
     return {"authorization": f"Bearer {token(sub, key)}"}
 
