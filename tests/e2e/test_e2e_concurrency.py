@@ -71,9 +71,11 @@ def _wait_in_flight(server: ServerProcess, rule: str, value: float) -> None:
         time.sleep(0.05)  # a poll interval, not a wait for an outcome
 
 
-def _burst(port: int, clients: list[str]) -> list[tuple[str, int]]:
-    """One request per entry of ``clients``, all sent at once (a barrier); (client, status),
-    status 0 when the connection broke."""
+def _burst(
+    port: int, clients: list[str], headers: dict[str, str] | None = None
+) -> list[tuple[str, int]]:
+    """One request per entry of ``clients``, all sent at once (a barrier), each with
+    ``headers`` too; (client, status), status 0 when the connection broke."""
     barrier = threading.Barrier(len(clients))
     out: list[tuple[str, int]] = []
     lock = threading.Lock()
@@ -83,7 +85,7 @@ def _burst(port: int, clients: list[str]) -> list[tuple[str, int]]:
         status = 0
         try:
             barrier.wait(DEADLINE)
-            conn.request("GET", "/", headers={"x-client-id": client})
+            conn.request("GET", "/", headers={**(headers or {}), "x-client-id": client})
             response = conn.getresponse()
             response.read()
             status = response.status
@@ -121,6 +123,21 @@ class TestConcurrencyThroughEnvoy:
             _wait_in_flight(server, CLIENT_RULE, 0)  # every stream-done release arrived
             again = _burst(envoy.port, ["heavy"] * 12)
             assert _statuses(again, "heavy") == [200] * 5 + [429] * 7
+
+    def test_a_forged_request_id_takes_a_slot_each_time(self, tmp_path: Path) -> None:
+        """12 at once from one client, all sending one x-request-id of its own making (a
+        slot is keyed by the request id): still 5 pass and 7 get 429, since the example's
+        Envoy gives each edge request an id of its own. Were the client's kept
+        (use_remote_address: false), one would pass: fairlimit refuses an id already in
+        flight rather than let two requests share a slot."""
+        with (
+            fairlimit_server("--config", str(_descriptors(tmp_path))) as server,
+            envoy_in_front(server.grpc_port, tmp_path, SLOW_UPSTREAM,
+                           EXAMPLES / "concurrency.yaml") as envoy,
+        ):  # fmt: skip
+            answers = _burst(envoy.port, ["forger"] * 12, {"x-request-id": "forged-1"})
+            assert _statuses(answers, "forger") == [200] * 5 + [429] * 7
+            _wait_in_flight(server, CLIENT_RULE, 0)  # every stream-done release arrived
 
     def test_slots_of_a_killed_envoy_come_back_after_max_duration(self, tmp_path: Path) -> None:
         """Envoy killed with 5 requests in flight sends no stream-done call: the client is
