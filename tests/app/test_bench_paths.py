@@ -67,3 +67,14 @@ def test_the_noop_answers_as_fairlimit_does(inproc) -> None:  # type: ignore[no-
     answer.statuses[0].duration_until_reset.Clear()
     answer.statuses[0].duration_until_reset.seconds = 1
     assert answer.SerializeToString() == noop.statuses_response()
+
+
+def test_the_cold_calls_run(inproc) -> None:  # type: ignore[no-untyped-def]
+    """bench/cold_calls.py: each step of the call, warm and cooled, on both routes."""
+    import cold_calls
+
+    rows = cold_calls.measure(["plain", "public"], calls=3, objects=10, pieces=True)
+    steps = ("the call", "limiter.decide", "response built, serialized", "latency recorded")
+    expected = [(route, what) for route in ("plain", "public") for what in steps]
+    assert [(row["route"], row["what"]) for row in rows] == expected
+    assert all(float(row["warm_us"]) > 0 and float(row["cooled_us"]) > 0 for row in rows)
