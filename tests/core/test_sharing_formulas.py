@@ -394,6 +394,43 @@ class TestWant:
         assert part(row_of((1.0, 12)), at(25.0), 1.0) == (NONE, 0.0, 0.0)
 
 
+class TestWantOfAClientThatComesEveryWindow:
+    """A client whose light requests come one window apart (``gap`` 1: a page load every
+    window at its own phase) is predicted by its window before where its rate says less
+    (its lump still to come) or more (its lump past). Here it asked 6 at 17.0 of [10, 20)."""
+
+    @staticmethod
+    def lump(gap: float = 1.0) -> Row:
+        row = row_of((7.0, 6), (17.0, 6))
+        row.gap = gap
+        return row
+
+    def test_before_its_point_it_wants_its_lump(self) -> None:
+        """At 23.0 it has asked nothing; its rate, the 6 taken as spread over [10, 17), keeps
+        4/7 of them in the window's length from 13.0: 0.343 a period, 2.4 for 7 periods.
+        Its point (17.0 a window on) is still to come: it wants the 6, fixed; asking 1 now,
+        the same (the 1 is part of the 6)."""
+        fluid = 6 * (4 / 7) / 10
+        assert want(self.lump(2.0), at(23.0)) == pytest.approx((0.0, fluid))
+        assert want(self.lump(), at(23.0)) == (6.0, 0.0)
+        assert want(self.lump(), at(23.0), 1) == (6.0, 0.0)
+
+    def test_past_its_point_with_its_lump_asked_it_wants_no_more(self) -> None:
+        """At 27.5, having asked 6 at 27.0: past its point, as much asked as then: no more
+        (its rate, 0.6 a period, wanted 1.5 more); having asked 2, its rate as before."""
+        row = ask(self.lump(), 27.0, 6)
+        assert want(row, at(27.5)) == (6.0, 0.0)
+        other = ask(self.lump(), 27.0, 2)
+        assert want(other, at(27.5)) == pytest.approx((2.0, 0.2))
+        assert want(ask(self.lump(2.0), 27.0, 6), at(27.5)) == pytest.approx((6.0, 0.6))
+
+    def test_a_division_counts_it_as_want_does(self) -> None:
+        """``divide`` works the wants out inline: the same (6, 0) in its sums."""
+        division = divide([("u", self.lump())], 100.0, at(23.0))
+        assert sums(division) == (0.0, 6.0, 0.0)
+        assert part(self.lump(), at(23.0), division.level) == (OPEN, 6.0, 0.0)
+
+
 # Rows at 5.0 of [0, 10) that asked a hits at 1.0 want 2a: a asked, a / 5 a period for 5 more.
 HALF = at(5.0)
 

@@ -136,6 +136,14 @@ end
 
 local function want(row, c, extra)
   local fixed, rate = row.asked + extra, predicted(row, c)
+  -- it comes every window: as in the window before (core/sharing.py want)
+  if row.gap == 1 and row.previous >= 0 then
+    if row.previous_last > c.now - c.window then
+      if row.previous > fixed + rate * left(c) then fixed, rate = row.previous, 0 end
+    elseif row.asked >= row.previous then
+      rate = 0
+    end
+  end
   if fixed + rate * left(c) > row.limit then return row.limit, 0 end
   return fixed, rate
 end

@@ -1,0 +1,104 @@
+"""Clients that come every window in one lump (docs/fairness.md, late arrivals): a user
+loading a page of requests every second at its own phase of the second, beside a batch job
+that retries every 429. Max-min gives each user its whole page in every window (the pages
+fit the level) and the batch job the rest; the users come back each window, so the light
+reserve (booked one gap of two windows or more ahead) does not see them, and their rate,
+taken as spread evenly over the window, predicted little of a page still to come: a page
+late in the second found the cap spent by the batch job.
+
+Scenarios are drawn at random (seeded): 2-6 users, each a page of its own size every
+second at its own phase (0 to 0.97 of the second), within 10 ms; a batch job asking four
+times the cap and retrying each 429 three times; a cap of 100-400 a second whose level
+holds every page. Each runs through ``fairlimit simulate``'s engine (on memory, and two on
+Redis, which must admit the same) for 12 s and is measured against the exact weighted
+max-min solver (tests/support/maxmin.py via fairness_figures.py) from the window in which
+every user has come back twice (its gap known: the 4th).
+"""
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fairlimit.simulate import engine, load_scenario
+from fairlimit.store.base import Store
+from fairness_cases import flat_config
+from fairness_figures import Figures, figures, read_cap
+from helpers import once
+
+pytestmark = pytest.mark.behaviour
+
+ERROR = 0.10  # within 10% of its max-min share, one request of rounding allowed
+SEEDS = range(16)
+SECONDS = 12
+SETTLED = 3  # windows before every user's gap is known (its first two pages, and one more)
+
+
+@dataclass(frozen=True)
+class Drawn:
+    scenario: str
+    config: str
+
+
+def draw(seed: int) -> Drawn:
+    rng = random.Random(seed)
+    capacity = rng.randint(100, 400)
+    users = rng.randint(2, 6)
+    # each page at most the level the pages leave the batch job (max-min gives it whole),
+    # the pages together at most 0.8 of the cap
+    most = min(capacity // (users + 1), int(0.8 * capacity / users))
+    pages = [rng.randint(max(2, most // 4), most) for _ in range(users)]
+    phases = sorted(round(rng.uniform(0.0, 0.97), 3) for _ in range(users))
+    clients = [f"{{name: batch, rate: {4 * capacity}, retries: {{max: 3, backoff: 0.05}}}}"]
+    for i, (page, phase) in enumerate(zip(pages, phases, strict=True)):
+        every = f"every: 1, for: 0.01, rate: {page * 100}"
+        clients.append(f"{{name: user{i}, phases: [{{start: {phase}, stop: {SECONDS}, {every}}}]}}")
+    lines = "\n".join(f"  - {c}" for c in clients)
+    scenario = f"""name: lumps {seed}
+domain: fair
+descriptors:
+  - [{{key: route, value: api}}, {{key: client_id, value: "{{client}}"}}]
+configs:
+  - {{label: fairlimit, path: fair.yaml}}
+duration: {SECONDS}
+tick: 0.005
+clients:
+{lines}
+"""
+    return Drawn(scenario, flat_config(capacity, "second", capacity, active=users + 1))
+
+
+async def _run(drawn: Drawn, where: Path, store: Callable[[], Store] | None = None) -> Figures:
+    (where / "fair.yaml").write_text(drawn.config)
+    (where / "scenario.yaml").write_text(drawn.scenario)
+    scenario = load_scenario(where / "scenario.yaml")
+    result = await engine.run_async(scenario, store=store)
+    config = next(c for c in result.configs if c.label == "fairlimit")
+    return figures(scenario, read_cap(where / "fair.yaml"), config)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_a_page_every_window_gets_its_maxmin_share_at_any_phase(
+    seed: int, tmp_path: Path
+) -> None:
+    """Every client, each user and the batch job, within ERROR of its max-min share of each
+    window once every user's gap is known; the cap never passed."""
+    drawn = draw(seed)
+    got = await _run(drawn, tmp_path)
+    worst = got.worst(got.windows[SETTLED:])
+    assert worst.error <= ERROR, f"{worst}\n{drawn.scenario}{drawn.config}"
+    assert max(w.over for w in got.windows) <= 1.0
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("seed", [6, 15])
+@pytest.mark.parametrize("backend", ["redis"])
+async def test_redis_admits_as_memory_does(seed: int, store: Store, tmp_path: Path) -> None:
+    """On Redis (its script runs the same rule) every window admits what memory admits."""
+    drawn = draw(seed)
+    on_redis = await _run(drawn, tmp_path, once(store))
+    on_memory = await _run(drawn, tmp_path)
+    assert on_redis.admitted() == on_memory.admitted()
