@@ -238,17 +238,7 @@ class TestJwtEndToEnd:
         raise AssertionError("both attempts straddled an hour boundary")
 
 
-REMOTE_ADDRESS_CONFIG = """
-domain: edge
-descriptors:
-  - key: route
-    value: public
-    rate_limit: {unit: hour, requests_per_unit: 1000}
-    fair_share: {active_clients: 3}
-    descriptors:
-      - key: remote_address
-        rate_limit: {unit: hour, requests_per_unit: 3}
-"""
+REMOTE_ADDRESS_CONFIG = E2E_CONFIG.replace("key: client_id", "key: remote_address")
 # What a client sends to pass for another caller: each request claims a new address.
 FORGED = ("x-forwarded-for", "x-envoy-external-address", "x-real-ip", "forwarded")
 

@@ -22,10 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from fairlimit.simulate import engine, load_scenario
 from fairlimit.store.base import Store
 from fairness_cases import flat_config
-from fairness_figures import Figures, figures, read_cap
+from fairness_figures import Figures, simulated
 from helpers import once
 
 pytestmark = pytest.mark.behaviour
@@ -71,12 +70,7 @@ clients:
 
 
 async def _run(drawn: Drawn, where: Path, store: Callable[[], Store] | None = None) -> Figures:
-    (where / "fair.yaml").write_text(drawn.config)
-    (where / "scenario.yaml").write_text(drawn.scenario)
-    scenario = load_scenario(where / "scenario.yaml")
-    result = await engine.run_async(scenario, store=store)
-    config = next(c for c in result.configs if c.label == "fairlimit")
-    return figures(scenario, read_cap(where / "fair.yaml"), config)
+    return await simulated(drawn.scenario, drawn.config, where, store)
 
 
 @pytest.mark.asyncio

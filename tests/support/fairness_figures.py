@@ -28,7 +28,7 @@ summed over every window.
 """
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -36,8 +36,10 @@ from typing import Any
 
 import yaml
 
+from fairlimit.simulate import engine, load_scenario
 from fairlimit.simulate.report import ConfigResult
 from fairlimit.simulate.scenario import Scenario
+from fairlimit.store.base import Store
 from maxmin import jain, maxmin
 
 UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
@@ -186,6 +188,20 @@ def figures(scenario: Scenario, cap: Cap, result: ConfigResult) -> Figures:
             )
         )
     return Figures(tuple(c.name for c in scenario.clients), cap, tuple(out))
+
+
+async def simulated(
+    scenario: str, config: str, where: Path, store: Callable[[], Store] | None = None
+) -> Figures:
+    """The figures of one engine run of the scenario text ``scenario``, whose config
+    labelled ``fairlimit`` is ``fair.yaml`` (the text ``config``), both written to
+    ``where``; on ``store`` (a factory, as the engine takes it) or memory."""
+    (where / "fair.yaml").write_text(config)
+    (where / "scenario.yaml").write_text(scenario)
+    loaded = load_scenario(where / "scenario.yaml")
+    result = await engine.run_async(loaded, store=store)
+    run = next(c for c in result.configs if c.label == "fairlimit")
+    return figures(loaded, read_cap(where / "fair.yaml"), run)
 
 
 def summary(name: str, f: Figures, bursty: Sequence[str]) -> str:
