@@ -395,40 +395,61 @@ class TestWant:
 
 
 class TestWantOfAClientThatComesEveryWindow:
-    """A client whose light requests come one window apart (``gap`` 1: a page load every
-    window at its own phase) is predicted by its window before where its rate says less
-    (its lump still to come) or more (its lump past). Here it asked 6 at 17.0 of [10, 20)."""
+    """At a cap of one second's window, a client whose light requests come one window apart
+    (``gap`` 1: a page load every second at its own phase) is predicted by its window before
+    where its rate says less (its lump still to come) or more (during and after its lump).
+    Here it asked 6 at 1.7 of [1, 2)."""
 
     @staticmethod
     def lump(gap: float = 1.0) -> Row:
-        row = row_of((7.0, 6), (17.0, 6))
+        row = row_of((0.7, 6), (1.7, 6), window=1)
         row.gap = gap
         return row
 
+    @staticmethod
+    def second(now: float) -> Clock:
+        return at(now, window=1)
+
     def test_before_its_point_it_wants_its_lump(self) -> None:
-        """At 23.0 it has asked nothing; its rate, the 6 taken as spread over [10, 17), keeps
-        4/7 of them in the window's length from 13.0: 0.343 a period, 2.4 for 7 periods.
-        Its point (17.0 a window on) is still to come: it wants the 6, fixed; asking 1 now,
-        the same (the 1 is part of the 6)."""
-        fluid = 6 * (4 / 7) / 10
-        assert want(self.lump(2.0), at(23.0)) == pytest.approx((0.0, fluid))
-        assert want(self.lump(), at(23.0)) == (6.0, 0.0)
-        assert want(self.lump(), at(23.0), 1) == (6.0, 0.0)
+        """At 2.3 it has asked nothing; its rate, the 6 taken as spread over [1, 1.7), keeps
+        4/7 of them in the window's length from 1.3: 3.43 a period, 2.4 for the 0.7 left.
+        Its point (1.7 a window on) is still to come: it wants the 6, fixed; asking 1 now,
+        the same (the 1 is part of the 6). With a gap of 2, or a window of 10 periods, its
+        rate."""
+        fluid = 6 * (4 / 7)
+        assert want(self.lump(2.0), self.second(2.3)) == pytest.approx((0.0, fluid))
+        assert want(self.lump(), self.second(2.3)) == (6.0, 0.0)
+        assert want(self.lump(), self.second(2.3), 1) == (6.0, 0.0)
+        ten = row_of((7.0, 6), (17.0, 6))
+        ten.gap = 1.0
+        assert want(ten, at(23.0)) == pytest.approx((0.0, 6 * (4 / 7) / 10))
+
+    def test_during_its_lump_it_wants_its_lump(self) -> None:
+        """At 2.7, its point, having asked 4 of its 6 and asking 1 more: the 6 (its rate, the
+        4 asked as 4 a period for the 0.3 left, wanted 6.2, and held it once past the level);
+        P/32 past its point still the 6; having asked 7, its rate."""
+        row = ask(self.lump(), 2.7, 4, window=1)
+        assert want(row, self.second(2.7), 1) == (6.0, 0.0)
+        assert want(row, self.second(2.73), 1) == (6.0, 0.0)
+        more = ask(self.lump(), 2.7, 7, window=1)
+        assert want(more, self.second(2.7), 1) == pytest.approx((8.0, 7.0))
 
     def test_past_its_point_with_its_lump_asked_it_wants_no_more(self) -> None:
-        """At 27.5, having asked 6 at 27.0: past its point, as much asked as then: no more
-        (its rate, 0.6 a period, wanted 1.5 more); having asked 2, its rate as before."""
-        row = ask(self.lump(), 27.0, 6)
-        assert want(row, at(27.5)) == (6.0, 0.0)
-        other = ask(self.lump(), 27.0, 2)
-        assert want(other, at(27.5)) == pytest.approx((2.0, 0.2))
-        assert want(ask(self.lump(2.0), 27.0, 6), at(27.5)) == pytest.approx((6.0, 0.6))
+        """At 2.75, having asked 6 at 2.7: past its point, as much asked as then: no more
+        (its rate, 6 a period, wanted 1.5 more); having asked 2, its rate; with a gap of 2,
+        its rate."""
+        row = ask(self.lump(), 2.7, 6, window=1)
+        assert want(row, self.second(2.75)) == (6.0, 0.0)
+        less = ask(self.lump(), 2.7, 2, window=1)
+        assert want(less, self.second(2.75)) == pytest.approx((2.0, 2.0))
+        other = ask(self.lump(2.0), 2.7, 6, window=1)
+        assert want(other, self.second(2.75)) == pytest.approx((6.0, 6.0))
 
     def test_a_division_counts_it_as_want_does(self) -> None:
         """``divide`` works the wants out inline: the same (6, 0) in its sums."""
-        division = divide([("u", self.lump())], 100.0, at(23.0))
+        division = divide([("u", self.lump())], 100.0, self.second(2.3))
         assert sums(division) == (0.0, 6.0, 0.0)
-        assert part(self.lump(), at(23.0), division.level) == (OPEN, 6.0, 0.0)
+        assert part(self.lump(), self.second(2.3), division.level) == (OPEN, 6.0, 0.0)
 
 
 # Rows at 5.0 of [0, 10) that asked a hits at 1.0 want 2a: a asked, a / 5 a period for 5 more.

@@ -7,14 +7,18 @@ taken as spread evenly over the window, predicted little of a page still to come
 late in the second found the cap spent by the batch job.
 
 Scenarios are drawn at random (seeded): 2-6 users, each a page of its own size every
-second at its own phase (0 to 0.97 of the second), within 10 ms; a batch job asking four
-times the cap and retrying each 429 three times; a cap of 100-400 a second whose level
-holds every page. Each runs through ``fairlimit simulate``'s engine (on memory, and two on
-Redis, which must admit the same) for 12 s and is measured against the exact weighted
-max-min solver (tests/support/maxmin.py via fairness_figures.py) from the window in which
-every user has come back twice (its gap known: the 4th).
+second at its own phase (0 to 0.97 of the second), asked within 10, 20 or 50 ms; a batch
+job asking four times the cap and retrying each 429 three times; a cap of 100-400 a second
+whose level holds every page. Each runs through ``fairlimit simulate``'s engine (on memory,
+and two on Redis, which must admit the same) for 12 s and is measured against the exact
+weighted max-min solver (tests/support/maxmin.py via fairness_figures.py) from the window
+in which every user has come back twice (its gap known: the 4th). The bundled scenario
+pages-every-second.yaml is one such case, its figures quoted in docs/fairness.md.
 """
 
+import contextlib
+import io
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from fairlimit.cli import main
 from fairlimit.store.base import Store
 from fairness_cases import flat_config
 from fairness_figures import Figures, simulated
@@ -33,6 +38,7 @@ ERROR = 0.10  # within 10% of its max-min share, one request of rounding allowed
 SEEDS = range(16)
 SECONDS = 12
 SETTLED = 3  # windows before every user's gap is known (its first two pages, and one more)
+BUNDLED = Path(__file__).resolve().parents[2] / "descriptors/scenarios/pages-every-second.yaml"
 
 
 @dataclass(frozen=True)
@@ -51,8 +57,9 @@ def draw(seed: int) -> Drawn:
     pages = [rng.randint(max(2, most // 4), most) for _ in range(users)]
     phases = sorted(round(rng.uniform(0.0, 0.97), 3) for _ in range(users))
     clients = [f"{{name: batch, rate: {4 * capacity}, retries: {{max: 3, backoff: 0.05}}}}"]
+    length = rng.choice([0.01, 0.02, 0.05])  # how long a page takes to ask
     for i, (page, phase) in enumerate(zip(pages, phases, strict=True)):
-        every = f"every: 1, for: 0.01, rate: {page * 100}"
+        every = f"every: 1, for: {length}, rate: {round(page / length)}"
         clients.append(f"{{name: user{i}, phases: [{{start: {phase}, stop: {SECONDS}, {every}}}]}}")
     lines = "\n".join(f"  - {c}" for c in clients)
     scenario = f"""name: lumps {seed}
@@ -96,3 +103,18 @@ async def test_redis_admits_as_memory_does(seed: int, store: Store, tmp_path: Pa
     on_redis = await _run(drawn, tmp_path, once(store))
     on_memory = await _run(drawn, tmp_path)
     assert on_redis.admitted() == on_memory.admitted()
+
+
+def test_the_bundled_scenario_admits_what_docs_fairness_quotes() -> None:
+    """descriptors/scenarios/pages-every-second.yaml: five users, a page of 30 each second at
+    0.13-0.93 of it, beside the batch job: from the 4th second every user gets its 30 and the
+    batch job 50 (max-min); the page at 0.93 gets 25, 11 and 1 of its first three."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["simulate", str(BUNDLED), "--format", "json"])
+    assert (code, err.getvalue()) == (0, "")
+    (fair,) = [c for c in json.loads(out.getvalue())["configs"] if c["label"] == "fairlimit"]
+    each = {c["name"]: c["admitted_each_second"] for c in fair["clients"]}
+    assert each["user5"][:3] == [25, 11, 1]
+    for name, seconds in each.items():
+        assert set(seconds[SETTLED:]) == {50 if name == "batch" else 30}, name

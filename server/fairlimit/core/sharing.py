@@ -230,17 +230,21 @@ def _rate(asked: float, previous: float, previous_last: float, clock: Clock) -> 
 def want(row: Row, clock: Clock, extra: float = 0.0) -> tuple[float, float]:
     """(fixed, rate): the row's want is ``fixed + rate·left`` (its limit when that is less).
 
-    A client that comes every window (its light requests one window apart, ``schedule``)
-    is predicted by the window before where its rate says less or more: while the point of
-    that window where it last asked is still to come in this one, it wants at least what it
-    asked then; once past it, with as much asked, no more. Its rate, taken as spread evenly
-    up to that point, predicted little of a lump still to come (a page load every second at
-    its own phase) and more after it; a steady client's rate predicts about as much."""
+    At a cap of one period's window (a second), a client that comes every window (its
+    light requests one window apart, ``schedule``) is predicted by the window before: until
+    the point of that window where it last asked has come round in this one (and LEAD of a
+    period more), it wants what it asked then, while it has not asked more; once past it,
+    having asked as much, no more. Its rate, taken as spread evenly up to that point,
+    predicted little of a lump still to come (a page load every second at its own phase),
+    and during and after the lump more than it asks; a steady client's rate predicts about
+    as much as its window before. (At longer windows a client's rate is kept per period,
+    and a window before holds many of them: a tenant's tokens a minute came out at a lower
+    utilisation predicted so.)"""
     asked, previous, previous_last = _in_window(row, clock)
     fixed, rate = asked + extra, _rate(asked, previous, previous_last, clock)
-    if row.gap == 1.0 and previous >= 0:  # it comes every window: as in the window before
-        if previous_last > clock.now - clock.window:
-            if previous > fixed + rate * clock.left:  # its lump (or the rest of it) to come
+    if row.gap == 1.0 and previous >= 0 and clock.window == clock.period_len:  # every window
+        if previous_last + LEAD * clock.period_len > clock.now - clock.window:
+            if fixed <= previous:  # no more asked than then: its lump (or its rest) to come
                 fixed, rate = previous, 0.0
         elif asked >= previous:  # past where it last asked then, and as much asked: done
             rate = 0.0
@@ -355,9 +359,9 @@ def divide(
         else:
             rate = (asked + previous * 0.0) * length / window
         fixed = asked + extra if pair[0] == asker else asked
-        if row.gap == 1.0 and previous >= 0:  # it comes every window (``want``)
-            if last > since:
-                if previous > fixed + rate * left:
+        if row.gap == 1.0 and previous >= 0 and window == length:  # every window (``want``)
+            if last + LEAD * length > since:
+                if fixed <= previous:
                     fixed, rate = previous, 0.0
             elif asked >= previous:
                 rate = 0.0

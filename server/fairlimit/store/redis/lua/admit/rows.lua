@@ -137,9 +137,9 @@ end
 local function want(row, c, extra)
   local fixed, rate = row.asked + extra, predicted(row, c)
   -- it comes every window: as in the window before (core/sharing.py want)
-  if row.gap == 1 and row.previous >= 0 then
-    if row.previous_last > c.now - c.window then
-      if row.previous > fixed + rate * left(c) then fixed, rate = row.previous, 0 end
+  if row.gap == 1 and row.previous >= 0 and c.window == c.period_len then
+    if row.previous_last + LEAD * c.period_len > c.now - c.window then
+      if fixed <= row.previous then fixed, rate = row.previous, 0 end
     elseif row.asked >= row.previous then
       rate = 0
     end
