@@ -36,6 +36,7 @@ from fairlimit.core.rules import (
     Rule,
 )
 from fairlimit.core.validation import classify
+from fairlimit.core.values import MAX_TEXT
 from fairlimit.errors import ConfigError, ConfigUnreadable, ConfigWarningError
 
 ROOT_KEYS = frozenset({"domain", "descriptors", "request_id_keys"})
@@ -265,6 +266,12 @@ def _share_threshold(problems: Problems, path: str, raw: Mapping[str, Any], valu
     return shared
 
 
+# A request whose domain or key passes MAX_TEXT is refused (INVALID_ARGUMENT: they are
+# Envoy's configuration, not a client's choice), and Envoy lets a refused call's request
+# through: a rule naming one would never limit anything.
+UNMATCHED = "Envoy's requests carrying it are refused, and Envoy lets them through unlimited"
+
+
 def _descriptor(problems: Problems, parent: str, index: int, raw: object) -> Rule | None:
     here = f"{parent}/descriptors[{index}]"
     if not isinstance(raw, dict):
@@ -273,6 +280,9 @@ def _descriptor(problems: Problems, parent: str, index: int, raw: object) -> Rul
     key = raw.get("key")
     if not isinstance(key, str) or not key:
         problems.add(here, "descriptor has empty key")
+        return None
+    if len(key) > MAX_TEXT:
+        problems.add(here, f"descriptor key longer than {MAX_TEXT} characters: {UNMATCHED}")
         return None
     key, value = str(key), raw.get("value")
     if value is not None and not isinstance(value, str):
@@ -372,6 +382,9 @@ def parse_root(raw: Mapping[Any, Any], source: str) -> Domain:
     if not isinstance(domain, str) or not domain:
         problems.add("(file)", "config file cannot have empty domain")
         domain = "(no domain)"
+    elif len(domain) > MAX_TEXT:
+        problems.add("(file)", f"domain longer than {MAX_TEXT} characters: {UNMATCHED}")
+        domain = domain[:40] + "..."
     domain = str(domain)
     _check_keys(problems, domain, raw, ROOT_KEYS)
     rules = _descriptors(problems, domain, raw.get("descriptors"))
