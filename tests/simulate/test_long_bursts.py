@@ -27,7 +27,7 @@ import pytest
 from fairlimit.cli import main
 from fairlimit.store.base import Store
 from fairness_cases import flat_config
-from fairness_figures import UNITS, Figures, simulated
+from fairness_figures import UNITS, Figures, scenario_text, simulated
 from helpers import once
 
 pytestmark = pytest.mark.behaviour
@@ -42,21 +42,6 @@ class Drawn:
     scenario: str
     config: str
     bursts: tuple[str, ...]
-
-
-def _scenario(name: str, window: int, clients: list[str]) -> str:
-    lines = "\n".join(f"  - {c}" for c in clients)
-    return f"""name: {name}
-domain: fair
-descriptors:
-  - [{{key: route, value: api}}, {{key: client_id, value: "{{client}}"}}]
-configs:
-  - {{label: fairlimit, path: fair.yaml}}
-duration: {window}
-tick: 0.05
-clients:
-{lines}
-"""
 
 
 def draw(seed: int, start: str = "apart") -> Drawn:
@@ -92,7 +77,7 @@ def draw(seed: int, start: str = "apart") -> Drawn:
     asked = sum(r * window for r in rates), rate * length * count
     capacity = round(asked[0] + asked[1] * rng.uniform(0.5, 1.3))
     return Drawn(
-        _scenario(f"long bursts {seed}", 2 * window, clients),
+        scenario_text(f"long bursts {seed}", 2 * window, 0.05, clients),
         flat_config(capacity, unit, capacity, active=len(clients)),
         bursts,
     )

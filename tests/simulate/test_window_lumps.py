@@ -29,7 +29,7 @@ import pytest
 from fairlimit.cli import main
 from fairlimit.store.base import Store
 from fairness_cases import flat_config
-from fairness_figures import Figures, simulated
+from fairness_figures import Figures, scenario_text, simulated
 from helpers import once
 
 pytestmark = pytest.mark.behaviour
@@ -61,18 +61,7 @@ def draw(seed: int) -> Drawn:
     for i, (page, phase) in enumerate(zip(pages, phases, strict=True)):
         every = f"every: 1, for: {length}, rate: {round(page / length)}"
         clients.append(f"{{name: user{i}, phases: [{{start: {phase}, stop: {SECONDS}, {every}}}]}}")
-    lines = "\n".join(f"  - {c}" for c in clients)
-    scenario = f"""name: lumps {seed}
-domain: fair
-descriptors:
-  - [{{key: route, value: api}}, {{key: client_id, value: "{{client}}"}}]
-configs:
-  - {{label: fairlimit, path: fair.yaml}}
-duration: {SECONDS}
-tick: 0.005
-clients:
-{lines}
-"""
+    scenario = scenario_text(f"lumps {seed}", SECONDS, 0.005, clients)
     return Drawn(scenario, flat_config(capacity, "second", capacity, active=users + 1))
 
 

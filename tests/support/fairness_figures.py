@@ -190,6 +190,24 @@ def figures(scenario: Scenario, cap: Cap, result: ConfigResult) -> Figures:
     return Figures(tuple(c.name for c in scenario.clients), cap, tuple(out))
 
 
+def scenario_text(name: str, duration: int, tick: float, clients: Sequence[str]) -> str:
+    """A scenario of ``clients`` (each a flow-style YAML mapping) asking on (route=api),
+    (client_id=<client>) of the one config ``simulated`` writes (fair.yaml, labelled
+    fairlimit), for ``duration`` seconds in ticks of ``tick``."""
+    lines = "\n".join(f"  - {c}" for c in clients)
+    return f"""name: {name}
+domain: fair
+descriptors:
+  - [{{key: route, value: api}}, {{key: client_id, value: "{{client}}"}}]
+configs:
+  - {{label: fairlimit, path: fair.yaml}}
+duration: {duration}
+tick: {tick}
+clients:
+{lines}
+"""
+
+
 async def simulated(
     scenario: str, config: str, where: Path, store: Callable[[], Store] | None = None
 ) -> Figures:
