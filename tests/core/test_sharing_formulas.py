@@ -764,6 +764,20 @@ class TestVerdictHeld:
         bound = verdict(greedy, division, claim(), now, 200).bound
         assert bound == pytest.approx(180 * (15.5 + LEAD) / 60)
 
+    def test_a_client_that_had_asked_all_by_this_point_is_not_paced(self) -> None:
+        """In the window before ([60, 120)) it asked 150, the last of it at 75.0, this point
+        of that window (15 s in): it comes in a lump, and its history predicts nothing of it
+        still to come: its whole share, 180. The same with its last request P/32 later; at
+        75.1, or asking through to 119.9 (a steady client), or not there in the window
+        before, it is paced: 180 x φ."""
+        for last in (75.0, 75.0 + LEAD):
+            lump = client(previous=150.0, previous_last=last)
+            assert verdict(lump, others(), claim(), LONG, 200).bound == 180.0
+        for previous, last in ((150.0, 75.1), (600.0, 119.9), (-1.0, 75.0)):
+            paced = client(previous=previous, previous_last=last)
+            bound = verdict(paced, others(), claim(), LONG, 200).bound
+            assert bound == pytest.approx(180 * PHI), (previous, last)
+
     def test_a_client_without_history_takes_its_share_at_once(self) -> None:
         """No history (a newcomer, a one-shot burst), at a cap where others have some: 180."""
         v = verdict(client(history=0.0), others(), claim(), LONG, 200)

@@ -18,10 +18,12 @@ therefore counted at once, and held clients yield to it from that request on.
 
 A held client is paced by its own history: of its share it may not yet take what it is
 predicted (by its history alone, not by the burst under way) to ask for later in the window,
-up to the part of the window still to come. A steady client is so paced linearly; a client
-with no history (a newcomer, a one-shot burst) takes its share at once, and one that arrived
-during a window longer than a period (a burst of seconds at a cap of minutes) keeps back only
-what the clients declared and not yet seen would take (``_arrived``). Fractions of λ·w_i
+up to the part of the window still to come; one that had asked all it asked in the window
+before by this point of it comes in a lump (a page), and is not paced (``_asked_by_now``).
+A steady client is so paced linearly; a client with no history (a newcomer, a one-shot
+burst) takes its share at once, and one that arrived during a window longer than a period
+(a burst of seconds at a cap of minutes) keeps back only what the clients declared and not
+yet seen would take (``_arrived``). Fractions of λ·w_i
 are carried from window to window in a credit below one hit, so remainders rotate.
 
 Light clients (open below their own limit: page loads) that come back at a gap of two
@@ -562,7 +564,8 @@ def _paced(
     """The bound of a client held at ``share``: its part of the cap's reserve for light
     demand is held back while its history says it will ask for it later (``_for_light``);
     what its history predicts it will ask for
-    later in the window waits for later (up to the part still to come); a client asking
+    later in the window waits for later (up to the part still to come), unless it had asked
+    all it asked in the window before by this point of it (``_asked_by_now``); a client asking
     faster than that this period is bursting, and takes its share now; a nested cap paces
     its own clients; a cap sized for its clients is never paced; where nobody has history
     it is paced by the elapsed window."""
@@ -575,6 +578,8 @@ def _paced(
             part, kept = _for_light(share, row, division, claim, clock)
             share -= kept
             held_back = min(share * (1 - clock.elapsed), row.history * clock.left)
+            if _asked_by_now(row, clock):
+                held_back = 0.0
             if _arrived(row, clock):
                 unseen = _unseen(share, row, division, claim)
                 eased = unseen < held_back
@@ -596,6 +601,15 @@ def _paced(
         coming = math.floor(division.rate * clock.left + EPSILON)
         bound = min(bound, row.admitted + claim.capacity - total - coming)
     return _cold(bound, division, row, claim, clock, total)
+
+
+def _asked_by_now(row: Row, clock: Clock) -> bool:
+    """Whether the client, in the window before, had asked all it asked there by this point
+    of it (and LEAD of a period more): it comes in a lump (a page of requests), and its
+    history, which pacing spreads over the rest of the window, predicts nothing of it still
+    to come. A page bigger than the client's share, paced so, got one request of it."""
+    by_now = clock.now - clock.window + LEAD * clock.period_len  # this point, a window before
+    return row.previous >= 0 and row.previous_last <= by_now
 
 
 def _arrived(row: Row, clock: Clock) -> bool:

@@ -99,6 +99,8 @@ for _, s in ipairs(shares) do
       s.cap.light.asked = s.cap.light.asked + s.hits
       local at = schedule(s.row, s.cap)
       if at >= 0 then redis.call('HINCRBYFLOAT', s.cap.meta, CALENDAR .. whole(at), s.hits) end
+    elseif s.light then
+      schedule(s.row, s.cap)
     end
   end
 end

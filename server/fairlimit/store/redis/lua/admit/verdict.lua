@@ -3,10 +3,10 @@
 -- verdict) and the light demand at a cap (load_light, schedule, reserve).
 -- KEYS: each cap's meta hash (LIGHT_FIELD and the calendar's CALENDAR<start> fields).
 -- ARGV: none.
--- Reads: FORCES AMORTISE EPSILON BURST RELEASE STALE LIGHT_FIELD CALENDAR (contract),
+-- Reads: FORCES AMORTISE EPSILON BURST RELEASE STALE LEAD LIGHT_FIELD CALENDAR (contract),
 -- num whole OPEN HELD (args.lua), want left elapsed into (rows.lua).
--- Defines: contended cold bursting for_light arrived unseen paced verdict load_light schedule
--- reserve.
+-- Defines: contended cold bursting for_light asked_by_now arrived unseen paced verdict
+-- load_light schedule reserve.
 
 -- --- the verdict (core/sharing.py: contended, verdict, _cold) -------------------------------
 
@@ -56,6 +56,11 @@ local function unseen(share, row, d, s)
   return share * count / (d.held + row.weight + count)
 end
 
+-- core/sharing._asked_by_now
+local function asked_by_now(row, c)
+  return row.previous >= 0 and row.previous_last <= c.now - c.window + LEAD * c.period_len
+end
+
 -- core/sharing._paced
 local function paced(share, row, d, s, capacity, total)
   local c = s.cap
@@ -68,6 +73,7 @@ local function paced(share, row, d, s, capacity, total)
       part, kept = for_light(share, row, d, s)
       share = share - kept
       held_back = math.min(share * (1 - elapsed(c)), row.history * left(c))
+      if asked_by_now(row, c) then held_back = 0 end
       if arrived(row, c) then
         local kept_back = unseen(share, row, d, s)
         eased = kept_back < held_back
