@@ -17,6 +17,8 @@ import redis
 
 from helpers import STARTUP_SECONDS, require
 
+PORT_TRIES = 3  # first starts on a picked port (RedisProcess.start)
+
 # Generous: the behaviour suite must not fail on a busy 2-core CI machine; the fault tests
 # pass their own small timeouts. Not 2 s: at a load average of 26 on 2 cores, one of three
 # runs of TestSizedCap and the Redis fairness scenarios had a call in each of two tests time
@@ -48,22 +50,47 @@ def free_port(also_free: int = 0) -> int:
     raise RuntimeError("no free port pair found")
 
 
+class PortTaken(RuntimeError):
+    """redis-server could not bind its port (or its cluster bus port): taken meanwhile."""
+
+
 class RedisProcess:
     """One redis-server on 127.0.0.1, started and stopped explicitly (same port on restart)."""
 
     def __init__(self, workdir: Path, port: int | None = None, *extra: str) -> None:
         self.binary = require_redis()
-        self.port = port or free_port(10000 if "--cluster-enabled" in extra else 0)
+        self.workdir = workdir
+        self.extra = extra
+        # a port picked here may be taken before the server binds it (as a client's local
+        # port; a cluster node's bus, port + 10000, too): its first start then picks again
+        self.picked = port is None
+        self.port = port or self._pick()
         self.dir = workdir / f"redis-{self.port}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def _pick(self) -> int:
+        return free_port(10000 if "--cluster-enabled" in self.extra else 0)
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}"
 
     def start(self) -> "RedisProcess":
+        """Start the server and wait until it answers; a first start on a picked port that
+        was taken meanwhile picks another (PORT_TRIES in all)."""
+        for _ in range(PORT_TRIES - 1):
+            try:
+                return self._start()
+            except PortTaken:
+                if not self.picked:
+                    raise
+                self.port = self._pick()
+                self.dir = self.workdir / f"redis-{self.port}"
+                self.dir.mkdir(parents=True, exist_ok=True)
+        return self._start()
+
+    def _start(self) -> "RedisProcess":
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(self.dir), "--save", "", "--appendonly", "no",
                 "--protected-mode", "no", *self.extra]  # fmt: skip
@@ -72,10 +99,14 @@ class RedisProcess:
         deadline = time.monotonic() + STARTUP_SECONDS
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited; see {self.dir / 'redis.log'}")
+                log = self.dir / "redis.log"
+                if "Address already in use" in log.read_text(errors="replace"):
+                    raise PortTaken(f"port {self.port} (or its cluster bus) taken; see {log}")
+                raise RuntimeError(f"redis-server exited; see {log}")
             try:
                 with redis.Redis(port=self.port, socket_timeout=0.5) as client:
                     client.ping()
+                self.picked = False  # it has its port: a restart keeps it
                 return self
             except redis.RedisError:
                 time.sleep(0.02)
@@ -299,6 +330,8 @@ class SentinelFailover:
 
     def start(self) -> "SentinelFailover":
         self.master.start()
+        # the master's port, once it has one (a first start may pick another)
+        self.replica.extra = ("--replicaof", "127.0.0.1", str(self.master.port))
         self.replica.start()
         _wait(lambda: _streams_to_replica(self.master), "the replica did not sync")
         self.conf.write_text(
