@@ -249,10 +249,13 @@ class RedisClusterProcesses:
 
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
-    """One three-master Redis Cluster for the whole session."""
-    cluster = RedisClusterProcesses(tmp_path_factory.mktemp("redis-cluster")).start()
-    yield cluster
-    cluster.stop()
+    """One three-master Redis Cluster for the whole session (its nodes stopped even when
+    one fails to start: those started would outlive the suite)."""
+    cluster = RedisClusterProcesses(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
 
 
 StoreFactory = Callable[..., Awaitable[object]]
