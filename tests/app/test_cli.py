@@ -12,6 +12,9 @@ from servers import ROOT, fairlimit_server, run_cli
 pytestmark = pytest.mark.process
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
+# serve on ports of its own: the defaults (8081, 8080) may be taken on the machine, and a
+# serve that cannot bind says so before it reads its config or its backend's options
+LOCAL = ("--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0")
 
 
 class TestCheck:
@@ -213,7 +216,7 @@ class TestServe:
     def test_rejected_first_load_refuses_to_start(self) -> None:
         """A bad config at start: FILE: PATH: message logged, exit 2."""
         path = FIXTURES / "config" / "invalid_unit.yaml"
-        out = run_cli("serve", "--config", str(path), "--grpc-addr", "127.0.0.1:0")
+        out = run_cli("serve", "--config", str(path), *LOCAL)
         assert out.returncode == 2
         assert f"{path}: edge/generic_key=api: invalid rate limit unit 'fortnight'" in out.stderr
 
@@ -232,8 +235,7 @@ class TestServe:
             "serve",
             "--config",
             path,
-            "--grpc-addr",
-            "127.0.0.1:0",
+            *LOCAL,
             env={"FAIRLIMIT_STRICT": "true"},
         )
         assert out.returncode == 2 and "contention shifts to the cap" in out.stderr
@@ -265,7 +267,7 @@ class TestServe:
     )
     def test_bad_flags_exit_2_with_a_clear_message(self, args: list[str], message: str) -> None:
         """Unusable settings are refused before anything starts."""
-        out = run_cli("serve", *args)
+        out = run_cli("serve", *LOCAL, *args)  # a flag in args wins over LOCAL's
         assert out.returncode == 2 and message in out.stderr
 
     @pytest.mark.parametrize("workers", ["1", "2"])
@@ -273,8 +275,7 @@ class TestServe:
         self, workers: str
     ) -> None:
         """The store refuses a scheme it does not know, before serving; the flag is named."""
-        local = ("--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0")
-        out = run_cli("serve", "--backend", "mongodb://x", "--workers", workers, *local)
+        out = run_cli("serve", "--backend", "mongodb://x", "--workers", workers, *LOCAL)
         assert out.returncode == 2
         assert "--backend: " in out.stderr and "mongodb://" in out.stderr
         assert "memory://" in out.stderr and "redis://" in out.stderr
