@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from fairlimit.core.admission import Outcome, above, admits, demand_seen
 from fairlimit.core.plan import Plan
-from fairlimit.core.sharing import Verdict, charge, enter, record, schedule, verdict
+from fairlimit.core.sharing import Verdict, charge, enter, record, verdict
 from fairlimit.store.caps import MemoryCaps
 from fairlimit.store.counters import MemoryCounter, MemoryMeter
 from fairlimit.store.counters import charge as charge_counters
@@ -46,10 +46,8 @@ def admit_many(
     ):
         if demand:
             record(row, share.hits, now)
-            if v.light and not division.cold:  # cold, everybody is new: nothing light
-                fair.light(share, row, clock)
-            elif v.light:  # ... but its page is noted: its gap is known at its next one
-                schedule(row, clock)
+            if v.light:
+                fair.light(share, row, clock, bool(division.cold))
     # Refused, only the levels of charge_when_over_limit rules are charged (usage that
     # already happened); admitted, every level is.
     charge_counters(counters, plan, admitted, now)
@@ -77,10 +75,8 @@ def admit_one(
     admitted = admits(plan, counts, shared, bounds)
     if admitted or demand_seen(plan, counts, shared, bounds)[0]:
         record(row, share.hits, now)
-        if v.light and not division.cold:  # cold, everybody is new: nothing light
-            fair.light(share, row, clock)
-        elif v.light:  # ... but its page is noted: its gap is known at its next one
-            schedule(row, clock)
+        if v.light:
+            fair.light(share, row, clock, bool(division.cold))
     charge_counters(counters, plan, admitted, now)
     if admitted or share.force:
         charge(row, share.hits)

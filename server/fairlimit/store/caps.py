@@ -243,11 +243,15 @@ class MemoryCaps:
         claim.reserve = 0.0 if division.cold else sharing.reserve(light, division, clock)
         return division, claim, row, clock
 
-    def light(self, share: Share, row: Row, clock: Clock) -> None:
-        """Count a light request at its cap, and expect the client back (core/sharing.py)."""
+    def light(self, share: Share, row: Row, clock: Clock, cold: bool) -> None:
+        """A light request at its cap (core/sharing.py): its window noted in its row, so its
+        gap is known at its next one; counted, and its client expected back, unless the
+        cap is ``cold`` (nobody has history: everybody is new, nothing light)."""
+        at = schedule(row, clock)
+        if cold:
+            return
         light = self.table[share.cap].light
         light.asked += share.hits
-        at = schedule(row, clock)
         if at >= 0:
             light.calendar[at] = light.calendar.get(at, 0.0) + share.hits
 

@@ -95,12 +95,12 @@ for _, s in ipairs(shares) do
     s.row.period_asked = s.row.period_asked + s.hits
     s.row.seen = now
     if s.row.first < s.row.window then s.row.first = now end
-    if s.light and s.d.cold == 0 then
-      s.cap.light.asked = s.cap.light.asked + s.hits
+    if s.light then  -- noted in its row; counted and booked unless the cap is cold
       local at = schedule(s.row, s.cap)
-      if at >= 0 then redis.call('HINCRBYFLOAT', s.cap.meta, CALENDAR .. whole(at), s.hits) end
-    elseif s.light then
-      schedule(s.row, s.cap)
+      if s.d.cold == 0 then
+        s.cap.light.asked = s.cap.light.asked + s.hits
+        if at >= 0 then redis.call('HINCRBYFLOAT', s.cap.meta, CALENDAR .. whole(at), s.hits) end
+      end
     end
   end
 end
