@@ -29,7 +29,7 @@ import pytest
 
 from fairlimit.store.base import Store
 from fairness_cases import flat_config
-from fairness_figures import scenario_text, simulated
+from fairness_figures import page_user, retrying_batch, scenario_text, simulated
 from helpers import once
 
 pytestmark = pytest.mark.behaviour
@@ -45,15 +45,6 @@ class Drawn:
     settled: dict[str, int]  # per client, the first window measured: its third page's
 
 
-def _batch(capacity: int) -> str:
-    return f"{{name: batch, rate: {4 * capacity}, retries: {{max: 3, backoff: 0.05}}}}"
-
-
-def _user(i: int, start: float, seconds: int, every: int, page: int) -> str:
-    phase = f"every: {every}, for: 0.01, rate: {page * 100}"
-    return f"{{name: user{i}, phases: [{{start: {start}, stop: {seconds}, {phase}}}]}}"
-
-
 def held(seed: int) -> Drawn:
     rng = random.Random(seed)
     capacity = rng.randint(50, 400)
@@ -61,9 +52,10 @@ def held(seed: int) -> Drawn:
     level = capacity / (users + 1)
     pages = [max(2, round(level * rng.uniform(0.6, 1.6))) for _ in range(users)]
     seconds = 10
-    clients = [_batch(capacity)]
+    clients = [retrying_batch(capacity)]
     for i, page in enumerate(pages):
-        clients.append(_user(i, round(rng.uniform(0.0, 0.97), 3), seconds, 1, page))
+        start = round(rng.uniform(0.0, 0.97), 3)
+        clients.append(page_user(f"user{i}", start, seconds, 1, page))
     scenario = scenario_text(f"held {seed}", seconds, 0.005, clients)
     settled = {name: 2 for name in ("batch", *(f"user{i}" for i in range(users)))}
     return Drawn(scenario, flat_config(capacity, "second", capacity, active=users + 1), settled)
@@ -75,12 +67,12 @@ def sparse(seed: int) -> Drawn:
     users = rng.randint(2, 8)
     every = rng.randint(2, 5)
     level = capacity / (users + 1)
-    clients = [_batch(capacity)]
+    clients = [retrying_batch(capacity)]
     settled = {}
     for i in range(users):
         start = round(rng.randrange(every) + rng.uniform(0.0, 0.97), 3)
         page = max(2, round(level * rng.uniform(0.3, 1.0)))
-        clients.append(_user(i, start, 5 * every, every, page))
+        clients.append(page_user(f"user{i}", start, 5 * every, every, page))
         settled[f"user{i}"] = int(start) + 2 * every
     settled["batch"] = max(settled.values())
     scenario = scenario_text(f"sparse {seed}", 5 * every, 0.005, clients)

@@ -30,7 +30,7 @@ import pytest
 from fairlimit.cli import main
 from fairlimit.store.base import Store
 from fairness_cases import flat_config
-from fairness_figures import Figures, scenario_text, simulated
+from fairness_figures import Figures, page_user, retrying_batch, scenario_text, simulated
 from helpers import once
 
 pytestmark = pytest.mark.behaviour
@@ -57,11 +57,10 @@ def draw(seed: int) -> Drawn:
     most = min(capacity // (users + 1), int(0.8 * capacity / users))
     pages = [rng.randint(max(2, most // 4), most) for _ in range(users)]
     phases = sorted(round(rng.uniform(0.0, 0.97), 3) for _ in range(users))
-    clients = [f"{{name: batch, rate: {4 * capacity}, retries: {{max: 3, backoff: 0.05}}}}"]
+    clients = [retrying_batch(capacity)]
     length = rng.choice([0.01, 0.02, 0.05])  # how long a page takes to ask
     for i, (page, phase) in enumerate(zip(pages, phases, strict=True)):
-        every = f"every: 1, for: {length}, rate: {round(page / length)}"
-        clients.append(f"{{name: user{i}, phases: [{{start: {phase}, stop: {SECONDS}, {every}}}]}}")
+        clients.append(page_user(f"user{i}", phase, SECONDS, 1, page, length))
     scenario = scenario_text(f"lumps {seed}", SECONDS, 0.005, clients)
     return Drawn(scenario, flat_config(capacity, "second", capacity, active=users + 1))
 

@@ -208,6 +208,21 @@ clients:
 """
 
 
+def retrying_batch(capacity: int) -> str:
+    """A batch job (a ``scenario_text`` client) asking four times ``capacity`` a second and
+    sending each refused request again, up to three times, 50 ms apart."""
+    return f"{{name: batch, rate: {4 * capacity}, retries: {{max: 3, backoff: 0.05}}}}"
+
+
+def page_user(
+    name: str, start: float, stop: float, every: int, page: int, length: float = 0.01
+) -> str:
+    """A user (a ``scenario_text`` client) loading a page of ``page`` requests within
+    ``length`` seconds every ``every`` seconds from ``start`` to ``stop``."""
+    phase = f"every: {every}, for: {length}, rate: {round(page / length)}"
+    return f"{{name: {name}, phases: [{{start: {start}, stop: {stop}, {phase}}}]}}"
+
+
 async def simulated(
     scenario: str, config: str, where: Path, store: Callable[[], Store] | None = None
 ) -> Figures:

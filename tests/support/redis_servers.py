@@ -321,8 +321,7 @@ class SentinelFailover:
 
     def __init__(self, workdir: Path) -> None:
         self.master = RedisProcess(workdir, None, *_PROMPT_SYNC)
-        self.replica = RedisProcess(workdir, None, "--replicaof", "127.0.0.1",
-                                    str(self.master.port))  # fmt: skip
+        self.replica = RedisProcess(workdir)  # of the master, once it has its port (start)
         self.port = free_port()
         self.conf = workdir / f"sentinel-{self.port}.conf"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -332,8 +331,7 @@ class SentinelFailover:
         return f"redis+sentinel://127.0.0.1:{self.port}/mymaster"
 
     def start(self) -> "SentinelFailover":
-        self.master.start()
-        # the master's port, once it has one (a first start may pick another)
+        self.master.start()  # a first start may pick another port than the one it had
         self.replica.extra = ("--replicaof", "127.0.0.1", str(self.master.port))
         self.replica.start()
         _wait(lambda: _streams_to_replica(self.master), "the replica did not sync")
