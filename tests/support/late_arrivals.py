@@ -245,7 +245,7 @@ async def run_async(
     return figures(spec, fair), fair
 
 
-PHASES = (0.05, 0.37, 0.6, 0.85, 0.93, 0.96, 0.97, 0.975, 0.99)
+PHASES = (0.05, 0.37, 0.6, 0.85, 0.93, 0.96, 0.97, 0.975, 0.98, 0.985, 0.99)
 
 
 def main() -> None:

@@ -50,8 +50,9 @@ AMORTISE = 8  # recompute at a sub-period only after rows / AMORTISE requests si
 LEAD = 1 / 32  # of a period: how far ahead of the elapsed window a paced client may be
 BURST = 2  # asking this many times faster than its history, a client is bursting
 EPSILON = 1e-9
-RELEASE = 1 / 128  # of a period: a paced client's demand this close to the window's end
-# counts as arriving now (requests come in lumps), so the light reserve is all released by then
+RELEASE = 1 / 512  # of a period: a paced client's demand this close to the window's end
+# counts as arriving now (requests come in lumps), so the light reserve is all released by
+# then (2 ms of a second: a page due at 0.99 of its window still finds its reserve)
 
 # A row's part in the division.
 NONE, OPEN, HELD = 0, 1, 2
