@@ -21,6 +21,7 @@ from fairlimit.core.rules import Loaded
 from fairlimit.core.tally import Tally
 from fairlimit.errors import DeadlineExceeded, StoreUnavailable
 from fairlimit.flows.decision import Decision, active
+from fairlimit.flows.fast import FastRates, fast
 from fairlimit.flows.rates import RatesFlow
 from fairlimit.flows.slots import SlotsFlow
 from fairlimit.flows.tokens import TokensFlow
@@ -32,6 +33,7 @@ from fairlimit.policy.local import LocalLimits
 from fairlimit.settings import FailureMode
 from fairlimit.store.base import Store
 from fairlimit.store.deadline import DEADLINE
+from fairlimit.store.memory import MemoryStore
 from fairlimit.store.replicas import Replicas
 from fairlimit.store.waits import Waits
 from fairlimit.telemetry import Telemetry
@@ -68,6 +70,7 @@ class Prepared:
     slots: Slots | None
     active: object  # the configuration it was planned under
     tokens: Tokens | None = None  # its reservations and settlements, when it has any
+    fast: FastRates | None = None  # its decision in one step, when it qualifies (a servicer's)
 
 
 class Limiter:
@@ -95,6 +98,9 @@ class Limiter:
         self.tally = Tally()  # RLS demand at caps, while an RLQS division wants it
         self._rates = RatesFlow(self.policy, self.telemetry, self.tally, shadow, quota_mode,
                                 self.policy.admits_now)  # fmt: skip
+        # plans decided in one step need this process's memory, every answer as decided
+        memory = store if isinstance(store, MemoryStore) and not (shadow or quota_mode) else None
+        self._fast_store = memory if self.policy.admits_now is not None else None
         self._slots = SlotsFlow(self.policy, self.telemetry, self._rates, shadow)
         self._tokens = TokensFlow(self.policy, self.telemetry, self._rates, self._slots, shadow)
 
@@ -138,7 +144,10 @@ class Limiter:
             slots = self._slots.split(request, active)
             if slots is not None and (slots.acquire or slots.release):
                 return Prepared(request, None, slots, active)
-        return Prepared(request, make_plan(request, active.matcher), None, active)
+        plan = make_plan(request, active.matcher)
+        store = self._fast_store
+        quick = None if store is None else fast(plan, request, store, self.policy, self.telemetry)
+        return Prepared(request, plan, None, active, fast=quick)
 
     def current(self, prepared: Prepared) -> bool:
         """Whether ``prepared`` was planned under the configuration in force now."""

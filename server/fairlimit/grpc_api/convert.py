@@ -16,6 +16,7 @@ from fairlimit.core.rules import RateLimit
 from fairlimit.core.units import Unit
 from fairlimit.core.values import bounded_value
 from fairlimit.errors import RequestError
+from fairlimit.flows.fast import Answer, FastRates
 from fairlimit.limiter import Decision
 
 # envoy.type.v3.RateLimitUnit and RateLimitResponse.RateLimit.Unit share their numbers.
@@ -76,24 +77,36 @@ def request_from_proto(message: rls_pb2.RateLimitRequest) -> Request:
 
 
 def _add_status(response: rls_pb2.RateLimitResponse, status: Status, names: bool) -> None:
+    limit = status.current_limit
+    # Envoy writes the name into X-RateLimit-Limit's quota policy (;name="..."): the
+    # limit's own name when it has one (as upstream), else the rule's when ``names``
+    name = None if limit is None else limit.name or (status.name if names else None)
+    over = status.code is Code.OVER_LIMIT
+    add_status(response, over, status.limit_remaining, limit, name, status.duration_until_reset)
+
+
+def add_status(
+    response: rls_pb2.RateLimitResponse,
+    over: bool,
+    remaining: int,
+    limit: RateLimit | None,
+    name: str | None,
+    reset: float,
+) -> None:
+    """One descriptor's status, built in place: its code, what is left of ``limit`` (with
+    ``name``) and the seconds until it is reset."""
     # An OVER_LIMIT status says 0 left, as upstream's: Envoy writes X-RateLimit-* from the
     # status with the least left, which must be the one that refused (a request of 5 hits
     # refused with 2 left would lose to another descriptor's 1). The 2 stay in the metadata.
-    over = status.code is Code.OVER_LIMIT
-    remaining = 0 if over else min(status.limit_remaining, 0xFFFFFFFF)
+    left = 0 if over else min(remaining, 0xFFFFFFFF)
     # built in place: no message copied into the list
-    out = response.statuses.add(code=_OVER_LIMIT if over else _OK, limit_remaining=remaining)
-    limit = status.current_limit
+    out = response.statuses.add(code=_OVER_LIMIT if over else _OK, limit_remaining=left)
     if limit is not None:
         current = out.current_limit
         current.requests_per_unit = limit.requests_per_unit
         current.unit = _PROTO_UNITS[limit.unit._value_]
-        # Envoy writes the name into X-RateLimit-Limit's quota policy (;name="..."): the
-        # limit's own name when it has one (as upstream), else the rule's when ``names``
-        name = limit.name or (status.name if names else None)
         if name:
             current.name = name
-    reset = status.duration_until_reset
     if reset > 0:
         if reset > MAX_RESET_SECONDS:
             reset = MAX_RESET_SECONDS
@@ -109,4 +122,18 @@ def response_to_proto(decision: Decision, names: bool = False) -> rls_pb2.RateLi
     response = rls_pb2.RateLimitResponse(overall_code=_code(decision.code))
     for status in decision.statuses:
         _add_status(response, status, names)
+    return response
+
+
+def fast_response(
+    fast: FastRates, answer: Answer, names: bool = False
+) -> rls_pb2.RateLimitResponse:
+    """``response_to_proto`` of a decision made in one step (flows/fast.py): the same
+    message for the same decision."""
+    refused, parts = answer
+    response = rls_pb2.RateLimitResponse(overall_code=_OVER_LIMIT if refused else _OK)
+    for reported, (over, remaining, reset) in zip(fast.reported, parts, strict=True):
+        limit = reported.limit
+        name = None if limit is None else limit.name or (reported.name if names else None)
+        add_status(response, over, remaining, limit, name, reset)
     return response

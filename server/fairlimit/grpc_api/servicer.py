@@ -16,7 +16,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.grpc_api import guards, lenient
-from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
+from fairlimit.grpc_api.convert import fast_response, request_from_proto, response_to_proto
 from fairlimit.grpc_api.headers import ResponseOptions, add_extras
 from fairlimit.grpc_api.rlqs import RLQS_SERVICE, QuotaServicer
 from fairlimit.grpc_api.tls import TlsFiles
@@ -191,6 +191,17 @@ class RateLimitServicer:
         elif span.is_recording():
             _describe(span, kept[0])
         request, prepared = kept
+        quick = prepared.fast
+        # in one step (flows/fast.py), unless the call is to be shed, traced or given headers
+        if (
+            quick is not None
+            and span is INVALID_SPAN
+            and not self.options.any
+            and (remaining is None or remaining > 0)
+        ):
+            answer = quick.decide(self.limiter.clock.now())
+            if answer is not None:
+                return fast_response(quick, answer, self.options.rule_names)
         try:
             decision = await self.limiter.decide(prepared, remaining)
         except Exception as exc:

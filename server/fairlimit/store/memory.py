@@ -61,7 +61,7 @@ class MemoryStore:
         """How many counters and caps are held (for tests and memory accounting)."""
         return len(self.counters) + len(self.fair)
 
-    def _expire(self, now: float) -> None:
+    def expire(self, now: float) -> None:
         """One step of expiry at ``now``, on the request path; the rest in the background
         (store/sweep.py).
 
@@ -107,7 +107,7 @@ class MemoryStore:
 
     def admit_now(self, plan: Plan, now: float) -> Outcome:
         """``admit``, without a coroutine (it never waits)."""
-        self._expire(now)
+        self.expire(now)
         if plan.reserve:
             self._refuse_open(plan, now)
         for c in plan.counters:  # any() of a generator, without one (every request)
@@ -187,7 +187,7 @@ class MemoryStore:
         """Settle the reservation of ``settle.request_id`` at the levels of ``plan``'s one
         descriptor: give back the unused part in the windows it was reserved in, or charge
         the excess as debt now (settle.lua is the same rule for Redis)."""
-        self._expire(now)
+        self.expire(now)
         own = own_counter(plan, 0)
         if own is None:
             return Settled(False)

@@ -108,6 +108,10 @@ class BucketWatch:
         }
         self._periods = {p: s for p, s in self._periods.items() if p in self._capacity}
 
+    def watches(self, path: str) -> bool:
+        """Whether the rule at ``path`` is a watched global bucket."""
+        return path in self._capacity
+
     def observe(self, request: Request, statuses: Sequence[Status], now: float) -> None:
         """Count each named client's hits at each watched bucket the request touched."""
         if not self._capacity:

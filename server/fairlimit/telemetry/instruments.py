@@ -27,14 +27,14 @@ from fairlimit import __version__
 from fairlimit.core.admission import Status
 from fairlimit.core.fairshare import CapReport
 from fairlimit.core.plan import Plan
-from fairlimit.core.request import Request
-from fairlimit.core.rules import Loaded
+from fairlimit.core.request import Descriptor, Request
+from fairlimit.core.rules import Loaded, Rule
 from fairlimit.telemetry.calls import CallInstruments
 from fairlimit.telemetry.caps import CapGauges
 from fairlimit.telemetry.concurrency import SlotInstruments
 from fairlimit.telemetry.fairness import BucketWatch, CapRow, CapTable
 from fairlimit.telemetry.latency import RpcLatency
-from fairlimit.telemetry.rules import RuleCounters, count_upstream
+from fairlimit.telemetry.rules import Key, RuleCounters, Tally, count_upstream
 from fairlimit.telemetry.tokens import TokenInstruments
 from fairlimit.telemetry.top import DEFAULT_CAPACITY, TopClients, TopRow
 from fairlimit.telemetry.upstream import UpstreamStats
@@ -110,6 +110,29 @@ class Telemetry:
                 count_upstream(self.upstream, request, statuses, plan)
         except Exception:
             self._failed()
+
+    def rule_tallies(self) -> tuple[Tally, Tally, Tally, Tally]:
+        """The rule counters' tallies: hits, over_limit, near_limit, within_limit (what a
+        caller that counts a decision itself adds to, flows/fast.py)."""
+        tallies = self._rules.tallies
+        names = ("hits", "over_limit", "near_limit", "within_limit")
+        return tallies[names[0]], tallies[names[1]], tallies[names[2]], tallies[names[3]]
+
+    def rule_series(self, request: Request, descriptor: Descriptor, rule: Rule) -> Key:
+        """The attributes of the rule counters' series ``descriptor`` counts in."""
+        return self._rules.series(request.domain, descriptor, rule)
+
+    def counts_only(self, paths: Iterable[str]) -> bool:
+        """Whether ``decided`` does no more for requests matching only the rules at
+        ``paths`` than count the rule counters: none is a watched global bucket or has its
+        top clients kept, and upstream's stat names are off."""
+        if self.upstream is not None:
+            return False
+        return not any(self._buckets.watches(p) or self._top.watches(p) for p in paths)
+
+    def failed(self) -> None:
+        """Recording failed (the caller caught it): counted, logged once."""
+        self._failed()
 
     def backend_error(self) -> None:
         self._safely(self._calls.backend_errors.add, 1)

@@ -15,7 +15,8 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from fairlimit.core.admission import Code, Status
 from fairlimit.core.plan import Plan
-from fairlimit.core.request import Request
+from fairlimit.core.request import Descriptor, Request
+from fairlimit.core.rules import Rule
 from fairlimit.core.upstream import override_key, stat_key
 from fairlimit.telemetry.upstream import UpstreamStats
 
@@ -77,11 +78,7 @@ class RuleCounters:
             hits = request.hits_for(descriptor)
             if rule is None or limit is None or hits == 0:
                 continue
-            if rule.detailed_metric:
-                value = "/".join(f"{k}={v}" for k, v in descriptor.entries)
-                key: Key = (("domain", domain), ("rule", rule.path), ("value", value))
-            else:
-                key = self._keys.get((domain, rule.path)) or self._key(domain, rule.path)
+            key = self.series(domain, descriptor, rule)
             tallies["hits"].add(hits, key)
             if status.code is Code.OVER_LIMIT or status.shadowed:
                 tallies["over_limit"].add(hits, key)
@@ -93,6 +90,14 @@ class RuleCounters:
             near = used - math.floor(limit.requests_per_unit * near_limit_ratio)
             if near > 0:
                 tallies["near_limit"].add(min(hits, near), key)
+
+    def series(self, domain: str, descriptor: Descriptor, rule: Rule) -> Key:
+        """The attributes of the series a descriptor matching ``rule`` counts in: ``domain``
+        and ``rule``, and its ``value`` path where the rule sets ``detailed_metric``."""
+        if rule.detailed_metric:
+            value = "/".join(f"{k}={v}" for k, v in descriptor.entries)
+            return (("domain", domain), ("rule", rule.path), ("value", value))
+        return self._keys.get((domain, rule.path)) or self._key(domain, rule.path)
 
     def _key(self, domain: str, path: str) -> Key:
         """The attributes of a rule's series (``domain``, ``rule``), made once per rule."""

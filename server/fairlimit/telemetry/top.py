@@ -164,6 +164,10 @@ class TopClients:
         live = {w.rule for found in watch.values() for w in found}
         self._tallies = {r: t for r, t in self._tallies.items() if r in live}
 
+    def watches(self, path: str) -> bool:
+        """Whether requests matching the rule at ``path`` are counted here."""
+        return path in self._watch
+
     def observe(self, request: Request, statuses: Sequence[Status], now: float) -> None:
         """Count each descriptor's hits (and rejected hits) at the rules it is watched for."""
         for descriptor, status in zip(request.descriptors, statuses, strict=True):

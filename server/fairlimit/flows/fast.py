@@ -1,0 +1,183 @@
+"""A hot payload's rate decision in one step, for plans of plain counters in memory.
+
+Envoy sends the same bytes for a client on a route again and again, and the servicer keeps
+each payload's prepared request (grpc_api/servicer.py). In the server a call costs what it
+touches more than what it computes (docs/benchmarks.md, "Sixth pass"): the generic path runs
+through the limiter, the rates flow, the failure policy and the memory store, and builds an
+outcome, a status per descriptor and a decision on the way. For the most common plan, fixed
+windows counted in this process with no cap above them, ``fast`` works out once per payload
+what stays the same from call to call (each counter's key, window, limit and hits; each
+descriptor's limit and its series of the rule counters) and ``FastRates.decide`` does the
+rest with the same rule on the same store: the same counts, answers and metrics.
+
+Whatever else a plan or the process holds takes the generic path (``fast`` gives None): a
+cap, a calendar, sliding or GCRA limit, a shadow or quota rule, charge_when_over_limit,
+reservations, slots or tokens, a store that is not this process's memory, shadow mode,
+quota mode, watched global buckets, top clients, upstream's stat names (no cap: the RLQS
+tally, which counts demand at caps, has nothing to count). So does a call that finds the
+breaker not closed (``decide`` gives None).
+tests/limiter/test_fast.py holds the two paths to the same answers, store state and metrics
+over random configurations and requests.
+"""
+
+import math
+from dataclasses import dataclass
+
+from fairlimit.core.admission import UNLIMITED_REMAINING
+from fairlimit.core.keys import key_path
+from fairlimit.core.plan import Plan
+from fairlimit.core.request import Request
+from fairlimit.core.rules import RateLimit
+from fairlimit.policy.guarded import FailurePolicy
+from fairlimit.store.memory import MemoryStore
+from fairlimit.telemetry import Telemetry
+from fairlimit.telemetry.rules import Key
+
+
+@dataclass(frozen=True, slots=True)
+class Reported:
+    """What a descriptor's status reports that stays the same from call to call."""
+
+    limit: RateLimit | None  # None: unlimited, or nothing charged (``remaining`` says which)
+    name: str | None  # what its status names the limit by: its rule's path, or key path
+    counter: int  # index into the plan's counters (-1 without a limit)
+    remaining: int  # without a limit: what its status says is left
+    series: Key | None  # its series of the rule counters (None: it counts in none)
+    hits: int  # the hits it counts there
+
+
+# whether refused, and per descriptor (over, remaining, whole seconds until reset)
+Answer = tuple[bool, tuple[tuple[bool, int, int], ...]]
+
+
+class FastRates:
+    """``Limiter.decide`` of one prepared request of plain counters, in one step."""
+
+    __slots__ = (
+        "_hits", "_keys", "_limits", "_needs", "_policy", "_store", "_tallies",
+        "_telemetry", "_windows", "reported",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        plan: Plan,
+        request: Request,
+        store: MemoryStore,
+        policy: FailurePolicy,
+        telemetry: Telemetry,
+    ) -> None:
+        counters = plan.counters
+        self._keys = tuple([c.key for c in counters])
+        self._windows = tuple([c.window for c in counters])
+        self._limits = tuple([c.limit for c in counters])
+        self._hits = tuple([c.hits for c in counters])
+        self._needs = tuple([max(c.hits, 1) for c in counters])
+        self._store = store
+        self._policy = policy
+        self._telemetry = telemetry
+        self._tallies = telemetry.rule_tallies()
+        self.reported = tuple(
+            [_reported(plan, request, i, telemetry) for i in range(len(plan.descriptors))]
+        )
+
+    def decide(self, now: float) -> Answer | None:
+        """The request decided at ``now`` and charged; None, nothing done, when it is for the
+        generic path (the breaker is not closed: the policy's path notes what changes)."""
+        policy = self._policy
+        breaker = policy.breaker
+        if breaker.failures or breaker.tripped or not policy.healthy:
+            return None
+        store = self._store
+        store.expire(now)
+        counter_at = store.counters.counter
+        limits, needs = self._limits, self._needs
+        counters = [counter_at(k, w, now) for k, w in zip(self._keys, self._windows, strict=True)]
+        counts = [c.count for c in counters]
+        admitted = True
+        for count, need, limit in zip(counts, needs, limits, strict=True):
+            if count + need > limit:
+                admitted = False
+        if admitted:
+            for counter, hits in zip(counters, self._hits, strict=True):
+                counter.count += hits
+        breaker.answered_at = now  # the store answered, as the policy notes it
+        out = []
+        refused = False
+        for r in self.reported:
+            i = r.counter
+            if i < 0:
+                out.append((False, r.remaining, 0))
+                continue
+            before, limit, window = counts[i], limits[i], self._windows[i]
+            over = limit < before + needs[i]
+            refused = refused or over
+            left = limit - before - (self._hits[i] if admitted else 0)
+            out.append((over, left if left > 0 else 0, window - math.floor(now) % window))
+        if self._telemetry.enabled:
+            self._count(out)
+        return refused, tuple(out)
+
+    def _count(self, out: list[tuple[bool, int, int]]) -> None:
+        """The rule counters, as ``RuleCounters.count`` counts the same statuses."""
+        try:
+            hits_, over_limit, near_limit, within_limit = self._tallies
+            ratio = self._telemetry.near_limit_ratio
+            for r, (over, remaining, _) in zip(self.reported, out, strict=True):
+                key, hits, limit = r.series, r.hits, r.limit
+                if key is None or limit is None:
+                    continue
+                hits_.add(hits, key)
+                if over:
+                    over_limit.add(hits, key)
+                    continue
+                within_limit.add(hits, key)
+                per_unit = limit.requests_per_unit
+                near = per_unit - remaining - math.floor(per_unit * ratio)
+                if near > 0:
+                    near_limit.add(min(hits, near), key)
+        except Exception:
+            self._telemetry.failed()
+
+
+def fast(
+    plan: Plan | None,
+    request: Request,
+    store: MemoryStore,
+    policy: FailurePolicy,
+    telemetry: Telemetry,
+) -> FastRates | None:
+    """The one-step decision of ``plan`` when it and the process qualify (the module's
+    docstring), else None."""
+    if plan is None or not plan.counters or plan.shares or plan.reserve:
+        return None
+    if any([c.shape is not None or c.shadow or c.force for c in plan.counters]):
+        return None
+    paths = []
+    for dplan in plan.descriptors:
+        rule = dplan.rule
+        if rule is not None:
+            if rule.quota_mode:
+                return None
+            paths.append(rule.path)
+        if dplan.unlimited or not dplan.charges:
+            continue
+        if len(dplan.charges) != 1 or dplan.charges[0].share is not None:
+            return None
+        if dplan.charges[0].shadow:
+            return None
+    if not telemetry.counts_only(paths):
+        return None
+    return FastRates(plan, request, store, policy, telemetry)
+
+
+def _reported(plan: Plan, request: Request, index: int, telemetry: Telemetry) -> Reported:
+    dplan, descriptor = plan.descriptors[index], request.descriptors[index]
+    if dplan.unlimited:
+        return Reported(None, None, -1, UNLIMITED_REMAINING, None, 0)
+    if not dplan.charges:
+        return Reported(None, None, -1, 0, None, 0)
+    charge, rule = dplan.charges[0], dplan.rule
+    name = key_path(plan.counters[charge.counter].key) if rule is None else rule.path
+    hits = request.hits_for(descriptor)
+    series = None if rule is None or hits == 0 else telemetry.rule_series(request, descriptor, rule)
+    return Reported(charge.limit, name, charge.counter, 0, series, hits)
