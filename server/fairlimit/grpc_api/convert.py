@@ -4,7 +4,7 @@ import math
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
-from fairlimit.core.admission import Code, Status
+from fairlimit.core.admission import Code
 from fairlimit.core.request import (
     MAX_DESCRIPTORS,
     MAX_HITS,
@@ -76,15 +76,6 @@ def request_from_proto(message: rls_pb2.RateLimitRequest) -> Request:
     return Request(message.domain, tuple(descriptors), message.hits_addend)
 
 
-def _add_status(response: rls_pb2.RateLimitResponse, status: Status, names: bool) -> None:
-    limit = status.current_limit
-    # Envoy writes the name into X-RateLimit-Limit's quota policy (;name="..."): the
-    # limit's own name when it has one (as upstream), else the rule's when ``names``
-    name = None if limit is None else limit.name or (status.name if names else None)
-    over = status.code is Code.OVER_LIMIT
-    add_status(response, over, status.limit_remaining, limit, name, status.duration_until_reset)
-
-
 def add_status(
     response: rls_pb2.RateLimitResponse,
     over: bool,
@@ -121,7 +112,12 @@ def response_to_proto(decision: Decision, names: bool = False) -> rls_pb2.RateLi
     ``names``: a limit without a name of its own is named by its rule."""
     response = rls_pb2.RateLimitResponse(overall_code=_code(decision.code))
     for status in decision.statuses:
-        _add_status(response, status, names)
+        limit = status.current_limit
+        # Envoy writes the name into X-RateLimit-Limit's quota policy (;name="..."): the
+        # limit's own name when it has one (as upstream), else the rule's when ``names``
+        name = None if limit is None else limit.name or (status.name if names else None)
+        over = status.code is Code.OVER_LIMIT
+        add_status(response, over, status.limit_remaining, limit, name, status.duration_until_reset)
     return response
 
 
