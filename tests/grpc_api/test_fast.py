@@ -23,6 +23,7 @@ from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.config.loader import load
 from fairlimit.core.rules import Loaded
 from fairlimit.errors import ConfigError, RequestError
+from fairlimit.flows.fast import FastRates
 from fairlimit.grpc_api import lenient
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
 from fairlimit.grpc_api.headers import ResponseOptions
@@ -214,3 +215,23 @@ def _plain_request(r: random.Random) -> bytes:
 def _one_client(client: int) -> bytes:
     descriptor = D(entries=[D.Entry(key="client_id", value=str(client))])
     return rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor]).SerializeToString()
+
+
+async def test_a_failure_in_one_step_is_internal_and_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever goes wrong on the one-step path ends as on the generic path: INTERNAL and
+    a logged traceback, never UNKNOWN (which Envoy lets through)."""
+
+    def broken(self: FastRates, now: float) -> None:
+        raise RuntimeError("broken")
+
+    limiter = Limiter(load_text(tmp_path, PLAIN), MemoryStore(), FakeClock())
+    servicer = RateLimitServicer(limiter, Telemetry.off())
+    first = await servicer.ShouldRateLimit(None, _Context(_one_client(1)))
+    assert first.statuses[0].limit_remaining == 2
+    monkeypatch.setattr(FastRates, "decide", broken)
+    with pytest.raises(_Refused) as refused:
+        await servicer.ShouldRateLimit(None, _Context(_one_client(1)))
+    assert refused.value.args[0] is grpc.StatusCode.INTERNAL
+    assert "ShouldRateLimit failed" in caplog.text

@@ -192,17 +192,18 @@ class RateLimitServicer:
             _describe(span, kept[0])
         request, prepared = kept
         quick = prepared.fast
-        # in one step (flows/fast.py), unless the call is to be shed, traced or given headers
-        if (
-            quick is not None
-            and span is INVALID_SPAN
-            and not self.options.any
-            and (remaining is None or remaining > 0)
-        ):
-            answer = quick.decide(self.limiter.clock.now())
-            if answer is not None:
-                return fast_response(quick, answer, self.options.rule_names)
         try:
+            # in one step (flows/fast.py), unless the call is to be shed, traced or given
+            # headers; its failures are the generic path's (INTERNAL, logged)
+            if (
+                quick is not None
+                and span is INVALID_SPAN
+                and not self.options.any
+                and (remaining is None or remaining > 0)
+            ):
+                answer = quick.decide(self.limiter.clock.now())
+                if answer is not None:
+                    return fast_response(quick, answer, self.options.rule_names)
             decision = await self.limiter.decide(prepared, remaining)
         except Exception as exc:
             code = next((c for kind, c in _STATUS_CODES if isinstance(exc, kind)), None)

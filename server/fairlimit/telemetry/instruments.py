@@ -114,9 +114,8 @@ class Telemetry:
     def rule_tallies(self) -> tuple[Tally, Tally, Tally, Tally]:
         """The rule counters' tallies: hits, over_limit, near_limit, within_limit (what a
         caller that counts a decision itself adds to, flows/fast.py)."""
-        tallies = self._rules.tallies
-        names = ("hits", "over_limit", "near_limit", "within_limit")
-        return tallies[names[0]], tallies[names[1]], tallies[names[2]], tallies[names[3]]
+        t = self._rules.tallies
+        return t["hits"], t["over_limit"], t["near_limit"], t["within_limit"]
 
     def rule_series(self, request: Request, descriptor: Descriptor, rule: Rule) -> Key:
         """The attributes of the rule counters' series ``descriptor`` counts in."""
