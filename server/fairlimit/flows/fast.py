@@ -28,6 +28,7 @@ from fairlimit.core.keys import key_path
 from fairlimit.core.plan import Plan
 from fairlimit.core.request import Request
 from fairlimit.core.rules import RateLimit
+from fairlimit.core.units import seconds_until_reset
 from fairlimit.policy.guarded import FailurePolicy
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
@@ -112,7 +113,7 @@ class FastRates:
             over = limit < before + needs[i]
             refused = refused or over
             left = limit - before - (self._hits[i] if admitted else 0)
-            out.append((over, left if left > 0 else 0, window - math.floor(now) % window))
+            out.append((over, left if left > 0 else 0, seconds_until_reset(window, now)))
         if self._telemetry.enabled:
             self._count(out)
         return refused, tuple(out)
