@@ -16,6 +16,8 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from config_fuzz import draw_config, draw_request
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
@@ -99,11 +101,23 @@ def _counters(limiter: Limiter) -> dict[str, tuple[int, int, int, int]]:
     return {k: (c.start, c.end, c.count, c.reserved) for k, c in store.counters.table.items()}
 
 
-def _totals(telemetry: Telemetry) -> list[list[tuple[float, tuple[tuple[str, str], ...]]]]:
-    return [
-        sorted((o.value, tuple(sorted(o.attributes.items()))) for o in tally.observe(None))  # type: ignore[arg-type, union-attr]
-        for tally in telemetry.rule_tallies()
-    ]
+def _metered() -> tuple[Telemetry, InMemoryMetricReader]:
+    reader = InMemoryMetricReader()
+    return Telemetry(MeterProvider(metric_readers=[reader])), reader
+
+
+def _totals(reader: InMemoryMetricReader) -> list[tuple[str, float, list[tuple[str, object]]]]:
+    """Every ``ratelimit.*`` series as exported: name, value, attributes."""
+    data = reader.get_metrics_data()
+    assert data is not None
+    return sorted(
+        (metric.name, point.value, sorted((point.attributes or {}).items()))  # type: ignore[union-attr]
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name.startswith("ratelimit.")
+        for point in metric.data.data_points
+    )
 
 
 async def _side_by_side(
@@ -112,7 +126,7 @@ async def _side_by_side(
     """Send the payloads in a random order through both paths; the calls that took the
     one-step path."""
     clock = FakeClock(1_700_000_000.0 + r.random())
-    fast_telemetry, slow_telemetry = Telemetry(), Telemetry()
+    (fast_telemetry, fast_reader), (slow_telemetry, slow_reader) = _metered(), _metered()
     fast = Limiter(loaded, MemoryStore(), clock, telemetry=fast_telemetry)
     slow = Limiter(loaded, MemoryStore(), clock, telemetry=slow_telemetry)
     servicer = RateLimitServicer(fast, fast_telemetry, options)
@@ -133,7 +147,7 @@ async def _side_by_side(
         ), f"{lenient.request(payload)}\none step: {got}\ngeneric: {expected}"
         quick += prepared.fast is not None
     assert _counters(fast) == _counters(slow)
-    assert _totals(fast_telemetry) == _totals(slow_telemetry)
+    assert _totals(fast_reader) == _totals(slow_reader)
     return quick
 
 

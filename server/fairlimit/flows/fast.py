@@ -16,11 +16,10 @@ reservations, slots or tokens, a store that is not this process's memory, shadow
 quota mode, watched global buckets, top clients, upstream's stat names (no cap: the RLQS
 tally, which counts demand at caps, has nothing to count). So does a call that finds the
 breaker not closed (``decide`` gives None).
-tests/limiter/test_fast.py holds the two paths to the same answers, store state and metrics
+tests/grpc_api/test_fast.py holds the two paths to the same answers, store state and metrics
 over random configurations and requests.
 """
 
-import math
 from dataclasses import dataclass
 
 from fairlimit.core.admission import UNLIMITED_REMAINING
@@ -55,8 +54,8 @@ class FastRates:
     """``Limiter.decide`` of one prepared request of plain counters, in one step."""
 
     __slots__ = (
-        "_hits", "_keys", "_limits", "_needs", "_policy", "_store", "_tallies",
-        "_telemetry", "_windows", "reported",
+        "_hits", "_keys", "_limits", "_needs", "_policy", "_store", "_telemetry",
+        "_windows", "reported",
     )  # fmt: skip
 
     def __init__(
@@ -76,7 +75,6 @@ class FastRates:
         self._store = store
         self._policy = policy
         self._telemetry = telemetry
-        self._tallies = telemetry.rule_tallies()
         self.reported = tuple(
             [_reported(plan, request, i, telemetry) for i in range(len(plan.descriptors))]
         )
@@ -119,25 +117,15 @@ class FastRates:
         return refused, tuple(out)
 
     def _count(self, out: list[tuple[bool, int, int]]) -> None:
-        """The rule counters, as ``RuleCounters.count`` counts the same statuses."""
+        """The rule counters, as ``Telemetry.decided`` counts the same statuses."""
+        telemetry = self._telemetry
         try:
-            hits_, over_limit, near_limit, within_limit = self._tallies
-            ratio = self._telemetry.near_limit_ratio
             for r, (over, remaining, _) in zip(self.reported, out, strict=True):
-                key, hits, limit = r.series, r.hits, r.limit
-                if key is None or limit is None:
-                    continue
-                hits_.add(hits, key)
-                if over:
-                    over_limit.add(hits, key)
-                    continue
-                within_limit.add(hits, key)
-                per_unit = limit.requests_per_unit
-                near = per_unit - remaining - math.floor(per_unit * ratio)
-                if near > 0:
-                    near_limit.add(min(hits, near), key)
+                key, limit = r.series, r.limit
+                if key is not None and limit is not None:
+                    telemetry.count_rule(key, r.hits, over, limit.requests_per_unit, remaining)
         except Exception:
-            self._telemetry.failed()
+            telemetry.failed()
 
 
 def fast(

@@ -34,7 +34,7 @@ from fairlimit.telemetry.caps import CapGauges
 from fairlimit.telemetry.concurrency import SlotInstruments
 from fairlimit.telemetry.fairness import BucketWatch, CapRow, CapTable
 from fairlimit.telemetry.latency import RpcLatency
-from fairlimit.telemetry.rules import Key, RuleCounters, Tally, count_upstream
+from fairlimit.telemetry.rules import Key, RuleCounters, count_upstream
 from fairlimit.telemetry.tokens import TokenInstruments
 from fairlimit.telemetry.top import DEFAULT_CAPACITY, TopClients, TopRow
 from fairlimit.telemetry.upstream import UpstreamStats
@@ -111,11 +111,12 @@ class Telemetry:
         except Exception:
             self._failed()
 
-    def rule_tallies(self) -> tuple[Tally, Tally, Tally, Tally]:
-        """The rule counters' tallies: hits, over_limit, near_limit, within_limit (what a
-        caller that counts a decision itself adds to, flows/fast.py)."""
-        t = self._rules.tallies
-        return t["hits"], t["over_limit"], t["near_limit"], t["within_limit"]
+    def count_rule(self, key: Key, hits: int, over: bool, per_unit: int, remaining: int) -> None:
+        """Count one descriptor's hits in the rule counters' series ``key`` (what ``decided``
+        counts for it; for a caller that decides without statuses, flows/fast.py): refused
+        (``over``), or within its limit of ``per_unit`` with ``remaining`` left. Raises
+        what recording raises (the caller counts it as ``failed``)."""
+        self._rules.add(key, hits, over, False, per_unit, remaining, self.near_limit_ratio)
 
     def rule_series(self, request: Request, descriptor: Descriptor, rule: Rule) -> Key:
         """The attributes of the rule counters' series ``descriptor`` counts in."""

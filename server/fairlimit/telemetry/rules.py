@@ -72,24 +72,41 @@ class RuleCounters:
 
     def count(self, request: Request, statuses: Sequence[Status], near_limit_ratio: float) -> None:
         """Count one answered request per rule it was checked against."""
-        domain, tallies = request.domain, self.tallies
+        domain = request.domain
         for descriptor, status in zip(request.descriptors, statuses, strict=True):
             rule, limit = status.rule, status.current_limit
             hits = request.hits_for(descriptor)
             if rule is None or limit is None or hits == 0:
                 continue
             key = self.series(domain, descriptor, rule)
-            tallies["hits"].add(hits, key)
-            if status.code is Code.OVER_LIMIT or status.shadowed:
-                tallies["over_limit"].add(hits, key)
-                if status.shadowed:
-                    tallies["shadow_mode"].add(hits, key)
-                continue
-            tallies["within_limit"].add(hits, key)
-            used = limit.requests_per_unit - status.limit_remaining
-            near = used - math.floor(limit.requests_per_unit * near_limit_ratio)
-            if near > 0:
-                tallies["near_limit"].add(min(hits, near), key)
+            over = status.code is Code.OVER_LIMIT
+            self.add(key, hits, over, status.shadowed, limit.requests_per_unit,
+                     status.limit_remaining, near_limit_ratio)  # fmt: skip
+
+    def add(
+        self,
+        key: Key,
+        hits: int,
+        over: bool,
+        shadowed: bool,
+        per_unit: int,
+        remaining: int,
+        near_limit_ratio: float,
+    ) -> None:
+        """Count one descriptor's ``hits`` in the series ``key``: refused (``over``), or
+        over a shadow-mode limit; else within its limit of ``per_unit`` with ``remaining``
+        left after it, and near the limit for the hits past the ratio."""
+        tallies = self.tallies
+        tallies["hits"].add(hits, key)
+        if over or shadowed:
+            tallies["over_limit"].add(hits, key)
+            if shadowed:
+                tallies["shadow_mode"].add(hits, key)
+            return
+        tallies["within_limit"].add(hits, key)
+        near = per_unit - remaining - math.floor(per_unit * near_limit_ratio)
+        if near > 0:
+            tallies["near_limit"].add(min(hits, near), key)
 
     def series(self, domain: str, descriptor: Descriptor, rule: Rule) -> Key:
         """The attributes of the series a descriptor matching ``rule`` counts in: ``domain``
