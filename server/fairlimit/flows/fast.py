@@ -92,10 +92,9 @@ class FastRates:
         limits, needs = self._limits, self._needs
         counters = [counter_at(k, w, now) for k, w in zip(self._keys, self._windows, strict=True)]
         counts = [c.count for c in counters]
-        admitted = True
-        for count, need, limit in zip(counts, needs, limits, strict=True):
-            if count + need > limit:
-                admitted = False
+        # each counter over, as admission.counter_over (no shadow here): all or nothing
+        overs = [n + need > limit for n, need, limit in zip(counts, needs, limits, strict=True)]
+        admitted = not any(overs)
         if admitted:
             for counter, hits in zip(counters, self._hits, strict=True):
                 counter.count += hits
@@ -107,11 +106,10 @@ class FastRates:
             if i < 0:
                 out.append((False, r.remaining, 0))
                 continue
-            before, limit, window = counts[i], limits[i], self._windows[i]
-            over = limit < before + needs[i]
+            over = overs[i]
             refused = refused or over
-            left = limit - before - (self._hits[i] if admitted else 0)
-            out.append((over, left if left > 0 else 0, seconds_until_reset(window, now)))
+            left = limits[i] - counts[i] - (self._hits[i] if admitted else 0)
+            out.append((over, left if left > 0 else 0, seconds_until_reset(self._windows[i], now)))
         if self._telemetry.enabled:
             self._count(out)
         return refused, tuple(out)

@@ -81,11 +81,13 @@ def add_status(
     over: bool,
     remaining: int,
     limit: RateLimit | None,
-    name: str | None,
     reset: float,
+    rule_name: str | None,
+    names: bool,
 ) -> None:
-    """One descriptor's status, built in place: its code, what is left of ``limit`` (with
-    ``name``) and the seconds until it is reset."""
+    """One descriptor's status, built in place: its code, what is left of ``limit`` and the
+    seconds until it is reset; ``names``: a limit without a name of its own is named
+    ``rule_name`` (what its status names it by)."""
     # An OVER_LIMIT status says 0 left, as upstream's: Envoy writes X-RateLimit-* from the
     # status with the least left, which must be the one that refused (a request of 5 hits
     # refused with 2 left would lose to another descriptor's 1). The 2 stay in the metadata.
@@ -96,6 +98,9 @@ def add_status(
         current = out.current_limit
         current.requests_per_unit = limit.requests_per_unit
         current.unit = _PROTO_UNITS[limit.unit._value_]
+        # Envoy writes the name into X-RateLimit-Limit's quota policy (;name="..."): the
+        # limit's own name when it has one (as upstream), else the rule's when ``names``
+        name = limit.name or (rule_name if names else None)
         if name:
             current.name = name
     if reset > 0:
@@ -112,12 +117,9 @@ def response_to_proto(decision: Decision, names: bool = False) -> rls_pb2.RateLi
     ``names``: a limit without a name of its own is named by its rule."""
     response = rls_pb2.RateLimitResponse(overall_code=_code(decision.code))
     for status in decision.statuses:
-        limit = status.current_limit
-        # Envoy writes the name into X-RateLimit-Limit's quota policy (;name="..."): the
-        # limit's own name when it has one (as upstream), else the rule's when ``names``
-        name = None if limit is None else limit.name or (status.name if names else None)
         over = status.code is Code.OVER_LIMIT
-        add_status(response, over, status.limit_remaining, limit, name, status.duration_until_reset)
+        add_status(response, over, status.limit_remaining, status.current_limit,
+                   status.duration_until_reset, status.name, names)  # fmt: skip
     return response
 
 
@@ -129,7 +131,5 @@ def fast_response(
     refused, parts = answer
     response = rls_pb2.RateLimitResponse(overall_code=_OVER_LIMIT if refused else _OK)
     for reported, (over, remaining, reset) in zip(fast.reported, parts, strict=True):
-        limit = reported.limit
-        name = None if limit is None else limit.name or (reported.name if names else None)
-        add_status(response, over, remaining, limit, name, reset)
+        add_status(response, over, remaining, reported.limit, reset, reported.name, names)
     return response
