@@ -34,7 +34,7 @@ from fairlimit.limiter import Limiter
 from fairlimit.policy.breaker import BREAK_AFTER, BREAK_QUIET
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
-from helpers import FakeClock, load_text
+from helpers import Aborted, CallContext, FakeClock, load_text
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
@@ -62,27 +62,6 @@ descriptors:
     value: gold
     rate_limit: {unit: day, requests_per_unit: 4294967295}
 """
-
-
-class _Refused(Exception):
-    pass
-
-
-class _Context:
-    """What the servicer uses of grpc's context: the message, no deadline, abort."""
-
-    def __init__(self, payload: bytes) -> None:
-        self.payload: object = payload
-
-    async def read(self) -> object:
-        message, self.payload = self.payload, grpc.aio.EOF
-        return message
-
-    def time_remaining(self) -> None:
-        return None
-
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise _Refused(code)
 
 
 def _accepted(r: random.Random, path: Path) -> tuple[dict[str, object], Loaded]:
@@ -137,11 +116,11 @@ async def _side_by_side(
         try:
             prepared = slow.prepare(request_from_proto(lenient.request(payload)))
         except RequestError:
-            with pytest.raises(_Refused):
-                await servicer.ShouldRateLimit(None, _Context(payload))
+            with pytest.raises(Aborted):
+                await servicer.ShouldRateLimit(None, CallContext(payload))
             continue
         expected = response_to_proto(await slow.decide(prepared), options.rule_names)
-        got = await servicer.ShouldRateLimit(None, _Context(payload))
+        got = await servicer.ShouldRateLimit(None, CallContext(payload))
         assert got.SerializeToString(deterministic=True) == expected.SerializeToString(
             deterministic=True
         ), f"{lenient.request(payload)}\none step: {got}\ngeneric: {expected}"
@@ -181,14 +160,14 @@ async def test_a_tripped_breaker_is_the_failure_mode_s(tmp_path: Path) -> None:
     limiter = Limiter(load_text(tmp_path, PLAIN), MemoryStore(), clock)
     servicer = RateLimitServicer(limiter, Telemetry.off())
     payload = _one_client(1)
-    first = await servicer.ShouldRateLimit(None, _Context(payload))
+    first = await servicer.ShouldRateLimit(None, CallContext(payload))
     assert first.statuses[0].limit_remaining == 2
     breaker = limiter.policy.breaker
     for _ in range(BREAK_AFTER):
         clock.advance(BREAK_QUIET)
         breaker.failed(clock.now())
     assert breaker.tripped
-    opened = await servicer.ShouldRateLimit(None, _Context(payload))
+    opened = await servicer.ShouldRateLimit(None, CallContext(payload))
     assert (opened.overall_code, opened.statuses[0].HasField("current_limit")) == (
         opened.OK,
         False,
@@ -242,10 +221,10 @@ async def test_a_failure_in_one_step_is_internal_and_logged(
 
     limiter = Limiter(load_text(tmp_path, PLAIN), MemoryStore(), FakeClock())
     servicer = RateLimitServicer(limiter, Telemetry.off())
-    first = await servicer.ShouldRateLimit(None, _Context(_one_client(1)))
+    first = await servicer.ShouldRateLimit(None, CallContext(_one_client(1)))
     assert first.statuses[0].limit_remaining == 2
     monkeypatch.setattr(FastRates, "decide", broken)
-    with pytest.raises(_Refused) as refused:
-        await servicer.ShouldRateLimit(None, _Context(_one_client(1)))
+    with pytest.raises(Aborted) as refused:
+        await servicer.ShouldRateLimit(None, CallContext(_one_client(1)))
     assert refused.value.args[0] is grpc.StatusCode.INTERNAL
     assert "ShouldRateLimit failed" in caplog.text

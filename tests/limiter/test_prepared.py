@@ -13,7 +13,7 @@ from fairlimit.grpc_api.servicer import RateLimitServicer
 from fairlimit.limiter import Limiter
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
-from helpers import FakeClock, load_text
+from helpers import Aborted, CallContext, FakeClock, load_text
 
 pytestmark = pytest.mark.behaviour
 
@@ -25,29 +25,6 @@ CONFIG = """
       - key: client_id
         rate_limit: {{unit: minute, requests_per_unit: {limit}}}
 """
-
-
-class _Aborted(Exception):
-    pass
-
-
-class _Context:
-    """What the servicer uses of grpc's context: the request, the deadline and abort."""
-
-    def __init__(self, payload: bytes, remaining: float | None = None) -> None:
-        self.payload: object = payload
-        self.remaining = remaining
-
-    async def read(self) -> object:
-        """The request once, then the end of the stream (grpc.aio.EOF)."""
-        message, self.payload = self.payload, grpc.aio.EOF
-        return message
-
-    def time_remaining(self) -> float | None:
-        return self.remaining
-
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise _Aborted(code, details)
 
 
 def _payload(client: str, domain: str = "edge") -> bytes:
@@ -64,25 +41,25 @@ def _servicer(tmp_path: Path, limit: int) -> tuple[RateLimitServicer, Limiter]:
 
 async def test_same_payload_counts_every_time(tmp_path: Path) -> None:
     servicer, _ = _servicer(tmp_path, 2)
-    codes = [(await servicer.ShouldRateLimit(None, _Context(_payload("a")))).overall_code
+    codes = [(await servicer.ShouldRateLimit(None, CallContext(_payload("a")))).overall_code
              for _ in range(3)]  # fmt: skip
     assert codes == [RLS.OK, RLS.OK, RLS.OVER_LIMIT]
 
 
 async def test_config_swap_replans_a_kept_payload(tmp_path: Path) -> None:
     servicer, limiter = _servicer(tmp_path, 1)
-    first = await servicer.ShouldRateLimit(None, _Context(_payload("a")))
+    first = await servicer.ShouldRateLimit(None, CallContext(_payload("a")))
     assert first.statuses[0].current_limit.requests_per_unit == 1
     limiter.swap(load_text(tmp_path, CONFIG.format(limit=5), name="next.yaml"))
-    again = await servicer.ShouldRateLimit(None, _Context(_payload("a")))
+    again = await servicer.ShouldRateLimit(None, CallContext(_payload("a")))
     assert (again.overall_code, again.statuses[0].current_limit.requests_per_unit) == (RLS.OK, 5)
 
 
 async def test_invalid_payload_rejected_every_time(tmp_path: Path) -> None:
     servicer, _ = _servicer(tmp_path, 1)
     for _ in range(2):
-        with pytest.raises(_Aborted) as raised:
-            await servicer.ShouldRateLimit(None, _Context(_payload("a", domain="")))
+        with pytest.raises(Aborted) as raised:
+            await servicer.ShouldRateLimit(None, CallContext(_payload("a", domain="")))
         assert raised.value.args[0] is grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -90,7 +67,7 @@ async def test_a_full_cache_starts_over(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(servicer_module, "PREPARED_CACHE_SIZE", 2)
     servicer, _ = _servicer(tmp_path, 10)
     for client in ("a", "b", "c", "a"):
-        answer = await servicer.ShouldRateLimit(None, _Context(_payload(client)))
+        answer = await servicer.ShouldRateLimit(None, CallContext(_payload(client)))
         assert answer.overall_code == RLS.OK
     assert len(servicer._prepared) <= 2
 
@@ -100,7 +77,7 @@ async def test_a_call_past_its_deadline_is_shed(tmp_path: Path) -> None:
     open) and charge nothing, so the next call in time is still admitted."""
     servicer, _ = _servicer(tmp_path, 1)
     for _ in range(2):
-        late = await servicer.ShouldRateLimit(None, _Context(_payload("a"), remaining=0.0))
+        late = await servicer.ShouldRateLimit(None, CallContext(_payload("a"), remaining=0.0))
         assert (late.overall_code, len(late.statuses[0].current_limit.ListFields())) == (RLS.OK, 0)
-    in_time = await servicer.ShouldRateLimit(None, _Context(_payload("a"), remaining=5.0))
+    in_time = await servicer.ShouldRateLimit(None, CallContext(_payload("a"), remaining=5.0))
     assert (in_time.overall_code, in_time.statuses[0].limit_remaining) == (RLS.OK, 0)

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
+import grpc
 import pytest
 
 from fairlimit.config.loader import load
@@ -114,3 +115,27 @@ def once(store: Store) -> Callable[[], Store]:
         return store
 
     return fresh
+
+
+class Aborted(Exception):
+    """``CallContext.abort``: args (code, details)."""
+
+
+class CallContext:
+    """What the RLS servicer uses of grpc's context: the request, the deadline and abort
+    (which raises ``Aborted``)."""
+
+    def __init__(self, payload: bytes, remaining: float | None = None) -> None:
+        self.payload: object = payload
+        self.remaining = remaining
+
+    async def read(self) -> object:
+        """The request once, then the end of the stream (grpc.aio.EOF)."""
+        message, self.payload = self.payload, grpc.aio.EOF
+        return message
+
+    def time_remaining(self) -> float | None:
+        return self.remaining
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise Aborted(code, details)
