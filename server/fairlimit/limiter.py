@@ -21,7 +21,7 @@ from fairlimit.core.rules import Loaded
 from fairlimit.core.tally import Tally
 from fairlimit.errors import DeadlineExceeded, StoreUnavailable
 from fairlimit.flows.decision import Decision, active
-from fairlimit.flows.fast import FastRates, fast
+from fairlimit.flows.fast import FastLeased, FastRates, fast, leased
 from fairlimit.flows.rates import RatesFlow
 from fairlimit.flows.slots import SlotsFlow
 from fairlimit.flows.tokens import TokensFlow
@@ -31,7 +31,7 @@ from fairlimit.policy.breaker import BREAK_AFTER, BREAK_QUIET, BREAK_SECONDS, ST
 from fairlimit.policy.guarded import FailurePolicy
 from fairlimit.policy.local import LocalLimits
 from fairlimit.settings import FailureMode
-from fairlimit.store.base import Store
+from fairlimit.store.base import BlockStore, Store
 from fairlimit.store.deadline import DEADLINE
 from fairlimit.store.memory import MemoryStore
 from fairlimit.store.replicas import Replicas
@@ -70,7 +70,8 @@ class Prepared:
     slots: Slots | None
     active: object  # the configuration it was planned under
     tokens: Tokens | None = None  # its reservations and settlements, when it has any
-    fast: FastRates | None = None  # its decision in one step, when it qualifies (a servicer's)
+    # its decision in one step, when it qualifies (a servicer's)
+    fast: FastRates | FastLeased | None = None
 
 
 class Limiter:
@@ -101,6 +102,10 @@ class Limiter:
         # plans decided in one step need this process's memory, every answer as decided
         memory = store if isinstance(store, MemoryStore) and not (shadow or quota_mode) else None
         self._fast_store = memory if self.policy.admits_now is not None else None
+        # plans a lease block serves, admitted from it in one step (not alone, not quota mode)
+        blocks = store.blocks() if isinstance(store, BlockStore) else None
+        self._from_block = None if quota_mode or self.policy.alone is not None else blocks
+        self._shadow = shadow
         self._slots = SlotsFlow(self.policy, self.telemetry, self._rates, shadow)
         self._tokens = TokensFlow(self.policy, self.telemetry, self._rates, self._slots, shadow)
 
@@ -145,8 +150,13 @@ class Limiter:
             if slots is not None and (slots.acquire or slots.release):
                 return Prepared(request, None, slots, active)
         plan = make_plan(request, active.matcher)
-        store = self._fast_store
-        quick = None if store is None else fast(plan, request, store, self.policy, self.telemetry)
+        store, from_block = self._fast_store, self._from_block
+        quick: FastRates | FastLeased | None = None
+        if store is not None:
+            quick = fast(plan, request, store, self.policy, self.telemetry)
+        elif from_block is not None:
+            policy, telemetry = self.policy, self.telemetry
+            quick = leased(plan, request, from_block, policy, telemetry, self.tally, self._shadow)
         return Prepared(request, plan, None, active, fast=quick)
 
     def current(self, prepared: Prepared) -> bool:

@@ -16,8 +16,6 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from config_fuzz import draw_config, draw_request
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
@@ -34,7 +32,7 @@ from fairlimit.limiter import Limiter
 from fairlimit.policy.breaker import BREAK_AFTER, BREAK_QUIET
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
-from helpers import Aborted, CallContext, FakeClock, load_text
+from helpers import Aborted, CallContext, FakeClock, exported, load_text, metered
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
@@ -80,32 +78,13 @@ def _counters(limiter: Limiter) -> dict[str, tuple[int, int, int, int]]:
     return {k: (c.start, c.end, c.count, c.reserved) for k, c in store.counters.table.items()}
 
 
-def _metered() -> tuple[Telemetry, InMemoryMetricReader]:
-    reader = InMemoryMetricReader()
-    return Telemetry(MeterProvider(metric_readers=[reader])), reader
-
-
-def _totals(reader: InMemoryMetricReader) -> list[tuple[str, float, list[tuple[str, object]]]]:
-    """Every ``ratelimit.*`` series as exported: name, value, attributes."""
-    data = reader.get_metrics_data()
-    assert data is not None
-    return sorted(
-        (metric.name, point.value, sorted((point.attributes or {}).items()))  # type: ignore[union-attr]
-        for resource in data.resource_metrics
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name.startswith("ratelimit.")
-        for point in metric.data.data_points
-    )
-
-
 async def _side_by_side(
     loaded: Loaded, payloads: list[bytes], r: random.Random, options: ResponseOptions
 ) -> int:
     """Send the payloads in a random order through both paths; the calls that took the
     one-step path."""
     clock = FakeClock(1_700_000_000.0 + r.random())
-    (fast_telemetry, fast_reader), (slow_telemetry, slow_reader) = _metered(), _metered()
+    (fast_telemetry, fast_reader), (slow_telemetry, slow_reader) = metered(), metered()
     fast = Limiter(loaded, MemoryStore(), clock, telemetry=fast_telemetry)
     slow = Limiter(loaded, MemoryStore(), clock, telemetry=slow_telemetry)
     servicer = RateLimitServicer(fast, fast_telemetry, options)
@@ -126,7 +105,7 @@ async def _side_by_side(
         ), f"{lenient.request(payload)}\none step: {got}\ngeneric: {expected}"
         quick += prepared.fast is not None
     assert _counters(fast) == _counters(slow)
-    assert _totals(fast_reader) == _totals(slow_reader)
+    assert exported(fast_reader) == exported(slow_reader)
     return quick
 
 

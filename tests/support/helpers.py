@@ -18,12 +18,15 @@ from typing import NoReturn
 
 import grpc
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from fairlimit.config.loader import load
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import Loaded, RateLimit
 from fairlimit.limiter import Limiter
 from fairlimit.store.base import Store
+from fairlimit.telemetry import Telemetry
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -139,3 +142,23 @@ class CallContext:
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise Aborted(code, details)
+
+
+def metered() -> tuple[Telemetry, InMemoryMetricReader]:
+    """Telemetry whose metrics a reader collects in memory."""
+    reader = InMemoryMetricReader()
+    return Telemetry(MeterProvider(metric_readers=[reader])), reader
+
+
+def exported(reader: InMemoryMetricReader) -> list[tuple[str, float, list[tuple[str, object]]]]:
+    """Every ``ratelimit.*`` series ``reader`` exports: name, value, attributes, sorted."""
+    data = reader.get_metrics_data()
+    assert data is not None
+    return sorted(
+        (metric.name, point.value, sorted((point.attributes or {}).items()))  # type: ignore[union-attr]
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name.startswith("ratelimit.")
+        for point in metric.data.data_points
+    )

@@ -18,17 +18,32 @@ tally, which counts demand at caps, has nothing to count). So does a call that f
 breaker not closed (``decide`` gives None).
 tests/grpc_api/test_fast.py holds the two paths to the same answers, store state and metrics
 over random configurations and requests.
+
+On Redis with leases (the default), a plan a lease block serves is admitted here from this
+process's block, with no Redis call, until the block runs out (store/redis/leasing.py).
+``leased`` works out once per payload what that admission needs (the plan's lease shape)
+and ``FastLeased.decide`` takes the request from the block and decides it as the rates flow
+would (its statuses, the telemetry, the decision), without the limiter, the flow, the
+policy's call or the store's ``admit`` around it; a request the block does not cover takes
+the generic path, which may wait for a block or ask Redis. tests/grpc_api/test_fast_leased.py
+holds the two paths to the same answers, blocks and metrics on a real Redis.
 """
 
+import time
 from dataclasses import dataclass
 
-from fairlimit.core.admission import UNLIMITED_REMAINING
+from fairlimit.core import lease
+from fairlimit.core.admission import UNLIMITED_REMAINING, Code, overall
 from fairlimit.core.keys import key_path
 from fairlimit.core.plan import Plan
 from fairlimit.core.request import Request
 from fairlimit.core.rules import RateLimit
+from fairlimit.core.tally import Tally
 from fairlimit.core.units import seconds_until_reset
+from fairlimit.flows.decision import Decision
+from fairlimit.policy.answers import statuses as statuses_of
 from fairlimit.policy.guarded import FailurePolicy
+from fairlimit.store.base import FromBlock
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
 from fairlimit.telemetry.rules import Key
@@ -168,3 +183,73 @@ def _reported(plan: Plan, request: Request, index: int, telemetry: Telemetry) ->
     hits = request.hits_for(descriptor)
     series = None if rule is None or hits == 0 else telemetry.rule_series(request, descriptor, rule)
     return Reported(charge.limit, name, charge.counter, 0, series, hits)
+
+
+class FastLeased:
+    """The rates flow's decision of one prepared request admitted from a lease block held
+    here, in one step (no coroutine: a block's admission never waits)."""
+
+    __slots__ = ("_from_block", "_plan", "_policy", "_request", "_shadow", "_shape", "_tally",
+                 "_telemetry")  # fmt: skip
+
+    def __init__(
+        self,
+        plan: Plan,
+        request: Request,
+        from_block: FromBlock,
+        policy: FailurePolicy,
+        telemetry: Telemetry,
+        tally: Tally,
+        shadow: bool,
+    ) -> None:
+        self._plan, self._request = plan, request
+        self._shape = lease.shape(plan)
+        self._from_block = from_block
+        self._policy = policy
+        self._telemetry = telemetry
+        self._tally = tally if plan.shares else None  # RLS demand at caps, when wanted
+        self._shadow = shadow
+
+    def decide(self, now: float) -> Decision | None:
+        """The request admitted from its block at ``now`` and decided; None, nothing done,
+        when the block does not cover it or the policy would not ask the store now (the
+        breaker not closed, a wait on the store stalled: the policy's path)."""
+        policy = self._policy
+        breaker = policy.breaker
+        if breaker.failures or breaker.tripped or not policy.healthy:
+            return None
+        if breaker.stalled(now, policy.waits) is not None:
+            return None
+        started = time.perf_counter()  # as the rates flow times the store's part
+        plan = self._plan
+        outcome = self._from_block(plan, self._shape, now)
+        if outcome is None:
+            return None
+        breaker.answered_at = now  # the store answered, as the policy notes it
+        tally = self._tally
+        if tally is not None and tally.on:
+            tally.add(self._request, plan)
+        statuses = statuses_of(plan, outcome, now)
+        code = overall(statuses, False)  # no quota rule here: nothing to charge again
+        self._telemetry.decided(self._request, statuses, now, plan)
+        code = Code.OK if self._shadow else code
+        return Decision(code, statuses, backend_seconds=time.perf_counter() - started)
+
+
+def leased(
+    plan: Plan | None,
+    request: Request,
+    from_block: FromBlock,
+    policy: FailurePolicy,
+    telemetry: Telemetry,
+    tally: Tally,
+    shadow: bool,
+) -> FastLeased | None:
+    """The one-step decision of ``plan`` from lease blocks when a block may serve it (an
+    eligible plan with no reservation) and no rule of it is a quota (a quota over is
+    charged again without it, a second store call), else None."""
+    if plan is None or plan.reserve or not lease.eligible(plan):
+        return None
+    if any([d.rule is not None and d.rule.quota_mode for d in plan.descriptors]):
+        return None
+    return FastLeased(plan, request, from_block, policy, telemetry, tally, shadow)

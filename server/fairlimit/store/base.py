@@ -1,7 +1,7 @@
 """The Store protocol: the narrow contract every backend keeps."""
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 from fairlimit.core.admission import Outcome
 from fairlimit.core.concurrency import Claim, SlotOutcome
@@ -68,3 +68,17 @@ class Store(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+# ``admit`` of a plan from this process's lease block of its shape, without a coroutine;
+# None, nothing done, when the block does not cover it (store/redis/store.py ``from_block``)
+FromBlock = Callable[[Plan, tuple[str, ...], float], Outcome | None]
+
+
+@runtime_checkable
+class BlockStore(Protocol):
+    """A store that may admit a plan's requests from a lease block held here."""
+
+    def blocks(self) -> FromBlock | None:
+        """Its ``from_block`` while it leases, else None."""
+        ...

@@ -36,6 +36,7 @@ from fairlimit.core.reserve import Settle, Settled, Usage, own_counter
 from fairlimit.core.units import Algorithm, bounds
 from fairlimit.errors import ReservationOpen, StoreUnavailable
 from fairlimit.store import deadline
+from fairlimit.store.base import FromBlock
 from fairlimit.store.patience import Heard, within
 from fairlimit.store.redis import reservations, script
 from fairlimit.store.redis.batch import ScriptBatcher
@@ -124,6 +125,25 @@ class RedisStore:
         if combined.rolled:
             self._registry.register(combined.rolled)
         return combined.outcome
+
+    def blocks(self) -> FromBlock | None:
+        """``from_block`` while leases are on, else None."""
+        return self.from_block if self._leasing is not None else None
+
+    def from_block(self, plan: Plan, shape: tuple[str, ...], now: float) -> Outcome | None:
+        """``admit`` of ``plan`` (of lease shape ``shape``, ``lease.eligible``, no
+        reservation) when this process's block of it covers the request: the same answer
+        and the same steps, without a coroutine (no Redis call). None, nothing done, when
+        it does not (``admit`` then, which may wait for a block being taken)."""
+        leasing = self._leasing
+        if leasing is None:
+            return None
+        base = clock_base(self._caller_clock, now)
+        local = leasing.leases.take(plan, shape, base)
+        if local is not None:
+            leasing.last = base
+            self._known.admitted(plan)
+        return local
 
     async def acquire(self, claims: Sequence[Claim], now: float) -> SlotOutcome:
         at = repr(now) if self._caller_clock else ""
