@@ -30,6 +30,7 @@ holds the two paths to the same answers, blocks and metrics on a real Redis.
 """
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fairlimit.core import lease
@@ -65,22 +66,89 @@ class Reported:
 Answer = tuple[bool, tuple[tuple[bool, int, int], ...]]
 
 
+class Plain:
+    """The statuses of a plan of plain counters (fixed windows, no cap, one level a
+    descriptor) as its counters' counts give them: what they report that stays the same
+    from call to call worked out once, and the rule counters counted as ``Telemetry.decided``
+    counts the same statuses."""
+
+    __slots__ = ("_hits", "_limits", "_telemetry", "_windows", "reported")
+
+    def __init__(self, plan: Plan, request: Request, telemetry: Telemetry) -> None:
+        counters = plan.counters
+        self._windows = tuple([c.window for c in counters])
+        self._limits = tuple([c.limit for c in counters])
+        self._hits = tuple([c.hits for c in counters])
+        self._telemetry = telemetry
+        self.reported = tuple(
+            [_reported(plan, request, i, telemetry) for i in range(len(plan.descriptors))]
+        )
+
+    def answer(
+        self, counts: Sequence[int], overs: Sequence[bool], admitted: bool, now: float
+    ) -> Answer:
+        """The answer of a request that found its counters at ``counts`` (before it), each
+        over or not, and was ``admitted`` (charged) or refused (nothing charged)."""
+        limits, hits, windows = self._limits, self._hits, self._windows
+        out = []
+        refused = False
+        for r in self.reported:
+            i = r.counter
+            if i < 0:
+                out.append((False, r.remaining, 0))
+                continue
+            over = overs[i]
+            refused = refused or over
+            left = limits[i] - counts[i] - (hits[i] if admitted else 0)
+            out.append((over, left if left > 0 else 0, seconds_until_reset(windows[i], now)))
+        if self._telemetry.enabled:
+            self._count(out)
+        return refused, tuple(out)
+
+    def _count(self, out: list[tuple[bool, int, int]]) -> None:
+        telemetry = self._telemetry
+        try:
+            for r, (over, remaining, _) in zip(self.reported, out, strict=True):
+                key, limit = r.series, r.limit
+                if key is not None and limit is not None:
+                    telemetry.count_rule(key, r.hits, over, limit.requests_per_unit, remaining)
+        except Exception:
+            telemetry.failed()
+
+
+def plain(plan: Plan, request: Request, telemetry: Telemetry) -> Plain | None:
+    """``Plain`` of ``plan`` when its statuses are plain counters' (the module's docstring:
+    fixed windows, no shadow, no cap, no quota rule, one level a descriptor) and telemetry
+    counts no more of them than the rule counters; else None."""
+    if not plan.counters or plan.shares:
+        return None
+    if any([c.shape is not None or c.shadow for c in plan.counters]):
+        return None
+    paths = []
+    for dplan in plan.descriptors:
+        rule = dplan.rule
+        if rule is not None:
+            if rule.quota_mode:
+                return None
+            paths.append(rule.path)
+        if dplan.unlimited or not dplan.charges:
+            continue
+        if len(dplan.charges) != 1 or dplan.charges[0].share is not None:
+            return None
+        if dplan.charges[0].shadow:
+            return None
+    if not telemetry.counts_only(paths):
+        return None
+    return Plain(plan, request, telemetry)
+
+
 class FastRates:
     """``Limiter.decide`` of one prepared request of plain counters, in one step."""
 
-    __slots__ = (
-        "_hits", "_keys", "_limits", "_needs", "_policy", "_store", "_telemetry",
-        "_windows", "reported",
-    )  # fmt: skip
+    __slots__ = ("_hits", "_keys", "_limits", "_needs", "_plain", "_policy", "_store", "_windows",
+                 "reported")  # fmt: skip
 
-    def __init__(
-        self,
-        plan: Plan,
-        request: Request,
-        store: MemoryStore,
-        policy: FailurePolicy,
-        telemetry: Telemetry,
-    ) -> None:
+    def __init__(self, plan: Plan, store: MemoryStore, policy: FailurePolicy, part: Plain) -> None:
         counters = plan.counters
         self._keys = tuple([c.key for c in counters])
         self._windows = tuple([c.window for c in counters])
@@ -89,10 +157,8 @@ class FastRates:
         self._needs = tuple([max(c.hits, 1) for c in counters])
         self._store = store
         self._policy = policy
-        self._telemetry = telemetry
-        self.reported = tuple(
-            [_reported(plan, request, i, telemetry) for i in range(len(plan.descriptors))]
-        )
+        self._plain = part
+        self.reported = part.reported
 
     def decide(self, now: float) -> Answer | None:
         """The request decided at ``now`` and charged; None, nothing done, when it is for the
@@ -114,31 +180,7 @@ class FastRates:
             for counter, hits in zip(counters, self._hits, strict=True):
                 counter.count += hits
         breaker.answered_at = now  # the store answered, as the policy notes it
-        out = []
-        refused = False
-        for r in self.reported:
-            i = r.counter
-            if i < 0:
-                out.append((False, r.remaining, 0))
-                continue
-            over = overs[i]
-            refused = refused or over
-            left = limits[i] - counts[i] - (self._hits[i] if admitted else 0)
-            out.append((over, left if left > 0 else 0, seconds_until_reset(self._windows[i], now)))
-        if self._telemetry.enabled:
-            self._count(out)
-        return refused, tuple(out)
-
-    def _count(self, out: list[tuple[bool, int, int]]) -> None:
-        """The rule counters, as ``Telemetry.decided`` counts the same statuses."""
-        telemetry = self._telemetry
-        try:
-            for r, (over, remaining, _) in zip(self.reported, out, strict=True):
-                key, limit = r.series, r.limit
-                if key is not None and limit is not None:
-                    telemetry.count_rule(key, r.hits, over, limit.requests_per_unit, remaining)
-        except Exception:
-            telemetry.failed()
+        return self._plain.answer(counts, overs, admitted, now)
 
 
 def fast(
@@ -150,26 +192,10 @@ def fast(
 ) -> FastRates | None:
     """The one-step decision of ``plan`` when it and the process qualify (the module's
     docstring), else None."""
-    if plan is None or not plan.counters or plan.shares or plan.reserve:
-        return None
-    if any([c.shape is not None or c.shadow or c.force for c in plan.counters]):
-        return None
-    paths = []
-    for dplan in plan.descriptors:
-        rule = dplan.rule
-        if rule is not None:
-            if rule.quota_mode:
-                return None
-            paths.append(rule.path)
-        if dplan.unlimited or not dplan.charges:
-            continue
-        if len(dplan.charges) != 1 or dplan.charges[0].share is not None:
-            return None
-        if dplan.charges[0].shadow:
-            return None
-    if not telemetry.counts_only(paths):
-        return None
-    return FastRates(plan, request, store, policy, telemetry)
+    if plan is None or plan.reserve or any([c.force for c in plan.counters]):
+        return None  # a refusal charges a forced counter: not all or nothing
+    part = plain(plan, request, telemetry)
+    return None if part is None else FastRates(plan, store, policy, part)
 
 
 def _reported(plan: Plan, request: Request, index: int, telemetry: Telemetry) -> Reported:
@@ -187,10 +213,12 @@ def _reported(plan: Plan, request: Request, index: int, telemetry: Telemetry) ->
 
 class FastLeased:
     """The rates flow's decision of one prepared request admitted from a lease block held
-    here, in one step (no coroutine: a block's admission never waits)."""
+    here, in one step (no coroutine: a block's admission never waits). A plan of plain
+    counters is answered as ``FastRates`` answers (``reported``), any other as the rates
+    flow decides (a ``Decision``)."""
 
-    __slots__ = ("_from_block", "_plan", "_policy", "_request", "_shadow", "_shape", "_tally",
-                 "_telemetry")  # fmt: skip
+    __slots__ = ("_clear", "_from_block", "_plain", "_plan", "_policy", "_request", "_shadow",
+                 "_shape", "_tally", "_telemetry", "reported")  # fmt: skip
 
     def __init__(
         self,
@@ -209,8 +237,12 @@ class FastLeased:
         self._telemetry = telemetry
         self._tally = tally if plan.shares else None  # RLS demand at caps, when wanted
         self._shadow = shadow
+        # shadow mode answers OK whatever the statuses say: the generic form says so
+        self._plain = None if shadow else plain(plan, request, telemetry)
+        self.reported = None if self._plain is None else self._plain.reported
+        self._clear = (False,) * len(plan.counters)  # a block covers every counter
 
-    def decide(self, now: float) -> Decision | None:
+    def decide(self, now: float) -> Answer | Decision | None:
         """The request admitted from its block at ``now`` and decided; None, nothing done,
         when the block does not cover it or the policy would not ask the store now (the
         breaker not closed, a wait on the store stalled: the policy's path)."""
@@ -229,6 +261,10 @@ class FastLeased:
         tally = self._tally
         if tally is not None and tally.on:
             tally.add(self._request, plan)
+        at = now if outcome.now is None else outcome.now  # the store's clock: its windows
+        part = self._plain
+        if part is not None:
+            return part.answer(outcome.counts, self._clear, True, at)
         statuses = statuses_of(plan, outcome, now)
         code = overall(statuses, False)  # no quota rule here: nothing to charge again
         self._telemetry.decided(self._request, statuses, now, plan)

@@ -1,6 +1,7 @@
 """Pure translation between Envoy's RLS v3 messages and the core's request and decision."""
 
 import math
+from collections.abc import Sequence
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
@@ -16,7 +17,7 @@ from fairlimit.core.rules import RateLimit
 from fairlimit.core.units import Unit
 from fairlimit.core.values import bounded_value
 from fairlimit.errors import RequestError
-from fairlimit.flows.fast import Answer, FastRates
+from fairlimit.flows.fast import Answer, Reported
 from fairlimit.limiter import Decision
 
 # envoy.type.v3.RateLimitUnit and RateLimitResponse.RateLimit.Unit share their numbers.
@@ -124,12 +125,13 @@ def response_to_proto(decision: Decision, names: bool = False) -> rls_pb2.RateLi
 
 
 def fast_response(
-    fast: FastRates, answer: Answer, names: bool = False
+    reported: Sequence[Reported], answer: Answer, names: bool = False
 ) -> rls_pb2.RateLimitResponse:
-    """``response_to_proto`` of a decision made in one step (flows/fast.py): the same
-    message for the same decision."""
+    """``response_to_proto`` of a decision made in one step (flows/fast.py), each
+    descriptor's status from what it reports (``reported``): the same message for the same
+    decision."""
     refused, parts = answer
     response = rls_pb2.RateLimitResponse(overall_code=_OVER_LIMIT if refused else _OK)
-    for reported, (over, remaining, reset) in zip(fast.reported, parts, strict=True):
-        add_status(response, over, remaining, reported.limit, reset, reported.name, names)
+    for r, (over, remaining, reset) in zip(reported, parts, strict=True):
+        add_status(response, over, remaining, r.limit, reset, r.name, names)
     return response

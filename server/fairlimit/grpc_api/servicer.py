@@ -16,7 +16,6 @@ from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.flows.decision import Decision
-from fairlimit.flows.fast import FastRates
 from fairlimit.grpc_api import guards, lenient
 from fairlimit.grpc_api.convert import fast_response, request_from_proto, response_to_proto
 from fairlimit.grpc_api.headers import ResponseOptions, add_extras
@@ -207,8 +206,8 @@ class RateLimitServicer:
                 if isinstance(answer, Decision):  # from a lease block (flows/fast.py)
                     return response_to_proto(answer, self.options.rule_names)
                 if answer is not None:
-                    assert isinstance(quick, FastRates)
-                    return fast_response(quick, answer, self.options.rule_names)
+                    assert quick.reported is not None  # a plan of plain counters'
+                    return fast_response(quick.reported, answer, self.options.rule_names)
             decision = await self.limiter.decide(prepared, remaining)
         except Exception as exc:
             code = next((c for kind, c in _STATUS_CODES if isinstance(exc, kind)), None)
