@@ -45,6 +45,12 @@ checkout's server/, taking the same turns (before and after a change under the s
 load). A rung is served by this same file: ``python bench/ladder.py --serve RUNG --
 fairlimit serve flags``.
 
+``--redis`` adds ``redis-cap`` and ``redis-upstream`` (and their ``base:`` rows with a
+baseline): `fairlimit serve` on a redis-server started here with the defaults (leases on),
+its hot client on route=public (cap's request, on Redis) and on route=plain with
+``--charge-when-over-limit true`` (upstream's semantics: every level counts a refused hit);
+their steps are from ``cap`` and ``telemetry``, the same requests on memory://.
+
 ``--envoy`` adds ``envoy+noop``, ``envoy+noop-statuses`` and ``envoy+cap`` (and
 ``base:envoy+cap`` with a baseline): Envoy (examples/envoy/envoy.yaml, one worker) in front
 of the no-op, of the no-op answering what fairlimit answers (``bench/noop.py --answer
@@ -98,6 +104,13 @@ WHAT_IF: dict[str, tuple[str, str]] = {
     "cap+uvloop": ("public", "cap, on uvloop"),
     "cap-uvloop": ("public", "cap, on asyncio's own loop"),
 }
+# --redis: the server on Redis with the defaults (leases on); each row's step is from the
+# memory rung named beside it (the same requests on memory://)
+REDIS_RUNGS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "redis-cap": ("public", "cap on Redis (the defaults: leases on)", "cap", ()),
+    "redis-upstream": ("plain", "route=plain on Redis, upstream's semantics", "telemetry",
+                       ("--charge-when-over-limit", "true")),
+}  # fmt: skip
 ROUNDS, SECONDS = 5, 3.0
 BASE = "base:"  # rungs served from another checkout (--baseline)
 ENVOY = "envoy+"  # Envoy in front of the rung named after it (--envoy)
@@ -213,6 +226,8 @@ PATCHES: dict[str, tuple[Callable[[], None], ...]] = {
     "cap-gc": (_no_gc,),
     "cap+uvloop": (lambda: _event_loop(True),),
     "cap-uvloop": (lambda: _event_loop(False),),
+    "redis-cap": (),
+    "redis-upstream": (),
 }
 
 
@@ -255,7 +270,7 @@ class _Fronted:
         self.server.stop()
 
 
-def _start(rung: str, workdir: Path, baseline: Path | None
+def _start(rung: str, workdir: Path, baseline: Path | None, redis: str | None = None
            ) -> tuple["procs.Proc | _Fronted", int]:  # fmt: skip
     base, plain = (BASE, rung[len(BASE):]) if rung.startswith(BASE) else ("", rung)
     if plain.startswith(ENVOY):
@@ -277,8 +292,13 @@ def _start(rung: str, workdir: Path, baseline: Path | None
     if spin:
         return procs.noop(workdir, f"ladder-{rung}", "--answer", "statuses",
                           "--spin-us", spin.group(1))  # fmt: skip
-    flags = ["serve", "--config", str(procs.BENCH / "bench.yaml"), "--backend", "memory://",
-             "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]  # fmt: skip
+    backend, extra = "memory://", ()
+    if plain in REDIS_RUNGS:
+        assert redis is not None
+        backend = f"{redis}?key_prefix={rung.replace(':', '-')}:"
+        extra = REDIS_RUNGS[plain][3]
+    flags = ["serve", "--config", str(procs.BENCH / "bench.yaml"), "--backend", backend,
+             "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", *extra]  # fmt: skip
     if rung.startswith(BASE):  # as shipped, from the other checkout's server/
         env = {"PYTHONPATH": str(baseline / "server")} if baseline else None
         proc = procs.Proc(f"ladder-{rung}", [sys.executable, "-m", "fairlimit", *flags],
@@ -302,13 +322,18 @@ def _ask(port: int, route: str, rung: str = "") -> str:
         return wire.overall_code(call(wire.message(route, "hot"), timeout=10))
 
 
-def available(what_if: bool, baseline: Path | None = None, envoy: bool = False
-              ) -> dict[str, tuple[str, str]]:  # fmt: skip
+def available(what_if: bool, baseline: Path | None = None, envoy: bool = False,
+              redis: bool = False) -> dict[str, tuple[str, str]]:  # fmt: skip
     rungs = dict(RUNGS)
     if baseline is not None:
         for rung in ("telemetry", "cap"):
             route, _ = RUNGS[rung]
             rungs[BASE + rung] = (route, f"{rung}, as shipped from {baseline}")
+    if redis:
+        for rung, (route, what, _, _) in REDIS_RUNGS.items():
+            rungs[rung] = (route, what)
+            if baseline is not None:
+                rungs[BASE + rung] = (route, f"{rung}, as shipped from {baseline}")
     if envoy:
         rungs.update(ENVOY_RUNGS)
         if baseline is not None:
@@ -332,11 +357,13 @@ def available(what_if: bool, baseline: Path | None = None, envoy: bool = False
 
 def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
             what_if: bool = False, baseline: Path | None = None,
-            only: list[str] | None = None, envoy: bool = False) -> dict[str, Any]:  # fmt: skip
+            only: list[str] | None = None, envoy: bool = False,
+            redis: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Every rung up at once (idle ones cost next to nothing), asked once, then ``rounds``
     rounds of h2load in turns; per rung the median CPU µs per request and req/s.
-    ``only``: these rungs alone (an A/B of two of them, say)."""
-    rungs = available(what_if or bool(only), baseline, envoy)
+    ``only``: these rungs alone (an A/B of two of them, say); ``redis``: the URL of the
+    redis-server the redis- rungs use (they run only with one)."""
+    rungs = available(what_if or bool(only), baseline, envoy, redis is not None)
     for name in only or ():
         spin = _SPIN.fullmatch(name.removeprefix(ENVOY))
         if spin:
@@ -354,7 +381,7 @@ def measure(workdir: Path, *, rounds: int = ROUNDS, seconds: float = SECONDS,
     loadavg = os.getloadavg()
     try:
         for name, (route, _) in rungs.items():
-            running[name] = _start(name, workdir, baseline)
+            running[name] = _start(name, workdir, baseline, redis)
             answer = _ask(running[name][1], route, name)
             if answer != "OK":
                 raise RuntimeError(f"{name} answered {answer} on route={route}")
@@ -416,6 +443,8 @@ def _varied(name: str, rows: dict[str, Any]) -> dict[str, Any] | None:
     """The row a what-if, base or Envoy row is a step from: the rung it varies (for an Envoy
     row's rate-limit server, envoy+noop-statuses, else envoy+noop)."""
     plain = name.removeprefix(BASE)
+    if plain in REDIS_RUNGS:
+        return rows.get(plain) if plain != name else rows.get(REDIS_RUNGS[plain][2])
     if plain.startswith(ENVOY):
         if plain != name:
             return rows.get(plain)
@@ -435,7 +464,9 @@ def table(results: dict[str, Any]) -> list[str]:
     """The ladder as lines: CPU µs per request, the step from the rung above, vs the no-op."""
     rows = results["rows"]
     noop = rows.get("noop", {})
-    lines = [f"per-call CPU ladder (memory://, h2load 1 hot client 16x2, {results['rounds']} "
+    on_redis = any(n.removeprefix(BASE) in REDIS_RUNGS for n in rows)
+    backends = "memory://; redis- rows on Redis" if on_redis else "memory://"
+    lines = [f"per-call CPU ladder ({backends}, h2load 1 hot client 16x2, {results['rounds']} "
              f"rounds of {results['seconds']:g} s in turns, medians; load average "
              f"{results['loadavg_before']} before, {results['loadavg_after']} after)",
              f"{'rung':<20}{'CPU µs/req':>11}{'step':>8}{'paired':>8}{'vs no-op':>9}"
@@ -502,6 +533,9 @@ def main() -> int:
     parser.add_argument("--envoy", action="store_true",
                         help="also Envoy in front of the no-op (bare, and answering as "
                              "fairlimit) and of cap (and of base:cap)")  # fmt: skip
+    parser.add_argument("--redis", action="store_true",
+                        help="also cap and upstream's semantics on Redis (redis-cap, "
+                             "redis-upstream; and their base: rows with --baseline)")
     parser.add_argument("--rungs", help="these rungs alone, comma-separated (e.g. cap,cap-uvloop)")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -517,11 +551,21 @@ def main() -> int:
     rounds = args.rounds or (2 if args.quick else ROUNDS)
     seconds = args.seconds or (2.0 if args.quick else SECONDS)
     started = time.monotonic()
+    only = args.rungs.split(",") if args.rungs else None
+    wants_redis = args.redis or any(r.removeprefix(BASE) in REDIS_RUNGS for r in only or ())
+    redis_binary = procs.ensure_debian_package("redis-server", "redis-server")
+    if wants_redis and redis_binary is None:
+        print("ladder: redis-server not found and not installable", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="fairlimit-ladder-") as tmp:
-        results = measure(Path(tmp), rounds=rounds, seconds=seconds, what_if=args.what_if,
-                          baseline=args.baseline,
-                          only=args.rungs.split(",") if args.rungs else None,
-                          envoy=args.envoy)  # fmt: skip
+        redis = procs.Redis(redis_binary, Path(tmp)) if wants_redis and redis_binary else None
+        try:
+            results = measure(Path(tmp), rounds=rounds, seconds=seconds, what_if=args.what_if,
+                              baseline=args.baseline, only=only, envoy=args.envoy,
+                              redis=None if redis is None else redis.url)  # fmt: skip
+        finally:
+            if redis is not None:
+                redis.stop()
     results["seconds_total"] = round(time.monotonic() - started, 1)
     out_dir = procs.BENCH / "results"
     out_dir.mkdir(exist_ok=True)
