@@ -1,4 +1,5 @@
-"""A hot payload's rate decision in one step, for plans of plain counters in memory.
+"""A hot payload's rate decision in one step: plans of plain counters in memory, and plans
+a Redis lease block held here covers.
 
 Envoy sends the same bytes for a client on a route again and again, and the servicer keeps
 each payload's prepared request (grpc_api/servicer.py). In the server a call costs what it
@@ -22,11 +23,15 @@ over random configurations and requests.
 On Redis with leases (the default), a plan a lease block serves is admitted here from this
 process's block, with no Redis call, until the block runs out (store/redis/leasing.py).
 ``leased`` works out once per payload what that admission needs (the plan's lease shape)
-and ``FastLeased.decide`` takes the request from the block and decides it as the rates flow
-would (its statuses, the telemetry, the decision), without the limiter, the flow, the
-policy's call or the store's ``admit`` around it; a request the block does not cover takes
-the generic path, which may wait for a block or ask Redis. tests/grpc_api/test_fast_leased.py
-holds the two paths to the same answers, blocks and metrics on a real Redis.
+and ``FastLeased.decide`` takes the request from the block and decides it: a plan of plain
+counters as ``FastRates`` answers (``Plain``: its statuses from its counters' counts), any
+other as the rates flow would (its statuses, the telemetry, the decision), without the
+limiter, the flow, the policy's call or the store's ``admit`` around it. A request the
+block does not cover, or that finds the breaker not closed or a wait on Redis stalled,
+takes the generic path, which may wait for a block or ask Redis. Not under
+``--failure-mode local`` or quota mode, nor for a plan with a quota rule.
+tests/grpc_api/test_fast_leased.py holds the two paths to the same answers, script calls,
+metrics and Redis state on a real redis-server.
 """
 
 import time
