@@ -15,14 +15,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-import yaml
 
-from config_fuzz import draw_config, draw_request
+from config_fuzz import draw_accepted, draw_request
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
-from fairlimit.config.loader import load
 from fairlimit.core.rules import Loaded
-from fairlimit.errors import ConfigError, RequestError
+from fairlimit.errors import RequestError
 from fairlimit.flows.fast import FastRates
 from fairlimit.grpc_api import lenient
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
@@ -60,16 +58,6 @@ descriptors:
     value: gold
     rate_limit: {unit: day, requests_per_unit: 4294967295}
 """
-
-
-def _accepted(r: random.Random, path: Path) -> tuple[dict[str, object], Loaded]:
-    while True:
-        config = draw_config(r)
-        path.write_text(yaml.safe_dump(config, allow_unicode=True))
-        try:
-            return config, load([path])
-        except ConfigError:
-            continue
 
 
 def _counters(limiter: Limiter) -> dict[str, tuple[int, int, int, int]]:
@@ -114,7 +102,7 @@ async def test_random_configs_answer_alike_in_one_step(seed: int, tmp_path: Path
     r = random.Random(seed)
     quick = 0
     for _ in range(CONFIGS):
-        config, loaded = _accepted(r, tmp_path / "d.yaml")
+        config, loaded = draw_accepted(r, tmp_path / "d.yaml")
         payloads = [draw_request(r, config).SerializeToString() for _ in range(REQUESTS)]
         options = ResponseOptions(rule_names=r.random() < 0.5)
         quick += await _side_by_side(loaded, payloads, r, options)

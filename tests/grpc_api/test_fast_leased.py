@@ -21,16 +21,14 @@ from typing import Any
 import grpc
 import pytest
 import redis
-import yaml
 
-from config_fuzz import draw_config, draw_request
+from config_fuzz import draw_accepted, draw_request
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
-from fairlimit.config.loader import load
 from fairlimit.core.rules import Loaded
-from fairlimit.errors import ConfigError, RequestError
+from fairlimit.errors import RequestError
 from fairlimit.flows.decision import Decision
-from fairlimit.flows.fast import FastLeased
+from fairlimit.flows.fast import Answer, FastLeased
 from fairlimit.grpc_api import lenient
 from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
 from fairlimit.grpc_api.headers import ResponseOptions
@@ -124,6 +122,20 @@ def _state(client: "redis.Redis[bytes]", prefix: str) -> dict[bytes, Any]:
     return out
 
 
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``FastLeased.decide`` counting the calls it answers, in the list's one item."""
+    answered = [0]
+    decide = FastLeased.decide
+
+    def counted(self: FastLeased, now: float) -> Answer | Decision | None:
+        decision = decide(self, now)
+        answered[0] += decision is not None
+        return decision
+
+    monkeypatch.setattr(FastLeased, "decide", counted)
+    return answered
+
+
 async def _side_by_side(
     stores: Stores,
     redis_server: RedisProcess,
@@ -141,16 +153,8 @@ async def _side_by_side(
     fast = Limiter(loaded, fast_store, clock, telemetry=fast_telemetry)
     slow = Limiter(loaded, slow_store, clock, telemetry=slow_telemetry)
     servicer = RateLimitServicer(fast, fast_telemetry, options)
-    prepared_fast = answered = 0
-    decide = FastLeased.decide
-
-    def counted(self: FastLeased, now: float) -> Decision | None:
-        nonlocal answered
-        decision = decide(self, now)
-        answered += decision is not None
-        return decision
-
-    monkeypatch.setattr(FastLeased, "decide", counted)
+    prepared_fast = 0
+    answered = _counting(monkeypatch)
     try:
         payload = payloads[0]
         for _ in range(CALLS):
@@ -172,13 +176,13 @@ async def _side_by_side(
         assert fast_store.round_trips == slow_store.round_trips
         assert exported(fast_reader) == exported(slow_reader)
     finally:
-        monkeypatch.setattr(FastLeased, "decide", decide)
+        monkeypatch.undo()
         await fast_store.close()  # every unused block given back
         await slow_store.close()
     with redis_server.client() as client:
         prefixes = [s._options.key_prefix for s in (fast_store, slow_store)]
         assert _state(client, prefixes[0]) == _state(client, prefixes[1])
-    return prepared_fast, answered
+    return prepared_fast, answered[0]
 
 
 def _request(r: random.Random) -> bytes:
@@ -212,16 +216,6 @@ async def test_caps_and_upstream_limits_answer_alike_from_a_block(
     assert answered >= CALLS // 4  # of 3 x CALLS: the one-step path answered from blocks
 
 
-def _accepted(r: random.Random, path: Path) -> tuple[dict[str, object], Loaded]:
-    while True:
-        config = draw_config(r)
-        path.write_text(yaml.safe_dump(config, allow_unicode=True))
-        try:
-            return config, load([path])
-        except ConfigError:
-            continue
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_random_configs_answer_alike_from_a_block(
     seed: int,
@@ -233,7 +227,7 @@ async def test_random_configs_answer_alike_from_a_block(
     r = random.Random(seed)
     prepared = 0
     for _ in range(CONFIGS):
-        config, loaded = _accepted(r, tmp_path / "d.yaml")
+        config, loaded = draw_accepted(r, tmp_path / "d.yaml")
         payloads = [draw_request(r, config).SerializeToString() for _ in range(REQUESTS)]
         options = ResponseOptions(rule_names=r.random() < 0.5)
         prepared += (
@@ -261,16 +255,8 @@ async def test_a_hot_client_is_answered_from_its_block(
     store = stores()
     limiter = Limiter(load_text(tmp_path, CAPPED), store, clock)
     servicer = RateLimitServicer(limiter, Telemetry.off())
-    calls = answered = 0
-    decide = FastLeased.decide
-
-    def counted(self: FastLeased, now: float) -> Decision | None:
-        nonlocal answered
-        decision = decide(self, now)
-        answered += decision is not None
-        return decision
-
-    monkeypatch.setattr(FastLeased, "decide", counted)
+    calls = 0
+    answered = _counting(monkeypatch)
     try:
         for _ in range(200):
             clock.advance(0.001)
@@ -279,7 +265,7 @@ async def test_a_hot_client_is_answered_from_its_block(
             assert response.overall_code == response.OK
     finally:
         await store.close()
-    assert answered >= 0.9 * calls
+    assert answered[0] >= 0.9 * calls
     assert store.round_trips <= 0.1 * calls
 
 

@@ -12,11 +12,9 @@ import grpc
 import pytest
 import yaml
 
-from config_fuzz import draw_config, draw_request
+from config_fuzz import draw_accepted, draw_request
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
-from fairlimit.config.loader import load
-from fairlimit.errors import ConfigError
 from fairlimit.grpc_api.convert import MAX_RESET_SECONDS
 from fairlimit.grpc_api.headers import ResponseOptions
 from fairlimit.grpc_api.servicer import GrpcServer
@@ -37,15 +35,9 @@ FINE = (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT)
 def _accepted(r: random.Random, path: Path) -> tuple[dict[str, object], Limiter, bool]:
     """The next config of ``r`` the loader accepts, with a limiter over a fresh store, and
     whether that limiter is in shadow mode (--shadow)."""
-    while True:
-        config = draw_config(r)
-        path.write_text(yaml.safe_dump(config, allow_unicode=True))
-        try:
-            loaded = load([path])
-        except ConfigError:
-            continue
-        shadow = r.random() < 0.1
-        return config, Limiter(loaded, MemoryStore(), FakeClock(), shadow=shadow), shadow
+    config, loaded = draw_accepted(r, path)
+    shadow = r.random() < 0.1
+    return config, Limiter(loaded, MemoryStore(), FakeClock(), shadow=shadow), shadow
 
 
 def _plain(config: dict[str, object], shadow: bool, options: ResponseOptions) -> bool:

@@ -15,10 +15,16 @@ stream-done keys for concurrency and token budgets (right and wrong ids), negati
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
+from fairlimit.config.loader import load
+from fairlimit.core.rules import Loaded
+from fairlimit.errors import ConfigError
 
 D = ratelimit_pb2.RateLimitDescriptor
 KEYS = ["a", "b", "client", "route", "tenant"]
@@ -119,6 +125,17 @@ def draw_config(r: random.Random) -> dict[str, Any]:
     if r.random() < 0.2:
         config["request_id_keys"] = {"acquire": "request_id", "release": "request_done"}
     return config
+
+
+def draw_accepted(r: random.Random, path: Path) -> tuple[dict[str, Any], Loaded]:
+    """The next config of ``r`` the loader accepts (written to ``path``), and it loaded."""
+    while True:
+        config = draw_config(r)
+        path.write_text(yaml.safe_dump(config, allow_unicode=True))
+        try:
+            return config, load([path])
+        except ConfigError:
+            continue
 
 
 def _paths(node: dict[str, Any], above: tuple[tuple[str, str | None], ...] = ()
