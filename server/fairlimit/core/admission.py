@@ -156,21 +156,11 @@ class Status:
     name: str | None = None
 
 
-@dataclass(slots=True)  # not frozen: built per request (see Outcome)
-class _Level:
-    """What one level of a descriptor reports."""
-
-    over: bool
-    shadow_over: bool
-    remaining: int
-    reset: int
-    limit: RateLimit
-    name: str
-
-
-def _level(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, charge: Charge, now: float
-           ) -> _Level:  # fmt: skip
-    """One charge (one level of a descriptor) as a status would report it."""
+def _level(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, charge: Charge
+           ) -> tuple[bool, int, RateLimit, str]:  # fmt: skip
+    """One charge (one level of a descriptor) as a status would report it: whether it is
+    over, what is left after the request, the limit and the name reported (its reset is
+    ``_reset`` of its counter, worked out only for the level reported)."""
     counter = plan.counters[charge.counter]
     before = outcome.counts[charge.counter]
     # what is left after this request: a refused one moved only its forced levels
@@ -181,33 +171,26 @@ def _level(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, charge: Charge, 
     # (core/plan.py), and this process's part of it while it limits alone (core/parts.py)
     over = counter.limit < before + (hits if hits > 1 else 1)  # max(hits, 1)
     remaining = counter.limit - before - charged
-    leaf = dplan.charges[0].limit
     at = charge.share
     # an own level reports its own limit (a rule may have several), named by the
     # descriptor's matched rule (an override's too); a cap's level by the cap's rule; an
     # override no rule matched by its descriptor's key path
-    if at is None:
-        limit, rule = charge.limit, dplan.rule
-    else:
-        limit, rule = leaf, charge.rule
+    rule = dplan.rule if at is None else charge.rule
     name = key_path(counter.key) if rule is None else rule.path
+    limit = charge.limit  # its own; at a cap, the cap's total unless the share is tighter
     if at is not None:
         share = plan.shares[at]
         bound = outcome.bounds[at]
         had = outcome.shared[at]
         over = over or share_over(share, had, bound)
-        limit = charge.limit  # the cap's total, unless the client's share is the tighter
         if bound != math.inf:
             claimed = share.hits if outcome.admitted or share.force else 0
             room = math.floor(bound + _EPSILON) - had - claimed
             if room <= remaining:  # the client's share holds it: named by the client's rule
+                leaf = dplan.charges[0].limit
                 remaining, limit = room, _effective_limit(leaf, charge, bound)
                 name = name if dplan.rule is None else dplan.rule.path
-    reset = _reset(plan, outcome, charge.counter, now)
-    remaining = remaining if remaining > 0 else 0  # max(0, remaining)
-    if charge.shadow:  # its own rule's: the counter may be shared with one that is not
-        return _Level(False, over, remaining, reset, limit, name)
-    return _Level(over, False, remaining, reset, limit, name)
+    return over, remaining if remaining > 0 else 0, limit, name
 
 
 def _effective_limit(leaf: RateLimit, charge: Charge, fair: float) -> RateLimit:
@@ -239,34 +222,44 @@ def _reset(plan: Plan, outcome: Outcome, index: int, now: float) -> int:
 def _status(plan: Plan, outcome: Outcome, dplan: DescriptorPlan, now: float) -> Status:
     """A charged descriptor's status: the level that denied it (the least left of those
     over), else the level with the least left; levels run out together wait for the last.
-    Limit, remaining and name all come from that one level, so a 429 names what refused."""
+    Limit, remaining and name all come from that one level, so a 429 names what refused.
+    Over a shadow-mode level (its own rule's: the counter may be shared with one that is
+    not) it says OK and ``shadowed``."""
     charges = dplan.charges
     if len(charges) == 1:  # one level (most descriptors): it is the one reported
-        lv = _level(plan, outcome, dplan, charges[0], now)
-        code = Code.OVER_LIMIT if lv.over else Code.OK
-        return Status(code, lv.limit, lv.remaining, lv.reset, dplan.rule, lv.shadow_over, lv.name)
-    # one pass, no key function (a descriptor under a cap has two levels or more)
-    levels: list[_Level] = []
-    denying: list[_Level] = []
-    shadowed = False
+        charge = charges[0]
+        over, remaining, limit, name = _level(plan, outcome, dplan, charge)
+        reset = _reset(plan, outcome, charge.counter, now)
+        if charge.shadow:
+            return Status(Code.OK, limit, remaining, reset, dplan.rule, over, name)
+        code = Code.OVER_LIMIT if over else Code.OK
+        return Status(code, limit, remaining, reset, dplan.rule, False, name)
+    # one pass (a descriptor under a cap has two levels or more): the least left of the
+    # levels denying, else of all; of levels tied there, the tightest (a share below the
+    # own limit), the first of those tied in both
+    chosen: tuple[bool, int, RateLimit, str] | None = None
+    tied: list[int] = []  # the counters of the levels at the chosen one's remaining
+    denying = shadowed = False
     for charge in charges:
-        lv = _level(plan, outcome, dplan, charge, now)
-        levels.append(lv)
-        if lv.over:
-            denying.append(lv)
-        if lv.shadow_over:
-            shadowed = True
-    pool = denying or levels
-    # the least left; of levels tied there, the tightest (a share below the own limit)
-    chosen = min(pool, key=_least_left)
+        level = _level(plan, outcome, dplan, charge)
+        if charge.shadow:
+            shadowed = shadowed or level[0]
+            level = (False, *level[1:])
+        elif level[0] and not denying:  # the first level denying: only those count now
+            denying, chosen, tied = True, None, []
+        if level[0] != denying:
+            continue
+        if chosen is None or level[1] < chosen[1]:
+            chosen, tied = level, [charge.counter]
+        elif level[1] == chosen[1]:
+            tied.append(charge.counter)
+            if level[2].per_second < chosen[2].per_second:
+                chosen = level
+    assert chosen is not None
     # levels run out together wait for the last
-    reset = max([lv.reset for lv in pool if lv.remaining == chosen.remaining])
+    reset = max([_reset(plan, outcome, counter, now) for counter in tied])
     code = Code.OVER_LIMIT if denying else Code.OK
-    return Status(code, chosen.limit, chosen.remaining, reset, dplan.rule, shadowed, chosen.name)
-
-
-def _least_left(level: _Level) -> tuple[int, float]:
-    return level.remaining, level.limit.per_second
+    return Status(code, chosen[2], chosen[1], reset, dplan.rule, shadowed, chosen[3])
 
 
 def statuses(plan: Plan, outcome: Outcome, now: float) -> tuple[Status, ...]:
