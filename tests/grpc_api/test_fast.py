@@ -20,17 +20,14 @@ from config_fuzz import draw_accepted, draw_request
 from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.core.rules import Loaded
-from fairlimit.errors import RequestError
 from fairlimit.flows.fast import FastRates
-from fairlimit.grpc_api import lenient
-from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
 from fairlimit.grpc_api.headers import ResponseOptions
 from fairlimit.grpc_api.servicer import RateLimitServicer
 from fairlimit.limiter import Limiter
 from fairlimit.policy.breaker import BREAK_AFTER, BREAK_QUIET
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
-from helpers import Aborted, CallContext, FakeClock, exported, load_text, metered
+from helpers import Aborted, CallContext, FakeClock, answered_alike, exported, load_text, metered
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
@@ -80,18 +77,8 @@ async def _side_by_side(
     for _ in range(CALLS):
         clock.advance(r.choice(STEPS))
         payload = r.choice(payloads)
-        try:
-            prepared = slow.prepare(request_from_proto(lenient.request(payload)))
-        except RequestError:
-            with pytest.raises(Aborted):
-                await servicer.ShouldRateLimit(None, CallContext(payload))
-            continue
-        expected = response_to_proto(await slow.decide(prepared), options.rule_names)
-        got = await servicer.ShouldRateLimit(None, CallContext(payload))
-        assert got.SerializeToString(deterministic=True) == expected.SerializeToString(
-            deterministic=True
-        ), f"{lenient.request(payload)}\none step: {got}\ngeneric: {expected}"
-        quick += prepared.fast is not None
+        prepared = await answered_alike(servicer, slow, payload, options.rule_names)
+        quick += prepared is not None and prepared.fast is not None
     assert _counters(fast) == _counters(slow)
     assert exported(fast_reader) == exported(slow_reader)
     return quick

@@ -24,7 +24,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from fairlimit.config.loader import load
 from fairlimit.core.request import Descriptor, Request
 from fairlimit.core.rules import Loaded, RateLimit
-from fairlimit.limiter import Limiter
+from fairlimit.errors import RequestError
+from fairlimit.grpc_api import lenient
+from fairlimit.grpc_api.convert import request_from_proto, response_to_proto
+from fairlimit.grpc_api.servicer import RateLimitServicer
+from fairlimit.limiter import Limiter, Prepared
 from fairlimit.store.base import Store
 from fairlimit.telemetry import Telemetry
 
@@ -162,3 +166,24 @@ def exported(reader: InMemoryMetricReader) -> list[tuple[str, float, list[tuple[
         if metric.name.startswith("ratelimit.")
         for point in metric.data.data_points
     )
+
+
+async def answered_alike(
+    servicer: RateLimitServicer, generic: Limiter, payload: bytes, names: bool
+) -> Prepared | None:
+    """Send ``payload`` through ``servicer`` (its one-step paths where a call qualifies) and
+    through ``generic``'s ``decide`` and ``response_to_proto``, and assert the two responses'
+    bytes equal, or both refused when the request is malformed (None then); ``names``: the
+    servicer's rule_names. The request as ``generic`` prepared it."""
+    try:
+        prepared = generic.prepare(request_from_proto(lenient.request(payload)))
+    except RequestError:
+        with pytest.raises(Aborted):
+            await servicer.ShouldRateLimit(None, CallContext(payload))
+        return None
+    expected = response_to_proto(await generic.decide(prepared), names)
+    got = await servicer.ShouldRateLimit(None, CallContext(payload))
+    assert got.SerializeToString(deterministic=True) == expected.SerializeToString(
+        deterministic=True
+    ), f"{lenient.request(payload)}\none step: {got}\ngeneric: {expected}"
+    return prepared
