@@ -76,13 +76,13 @@ class Plain:
     from call to call worked out once, and the rule counters counted as ``Telemetry.decided``
     counts the same statuses."""
 
-    __slots__ = ("_hits", "_limits", "_telemetry", "_windows", "reported")
+    __slots__ = ("_telemetry", "hits", "limits", "reported", "windows")
 
     def __init__(self, plan: Plan, request: Request, telemetry: Telemetry) -> None:
-        counters = plan.counters
-        self._windows = tuple([c.window for c in counters])
-        self._limits = tuple([c.limit for c in counters])
-        self._hits = tuple([c.hits for c in counters])
+        counters = plan.counters  # each counter's window, limit and hits, in plan order
+        self.windows = tuple([c.window for c in counters])
+        self.limits = tuple([c.limit for c in counters])
+        self.hits = tuple([c.hits for c in counters])
         self._telemetry = telemetry
         self.reported = tuple(
             [_reported(plan, request, i, telemetry) for i in range(len(plan.descriptors))]
@@ -93,7 +93,7 @@ class Plain:
     ) -> Answer:
         """The answer of a request that found its counters at ``counts`` (before it), each
         over or not, and was ``admitted`` (charged) or refused (nothing charged)."""
-        limits, hits, windows = self._limits, self._hits, self._windows
+        limits, hits, windows = self.limits, self.hits, self.windows
         out = []
         refused = False
         for r in self.reported:
@@ -149,15 +149,11 @@ def plain(plan: Plan, request: Request, telemetry: Telemetry) -> Plain | None:
 class FastRates:
     """``Limiter.decide`` of one prepared request of plain counters, in one step."""
 
-    __slots__ = ("_hits", "_keys", "_limits", "_needs", "_plain", "_policy", "_store", "_windows",
-                 "reported")  # fmt: skip
+    __slots__ = ("_keys", "_needs", "_plain", "_policy", "_store", "reported")
 
     def __init__(self, plan: Plan, store: MemoryStore, policy: FailurePolicy, part: Plain) -> None:
-        counters = plan.counters
+        counters = plan.counters  # their windows, limits and hits: ``part``'s
         self._keys = tuple([c.key for c in counters])
-        self._windows = tuple([c.window for c in counters])
-        self._limits = tuple([c.limit for c in counters])
-        self._hits = tuple([c.hits for c in counters])
         self._needs = tuple([max(c.hits, 1) for c in counters])
         self._store = store
         self._policy = policy
@@ -174,17 +170,18 @@ class FastRates:
         store = self._store
         store.expire(now)
         counter_at = store.counters.counter
-        limits, needs = self._limits, self._needs
-        counters = [counter_at(k, w, now) for k, w in zip(self._keys, self._windows, strict=True)]
+        part = self._plain
+        limits, needs = part.limits, self._needs
+        counters = [counter_at(k, w, now) for k, w in zip(self._keys, part.windows, strict=True)]
         counts = [c.count for c in counters]
         # each counter over, as admission.counter_over (no shadow here): all or nothing
         overs = [n + need > limit for n, need, limit in zip(counts, needs, limits, strict=True)]
         admitted = not any(overs)
         if admitted:
-            for counter, hits in zip(counters, self._hits, strict=True):
+            for counter, hits in zip(counters, part.hits, strict=True):
                 counter.count += hits
         breaker.answered_at = now  # the store answered, as the policy notes it
-        return self._plain.answer(counts, overs, admitted, now)
+        return part.answer(counts, overs, admitted, now)
 
 
 def fast(
