@@ -59,10 +59,10 @@ def test_the_noop_answers_as_fairlimit_does(inproc) -> None:  # type: ignore[no-
     context = inproc._Context()
     context.body = message("public", "hot")
 
-    async def ask() -> rls_pb2.RateLimitResponse:  # on a task, as grpc.aio runs each call
+    async def ask() -> bytes:  # on a task, as grpc.aio runs each call
         return await servicer.ShouldRateLimit(None, context)
 
-    answer = asyncio.run(ask())
+    answer = rls_pb2.RateLimitResponse.FromString(asyncio.run(ask()))
     # the reset is what is left of the window: whole seconds from a window of one second
     answer.statuses[0].duration_until_reset.Clear()
     answer.statuses[0].duration_until_reset.seconds = 1

@@ -1,12 +1,14 @@
 """grpc_api/convert.py: the response Envoy reads, from the core's decision."""
 
+import random
+
 import pytest
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.core.admission import Code, Status
 from fairlimit.core.rules import RateLimit
 from fairlimit.core.units import Unit
-from fairlimit.grpc_api.convert import MAX_RESET_SECONDS, response_to_proto
+from fairlimit.grpc_api.convert import MAX_RESET_SECONDS, Reply, response_to_proto
 from fairlimit.grpc_api.headers import ResponseOptions, add_extras
 from fairlimit.limiter import Decision
 
@@ -65,3 +67,36 @@ class TestResponse:
         assert [s.limit_remaining for s in response.statuses] == [
             0 if s.code is Code.OVER_LIMIT else s.limit_remaining for s in statuses
         ]
+
+
+class TestReply:
+    """convert.Reply: a kept payload's answers written into one message, the bytes of a new
+    message (``response_to_proto``) every time, whatever the answer before held."""
+
+    @pytest.mark.parametrize("seed", range(6))
+    def test_each_answer_is_a_new_messages_bytes(self, seed: int) -> None:
+        rng = random.Random(seed)
+        names = bool(seed % 2)
+        limits = [RateLimit(5, Unit.SECOND), RateLimit(9, Unit.HOUR, name="own"),
+                  RateLimit(0, Unit.MINUTE)]  # fmt: skip
+        resets = [0.0, -1.0, 0.25, 59.5, 1e23]
+        reply = Reply(names)
+        count = rng.randint(1, 3)  # a payload's descriptors
+        for call in range(300):
+            if call == 150:
+                count = rng.randint(1, 3)  # a config swap may change how many statuses
+            statuses = []
+            for _ in range(count):
+                pick = rng.random()
+                # the same limit object, an equal new one, or none (unlimited, failure mode)
+                limit = (None if pick < 0.2 else RateLimit(5, Unit.SECOND) if pick < 0.3
+                         else rng.choice(limits))  # fmt: skip
+                code = rng.choice([Code.OK, Code.OVER_LIMIT])
+                name = rng.choice([None, "edge/a", "edge/b"])
+                status = Status(code, limit, rng.choice([0, 3, 2**40]), rng.choice(resets),
+                                name=name)  # fmt: skip
+                statuses.append(status)
+            overall = Code.OVER_LIMIT if rng.random() < 0.3 else Code.OK
+            decision = Decision(overall, tuple(statuses))
+            expected = response_to_proto(decision, names).SerializeToString()
+            assert reply.decision(decision) == expected, (call, decision)

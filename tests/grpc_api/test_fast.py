@@ -27,7 +27,16 @@ from fairlimit.limiter import Limiter
 from fairlimit.policy.breaker import BREAK_AFTER, BREAK_QUIET
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
-from helpers import Aborted, CallContext, FakeClock, answered_alike, exported, load_text, metered
+from helpers import (
+    Aborted,
+    CallContext,
+    FakeClock,
+    answered_alike,
+    asked,
+    exported,
+    load_text,
+    metered,
+)
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
@@ -114,14 +123,14 @@ async def test_a_tripped_breaker_is_the_failure_mode_s(tmp_path: Path) -> None:
     limiter = Limiter(load_text(tmp_path, PLAIN), MemoryStore(), clock)
     servicer = RateLimitServicer(limiter, Telemetry.off())
     payload = _one_client(1)
-    first = await servicer.ShouldRateLimit(None, CallContext(payload))
+    first = await asked(servicer, payload)
     assert first.statuses[0].limit_remaining == 2
     breaker = limiter.policy.breaker
     for _ in range(BREAK_AFTER):
         clock.advance(BREAK_QUIET)
         breaker.failed(clock.now())
     assert breaker.tripped
-    opened = await servicer.ShouldRateLimit(None, CallContext(payload))
+    opened = await asked(servicer, payload)
     assert (opened.overall_code, opened.statuses[0].HasField("current_limit")) == (
         opened.OK,
         False,
@@ -175,7 +184,7 @@ async def test_a_failure_in_one_step_is_internal_and_logged(
 
     limiter = Limiter(load_text(tmp_path, PLAIN), MemoryStore(), FakeClock())
     servicer = RateLimitServicer(limiter, Telemetry.off())
-    first = await servicer.ShouldRateLimit(None, CallContext(_one_client(1)))
+    first = await asked(servicer, _one_client(1))
     assert first.statuses[0].limit_remaining == 2
     monkeypatch.setattr(FastRates, "decide", broken)
     with pytest.raises(Aborted) as refused:

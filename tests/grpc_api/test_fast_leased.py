@@ -34,7 +34,16 @@ from fairlimit.limiter import Limiter
 from fairlimit.policy.breaker import BREAK_AFTER, BREAK_QUIET
 from fairlimit.store.redis import RedisStore, open_redis
 from fairlimit.telemetry import Telemetry
-from helpers import Aborted, CallContext, FakeClock, answered_alike, exported, load_text, metered
+from helpers import (
+    Aborted,
+    CallContext,
+    FakeClock,
+    answered_alike,
+    asked,
+    exported,
+    load_text,
+    metered,
+)
 from redis_servers import RedisProcess, suite_url
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
@@ -247,7 +256,7 @@ async def test_a_hot_client_is_answered_from_its_block(
     try:
         for _ in range(200):
             clock.advance(0.001)
-            response = await servicer.ShouldRateLimit(None, CallContext(_roomy("hot")))
+            response = await asked(servicer, _roomy("hot"))
             calls += 1
             assert response.overall_code == response.OK
     finally:
@@ -266,14 +275,14 @@ async def test_a_tripped_breaker_is_the_failure_mode_s(tmp_path: Path, stores: S
     try:
         for _ in range(20):  # a block is taken
             clock.advance(0.001)
-            answered = await servicer.ShouldRateLimit(None, CallContext(_roomy("hot")))
+            answered = await asked(servicer, _roomy("hot"))
             assert answered.statuses[0].HasField("current_limit")
         breaker = limiter.policy.breaker
         for _ in range(BREAK_AFTER):
             clock.advance(BREAK_QUIET)
             breaker.failed(clock.now())
         assert breaker.tripped
-        opened = await servicer.ShouldRateLimit(None, CallContext(_roomy("hot")))
+        opened = await asked(servicer, _roomy("hot"))
         assert (opened.overall_code, opened.statuses[0].HasField("current_limit")) == (
             opened.OK,
             False,
@@ -298,7 +307,7 @@ async def test_a_failure_in_one_step_is_internal_and_logged(
     limiter = Limiter(load_text(tmp_path, CAPPED), store, FakeClock())
     servicer = RateLimitServicer(limiter, Telemetry.off())
     try:
-        first = await servicer.ShouldRateLimit(None, CallContext(_roomy("hot")))
+        first = await asked(servicer, _roomy("hot"))
         assert first.overall_code == first.OK
         monkeypatch.setattr(FastLeased, "decide", broken)
         with pytest.raises(Aborted) as refused:

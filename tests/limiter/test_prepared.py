@@ -13,7 +13,7 @@ from fairlimit.grpc_api.servicer import RateLimitServicer
 from fairlimit.limiter import Limiter
 from fairlimit.store.memory import MemoryStore
 from fairlimit.telemetry import Telemetry
-from helpers import Aborted, CallContext, FakeClock, load_text
+from helpers import Aborted, CallContext, FakeClock, asked, load_text
 
 pytestmark = pytest.mark.behaviour
 
@@ -41,17 +41,17 @@ def _servicer(tmp_path: Path, limit: int) -> tuple[RateLimitServicer, Limiter]:
 
 async def test_same_payload_counts_every_time(tmp_path: Path) -> None:
     servicer, _ = _servicer(tmp_path, 2)
-    codes = [(await servicer.ShouldRateLimit(None, CallContext(_payload("a")))).overall_code
+    codes = [(await asked(servicer, _payload("a"))).overall_code
              for _ in range(3)]  # fmt: skip
     assert codes == [RLS.OK, RLS.OK, RLS.OVER_LIMIT]
 
 
 async def test_config_swap_replans_a_kept_payload(tmp_path: Path) -> None:
     servicer, limiter = _servicer(tmp_path, 1)
-    first = await servicer.ShouldRateLimit(None, CallContext(_payload("a")))
+    first = await asked(servicer, _payload("a"))
     assert first.statuses[0].current_limit.requests_per_unit == 1
     limiter.swap(load_text(tmp_path, CONFIG.format(limit=5), name="next.yaml"))
-    again = await servicer.ShouldRateLimit(None, CallContext(_payload("a")))
+    again = await asked(servicer, _payload("a"))
     assert (again.overall_code, again.statuses[0].current_limit.requests_per_unit) == (RLS.OK, 5)
 
 
@@ -67,7 +67,7 @@ async def test_a_full_cache_starts_over(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(servicer_module, "PREPARED_CACHE_SIZE", 2)
     servicer, _ = _servicer(tmp_path, 10)
     for client in ("a", "b", "c", "a"):
-        answer = await servicer.ShouldRateLimit(None, CallContext(_payload(client)))
+        answer = await asked(servicer, _payload(client))
         assert answer.overall_code == RLS.OK
     assert len(servicer._prepared) <= 2
 
@@ -77,7 +77,7 @@ async def test_a_call_past_its_deadline_is_shed(tmp_path: Path) -> None:
     open) and charge nothing, so the next call in time is still admitted."""
     servicer, _ = _servicer(tmp_path, 1)
     for _ in range(2):
-        late = await servicer.ShouldRateLimit(None, CallContext(_payload("a"), remaining=0.0))
+        late = await asked(servicer, _payload("a"), remaining=0.0)
         assert (late.overall_code, len(late.statuses[0].current_limit.ListFields())) == (RLS.OK, 0)
-    in_time = await servicer.ShouldRateLimit(None, CallContext(_payload("a"), remaining=5.0))
+    in_time = await asked(servicer, _payload("a"), remaining=5.0)
     assert (in_time.overall_code, in_time.statuses[0].limit_remaining) == (RLS.OK, 0)

@@ -89,28 +89,56 @@ def add_status(
     """One descriptor's status, built in place: its code, what is left of ``limit`` and the
     seconds until it is reset; ``names``: a limit without a name of its own is named
     ``rule_name`` (what its status names it by)."""
+    _write(response.statuses.add(), over, remaining, limit, reset, rule_name, names, _NEW)
+
+
+# what a status holds as written: its limit and name, and whether it has a reset
+_Written = tuple[RateLimit | None, str | None, bool]
+_NEW: _Written = (None, None, False)  # a new status: no current_limit, no reset
+
+
+def _write(
+    out: rls_pb2.RateLimitResponse.DescriptorStatus,
+    over: bool,
+    remaining: int,
+    limit: RateLimit | None,
+    reset: float,
+    rule_name: str | None,
+    names: bool,
+    written: _Written,
+) -> _Written:
+    """``add_status``'s fields written into ``out``, new (``_NEW``) or holding ``written``
+    from an answer before: each one set, or cleared where a new status would not have it
+    (its current_limit left as it is when the limit and name are the same). Returns what
+    it now holds."""
     # An OVER_LIMIT status says 0 left, as upstream's: Envoy writes X-RateLimit-* from the
     # status with the least left, which must be the one that refused (a request of 5 hits
     # refused with 2 left would lose to another descriptor's 1). The 2 stay in the metadata.
-    left = 0 if over else min(remaining, 0xFFFFFFFF)
-    # built in place: no message copied into the list
-    out = response.statuses.add(code=_OVER_LIMIT if over else _OK, limit_remaining=left)
-    if limit is not None:
-        current = out.current_limit
-        current.requests_per_unit = limit.requests_per_unit
-        current.unit = _PROTO_UNITS[limit.unit._value_]
-        # Envoy writes the name into X-RateLimit-Limit's quota policy (;name="..."): the
-        # limit's own name when it has one (as upstream), else the rule's when ``names``
-        name = limit.name or (rule_name if names else None)
-        if name:
-            current.name = name
-    if reset > 0:
+    out.code = _OVER_LIMIT if over else _OK
+    out.limit_remaining = 0 if over else min(remaining, 0xFFFFFFFF)
+    # Envoy writes the name into X-RateLimit-Limit's quota policy (;name="..."): the
+    # limit's own name when it has one (as upstream), else the rule's when ``names``
+    name = None if limit is None else limit.name or (rule_name if names else None)
+    same = limit is written[0] and name == written[1]
+    if not same:
+        if limit is None:
+            out.ClearField("current_limit")
+        else:
+            current = out.current_limit
+            current.requests_per_unit = limit.requests_per_unit
+            current.unit = _PROTO_UNITS[limit.unit._value_]
+            current.name = name or ""
+    timed = reset > 0
+    if timed:
         if reset > MAX_RESET_SECONDS:
             reset = MAX_RESET_SECONDS
         seconds = math.floor(reset)
         duration = out.duration_until_reset
         duration.seconds = seconds
         duration.nanos = int((reset - seconds) * 1e9)
+    elif written[2]:
+        out.ClearField("duration_until_reset")
+    return written if same and timed is written[2] else (limit, name, timed)
 
 
 def response_to_proto(decision: Decision, names: bool = False) -> rls_pb2.RateLimitResponse:
@@ -124,14 +152,51 @@ def response_to_proto(decision: Decision, names: bool = False) -> rls_pb2.RateLi
     return response
 
 
-def fast_response(
-    reported: Sequence[Reported], answer: Answer, names: bool = False
-) -> rls_pb2.RateLimitResponse:
-    """``response_to_proto`` of a decision made in one step (flows/fast.py), each
-    descriptor's status from what it reports (``reported``): the same message for the same
-    decision."""
-    refused, parts = answer
-    response = rls_pb2.RateLimitResponse(overall_code=_OVER_LIMIT if refused else _OK)
-    for r, (over, remaining, reset) in zip(reported, parts, strict=True):
-        add_status(response, over, remaining, r.limit, reset, r.name, names)
-    return response
+class Reply:
+    """The responses to one kept payload (grpc_api/servicer.py), serialized: one message
+    made once, each answer written into it in place (``_write``) and its bytes taken at
+    once, so the message is never handed out: the bytes ``response_to_proto`` gives. A
+    new message a call cost the server more than the fields of the last one written again
+    (docs/benchmarks.md, "Ninth pass")."""
+
+    __slots__ = ("_message", "_names", "_written")
+
+    def __init__(self, names: bool = False) -> None:
+        self._message = rls_pb2.RateLimitResponse()
+        self._names = names
+        self._written: list[_Written] = []  # each status's limit and name as written
+
+    def _fit(self, count: int) -> None:
+        """A status for each of ``count`` descriptors (its first answer: always after)."""
+        if len(self._written) != count:
+            statuses = self._message.statuses
+            del statuses[:]
+            for _ in range(count):
+                statuses.add()
+            self._written = [_NEW] * count
+
+    def decision(self, decision: Decision) -> bytes:
+        """``response_to_proto(decision, names)``'s bytes."""
+        message = self._message
+        message.overall_code = _code(decision.code)
+        self._fit(len(decision.statuses))
+        statuses, written, names = message.statuses, self._written, self._names
+        for i, status in enumerate(decision.statuses):
+            over, limit = status.code is Code.OVER_LIMIT, status.current_limit
+            reset = status.duration_until_reset
+            written[i] = _write(statuses[i], over, status.limit_remaining, limit, reset,
+                                status.name, names, written[i])  # fmt: skip
+        return message.SerializeToString()
+
+    def answer(self, reported: Sequence[Reported], answer: Answer) -> bytes:
+        """The bytes of an answer made in one step (flows/fast.py), each descriptor's status
+        from what it reports (``reported``): ``response_to_proto``'s of the same decision."""
+        refused, parts = answer
+        message = self._message
+        message.overall_code = _OVER_LIMIT if refused else _OK
+        self._fit(len(parts))
+        statuses, written, names = message.statuses, self._written, self._names
+        for i, (r, (over, remaining, reset)) in enumerate(zip(reported, parts, strict=True)):
+            written[i] = _write(statuses[i], over, remaining, r.limit, reset, r.name, names,
+                                written[i])  # fmt: skip
+        return message.SerializeToString()

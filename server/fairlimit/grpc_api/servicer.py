@@ -14,10 +14,11 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from opentelemetry.trace import INVALID_SPAN, Span, StatusCode
 
 from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
+from fairlimit.core.admission import Code
 from fairlimit.errors import RequestError, StoreUnavailable
 from fairlimit.flows.decision import Decision
 from fairlimit.grpc_api import guards, lenient
-from fairlimit.grpc_api.convert import fast_response, request_from_proto, response_to_proto
+from fairlimit.grpc_api.convert import Reply, request_from_proto, response_to_proto
 from fairlimit.grpc_api.headers import ResponseOptions, add_extras
 from fairlimit.grpc_api.rlqs import RLQS_SERVICE, QuotaServicer
 from fairlimit.grpc_api.tls import TlsFiles
@@ -53,7 +54,8 @@ _SPAN_ATTRIBUTES = {
 _FAILED = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE)  # the server's fault
 # Envoy sends the same bytes for a client on a route again and again: parsing, validating and
 # planning them is a third of our work per call, and pure of time, so it is kept by payload.
-# Emptied when full (a dict lookup is all a miss adds); 4096 entries of ~2 kB at most.
+# Emptied when full (a dict lookup is all a miss adds); 4096 entries of ~2.5 kB at most
+# (with the payload's reply: convert.Reply).
 PREPARED_CACHE_SIZE = 4096
 # Only payloads this small are kept: Envoy's requests are a few hundred bytes, and distinct
 # requests near the bounds (2 MB each) would otherwise be kept 4096 at a time (+6 MB each).
@@ -71,7 +73,9 @@ SETTLE_STEP = 0.01
 SETTLE_LAG = 0.02
 STOP_GRACE = 1.0  # of the drain's grace, what is kept for grpc's stop, at the least
 _Failure = tuple[grpc.StatusCode, str]
-_Kept = tuple[rls_pb2.RateLimitRequest, Prepared]  # the parsed request (read-only) and plan
+_Answered = tuple[bytes, str]  # the response's bytes and its overall code's name
+# the parsed request (read-only), its plan and the message its responses are written in
+_Kept = tuple[rls_pb2.RateLimitRequest, Prepared, Reply]
 
 
 _CODE_NAMES = {
@@ -79,12 +83,14 @@ _CODE_NAMES = {
 }  # what RateLimitResponse.Code.Name gives, without its lookups per call
 
 
-def _result(answer: rls_pb2.RateLimitResponse | _Failure) -> str:
+_OK_NAME = _CODE_NAMES[rls_pb2.RateLimitResponse.OK]
+_OVER_NAME = _CODE_NAMES[rls_pb2.RateLimitResponse.OVER_LIMIT]
+
+
+def _result(answer: _Answered | _Failure) -> str:
     """The call's result for the span and the latency metric: a code's name."""
-    if isinstance(answer, tuple):
-        return str(answer[0].name)
-    name = _CODE_NAMES.get(answer.overall_code)
-    return str(rls_pb2.RateLimitResponse.Code.Name(answer.overall_code)) if name is None else name
+    code = answer[0]
+    return answer[1] if isinstance(code, bytes) else str(code.name)
 
 
 class RateLimitServicer:
@@ -120,14 +126,15 @@ class RateLimitServicer:
         method = grpc.stream_unary_rpc_method_handler(
             self.ShouldRateLimit,
             request_deserializer=None,
-            response_serializer=rls_pb2.RateLimitResponse.SerializeToString,
+            response_serializer=None,  # serialized here (convert.Reply)
         )
         return grpc.method_handlers_generic_handler(RLS_SERVICE, {"ShouldRateLimit": method})
 
     async def ShouldRateLimit(  # the name is the RPC's
         self, _: object, context: grpc.aio.ServicerContext
-    ) -> rls_pb2.RateLimitResponse:
-        """One span per call, its parent the W3C context Envoy sends in the metadata.
+    ) -> bytes:
+        """The serialized RateLimitResponse: one span per call, its parent the W3C context
+        Envoy sends in the metadata.
 
         Where no tracer provider records spans (no OTLP traces endpoint), the context is not
         extracted and no span is made: nothing would read either, and it costs ~15 µs a call.
@@ -159,28 +166,30 @@ class RateLimitServicer:
             pool.leave()
             if task is not None:
                 self._deciding.discard(task)
-        if isinstance(answer, tuple):
-            await context.abort(*answer)
+        code = answer[0]
+        if not isinstance(code, bytes):
+            await context.abort(code, answer[1])
             raise AssertionError("unreachable: abort raises")
-        return answer
+        return code
 
     async def _traced(
         self, payload: bytes, context: grpc.aio.ServicerContext
-    ) -> tuple[rls_pb2.RateLimitResponse | _Failure, str]:
+    ) -> tuple[_Answered | _Failure, str]:
         carrier = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
         with self.telemetry.rpc_span(_SPAN, carrier, _SPAN_ATTRIBUTES) as span:
             answer = await self._answer(payload, span, context.time_remaining())
             result = _result(answer)
-            if isinstance(answer, tuple) and answer[0] in _FAILED:
+            if answer[0] in _FAILED:
                 span.set_status(StatusCode.ERROR, answer[1])
             span.set_attribute("ratelimit.result", result)
         return answer, result
 
     async def _answer(
         self, payload: bytes, span: Span, remaining: float | None
-    ) -> rls_pb2.RateLimitResponse | _Failure:
-        """The response, or the status code and message to abort with; ``remaining`` is
-        the seconds left until the call's deadline (grpc-timeout), None without one."""
+    ) -> _Answered | _Failure:
+        """The response's bytes and its code's name, or the status code and message to
+        abort with; ``remaining`` is the seconds left until the call's deadline
+        (grpc-timeout), None without one."""
         kept = self._prepared.get(payload)
         if kept is None or not self.limiter.current(kept[1]):
             try:
@@ -191,7 +200,7 @@ class RateLimitServicer:
                 return grpc.StatusCode.INVALID_ARGUMENT, str(exc) or type(exc).__name__
         elif span.is_recording():
             _describe(span, kept[0])
-        request, prepared = kept
+        request, prepared, reply = kept
         quick = prepared.fast
         try:
             # in one step (flows/fast.py), unless the call is to be shed, traced or given
@@ -204,10 +213,12 @@ class RateLimitServicer:
             ):
                 answer = quick.decide(self.limiter.clock.now())
                 if isinstance(answer, Decision):  # from a lease block (flows/fast.py)
-                    return response_to_proto(answer, self.options.rule_names)
+                    return reply.decision(answer), _name(answer)
                 if answer is not None:
                     assert quick.reported is not None  # a plan of plain counters'
-                    return fast_response(quick.reported, answer, self.options.rule_names)
+                    return reply.answer(quick.reported, answer), (
+                        _OVER_NAME if answer[0] else _OK_NAME
+                    )
             decision = await self.limiter.decide(prepared, remaining)
         except Exception as exc:
             code = next((c for kind, c in _STATUS_CODES if isinstance(exc, kind)), None)
@@ -216,21 +227,28 @@ class RateLimitServicer:
                 code = grpc.StatusCode.INTERNAL
             return code, str(exc) or type(exc).__name__
         span.set_attribute("ratelimit.backend_seconds", decision.backend_seconds)
+        if not self.options.any:
+            return reply.decision(decision), _name(decision)
         response = response_to_proto(decision, self.options.rule_names)
-        if self.options.any:
-            add_extras(response, request, decision.statuses, self.options)
-        return response
+        add_extras(response, request, decision.statuses, self.options)
+        return response.SerializeToString(), _name(decision)
 
     def _prepare(self, payload: bytes, span: Span) -> _Kept:
         """Parse, validate and plan ``payload`` (DecodeError, RequestError); kept for reuse."""
         request = lenient.request(payload)  # values that are no UTF-8: a client's header bytes
         _describe(span, request)
-        kept = (request, self.limiter.prepare(request_from_proto(request)))
+        prepared = self.limiter.prepare(request_from_proto(request))
+        kept = (request, prepared, Reply(self.options.rule_names))
         if len(payload) <= PREPARED_MAX_BYTES:
             if len(self._prepared) >= PREPARED_CACHE_SIZE:
                 self._prepared.clear()
             self._prepared[payload] = kept
         return kept
+
+
+def _name(decision: Decision) -> str:
+    """The name of ``decision``'s overall code in the response."""
+    return _OVER_NAME if decision.code is Code.OVER_LIMIT else _OK_NAME
 
 
 def _describe(span: Span, request: rls_pb2.RateLimitRequest) -> None:
