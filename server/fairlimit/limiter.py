@@ -8,10 +8,10 @@ deadline and ``--failure-mode local``), so each gets the same failure behaviour.
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from fairlimit.core.admission import Code
+from fairlimit.core.admission import Code, Said
 from fairlimit.core.concurrency import Slots
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
@@ -72,6 +72,8 @@ class Prepared:
     tokens: Tokens | None = None  # its reservations and settlements, when it has any
     # its decision in one step, when it qualifies (a servicer's)
     fast: FastRates | FastLeased | None = None
+    # its plan's last statuses worked out whole (the next ones may move from them)
+    said: Said = field(default_factory=Said)
 
 
 class Limiter:
@@ -182,7 +184,8 @@ class Limiter:
                 slots = prepared.slots
                 decision = await self._slots.decide(request, slots, now, active.matcher)
             else:
-                decision = await self._rates.decide(request, now, active.matcher, prepared.plan)
+                plan, said = prepared.plan, prepared.said
+                decision = await self._rates.decide(request, now, active.matcher, plan, (), said)
         except DeadlineExceeded:
             return self._shed(request)
         finally:

@@ -275,6 +275,58 @@ def statuses(plan: Plan, outcome: Outcome, now: float) -> tuple[Status, ...]:
     return tuple(out)
 
 
+@dataclass(slots=True)
+class Said:
+    """A kept plan's statuses last worked out whole, for ``moved`` to move from: the
+    outcome, the time (the store's clock when it gives one) and the statuses."""
+
+    outcome: Outcome | None = None
+    at: float = 0.0
+    statuses: tuple[Status, ...] = ()
+
+
+def moved(
+    plan: Plan, before: Outcome, then: float, said: Sequence[Status], outcome: Outcome, now: float
+) -> tuple[Status, ...] | None:
+    """``statuses(plan, outcome, now)`` worked out from ``said``, the statuses of ``before``
+    at ``then``, when ``outcome`` is ``before`` with every count and every claim at a cap
+    moved by the same hits (a lease block's next request: core/lease.py), else None.
+
+    Each level's remaining is its limit (or its room under its bound at a cap) less its
+    count: when every count moves by ``d``, so does every level's remaining, the level with
+    the least left stays the one reported, and its status says ``d`` less. That holds while
+    nothing is refused or cut at 0: every status of ``said`` OK, with at least ``d + 1``
+    left (the least of its levels: none over after it). Fixed windows only, and the same
+    whole second: their reset is the window's end in whole seconds (``_reset``)."""
+    if not (before.admitted and outcome.admitted) or before.bounds != outcome.bounds:
+        return None
+    if now // 1 != then // 1:  # math.floor's, as floats
+        return None
+    counts, was = outcome.counts, before.counts
+    d = counts[0] - was[0] if counts else -1
+    if d < 0:
+        return None
+    for c, n, m in zip(plan.counters, counts, was, strict=True):
+        if n - m != d or c.shape is not None:
+            return None
+    for a, b in zip(outcome.shared, before.shared, strict=True):
+        if a - b != d:
+            return None
+    if d == 0:
+        return tuple(said)
+    out = []
+    for dplan, status in zip(plan.descriptors, said, strict=True):
+        if dplan.unlimited or not dplan.charges:
+            out.append(status)  # the same whatever the counts
+            continue
+        left = status.limit_remaining - d
+        if status.code is not Code.OK or status.shadowed or left < 1:
+            return None
+        out.append(Status(Code.OK, status.current_limit, left, status.duration_until_reset,
+                          status.rule, False, status.name))  # fmt: skip
+    return tuple(out)
+
+
 def is_quota(status: Status, quota_all: bool) -> bool:
     """Whether ``status`` counts as a quota descriptor (quota_mode, or every rule's when
     ``quota_all``, upstream's QUOTA_MODE); an unlimited one never does."""

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fairlimit.core import lease
-from fairlimit.core.admission import UNLIMITED_REMAINING, Code, overall
+from fairlimit.core.admission import UNLIMITED_REMAINING, Code, Said, overall
 from fairlimit.core.keys import key_path
 from fairlimit.core.plan import Plan
 from fairlimit.core.request import Request
@@ -218,8 +218,8 @@ class FastLeased:
     counters is answered as ``FastRates`` answers (``reported``), any other as the rates
     flow decides (a ``Decision``)."""
 
-    __slots__ = ("_clear", "_from_block", "_plain", "_plan", "_policy", "_request", "_shadow",
-                 "_shape", "_tally", "_telemetry", "reported")  # fmt: skip
+    __slots__ = ("_clear", "_from_block", "_plain", "_plan", "_policy", "_request", "_said",
+                 "_shadow", "_shape", "_tally", "_telemetry", "reported")  # fmt: skip
 
     def __init__(
         self,
@@ -242,6 +242,7 @@ class FastLeased:
         self._plain = None if shadow else plain(plan, request, telemetry)
         self.reported = None if self._plain is None else self._plain.reported
         self._clear = (False,) * len(plan.counters)  # a block covers every counter
+        self._said = Said()  # its last statuses worked out whole (policy/answers.py)
 
     def decide(self, now: float) -> Answer | Decision | None:
         """The request admitted from its block at ``now`` and decided; None, nothing done,
@@ -265,7 +266,7 @@ class FastLeased:
         part = self._plain
         if part is not None:
             return part.answer(outcome.counts, self._clear, True, at)
-        statuses = statuses_of(plan, outcome, now)
+        statuses = statuses_of(plan, outcome, now, self._said)
         code = overall(statuses, False)  # no quota rule here: nothing to charge again
         self._telemetry.decided(self._request, statuses, now, plan)
         code = Code.OK if self._shadow else code

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from fairlimit.core import admission
-from fairlimit.core.admission import Code, Outcome, Status
+from fairlimit.core.admission import Code, Outcome, Said, Status
 from fairlimit.core.matching import Matcher
 from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
@@ -48,10 +48,12 @@ class RatesFlow:
         matcher: Matcher,
         plan: Plan | None = None,
         reserve: tuple[Reserve, ...] = (),
+        said: Said | None = None,
     ) -> Decision:
         """The rate-limit decision of ``request`` (no concurrency in it); ``plan``, its plan
         under the configuration in force when already made; ``reserve``, the reservations
-        the store keeps if it admits."""
+        the store keeps if it admits; ``said``, the plan's last statuses when it is kept
+        (policy/answers.py)."""
         if plan is None:
             plan = make_plan(request, matcher)
         if reserve:
@@ -71,7 +73,7 @@ class RatesFlow:
         if isinstance(outcome, Unanswered):  # let through: nothing decided to record
             statuses = open_statuses(len(plan.descriptors))
             return Decision(Code.OK, statuses, True, time.perf_counter() - started)
-        statuses = statuses_of(plan, outcome, now)
+        statuses = statuses_of(plan, outcome, now, said)
         code = admission.overall(statuses, self._quota_mode)
         if code is Code.OK and Code.OVER_LIMIT in [s.code for s in statuses]:
             code, statuses = await self._without_quotas_over(request, statuses, now, plan, matcher)

@@ -12,7 +12,7 @@ answer the same way.
 from dataclasses import dataclass
 
 from fairlimit.core import admission
-from fairlimit.core.admission import Code, Outcome, Status
+from fairlimit.core.admission import Code, Outcome, Said, Status
 from fairlimit.core.concurrency import SlotOutcome
 from fairlimit.core.plan import Plan
 from fairlimit.core.reserve import Settled
@@ -62,11 +62,24 @@ def open_statuses(descriptors: int) -> tuple[Status, ...]:
     return tuple(Status(Code.OK, None, 0, 0.0) for _ in range(descriptors))
 
 
-def statuses(plan: Plan, outcome: Outcome, now: float) -> tuple[Status, ...]:
+def statuses(
+    plan: Plan, outcome: Outcome, now: float, said: Said | None = None
+) -> tuple[Status, ...]:
     """Each descriptor's status from an admit's answer to ``plan`` at ``now`` (the store's
-    clock when it gives one); OK with no limit for an answer let through."""
+    clock when it gives one); OK with no limit for an answer let through. With ``said``
+    (the plan's last statuses, for a plan kept from call to call), moved from those when
+    only its counts moved since (``admission.moved``: a hot payload's next request), else
+    worked out whole and kept there."""
     if isinstance(outcome, Unanswered):
         return open_statuses(len(plan.descriptors))
     if type(outcome) is DecidedHere and outcome.plan is not None:
-        plan = outcome.plan
-    return admission.statuses(plan, outcome, now if outcome.now is None else outcome.now)
+        plan, said = outcome.plan, None
+    at = now if outcome.now is None else outcome.now
+    if said is None or type(outcome) is not Outcome:
+        return admission.statuses(plan, outcome, at)
+    last = said.outcome
+    out = None if last is None else admission.moved(plan, last, said.at, said.statuses, outcome, at)
+    if out is None:
+        out = admission.statuses(plan, outcome, at)
+        said.outcome, said.at, said.statuses = outcome, at, out
+    return out
