@@ -77,21 +77,6 @@ def request_from_proto(message: rls_pb2.RateLimitRequest) -> Request:
     return Request(message.domain, tuple(descriptors), message.hits_addend)
 
 
-def add_status(
-    response: rls_pb2.RateLimitResponse,
-    over: bool,
-    remaining: int,
-    limit: RateLimit | None,
-    reset: float,
-    rule_name: str | None,
-    names: bool,
-) -> None:
-    """One descriptor's status, built in place: its code, what is left of ``limit`` and the
-    seconds until it is reset; ``names``: a limit without a name of its own is named
-    ``rule_name`` (what its status names it by)."""
-    _write(response.statuses.add(), over, remaining, limit, reset, rule_name, names, _NEW)
-
-
 # what a status holds as written: its limit and name, and whether it has a reset
 _Written = tuple[RateLimit | None, str | None, bool]
 _NEW: _Written = (None, None, False)  # a new status: no current_limit, no reset
@@ -107,10 +92,12 @@ def _write(
     names: bool,
     written: _Written,
 ) -> _Written:
-    """``add_status``'s fields written into ``out``, new (``_NEW``) or holding ``written``
-    from an answer before: each one set, or cleared where a new status would not have it
-    (its current_limit left as it is when the limit and name are the same). Returns what
-    it now holds."""
+    """One descriptor's status written into ``out``: its code, what is left of ``limit``
+    and the seconds until it is reset (``names``: a limit without a name of its own is
+    named ``rule_name``, what its status names it by). ``out`` is new (``_NEW``) or holds
+    ``written`` from an answer before: each field is set, or cleared where a new status
+    would not have it (its current_limit left as it is when the limit and name are the
+    same). Returns what it now holds."""
     # An OVER_LIMIT status says 0 left, as upstream's: Envoy writes X-RateLimit-* from the
     # status with the least left, which must be the one that refused (a request of 5 hits
     # refused with 2 left would lose to another descriptor's 1). The 2 stay in the metadata.
@@ -147,8 +134,8 @@ def response_to_proto(decision: Decision, names: bool = False) -> rls_pb2.RateLi
     response = rls_pb2.RateLimitResponse(overall_code=_code(decision.code))
     for status in decision.statuses:
         over = status.code is Code.OVER_LIMIT
-        add_status(response, over, status.limit_remaining, status.current_limit,
-                   status.duration_until_reset, status.name, names)  # fmt: skip
+        _write(response.statuses.add(), over, status.limit_remaining, status.current_limit,
+               status.duration_until_reset, status.name, names, _NEW)  # fmt: skip
     return response
 
 
