@@ -222,6 +222,17 @@ def client_for(u: RedisUrl) -> "aioredis.Redis | RedisCluster":
     return aioredis.Redis.from_pool(pool)
 
 
+async def close_client(client: "aioredis.Redis | RedisCluster") -> None:
+    """Close ``client`` and, for a Sentinel's master, the Sentinel's own clients of the
+    sentinels it asked (closing the master's pool leaves those open: a store closed on a
+    reload or at shutdown left one connection a sentinel to the collector)."""
+    await client.aclose()
+    pool = getattr(client, "connection_pool", None)
+    manager = getattr(pool, "sentinel_manager", None)
+    if isinstance(manager, Sentinel):
+        await manager.aclose()
+
+
 def _sentinel_client(
     u: RedisUrl, common: dict[str, Any], tls_kwargs: dict[str, Any]
 ) -> "aioredis.Redis":

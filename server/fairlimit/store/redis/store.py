@@ -40,7 +40,7 @@ from fairlimit.store.base import FromBlock
 from fairlimit.store.patience import Heard, within
 from fairlimit.store.redis import reservations, script
 from fairlimit.store.redis.batch import ScriptBatcher
-from fairlimit.store.redis.client import Options, unavailable
+from fairlimit.store.redis.client import Options, close_client, unavailable
 from fairlimit.store.redis.divisions import Divisions
 from fairlimit.store.redis.keys import SlotGroup, slot_groups
 from fairlimit.store.redis.leasing import Leasing
@@ -298,6 +298,6 @@ class RedisStore:
             self._batch.close()
         try:
             with unavailable():
-                await self._client.aclose()
+                await close_client(self._client)
         except StoreUnavailable as exc:
             log.debug("close: %s", exc)
