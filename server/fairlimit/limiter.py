@@ -154,12 +154,13 @@ class Limiter:
         plan = make_plan(request, active.matcher)
         store, from_block = self._fast_store, self._from_block
         quick: FastRates | FastLeased | None = None
+        said = Said()  # one per kept plan: the generic path's and the one step's alike
         if store is not None:
             quick = fast(plan, request, store, self.policy, self.telemetry)
         elif from_block is not None:
-            policy, telemetry = self.policy, self.telemetry
-            quick = leased(plan, request, from_block, policy, telemetry, self.tally, self._shadow)
-        return Prepared(request, plan, None, active, fast=quick)
+            policy, telemetry, shadow = self.policy, self.telemetry, self._shadow
+            quick = leased(plan, request, from_block, policy, telemetry, self.tally, shadow, said)
+        return Prepared(request, plan, None, active, fast=quick, said=said)
 
     def current(self, prepared: Prepared) -> bool:
         """Whether ``prepared`` was planned under the configuration in force now."""

@@ -230,6 +230,7 @@ class FastLeased:
         telemetry: Telemetry,
         tally: Tally,
         shadow: bool,
+        said: Said,
     ) -> None:
         self._plan, self._request = plan, request
         self._shape = lease.shape(plan)
@@ -242,7 +243,7 @@ class FastLeased:
         self._plain = None if shadow else plain(plan, request, telemetry)
         self.reported = None if self._plain is None else self._plain.reported
         self._clear = (False,) * len(plan.counters)  # a block covers every counter
-        self._said = Said()  # its last statuses worked out whole (policy/answers.py)
+        self._said = said  # its plan's last statuses worked out whole (policy/answers.py)
 
     def decide(self, now: float) -> Answer | Decision | None:
         """The request admitted from its block at ``now`` and decided; None, nothing done,
@@ -282,6 +283,7 @@ def leased(
     telemetry: Telemetry,
     tally: Tally,
     shadow: bool,
+    said: Said,
 ) -> FastLeased | None:
     """The one-step decision of ``plan`` from lease blocks when a block may serve it (an
     eligible plan with no reservation) and no rule of it is a quota (a quota over is
@@ -290,4 +292,4 @@ def leased(
         return None
     if any([d.rule is not None and d.rule.quota_mode for d in plan.descriptors]):
         return None
-    return FastLeased(plan, request, from_block, policy, telemetry, tally, shadow)
+    return FastLeased(plan, request, from_block, policy, telemetry, tally, shadow, said)

@@ -151,7 +151,7 @@ class Reply:
     def __init__(self, names: bool = False) -> None:
         self._message = rls_pb2.RateLimitResponse()
         self._names = names
-        self._written: list[_Written] = []  # each status's limit and name as written
+        self._written: list[_Written] = []  # what each status holds as written (_Written)
 
     def _fit(self, count: int) -> None:
         """A status for each of ``count`` descriptors (its first answer: always after)."""

@@ -73,7 +73,7 @@ def statuses(
     if isinstance(outcome, Unanswered):
         return open_statuses(len(plan.descriptors))
     if type(outcome) is DecidedHere and outcome.plan is not None:
-        plan, said = outcome.plan, None
+        plan = outcome.plan
     at = now if outcome.now is None else outcome.now
     if said is None or type(outcome) is not Outcome:
         return admission.statuses(plan, outcome, at)

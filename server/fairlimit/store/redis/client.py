@@ -224,8 +224,8 @@ def client_for(u: RedisUrl) -> "aioredis.Redis | RedisCluster":
 
 async def close_client(client: "aioredis.Redis | RedisCluster") -> None:
     """Close ``client`` and, for a Sentinel's master, the Sentinel's own clients of the
-    sentinels it asked (closing the master's pool leaves those open: a store closed on a
-    reload or at shutdown left one connection a sentinel to the collector)."""
+    sentinels it asked (closing the master's pool leaves those open: a store closed at
+    shutdown left a connection to each sentinel to the garbage collector)."""
     await client.aclose()
     pool = getattr(client, "connection_pool", None)
     manager = getattr(pool, "sentinel_manager", None)
