@@ -63,7 +63,8 @@ class SystemClock:
 class Prepared:
     """A validated request and its plan under one configuration: pure of time, so a caller
     that sees the same request again may decide it again without rebuilding the plan
-    (``Limiter.current`` says whether the configuration is still the one in force)."""
+    (``Limiter.current`` says whether the configuration is still the one in force), unless
+    it is not ``reusable``."""
 
     request: Request
     plan: Plan | None  # None when the request takes or gives back slots or tokens
@@ -74,6 +75,12 @@ class Prepared:
     fast: FastRates | FastLeased | None = None
     # its plan's last statuses worked out whole (the next ones may move from them)
     said: Said = field(default_factory=Said)
+
+    @property
+    def reusable(self) -> bool:
+        """Whether the same request may be decided with it again: not when it takes a slot
+        under an id made up for it (released by negative hits), one per request."""
+        return self.slots is None or not self.slots.anonymous
 
 
 class Limiter:

@@ -4,10 +4,14 @@ per request without a request id, given back by the client's stream-done descrip
 
 import pytest
 
+from fairlimit._proto.envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from fairlimit._proto.envoy.service.ratelimit.v3 import rls_pb2
 from fairlimit.core.admission import Code
 from fairlimit.core.request import Descriptor, Request
+from fairlimit.grpc_api.servicer import RateLimitServicer
 from fairlimit.limiter import Limiter
-from helpers import FakeClock, LimiterFactory
+from fairlimit.telemetry import Telemetry
+from helpers import FakeClock, LimiterFactory, asked
 
 pytestmark = [pytest.mark.behaviour, pytest.mark.asyncio]
 
@@ -42,7 +46,35 @@ def limiter(make_limiter: LimiterFactory) -> Limiter:
     return make_limiter(CONFIG)
 
 
+def payload(client: str, negative: bool = False) -> bytes:
+    """What Envoy sends for ``start`` (the same bytes for every request of the client) or
+    ``end``."""
+    D = ratelimit_pb2.RateLimitDescriptor
+    entries = [D.Entry(key="route", value="llm"), D.Entry(key="client_id", value=client)]
+    descriptor = D(entries=entries, is_negative_hits=negative)
+    if negative:
+        descriptor.hits_addend.value = 1
+    return rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor]).SerializeToString()
+
+
 class TestReleasedByNegativeHits:
+    async def test_the_same_bytes_take_a_slot_each_through_the_servicer(
+        self, limiter: Limiter
+    ) -> None:
+        """The servicer keeps a payload's prepared request for its next call; a slot taken
+        under an id made up for one request is not kept so: each call of the same bytes
+        takes a slot of its own (the second in flight was refused as a duplicate id)."""
+        servicer = RateLimitServicer(limiter, Telemetry.off())
+        ok, over = rls_pb2.RateLimitResponse.OK, rls_pb2.RateLimitResponse.OVER_LIMIT
+
+        async def overall(data: bytes, times: int) -> list[int]:
+            return [(await asked(servicer, data)).overall_code for _ in range(times)]
+
+        assert await overall(payload("a"), 3) == [ok, ok, over]
+        assert await overall(payload("a", negative=True), 1) == [ok]
+        assert await overall(payload("a"), 2) == [ok, over]
+        assert await overall(payload("b"), 2) == [ok, over]  # the route's 3 in flight
+
     async def test_a_slot_per_request_and_one_back_per_refund(self, limiter: Limiter) -> None:
         """Two in flight, the third refused; a refund frees one, so the next passes."""
         assert await codes(limiter, start("a"), start("a"), start("a")) == [

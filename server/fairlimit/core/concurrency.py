@@ -70,6 +70,9 @@ class Slots:
     release: tuple[Claim, ...]
     rates: Request  # acquire descriptors without the id entry; release descriptors dropped
     positions: tuple[int, ...]  # each rates descriptor's index in the request as received
+    # a slot is taken under the id made up for this request (released by negative hits):
+    # deciding it again would take a second slot under the same id, which no pool gives
+    anonymous: bool = False
 
 
 def _pools(domain: str, entries: Sequence[tuple[str, str]], match: Match) -> tuple[Pool, ...]:
@@ -158,7 +161,8 @@ def split(request: Request, matcher: Matcher, anonymous: str = "") -> Slots:
     if not acquire and not release:
         return Slots((), (), request, tuple(positions))
     rates = Request(request.domain, tuple(kept), request.hits)
-    return Slots(tuple(acquire), tuple(release), rates, tuple(positions))
+    made_up = bool(anonymous) and any(c.request_id == anonymous for c in acquire)
+    return Slots(tuple(acquire), tuple(release), rates, tuple(positions), made_up)
 
 
 @dataclass(frozen=True, slots=True)

@@ -239,7 +239,7 @@ class RateLimitServicer:
         _describe(span, request)
         prepared = self.limiter.prepare(request_from_proto(request))
         kept = (request, prepared, Reply(self.options.rule_names))
-        if len(payload) <= PREPARED_MAX_BYTES:
+        if len(payload) <= PREPARED_MAX_BYTES and prepared.reusable:
             if len(self._prepared) >= PREPARED_CACHE_SIZE:
                 self._prepared.clear()
             self._prepared[payload] = kept
