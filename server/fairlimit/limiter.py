@@ -21,7 +21,7 @@ from fairlimit.core.rules import Loaded
 from fairlimit.core.tally import Tally
 from fairlimit.errors import DeadlineExceeded, StoreUnavailable
 from fairlimit.flows.decision import Decision, active
-from fairlimit.flows.fast import FastLeased, FastRates, fast, leased
+from fairlimit.flows.fast import FastLeased, FastMemory, FastRates, fast, leased
 from fairlimit.flows.rates import RatesFlow
 from fairlimit.flows.slots import SlotsFlow
 from fairlimit.flows.tokens import TokensFlow
@@ -72,7 +72,7 @@ class Prepared:
     active: object  # the configuration it was planned under
     tokens: Tokens | None = None  # its reservations and settlements, when it has any
     # its decision in one step, when it qualifies (a servicer's)
-    fast: FastRates | FastLeased | None = None
+    fast: FastRates | FastMemory | FastLeased | None = None
     # its plan's last statuses worked out whole (the next ones may move from them)
     said: Said = field(default_factory=Said)
 
@@ -160,10 +160,10 @@ class Limiter:
                 return Prepared(request, None, slots, active)
         plan = make_plan(request, active.matcher)
         store, from_block = self._fast_store, self._from_block
-        quick: FastRates | FastLeased | None = None
+        quick: FastRates | FastMemory | FastLeased | None = None
         said = Said()  # one per kept plan: the generic path's and the one step's alike
         if store is not None:
-            quick = fast(plan, request, store, self.policy, self.telemetry)
+            quick = fast(plan, request, store, self.policy, self.telemetry, self.tally, said)
         elif from_block is not None:
             policy, telemetry, shadow = self.policy, self.telemetry, self._shadow
             quick = leased(plan, request, from_block, policy, telemetry, self.tally, shadow, said)

@@ -1,5 +1,5 @@
-"""A hot payload's rate decision in one step: plans of plain counters in memory, and plans
-a Redis lease block held here covers.
+"""A hot payload's rate decision in one step: plans in this process's memory, and plans a
+Redis lease block held here covers.
 
 Envoy sends the same bytes for a client on a route again and again, and the servicer keeps
 each payload's prepared request (grpc_api/servicer.py). In the server a call costs what it
@@ -9,16 +9,18 @@ outcome, a status per descriptor and a decision on the way. For the most common 
 windows counted in this process with no cap above them, ``fast`` works out once per payload
 what stays the same from call to call (each counter's key, window, limit and hits; each
 descriptor's limit and its series of the rule counters) and ``FastRates.decide`` does the
-rest with the same rule on the same store: the same counts, answers and metrics.
+rest with the same rule on the same store: the same counts, answers and metrics. Any other
+plan on the memory store (a cap, a calendar, sliding or GCRA limit, a shadow rule,
+charge_when_over_limit, watched global buckets, top clients, upstream's stat names) gets a
+``FastMemory``: the store's own admission, then the statuses, telemetry and decision as the
+rates flow works them out, without the layers around them.
 
-Whatever else a plan or the process holds takes the generic path (``fast`` gives None): a
-cap, a calendar, sliding or GCRA limit, a shadow or quota rule, charge_when_over_limit,
-reservations, slots or tokens, a store that is not this process's memory, shadow mode,
-quota mode, watched global buckets, top clients, upstream's stat names (no cap: the RLQS
-tally, which counts demand at caps, has nothing to count). So does a call that finds the
-breaker not closed (``decide`` gives None).
-tests/grpc_api/test_fast.py holds the two paths to the same answers, store state and metrics
-over random configurations and requests.
+The generic path takes the rest (``fast`` gives None): a plan charging no counter, a quota
+rule (a quota over is charged again without it: a second admission), reservations, slots or
+tokens, a store that is not this process's memory, shadow mode, quota mode, ``--failure-mode
+local``. So does a call that finds the breaker not closed (``decide`` gives None).
+tests/grpc_api/test_fast.py holds the paths to the same answers, store state (counters and
+caps), RLQS tally and metrics over random configurations and requests.
 
 On Redis with leases (the default), a plan a lease block serves is admitted here from this
 process's block, with no Redis call, until the block runs out (store/redis/leasing.py).
@@ -184,19 +186,76 @@ class FastRates:
         return part.answer(counts, overs, admitted, now)
 
 
+class FastMemory:
+    """The rates flow's decision of one prepared request of any other plan on this
+    process's memory store (a cap, a sliding, GCRA or calendar limit, a shadow level, a
+    level charged when refused), in one step: the store's admission as the failure policy
+    asks it while the breaker is closed, then the statuses, the telemetry and the decision
+    as the rates flow works them out, without the limiter, the flow or the policy's call
+    around them (no coroutine: the memory store never waits)."""
+
+    __slots__ = ("_admit", "_plan", "_policy", "_request", "_said", "_tally", "_telemetry")
+
+    reported = None  # answered as a Decision, never as plain counters' ``Answer``
+
+    def __init__(
+        self,
+        plan: Plan,
+        request: Request,
+        store: MemoryStore,
+        policy: FailurePolicy,
+        telemetry: Telemetry,
+        tally: Tally,
+        said: Said,
+    ) -> None:
+        self._plan, self._request = plan, request
+        self._admit = store.admit_now
+        self._policy = policy
+        self._telemetry = telemetry
+        self._tally = tally if plan.shares else None  # RLS demand at caps, when wanted
+        self._said = said  # its plan's last statuses worked out whole (policy/answers.py)
+
+    def decide(self, now: float) -> Decision | None:
+        """The request decided at ``now`` and charged as the store admits it; None, nothing
+        done, when it is for the generic path (the breaker is not closed)."""
+        policy = self._policy
+        breaker = policy.breaker
+        if breaker.failures or breaker.tripped or not policy.healthy:
+            return None
+        plan, request = self._plan, self._request
+        tally = self._tally
+        if tally is not None and tally.on:
+            tally.add(request, plan)
+        outcome = self._admit(plan, now)
+        breaker.answered_at = now  # the store answered, as the policy notes it
+        statuses = statuses_of(plan, outcome, now, self._said)
+        code = overall(statuses, False)  # no quota rule here: nothing to charge again
+        self._telemetry.decided(request, statuses, now, plan)
+        # no backend_seconds: only a traced call's span reads it, and those go the long way
+        return Decision(code, statuses)
+
+
 def fast(
     plan: Plan | None,
     request: Request,
     store: MemoryStore,
     policy: FailurePolicy,
     telemetry: Telemetry,
-) -> FastRates | None:
+    tally: Tally,
+    said: Said,
+) -> FastRates | FastMemory | None:
     """The one-step decision of ``plan`` when it and the process qualify (the module's
-    docstring), else None."""
-    if plan is None or plan.reserve or any([c.force for c in plan.counters]):
-        return None  # a refusal charges a forced counter: not all or nothing
-    part = plain(plan, request, telemetry)
-    return None if part is None else FastRates(plan, store, policy, part)
+    docstring), else None: ``FastRates`` for plain counters, else ``FastMemory``."""
+    if plan is None or plan.reserve or not plan.counters:
+        return None  # nothing charged: the generic path asks no store
+    # a refusal charges a forced counter: not all or nothing, so not as plain counters
+    if not any([c.force for c in plan.counters]):
+        part = plain(plan, request, telemetry)
+        if part is not None:
+            return FastRates(plan, store, policy, part)
+    if any([d.rule is not None and d.rule.quota_mode for d in plan.descriptors]):
+        return None  # a quota over is charged again without it: a second admission
+    return FastMemory(plan, request, store, policy, telemetry, tally, said)
 
 
 def _reported(plan: Plan, request: Request, index: int, telemetry: Telemetry) -> Reported:
