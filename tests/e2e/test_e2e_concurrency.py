@@ -39,6 +39,44 @@ SLOW_UPSTREAM = {
 """
 }
 CLIENT_RULE = "edge/route=public/client_id"
+# Released by negative hits (docs/concurrency.md): the same rule without request ids; the
+# stream-done call gives one slot back, its hits from a header only the upstream sets.
+NEGATIVE_DESCRIPTORS = f"""
+domain: edge
+descriptors:
+  - key: route
+    value: public
+    descriptors:
+      - key: client_id
+        concurrency: {{max_in_flight: 5, max_duration: {MAX_DURATION}, released_by: negative_hits}}
+"""
+_EXAMPLE = (EXAMPLES / "concurrency.yaml").read_text()
+_ROUTE = _EXAMPLE.index("                      rate_limits:\n")
+# the route's rate_limits of the example (pairing by request id), up to the filters
+ROUTE_RATE_LIMITS = _EXAMPLE[_ROUTE : _EXAMPLE.index("                http_filters:\n", _ROUTE)]
+# docs/concurrency.md's Envoy side: the filter's own rate_limits (Envoy sends hits_addend
+# only for those), the stream-done entry's hits from a header only the upstream sets
+FILTER_RATE_LIMITS = """                      domain: edge
+                      rate_limits:
+                        - actions:
+                            - generic_key: {descriptor_key: route, descriptor_value: public}
+                            - request_headers: {header_name: x-client-id, descriptor_key: client_id}
+                        - apply_on_stream_done: true
+                          hits_addend: {format: "%RESP(x-upstream-done)%", is_negative_hits: true}
+                          actions:
+                            - generic_key: {descriptor_key: route, descriptor_value: public}
+                            - request_headers: {header_name: x-client-id, descriptor_key: client_id}
+"""
+NEGATIVE_HITS = {
+    **SLOW_UPSTREAM,
+    ROUTE_RATE_LIMITS: "",
+    "                      domain: edge\n": FILTER_RATE_LIMITS,
+    "                          direct_response:\n": (
+        "                          response_headers_to_add:\n"
+        '                            - header: {key: x-upstream-done, value: "1"}\n'
+        "                          direct_response:\n"
+    ),
+}  # fmt: skip
 DEADLINE = 30.0  # every poll gives up after this (seconds)
 
 
@@ -138,6 +176,27 @@ class TestConcurrencyThroughEnvoy:
             answers = _burst(envoy.port, ["forger"] * 12, {"x-request-id": "forged-1"})
             assert _statuses(answers, "forger") == [200] * 5 + [429] * 7
             _wait_in_flight(server, CLIENT_RULE, 0)  # every stream-done release arrived
+
+    def test_released_by_negative_hits_five_in_flight_per_client(self, tmp_path: Path) -> None:
+        """Without request ids Envoy sends the same descriptor for every request of a
+        client: 12 at once from one client, 5 pass and 7 get 429 (each takes a slot of its
+        own: the server once kept the id made up for the first and refused the rest as
+        duplicates), 3 from another all pass; the stream-done calls give every slot back
+        (docs/concurrency.md's Envoy side), and the first client gets 5 again."""
+        descriptors = tmp_path / "negative.yaml"
+        descriptors.write_text(NEGATIVE_DESCRIPTORS)
+        with (
+            fairlimit_server("--config", str(descriptors)) as server,
+            envoy_in_front(server.grpc_port, tmp_path, NEGATIVE_HITS,
+                           EXAMPLES / "concurrency.yaml") as envoy,
+        ):  # fmt: skip
+            answers = _burst(envoy.port, ["heavy"] * 12 + ["light"] * 3)
+            assert _statuses(answers, "heavy") == [200] * 5 + [429] * 7
+            assert _statuses(answers, "light") == [200] * 3
+            _wait_in_flight(server, CLIENT_RULE, 0)  # every stream-done release arrived
+            again = _burst(envoy.port, ["heavy"] * 12)
+            assert _statuses(again, "heavy") == [200] * 5 + [429] * 7
+            assert envoy.failed_calls() == {}  # every call answered by fairlimit
 
     def test_slots_of_a_killed_envoy_come_back_after_max_duration(self, tmp_path: Path) -> None:
         """Envoy killed with 5 requests in flight sends no stream-done call: the client is
