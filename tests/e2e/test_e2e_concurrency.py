@@ -146,6 +146,19 @@ def _statuses(answers: list[tuple[str, int]], client: str) -> list[int]:
     return sorted(status for who, status in answers if who == client)
 
 
+def _five_each_then_back(server: ServerProcess, envoy: EnvoyProcess) -> None:
+    """12 at once from one client: 5 pass, 7 get 429, while 3 from another all pass; once
+    the streams end (every stream-done call given its slot back), the first client gets 5
+    again. Envoy's every rate-limit call was answered."""
+    answers = _burst(envoy.port, ["heavy"] * 12 + ["light"] * 3)
+    assert _statuses(answers, "heavy") == [200] * 5 + [429] * 7
+    assert _statuses(answers, "light") == [200] * 3
+    _wait_in_flight(server, CLIENT_RULE, 0)  # every stream-done release arrived
+    again = _burst(envoy.port, ["heavy"] * 12)
+    assert _statuses(again, "heavy") == [200] * 5 + [429] * 7
+    assert envoy.failed_calls() == {}
+
+
 class TestConcurrencyThroughEnvoy:
     def test_five_in_flight_per_client_released_at_stream_end(self, tmp_path: Path) -> None:
         """12 at once from one client: 5 pass, 7 get 429, while 3 from another all pass;
@@ -155,12 +168,7 @@ class TestConcurrencyThroughEnvoy:
             envoy_in_front(server.grpc_port, tmp_path, SLOW_UPSTREAM,
                            EXAMPLES / "concurrency.yaml") as envoy,
         ):  # fmt: skip
-            answers = _burst(envoy.port, ["heavy"] * 12 + ["light"] * 3)
-            assert _statuses(answers, "heavy") == [200] * 5 + [429] * 7
-            assert _statuses(answers, "light") == [200] * 3
-            _wait_in_flight(server, CLIENT_RULE, 0)  # every stream-done release arrived
-            again = _burst(envoy.port, ["heavy"] * 12)
-            assert _statuses(again, "heavy") == [200] * 5 + [429] * 7
+            _five_each_then_back(server, envoy)
 
     def test_a_forged_request_id_takes_a_slot_each_time(self, tmp_path: Path) -> None:
         """12 at once from one client, all sending one x-request-id of its own making (a
@@ -190,13 +198,7 @@ class TestConcurrencyThroughEnvoy:
             envoy_in_front(server.grpc_port, tmp_path, NEGATIVE_HITS,
                            EXAMPLES / "concurrency.yaml") as envoy,
         ):  # fmt: skip
-            answers = _burst(envoy.port, ["heavy"] * 12 + ["light"] * 3)
-            assert _statuses(answers, "heavy") == [200] * 5 + [429] * 7
-            assert _statuses(answers, "light") == [200] * 3
-            _wait_in_flight(server, CLIENT_RULE, 0)  # every stream-done release arrived
-            again = _burst(envoy.port, ["heavy"] * 12)
-            assert _statuses(again, "heavy") == [200] * 5 + [429] * 7
-            assert envoy.failed_calls() == {}  # every call answered by fairlimit
+            _five_each_then_back(server, envoy)
 
     def test_slots_of_a_killed_envoy_come_back_after_max_duration(self, tmp_path: Path) -> None:
         """Envoy killed with 5 requests in flight sends no stream-done call: the client is
