@@ -23,8 +23,7 @@ RELEASE_STEP = 65_536  # expired objects freed at once (2 a counter: about 10 ms
 # A table is compacted, and the memory handed back (a full collection, malloc_trim), only
 # once it has held this many: a smaller one's table is a few kilobytes, and a full
 # collection holds the loop for milliseconds (63 ms in a test process's heap). Without it a
-# sparse client, its one counter expiring before its next request, set one off nearly
-# every request.
+# few clients gone at once (five counters expiring, one coming back) set one off.
 COMPACT_FLOOR = 1024
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _MMAP_THRESHOLD = 128 * 1024  # glibc's initial value
