@@ -167,7 +167,7 @@ class FastRates:
         generic path (the breaker is not closed: the policy's path notes what changes)."""
         policy = self._policy
         breaker = policy.breaker
-        if breaker.failures or breaker.tripped or not policy.healthy:
+        if not policy.steady:
             return None
         store = self._store
         store.expire(now)
@@ -220,7 +220,7 @@ class FastMemory:
         done, when it is for the generic path (the breaker is not closed)."""
         policy = self._policy
         breaker = policy.breaker
-        if breaker.failures or breaker.tripped or not policy.healthy:
+        if not policy.steady:
             return None
         plan, request = self._plan, self._request
         tally = self._tally
@@ -310,7 +310,7 @@ class FastLeased:
         breaker not closed, a wait on the store stalled: the policy's path)."""
         policy = self._policy
         breaker = policy.breaker
-        if breaker.failures or breaker.tripped or not policy.healthy:
+        if not policy.steady:
             return None
         if breaker.stalled(now, policy.waits) is not None:
             return None

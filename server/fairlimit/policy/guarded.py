@@ -79,6 +79,13 @@ class FailurePolicy:
         return None if self.alone is None else self.alone.local
 
     @property
+    def steady(self) -> bool:
+        """Whether a store's answer changes nothing here (else ``_state`` notes it): no
+        failure counted, not tripped, healthy. The one-step paths decide only then."""
+        breaker = self.breaker
+        return not (breaker.failures or breaker.tripped or not self.healthy)
+
+    @property
     def admits_now(self) -> Callable[[Plan, float], Outcome] | None:
         """``admit`` as a plain function, when the store never waits (a flow calls it
         without a coroutine); None when ``admit`` is to be awaited."""
@@ -202,7 +209,7 @@ class FailurePolicy:
             return None
         breaker = self.breaker
         breaker.answered_at = self._now()
-        if breaker.failures or breaker.tripped or not self.healthy:
+        if not self.steady:
             self._state(None)
         return answer
 
@@ -252,7 +259,7 @@ class FailurePolicy:
             return Unlimited(True, (), (), ())
         breaker = self.breaker
         breaker.answered_at = at
-        if breaker.failures or breaker.tripped or not self.healthy:
+        if not self.steady:
             self._state(None)
         return outcome
 
