@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fairlimit.core import lease
-from fairlimit.core.admission import UNLIMITED_REMAINING, Code, Said, overall
+from fairlimit.core.admission import UNLIMITED_REMAINING, Code, Outcome, Said, overall
 from fairlimit.core.keys import key_path
 from fairlimit.core.plan import Plan
 from fairlimit.core.request import Request
@@ -186,6 +186,18 @@ class FastRates:
         return part.answer(counts, overs, admitted, now)
 
 
+def _decided(plan: Plan, request: Request, outcome: Outcome, now: float, said: Said,
+             telemetry: Telemetry, shadow: bool) -> Decision:  # fmt: skip
+    """The rates flow's decision of what the store admitted (flows/rates.py): the statuses
+    (moved from ``said`` when they can be), counted by telemetry, and the overall code (no
+    quota rule on a one-step path: nothing to charge again), OK whatever it says in shadow
+    mode. No backend_seconds: only a traced call's span reads it, and those go the long way."""
+    statuses = statuses_of(plan, outcome, now, said)
+    code = Code.OK if shadow else overall(statuses, False)
+    telemetry.decided(request, statuses, now, plan)
+    return Decision(code, statuses)
+
+
 class FastMemory:
     """The rates flow's decision of one prepared request of any other plan on this
     process's memory store (a cap, a sliding, GCRA or calendar limit, a shadow level, a
@@ -228,11 +240,7 @@ class FastMemory:
             tally.add(request, plan)
         outcome = self._admit(plan, now)
         breaker.answered_at = now  # the store answered, as the policy notes it
-        statuses = statuses_of(plan, outcome, now, self._said)
-        code = overall(statuses, False)  # no quota rule here: nothing to charge again
-        self._telemetry.decided(request, statuses, now, plan)
-        # no backend_seconds: only a traced call's span reads it, and those go the long way
-        return Decision(code, statuses)
+        return _decided(plan, request, outcome, now, self._said, self._telemetry, False)
 
 
 def fast(
@@ -326,12 +334,8 @@ class FastLeased:
         part = self._plain
         if part is not None:
             return part.answer(outcome.counts, self._clear, True, at)
-        statuses = statuses_of(plan, outcome, now, self._said)
-        code = overall(statuses, False)  # no quota rule here: nothing to charge again
-        self._telemetry.decided(self._request, statuses, now, plan)
-        code = Code.OK if self._shadow else code
-        # no backend_seconds: only a traced call's span reads it, and those go the long way
-        return Decision(code, statuses)
+        return _decided(plan, self._request, outcome, now, self._said, self._telemetry,
+                        self._shadow)  # fmt: skip
 
 
 def leased(
