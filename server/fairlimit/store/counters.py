@@ -9,9 +9,7 @@ from fairlimit.core.plan import Counter, Plan
 from fairlimit.core.smooth import gcra_charged, gcra_count, part, sliding_full_at
 from fairlimit.core.units import SLIDING_PARTS, Algorithm, bounds, window_start
 from fairlimit.store.deadlines import Deadlines, Due
-from fairlimit.store.sweep import COMPACT_FLOOR
-
-_SHRINK = 4  # compact the counter table once it holds under a quarter of its high mark
+from fairlimit.store.sweep import worth_compacting
 
 
 class MemoryCounter:
@@ -170,9 +168,8 @@ class MemoryCounters:
 
     @property
     def compact_due(self) -> bool:
-        """Whether the counter table holds under a quarter of its high mark, and that mark
-        is worth a full collection (COMPACT_FLOOR)."""
-        return self._high >= COMPACT_FLOOR and len(self.table) * _SHRINK < self._high
+        """Whether the counter table is to be compacted (store/sweep.py)."""
+        return worth_compacting(len(self.table), self._high)
 
     def compact(self) -> None:
         """Copy the counter table into one of its live size (a dict never gives back the

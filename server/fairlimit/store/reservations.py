@@ -15,10 +15,9 @@ the table it grew to (bench/expiry.py --reservations).
 from dataclasses import dataclass
 
 from fairlimit.store.deadlines import Deadlines, Due
-from fairlimit.store.sweep import COMPACT_FLOOR
+from fairlimit.store.sweep import worth_compacting
 
 MAX_RECORDS = 200_000
-_SHRINK = 4  # compact once the table holds under a quarter of its high mark
 
 
 @dataclass(slots=True)
@@ -66,7 +65,7 @@ class MemoryReservations:
 
     @property
     def compact_due(self) -> bool:
-        return self._high >= COMPACT_FLOOR and len(self._records) * _SHRINK < self._high
+        return worth_compacting(len(self._records), self._high)
 
     def compact(self) -> None:
         """Copy the table into one of its live size (after most records expired)."""

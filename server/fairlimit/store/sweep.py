@@ -25,6 +25,13 @@ RELEASE_STEP = 65_536  # expired objects freed at once (2 a counter: about 10 ms
 # collection holds the loop for milliseconds (63 ms in a test process's heap). Without it a
 # few clients gone at once (five counters expiring, one coming back) set one off.
 COMPACT_FLOOR = 1024
+_SHRINK = 4  # compact a table once it holds under a quarter of its high mark
+
+
+def worth_compacting(size: int, high: int) -> bool:
+    """Whether a table holding ``size`` entries, ``high`` at most since it was last
+    compacted, is to be copied to its live size (and the memory handed back)."""
+    return high >= COMPACT_FLOOR and size * _SHRINK < high
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _MMAP_THRESHOLD = 128 * 1024  # glibc's initial value
 
