@@ -37,6 +37,7 @@ from fairlimit.limiter import BREAK_SECONDS, Limiter
 from fairlimit.store import open_store
 from fairlimit.store.memory import MemoryStore
 from fairlimit.store.redis import RedisStore, parse_url, script
+from fairlimit.store.redis.packing import PackedSentinelConnection, PackedSSLConnection
 from helpers import FakeClock, desc, load_text, req
 from redis_servers import (
     SUITE_TIMEOUT,
@@ -877,6 +878,8 @@ class TestConnections:
         plan = plan_of(matcher, desc("user=u1"))
         try:
             admitted = [(await store.admit(plan, 0.0)).admitted for _ in range(4)]
+            pool = store._client.connection_pool  # type: ignore[attr-defined]
+            assert pool.connection_class is PackedSentinelConnection  # store/redis/packing.py
         finally:
             await store.close()
             del store
@@ -903,6 +906,8 @@ class TestConnections:
         stores = [open_store(mutual), open_store(base)]
         try:
             assert (await stores[0].admit(plan, 0.0)).admitted
+            pool = stores[0]._client.connection_pool  # type: ignore[attr-defined]
+            assert pool.connection_class is PackedSSLConnection  # store/redis/packing.py
             with pytest.raises(StoreUnavailable) as refused:  # no client certificate
                 await stores[1].admit(plan, 0.0)
             # refused by the server, not timed out: TLS 1.3's certificate_required alert, or

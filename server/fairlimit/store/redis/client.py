@@ -11,7 +11,7 @@ from urllib.parse import parse_qsl, unquote
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import BlockingConnectionPool, Connection, SSLConnection
+from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
@@ -21,6 +21,12 @@ from redis.exceptions import RedisClusterException, RedisError
 from fairlimit.errors import StoreUnavailable, UnsupportedBackend
 from fairlimit.store import deadline
 from fairlimit.store.base import REDIS_SCHEMES
+from fairlimit.store.redis.packing import (
+    PackedConnection,
+    PackedSentinelConnection,
+    PackedSentinelSSLConnection,
+    PackedSSLConnection,
+)
 
 # What a Redis client raises when it cannot answer; RedisClusterException (no node
 # reachable, a slot without a master) is not a RedisError.
@@ -198,7 +204,14 @@ def client_for(u: RedisUrl) -> "aioredis.Redis | RedisCluster":
     if u.scheme == "redis+cluster":
         nodes = [ClusterNode(h, p) for h, p in u.hosts]
         limit = u.options.max_connections
-        return RedisCluster(startup_nodes=nodes, max_connections=limit, **_common(u), **tls_kwargs)
+        cluster = RedisCluster(
+            startup_nodes=nodes, max_connections=limit, **_common(u), **tls_kwargs
+        )
+        # RedisCluster takes no connection class: each node it finds is made from these
+        # keyword arguments (store/redis/packing.py; a test checks its nodes' connections).
+        kwargs = cluster.get_connection_kwargs()
+        kwargs["connection_class"] = PackedSSLConnection if tls else PackedConnection
+        return cluster
     # One immediate retry: a pooled connection that died with the server is replaced at
     # once; a server that is really down still fails within the timeout. Not on a timeout:
     # the call was sent and Redis may run it yet (a script answered late, on a loaded
@@ -215,7 +228,7 @@ def client_for(u: RedisUrl) -> "aioredis.Redis | RedisCluster":
         db=_db(u),
         max_connections=u.options.max_connections,
         timeout=u.options.timeout,  # waiting for a free connection counts against the budget
-        connection_class=SSLConnection if tls else Connection,
+        connection_class=PackedSSLConnection if tls else PackedConnection,
         **common,
         **(_tls(u) if tls else {}),
     )
@@ -242,6 +255,10 @@ def _sentinel_client(
     watchers = {"socket_timeout": u.options.timeout, "password": u.query.get("sentinel_password")}
     sentinel = Sentinel(list(u.hosts), sentinel_kwargs=watchers, **common)
     client: aioredis.Redis = sentinel.master_for(
-        service, db=_db(u), max_connections=u.options.max_connections, **tls_kwargs
+        service,
+        db=_db(u),
+        max_connections=u.options.max_connections,
+        connection_class=PackedSentinelSSLConnection if tls_kwargs else PackedSentinelConnection,
+        **tls_kwargs,
     )
     return client
