@@ -172,7 +172,8 @@ def _stream_constant() -> None:
 def _guarded_constant() -> None:
     from fairlimit.grpc_api import servicer
 
-    answer = servicer.rls_pb2.RateLimitResponse(overall_code=1)
+    # what _answer gives back: the response's bytes and its code's name
+    answer = (servicer.rls_pb2.RateLimitResponse(overall_code=1).SerializeToString(), "OK")
 
     async def constant(self: object, payload: bytes, span: object, remaining: object) -> object:
         return answer
