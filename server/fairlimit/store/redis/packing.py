@@ -37,16 +37,14 @@ class PackedConnection(Connection):
         return packed(self, args) or super().pack_command(*args)
 
 
-class PackedSSLConnection(SSLConnection):
-    def pack_command(self, *args: EncodableT) -> list[bytes]:
-        return packed(self, args) or super().pack_command(*args)
+# the same packing before redis-py's other connection classes (each a Connection)
+class PackedSSLConnection(PackedConnection, SSLConnection):
+    pass
 
 
-class PackedSentinelConnection(SentinelManagedConnection):
-    def pack_command(self, *args: EncodableT) -> list[bytes]:
-        return packed(self, args) or super().pack_command(*args)
+class PackedSentinelConnection(PackedConnection, SentinelManagedConnection):
+    pass
 
 
-class PackedSentinelSSLConnection(SentinelManagedSSLConnection):
-    def pack_command(self, *args: EncodableT) -> list[bytes]:
-        return packed(self, args) or super().pack_command(*args)
+class PackedSentinelSSLConnection(PackedConnection, SentinelManagedSSLConnection):
+    pass
