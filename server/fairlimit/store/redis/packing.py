@@ -1,13 +1,15 @@
 """Redis connections whose commands hiredis packs in one C call.
 
 redis-py (8.x) gives hiredis's ``pack_command`` the arguments only after encoding each one
-in Python (a generator and five type checks an argument). An admit script call carries
-40-odd arguments: packing it took ~36 µs that way and ~7 µs in hiredis alone
-(docs/benchmarks.md, "Commands packed by hiredis"). hiredis packs str (UTF-8, strict), int,
-float and bytes to the same bytes as redis-py (tests/store/test_redis_packing.py compares
-them); anything else (a memoryview, a bool, None), a command name with a space in it
-("CONFIG GET", which redis-py splits) and a connection with another encoding go redis-py's
-way, which packs or refuses them as it always has.
+in Python (a generator and up to five type checks an argument). An admit script call
+carries the plan's limits, caps and client rows as arguments, 48 for a client under a fair
+cap: packed that way it cost ~70 µs of CPU more than packed by hiredis alone
+(bench/packing.py; docs/benchmarks.md, "Commands packed by hiredis"). hiredis packs str
+(UTF-8, strict), int, float and bytes to the same bytes as redis-py
+(tests/store/test_redis_packing.py compares them); anything else (a memoryview, a bool,
+None), a command name with a space in it ("CONFIG GET", which redis-py splits) and a
+connection with another encoding go redis-py's way, which packs or refuses them as it
+always has.
 """
 
 from hiredis import pack_command as _hiredis_pack  # redis[hiredis], a dependency
