@@ -6,14 +6,13 @@ code's name, so every call of the rung failed with UNKNOWN. Each rung here start
 ladder starts it and answers its route's hot client once; no figure is judged.
 """
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from helpers import ROOT
+from helpers import bench_module
 
 pytestmark = pytest.mark.process
 
@@ -23,13 +22,8 @@ PATCHED = ("server", "guards", "server-stream", "handler", "cap-histogram", "cap
 
 @pytest.fixture
 def ladder() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import ladder as module
-
+    with bench_module("ladder") as module:
         yield module
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
 
 
 def test_the_rungs_here_are_those_patched(ladder: ModuleType) -> None:

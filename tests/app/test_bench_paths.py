@@ -6,24 +6,17 @@ call, on a task: the bench drove it bare and stopped with "no running event loop
 here rather than in the next benchmark run. No figure is judged.
 """
 
-import sys
-
 import pytest
 
-from helpers import ROOT
+from helpers import bench_module
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
 def inproc():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import inproc as module
-
+    with bench_module("inproc") as module:
         yield module
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
 
 
 def test_the_servicer_path_runs(inproc) -> None:  # type: ignore[no-untyped-def]

@@ -10,8 +10,10 @@ import importlib
 import json
 import os
 import shutil
+import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
@@ -40,6 +42,17 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 STARTUP_SECONDS = 60.0
 
 LimiterFactory = Callable[..., Limiter]
+
+
+@contextmanager
+def bench_module(name: str) -> Iterator[ModuleType]:
+    """bench/``name``.py imported with bench/ on ``sys.path`` (the bench's modules import
+    each other by name) while the block runs, taken off it after."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
 
 
 def desc(*pairs: str, hits: int | None = None, limit: RateLimit | None = None) -> Descriptor:
