@@ -13,7 +13,6 @@ the least and the median of the rounds.
 
 import argparse
 import asyncio
-import shutil
 import statistics
 import sys
 import tempfile
@@ -39,9 +38,10 @@ from fairlimit.store.redis.script import ADMIT  # noqa: E402
 
 CONFIG = ROOT / "bench" / "bench.yaml"
 CALLS = 2000  # a round's calls of one kind
+Call = tuple[list[str], list[str | int]]  # an admit call's keys and arguments
 
 
-def admit_call(route: str) -> tuple[list[str], list[str | int]]:
+def admit_call(route: str) -> Call:
     """The keys and arguments fairlimit's admit script gets for ``route``'s hot client."""
     matcher = Matcher(load([CONFIG]).config)
     request = Request("edge", (Descriptor((("route", route), ("client_id", "hot"))),))
@@ -51,14 +51,14 @@ def admit_call(route: str) -> tuple[list[str], list[str | int]]:
     return script.keys(ADMIT, group), args
 
 
-async def measure(port: int, rounds: int) -> dict[tuple[str, str], list[float]]:
+async def measure(port: int, rounds: int, calls: dict[str, Call]
+                  ) -> dict[tuple[str, str], list[float]]:  # fmt: skip
     clients = {
         name: aioredis.Redis.from_pool(BlockingConnectionPool(
             port=port, connection_class=cls, decode_responses=True, max_connections=2))
         for name, cls in (("redis-py", Connection), ("fairlimit", PackedConnection))
     }  # fmt: skip
     sha = await clients["redis-py"].script_load("return 1")
-    calls = {route: admit_call(route) for route in ("public", "plain")}
     cpu: dict[tuple[str, str], list[float]] = {(n, r): [] for n in clients for r in calls}
     for _ in range(rounds):
         for name, client in clients.items():
@@ -78,22 +78,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
-    binary = shutil.which("redis-server")
+    binary = procs.ensure_debian_package("redis-server", "redis-server")
     if binary is None:
         sys.exit("redis-server is not on PATH (Debian package redis-server)")
+    calls = {route: admit_call(route) for route in ("public", "plain")}
     with tempfile.TemporaryDirectory() as tmp:
         redis = procs.Redis(binary, Path(tmp))
         try:
             with asyncio.Runner(loop_factory=loop_factory()) as runner:  # as `serve` runs
-                cpu = runner.run(measure(redis.port, args.rounds))
+                cpu = runner.run(measure(redis.port, args.rounds, calls))
         finally:
             redis.stop()
     print(f"EVALSHA of `return 1` with an admit call's keys and arguments, {args.rounds} "
           f"rounds of {CALLS} calls in turns; main thread CPU µs per call")  # fmt: skip
     print(f"{'route':8} {'arguments':>9}  {'redis-py least / median':>24}  "
           f"{'fairlimit least / median':>25}")  # fmt: skip
-    for route in ("public", "plain"):
-        n = len(admit_call(route)[1])
+    for route, (_, arguments) in calls.items():
+        n = len(arguments)
         stock, ours = cpu[("redis-py", route)], cpu[("fairlimit", route)]
         print(f"{route:8} {n:>9}  {min(stock):>11.1f} / {statistics.median(stock):>10.1f}  "
               f"{min(ours):>12.1f} / {statistics.median(ours):>10.1f}")  # fmt: skip
