@@ -52,6 +52,8 @@ descriptors:
     descriptors:
       - key: client_id
         rate_limit: {unit: second, requests_per_unit: 10000}
+  - key: bulk
+    rate_limit: {unit: second, requests_per_unit: 1000000}
   - key: route
     value: shadowed
     shadow_mode: true
@@ -224,6 +226,53 @@ class TestRule:
         leases.keep(plan, key, Outcome(True, (0, 0), (0,), (9.0,), T0 + 0.9), 5, None, 50.0)
         assert leases.take(plan, key, 50.09) is not None
         assert leases.take(plan, key, 50.1) is None
+
+    def test_the_next_block_keeps_the_rate_of_those_before(self, tmp_path: Path) -> None:
+        """A block used at 1,000/s, then one granted 10 ms before its window ended that
+        served nothing: 12 ms into the next window its shape still asks for about
+        LEASE_SECONDS at 1,000/s (its own idle 12 ms and the rate before for the rest),
+        not for one hit, and a block that ended (swept) is sized the same way."""
+        from fairlimit.core.admission import Outcome
+
+        matcher = Matcher(load_text(tmp_path, CONFIG).config)
+        plan = make_plan(req("edge", desc("bulk=b")), matcher)  # windows of a second
+        leases = lease.Leases("c1", margin=0.0)
+        key = lease.shape(plan)
+        leases.keep(plan, key, Outcome(True, (0,), (), (), T0 + 0.79), 500, None, 0.0)
+        for _ in range(200):
+            assert leases.take(plan, key, 0.1) is not None
+        leases.keep(plan, key, Outcome(True, (200,), (), (), T0 + 0.99), 3, None, 0.2)
+        # (0 + 1000 x 0.188) / 0.2 hits a second, for 0.2 s (and float rounding, up)
+        assert leases.want(plan, key, 0.212) in (188, 189)
+        leases.expired(0.212)
+        assert not leases.blocks
+        assert leases.want(plan, key, 0.212) in (188, 189)
+
+    @pytest.mark.parametrize(
+        ("store_at", "want"),
+        [
+            (0.994, 0),  # 6 ms left, less than the margin's 10: none
+            (1.005, 0),  # past the end by the offset, not by the offset less the call's 20 ms
+            (1.03, 200),  # past it either way: the next window's LEASE_SECONDS at 1,000/s
+        ],
+    )
+    def test_no_block_while_the_window_may_not_have_ended(
+        self, tmp_path: Path, store_at: float, want: int
+    ) -> None:
+        """A block granted at 0.5 s into a second by a call that took 20 ms: the store's
+        clock now is the grant's moved on by the consumer's, or up to 20 ms less. A block
+        asked for while the window may still run at the store would be sized by that
+        window and end before it is used."""
+        from fairlimit.core.admission import Outcome
+
+        matcher = Matcher(load_text(tmp_path, CONFIG).config)
+        plan = make_plan(req("edge", desc("bulk=b")), matcher)
+        leases = lease.Leases("c1", margin=0.01)
+        key = lease.shape(plan)
+        leases.keep(plan, key, Outcome(True, (0,), (), (), T0 + 0.5), 1000, None, 0.0, 0.02)
+        for _ in range(int((store_at - 0.5) * 1000)):  # 1,000/s since the grant
+            assert leases.take(plan, key, 0.1) is not None
+        assert leases.want(plan, key, store_at - 0.5) == want
 
 
 @pytest.fixture

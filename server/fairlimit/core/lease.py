@@ -10,12 +10,15 @@ take a new block.
 
 The block's size (``size``; lua/admit/lease.lua computes the same):
 
-- at most the consumer's ``want``: about ``LEASE_SECONDS`` of its own demand on the plan,
-  from what it used of its last block (``MIN_WANT`` for a first one, at most ``max_block``),
-  and no more than it will use before the first of the plan's windows ends; none at the
-  first request of a plan, nor at one after ``RECENT`` seconds without a request or a
-  block: a client that asks once takes no block it would leave unused (given back, that
-  was a second store call for its one request);
+- at most the consumer's ``want``: about ``LEASE_SECONDS`` of its own demand on the plan
+  (``pace``: what it used of its last block, and the rate before it for the rest of
+  LEASE_SECONDS; ``MIN_WANT`` for a first one, at most ``max_block``), and no more than
+  it will use before the first of the plan's windows ends, less ``margin`` (none while
+  that window may not have ended at the store: its clock is known up to how long the
+  last grant's call took); none at the first request of a plan, nor at one after
+  ``RECENT`` seconds without a request or a block: a client that asks once takes no
+  block it would leave unused (given back, that was a second store call for its one
+  request);
 - at each counter, at most ``(limit - count - hits) / (2 x holders)``, ``holders`` the
   consumers holding blocks of that counter in this window: what is left is never reserved
   away by one consumer, and when little is left every request takes the exact path;
@@ -170,6 +173,21 @@ class Block:
     used: int = 0
     levels: tuple[str, ...] = ()  # its plan's ``levels``
     marks: tuple[int, ...] = ()  # the version of each of them at the grant
+    rate: float | None = None  # hits a second its shape was used at before it (``pace``)
+    spread: float = 0.0  # how long its grant's call took: ``offset`` is up to that late
+
+
+def pace(block: Block, base: float) -> float:
+    """Hits a second the shape of ``block`` is used at by ``base``: over about the last
+    LEASE_SECONDS, its own use since its grant and, for the part of them before it, the
+    rate it was granted with (a block granted just now, or one that served little before
+    its window ended, does not make the shape look idle); its own use alone when that
+    rate is not known (the first block of a shape)."""
+    life = max(base - block.taken_at, 0.001)
+    if block.rate is None:
+        return block.used / life
+    before = max(0.0, LEASE_SECONDS - life)
+    return (block.used + block.rate * before) / (life + before)
 
 
 class Leases:
@@ -180,8 +198,10 @@ class Leases:
         self.margin = margin
         self.max_block = max_block
         self.blocks: dict[tuple[str, ...], Block] = {}
-        # shapes without a block: when last asked at the store or last holding one
+        # shapes without a block: when last asked at the store or last holding one, and
+        # the block that ended then (until the next is kept, or RECENT has passed)
         self.seen: dict[tuple[str, ...], float] = {}
+        self.ended: dict[tuple[str, ...], Block] = {}
         # per level (``levels``): the shape that last charged it here, and how often that
         # changed; a block is seen through its own shape only, so another shape's charge
         # makes it stale (what it tells of the level, hence ``remaining``, would be old)
@@ -292,16 +312,24 @@ class Leases:
         if self.shared(plan, key, base):
             return 0  # a block would go stale at another shape's next charge
         block = self.blocks.get(key)
+        least = 1
         if block is None:
             last = self.seen.get(key)
             self.seen[key] = base
             if last is None or base - last > RECENT:
                 return 0  # its first request (for a while): maybe its only one
-            return min(MIN_WANT, self.max_block)
-        rate = block.used / max(base - block.taken_at, 0.001)
-        now = base + block.offset  # the store's clock
-        horizon = max(0.0, min(LEASE_SECONDS, _first_end(plan, now) - now))
-        return min(self.max_block, max(1, math.ceil(rate * horizon)))
+            block = self.ended.get(key)
+            if block is None:
+                return min(MIN_WANT, self.max_block)
+            least = MIN_WANT  # its block just ended
+        # the store's clock is at most ``now`` (the offset was taken before the grant's
+        # call), and at least ``spread`` less: while a window may not have ended there,
+        # its end is the one that counts
+        now = base + block.offset
+        horizon = min(LEASE_SECONDS, _first_end(plan, now - block.spread) - now - self.margin)
+        if horizon <= 0:
+            return 0  # a block now would end before it is used
+        return min(self.max_block, max(least, math.ceil(pace(block, base) * horizon)))
 
     def keep(
         self,
@@ -311,25 +339,31 @@ class Leases:
         granted: int,
         ref: object,
         base: float,
+        reply: float | None = None,
     ) -> Block | None:
         """Keep the block of ``granted`` hits the store reserved with ``outcome`` (its
-        clock in ``outcome.now``); returns the block it replaces when that one still has
-        room, expired or not (for the caller to give back: once replaced, no sweep finds
-        it)."""
+        clock in ``outcome.now``; the consumer's was ``base`` when the call was made and
+        ``reply`` when it answered); returns the block it replaces when that one still
+        has room, expired or not (for the caller to give back: once replaced, no sweep
+        finds it)."""
         assert outcome.now is not None
         now = outcome.now
         until = base + min(_first_end(plan, now) - now - self.margin, LEASE_TTL)
         counts = [n + c.hits for n, c in zip(outcome.counts, plan.counters, strict=True)]
         shared = [n + s.hits for n, s in zip(outcome.shared, plan.shares, strict=True)]
         old = self.blocks.get(key)
+        before = old if old is not None else self.ended.pop(key, None)
+        rate = pace(before, base) if before is not None else None
         self.seen.pop(key, None)
         self.note(plan, key, base)
         named = tuple(levels(plan))
         marks = tuple(self.version.get(level, 0) for level in named)
         for level in named:
             self.holders.setdefault(level, set()).add(key)
+        spread = 0.0 if reply is None else max(0.0, reply - base)
         self.blocks[key] = Block(ref, until, granted, counts, shared, outcome.bounds, base,
-                                 now - base, levels=named, marks=marks)  # fmt: skip
+                                 now - base, levels=named, marks=marks, rate=rate,
+                                 spread=spread)  # fmt: skip
         if old is not None and old.room > 0:
             return old
         return None
@@ -342,10 +376,12 @@ class Leases:
         for k in gone:
             block = self.blocks.pop(k)
             self.seen[k] = base  # its next request may take a block at once
+            self.ended[k] = block  # sized by its use
             if block.room > 0:
                 out.append(block)
         for k in [k for k, t in self.seen.items() if base - t > RECENT]:
             del self.seen[k]
+            self.ended.pop(k, None)
         # what is known of levels no block holds and no shape took over within RECENT
         self.holders = {}
         for k, block in self.blocks.items():
@@ -365,6 +401,7 @@ class Leases:
         out = [b for b in self.blocks.values() if b.room > 0]
         self.blocks.clear()
         self.seen.clear()
+        self.ended.clear()
         self.writer.clear()
         self.version.clear()
         self.changed.clear()

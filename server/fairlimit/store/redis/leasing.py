@@ -152,7 +152,9 @@ class Leasing:
             combined = combine(plan, [g], [seen], seen.admitted)
             if seen.block > 0:
                 ref = _Granted(plan, g, repr(seen.now))
-                old = self.leases.keep(plan, shape, combined.outcome, seen.block, ref, base)
+                reply = None if self._caller_clock else time.monotonic()
+                old = self.leases.keep(plan, shape, combined.outcome, seen.block, ref, base,
+                                       reply)  # fmt: skip
                 if old is not None:
                     await self._aside(self._give_back([old]))
         finally:
