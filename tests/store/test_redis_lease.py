@@ -274,6 +274,28 @@ class TestRule:
             assert leases.take(plan, key, 0.1) is not None
         assert leases.want(plan, key, store_at - 0.5) == want
 
+    def test_a_request_that_waited_for_its_block_is_admitted_past_its_end(
+        self, tmp_path: Path
+    ) -> None:
+        """A block granted in a window's last moments ends before it is kept; the requests
+        that waited for its call since before it was sent are admitted from it (they came
+        before its script ran), others are not, and the waiters do not count as its rate."""
+        from fairlimit.core.admission import Outcome
+
+        matcher = Matcher(load_text(tmp_path, CONFIG).config)
+        plan = make_plan(req("edge", desc("bulk=b")), matcher)
+        leases = lease.Leases("c1", margin=0.005)
+        key = lease.shape(plan)
+        leases.keep(plan, key, Outcome(True, (0,), (), (), T0 + 0.998), 2, None, 50.0)
+        block = leases.blocks[key]
+        assert block.until < 50.0
+        assert leases.take(plan, key, 50.001) is None
+        other = lease.Block(None, 60.0, 5, [0], [], (), 50.0, 0.0)
+        assert leases.take(plan, key, 50.001, other) is None
+        outcome = leases.take(plan, key, 50.001, block)
+        assert outcome is not None and outcome.admitted and outcome.counts == (1,)
+        assert (block.room, block.used) == (1, 0)
+
 
 @pytest.fixture
 def lease_store_factory(redis_server: RedisProcess) -> StoreFactory:
@@ -318,6 +340,14 @@ def _leasing(limiter: Limiter) -> Leasing:
 
 def _leases(limiter: Limiter) -> lease.Leases:
     return _leasing(limiter).leases
+
+
+def _evalsha_calls(redis_server: RedisProcess) -> int:
+    """EVALSHA calls made since the stats were reset (one failing NOSCRIPT, before the
+    script is loaded, is not a call made)."""
+    with redis_server.client() as client:
+        evalsha = client.info("commandstats").get("cmdstat_evalsha", {})
+    return int(evalsha.get("calls", 0)) - int(evalsha.get("failed_calls", 0))
 
 
 async def _close(limiters: list[Limiter]) -> None:
@@ -382,6 +412,101 @@ class TestPlainCounters:
             assert min(admitted) > 0
         finally:
             await _close(replicas)
+
+    async def test_a_burst_waits_for_one_block_call_asking_for_all_of_it(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """40 concurrent requests of a client whose first block (MIN_WANT hits) is being
+        taken: two script calls for them (the call that takes the first block; one more
+        for the requests the block left, asking for their hits), not one each."""
+        (replica,), _ = await _replicas(tmp_path, lease_store_factory, 1)
+        try:
+            assert await _ask_key(replica, "bulk", "burst")
+            with redis_server.client() as client:
+                client.config_resetstat()
+            answers = await asyncio.gather(*(_ask_key(replica, "bulk", "burst") for _ in range(40)))
+            assert all(answers)
+            assert _evalsha_calls(redis_server) == 2
+        finally:
+            await _close([replica])
+
+    async def test_a_burst_at_a_windows_end_is_admitted_by_two_calls(
+        self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
+    ) -> None:
+        """On Redis's clock, with a margin longer than the window (every block ends before
+        it is granted, as in a window's last moments): 30 concurrent requests make two
+        admission calls, the first request's (taking a first block, of MIN_WANT hits,
+        which ends before it is granted) and one for the 28 that waited for it: they are
+        admitted from its block, granted after they came; and one call gives the first
+        block back. Redis counts each admitted hit."""
+        (replica,), _ = await _replicas(tmp_path, lease_store_factory, 1, clock="redis")
+        _leases(replica).margin = 10.0
+        try:
+            assert await _ask_key(replica, "bulk", "late")
+            with redis_server.client() as client:
+                client.config_resetstat()
+            answers = await asyncio.gather(*(_ask_key(replica, "bulk", "late") for _ in range(30)))
+            assert all(answers)
+            assert _evalsha_calls(redis_server) == 3
+            assert not _leases(replica).blocks or all(
+                b.room == 0 for b in _leases(replica).blocks.values()
+            )
+        finally:
+            await _close([replica])
+        with redis_server.client() as client:  # the counter of each window the run saw
+            counted = [int(client.hget(k, "n") or 0) for k in client.keys("*bulk=late*")]
+        assert sum(counted) == 31
+
+    async def test_requests_waiting_on_a_call_never_made_go_on(
+        self, tmp_path: Path, lease_store_factory: StoreFactory
+    ) -> None:
+        """A client over its limit (100 a minute), known over here: a burst of 20 is
+        refused by the over-limit cache, the request that would have taken its block call
+        on included; none waits for that call (each would hang until its deadline)."""
+        (replica,), _ = await _replicas(tmp_path, lease_store_factory, 1)
+
+        async def run() -> None:
+            admitted = [await _ask(replica, "over") for _ in range(LIMIT + 5)]
+            assert sum(admitted) == LIMIT
+            assert not any(await asyncio.gather(*(_ask(replica, "over") for _ in range(20))))
+
+        try:
+            await asyncio.wait_for(run(), 10.0)
+            assert not _leasing(replica)._refills
+        finally:
+            await _close([replica])
+
+    async def test_requests_cancelled_anywhere_leave_no_call_to_wait_for(
+        self, tmp_path: Path, lease_store_factory: StoreFactory
+    ) -> None:
+        """Bursts of 30 concurrent requests of one client, all cancelled (their caller's
+        deadline) after 0 to 59 loop passes, then after 0.1 to 6 ms: at any point of
+        their way, waiting for a block call, taking one on, making it. After each burst
+        no block call is left out for the next requests to wait for, and the next request
+        is answered (a call left out would hold every later request of the client until
+        its deadline)."""
+        (replica,), clock = await _replicas(tmp_path, lease_store_factory, 1)
+        leasing = _leasing(replica)
+
+        async def burst(passes: int, seconds: float) -> None:
+            asks = [asyncio.create_task(_ask_key(replica, "bulk", "cut")) for _ in range(30)]
+            for _ in range(passes):
+                await asyncio.sleep(0)
+            await asyncio.sleep(seconds)
+            for ask in asks:
+                ask.cancel()
+            await asyncio.gather(*asks, return_exceptions=True)
+            assert not leasing._refills, (passes, seconds)
+            assert await asyncio.wait_for(_ask_key(replica, "bulk", "cut"), 5.0)
+            clock.advance(0.3 if passes % 3 == 0 else 0.01)  # blocks end now and then
+
+        try:
+            for passes in range(60):
+                await burst(passes, 0.0)
+            for tenths in range(1, 61):
+                await burst(0, tenths / 10_000)
+        finally:
+            await _close([replica])
 
     async def test_a_lost_replica_never_lets_the_other_over(
         self, tmp_path: Path, lease_store_factory: StoreFactory

@@ -18,7 +18,10 @@ The block's size (``size``; lua/admit/lease.lua computes the same):
   last grant's call took); none at the first request of a plan, nor at one after
   ``RECENT`` seconds without a request or a block: a client that asks once takes no
   block it would leave unused (given back, that was a second store call for its one
-  request);
+  request). The store layer adds the hits of the requests that wait for the call
+  (store/redis/leasing.py: one block call of a shape at a time; the requests that come
+  meanwhile, and those a block cannot serve, wait for the next and are admitted from
+  it);
 - at each counter, at most ``(limit - count - hits) / (2 x holders)``, ``holders`` the
   consumers holding blocks of that counter in this window: what is left is never reserved
   away by one consumer, and when little is left every request takes the exact path;
@@ -57,7 +60,10 @@ What it guarantees:
 
 - **Never over-admission.** A block is charged before it is used, so every hit a consumer
   admits from it was counted at every level first, in the window it is used in (a block
-  expires ``margin`` before the first of its windows ends). Each window of each counter and
+  expires ``margin`` before the first of its windows ends; a request that waited for the
+  block's call since before it was sent is admitted from it even after that: it came
+  before the call's script ran, in the window the block was charged in, and is admitted
+  as of then, as an exact call would have admitted it). Each window of each counter and
   cap admits at most its limit, with leases as without.
 - **Demand stays visible.** The reserved hits count as the client's demand at the cap
   (``asked``) when they are reserved, so λ sees them; a block given back (``expired``,
@@ -266,18 +272,25 @@ class Leases:
         return all(version.get(level, 0) == mark
                    for level, mark in zip(block.levels, block.marks, strict=True))  # fmt: skip
 
-    def take(self, plan: Plan, key: tuple[str, ...], base: float) -> Outcome | None:
+    def take(
+        self, plan: Plan, key: tuple[str, ...], base: float, waited: Block | None = None
+    ) -> Outcome | None:
         """Admit ``plan`` (of shape ``key``) from its block at the consumer's time ``base``,
-        or None when it has no live block with room for the request's hits."""
+        or None when it has no live block with room for the request's hits. ``waited``: the
+        block granted by the script call this request waited for since before it was sent,
+        which admits it even past the block's end: the request came before the call's
+        script ran, in the window the block was charged in, and is admitted as of then
+        (its hits were asked for it, so they do not count as the rate of ``want``)."""
         block = self.blocks.get(key)
-        if block is None or base >= block.until:
+        if block is None or (base >= block.until and block is not waited):
             return None
         hits = plan.counters[0].hits  # every level's (``eligible``)
         if block.room < max(hits, 1) or not self._fresh(block):
             return None
         counts, shared = tuple(block.counts), tuple(block.shared)
         block.room -= hits
-        block.used += hits
+        if block is not waited:
+            block.used += hits
         block.counts = [n + hits for n in block.counts]
         block.shared = [n + hits for n in block.shared]
         return Outcome(True, counts, shared, block.bounds, base + block.offset)

@@ -2,7 +2,11 @@
 
 With leases (on by default; ``?leases=off``) the exact call of a plan in one slot group may
 also reserve a lease block for this process (core/lease.py states the rule); the plan's
-next requests are then admitted here from it, with no Redis call. Unused blocks go back
+next requests are then admitted here from it, with no Redis call. One call that may take a
+block is out per plan shape at a time; the shape's requests that no block serves meanwhile
+wait for it, and when its block cannot serve them all, one of them makes the next call for
+the others, asking for their hits: a burst, or the requests at a window's turn (where every
+block has ended), costs a call or two, not one each (issue 41). Unused blocks go back
 when they expire (at the plan's next request, or at the sweep every LEASE_TTL) and on
 close. A refusal the over-limit cache answers here owes its forced counters' hits
 (charge_when_over_limit): they are counted at the sweep, before the plan's next script
@@ -25,12 +29,12 @@ from fairlimit.core.plan import Counter, Plan
 from fairlimit.store.redis.client import Options, unavailable
 from fairlimit.store.redis.keys import SlotGroup, slot_groups
 from fairlimit.store.redis.overlimit_cache import OverLimitCache
+from fairlimit.store.redis.refills import Refills, Shape
 from fairlimit.store.redis.replies import Combined, combine
 from fairlimit.store.redis.script import Seen
 
 log = logging.getLogger(__name__)
 
-Shape = tuple[str, ...]
 # The store's calls: the admit script of one slot group (asking for a block), a plan's
 # admission (for the hits a block cannot cover), release.lua of (plan, group, clock, block)
 Run = Callable[[Plan, SlotGroup, str, tuple[str, int]], Awaitable[Seen]]
@@ -67,7 +71,7 @@ class Leasing:
         self.owed = owed.Owed()  # refused hits on their way
         self.offset = 0.0  # the store's clock minus the consumer's, at the last script call
         self.last = 0.0  # the consumer's clock at the last request (the caller's, to close)
-        self._refills: dict[Shape, asyncio.Future[None]] = {}  # block calls out
+        self._refills = Refills(self.leases, self._caller_clock)  # block calls out
         self._sweep_at = -math.inf  # when expired blocks are next given back
         self._sweeping: asyncio.Future[None] | None = None  # a give-back out
 
@@ -81,14 +85,19 @@ class Leasing:
         """``plan`` admitted from a block when it can be; else the shape of its block (None
         when it takes none) and the clock then, the sweep done."""
         shape = None
-        if not plan.reserve and lease.eligible(plan):
-            shape = lease.shape(plan)  # a block first: the over-limit cache may predate it
-            local = await self._from_block(plan, shape, now, base)
-            if local is not None:
-                self._known.admitted(plan)
-                return local, shape, base
-            base = self.base(now)
-        await self._sweep(base)
+        try:
+            if not plan.reserve and lease.eligible(plan):
+                shape = lease.shape(plan)  # a block first: the over-limit cache may predate it
+                local = await self._from_block(plan, shape, now, base)
+                if local is not None:
+                    self._known.admitted(plan)
+                    return local, shape, base
+                base = self.base(now)
+            await self._sweep(base)
+        except BaseException:  # cancelled (its deadline), or the sweep failed
+            if shape is not None:
+                self.abandon(shape)  # the block call it may have taken on
+            raise
         return None, shape, base
 
     def refused(self, plan: Plan, shape: Shape | None, base: float) -> None:
@@ -142,25 +151,32 @@ class Leasing:
     async def leased(self, plan: Plan, g: SlotGroup, now: str, shape: Shape, base: float
                      ) -> Combined:  # fmt: skip
         """The exact call of a plan that may be leased, asking for a block of its shape
-        unless another call for the shape is out asking (core/lease.py)."""
-        taking = shape not in self._refills
-        if taking:
-            self._refills[shape] = asyncio.get_running_loop().create_future()
+        unless another call for the shape is out asking (core/lease.py; for the requests
+        waiting for it too, store/redis/refills.py)."""
+        refill, taking, asked = self._refills.asking(plan, shape, base)
+        old = None
         try:
-            want = self.leases.want(plan, shape, base) if taking else 0
-            seen = await self._run(plan, g, now, (self.leases.consumer, want))
+            seen = await self._run(plan, g, now, (self.leases.consumer, asked))
             combined = combine(plan, [g], [seen], seen.admitted)
             if seen.block > 0:
                 ref = _Granted(plan, g, repr(seen.now))
                 reply = None if self._caller_clock else time.monotonic()
                 old = self.leases.keep(plan, shape, combined.outcome, seen.block, ref, base,
                                        reply)  # fmt: skip
-                if old is not None:
-                    await self._aside(self._give_back([old]))
+            if taking:
+                refill.answered = True
+                refill.block = self.leases.blocks.get(shape) if seen.block > 0 else None
         finally:
             if taking:
-                self._refills.pop(shape).set_result(None)
+                self._refills.settle(shape, refill)
+        if old is not None:
+            await self._aside(self._give_back([old]))
         return combined
+
+    def abandon(self, shape: Shape) -> None:
+        """The block call of ``shape`` this request took on and did not make: its waiters
+        go on without it."""
+        self._refills.abandon(shape)
 
     async def _sweep(self, base: float) -> None:
         """Give back the expired blocks' unused hits and count the refused hits owed, every
@@ -185,17 +201,21 @@ class Leasing:
 
     async def _from_block(self, plan: Plan, shape: Shape, now: float, base: float
                           ) -> Outcome | None:  # fmt: skip
-        """``plan`` admitted from this process's block of its shape; when a call that takes
-        a block for the shape is out, after it returns (one such call at a time: concurrent
-        requests each taking a block would reserve the levels many times over)."""
+        """``plan`` admitted from this process's block of its shape, or from the block of
+        the shape's call out when it waits for it (one such call at a time: concurrent
+        requests each taking a block would reserve the levels many times over); else
+        None, and it may take the next call on (store/redis/refills.py)."""
         local = self.leases.take(plan, shape, base)
         if local is not None:
             return local
-        pending = self._refills.get(shape)
-        if pending is None:
-            return None
-        await asyncio.shield(pending)
-        return self.leases.take(plan, shape, self.base(now))
+        return await self._refills.wait(plan, shape, lambda: self.base(now),
+                                        lambda: self._leasable(plan))  # fmt: skip
+
+    def _leasable(self, plan: Plan) -> bool:
+        """Whether ``plan``'s script call may take a block: its keys in one slot."""
+        if not self._cluster:
+            return True
+        return len(slot_groups(plan, self._options.key_prefix, True)) == 1
 
     async def _give_back(self, blocks: Sequence[lease.Block]) -> None:
         """Return the unused hits of ``blocks`` to every level they were reserved at, demand

@@ -45,6 +45,7 @@ from fairlimit.store.redis.divisions import Divisions
 from fairlimit.store.redis.keys import SlotGroup, slot_groups
 from fairlimit.store.redis.leasing import Leasing
 from fairlimit.store.redis.overlimit_cache import OverLimitCache
+from fairlimit.store.redis.refills import Shape
 from fairlimit.store.redis.registry import CapRegistry
 from fairlimit.store.redis.replies import Combined, combine
 from fairlimit.store.redis.script import (
@@ -106,6 +107,17 @@ class RedisStore:
             local, shape, base = await leasing.first(plan, now, base)
             if local is not None:
                 return local
+            if shape is not None:
+                try:
+                    return await self._exact(plan, now, base, leasing, shape)
+                finally:
+                    leasing.abandon(shape)  # a block call it took on and did not make
+        return await self._exact(plan, now, base, leasing, shape)
+
+    async def _exact(
+        self, plan: Plan, now: float, base: float, leasing: Leasing | None, shape: Shape | None
+    ) -> Outcome:
+        """``admit`` of a request no block answered."""
         owing = leasing if not plan.reserve else None
         local = self._known.answer(plan, base, travel=owing is not None)
         if local is not None:
