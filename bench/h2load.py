@@ -56,9 +56,11 @@ def _percentile(sorted_values: list[int], q: float) -> float:
 
 
 def run(url: str, load: Load, workdir: Path, *, body: Path | None = None,
-        headers: tuple[str, ...] = GRPC_HEADERS, label: str = "run") -> Result:  # fmt: skip
-    """One bounded h2load run (duration plus warm-up); raises when h2load fails."""
-    log = workdir / f"h2load-{label}.tsv"
+        headers: tuple[str, ...] = GRPC_HEADERS, label: str = "run",
+        keep: bool = False) -> Result:  # fmt: skip
+    """One bounded h2load run (duration plus warm-up); raises when h2load fails. ``keep``:
+    leave its per-request log (``log_path``) for the caller to read."""
+    log = log_path(workdir, label)
     command = [binary() or "h2load", "-t", "1", "-c", str(load.clients), "-m", str(load.streams),
                "-D", f"{round(load.seconds * 1000)}ms",
                f"--warm-up-time={round(load.warmup * 1000)}ms",
@@ -77,7 +79,8 @@ def run(url: str, load: Load, workdir: Path, *, body: Path | None = None,
     if out.returncode != 0 or not (rps and done and status):
         raise RuntimeError(f"h2load failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
     durations = sorted(int(line.split("\t")[2]) for line in log.read_text().splitlines() if line)
-    log.unlink()
+    if not keep:
+        log.unlink()
     return Result(
         rps=float(rps.group(1)),
         p50_ms=_percentile(durations, 0.50),
@@ -86,6 +89,12 @@ def run(url: str, load: Load, workdir: Path, *, body: Path | None = None,
         failed=int(done.group(3)),
         non_2xx=sum(int(status.group(i)) for i in (2, 3, 4)),
     )
+
+
+def log_path(workdir: Path, label: str) -> Path:
+    """Where ``run`` writes its per-request log: a line per request, its start (µs since the
+    epoch), its status and its duration (µs), tab-separated."""
+    return workdir / f"h2load-{label}.tsv"
 
 
 def grpc_url(port: int) -> str:
