@@ -342,6 +342,17 @@ def _leases(limiter: Limiter) -> lease.Leases:
     return _leasing(limiter).leases
 
 
+async def _burst(limiter: Limiter, redis_server: RedisProcess, client: str, n: int) -> int:
+    """The script calls ``n`` concurrent requests of ``bulk=client`` make, all admitted,
+    after a first one (no block at a first request)."""
+    assert await _ask_key(limiter, "bulk", client)
+    with redis_server.client() as admin:
+        admin.config_resetstat()
+    answers = await asyncio.gather(*(_ask_key(limiter, "bulk", client) for _ in range(n)))
+    assert all(answers)
+    return _evalsha_calls(redis_server)
+
+
 def _evalsha_calls(redis_server: RedisProcess) -> int:
     """EVALSHA calls made since the stats were reset (one failing NOSCRIPT, before the
     script is loaded, is not a call made)."""
@@ -421,16 +432,11 @@ class TestPlainCounters:
         for the requests the block left, asking for their hits), not one each."""
         (replica,), _ = await _replicas(tmp_path, lease_store_factory, 1)
         try:
-            assert await _ask_key(replica, "bulk", "burst")
-            with redis_server.client() as client:
-                client.config_resetstat()
-            answers = await asyncio.gather(*(_ask_key(replica, "bulk", "burst") for _ in range(40)))
-            assert all(answers)
-            assert _evalsha_calls(redis_server) == 2
+            assert await _burst(replica, redis_server, "burst", 40) == 2
         finally:
             await _close([replica])
 
-    async def test_a_burst_at_a_windows_end_is_admitted_by_two_calls(
+    async def test_a_burst_at_a_windows_end_makes_two_admission_calls(
         self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
     ) -> None:
         """On Redis's clock, with a margin longer than the window (every block ends before
@@ -442,12 +448,7 @@ class TestPlainCounters:
         (replica,), _ = await _replicas(tmp_path, lease_store_factory, 1, clock="redis")
         _leases(replica).margin = 10.0
         try:
-            assert await _ask_key(replica, "bulk", "late")
-            with redis_server.client() as client:
-                client.config_resetstat()
-            answers = await asyncio.gather(*(_ask_key(replica, "bulk", "late") for _ in range(30)))
-            assert all(answers)
-            assert _evalsha_calls(redis_server) == 3
+            assert await _burst(replica, redis_server, "late", 30) == 3
             assert not _leases(replica).blocks or all(
                 b.room == 0 for b in _leases(replica).blocks.values()
             )
