@@ -19,7 +19,7 @@ The block's size (``size``; lua/admit/lease.lua computes the same):
   ``RECENT`` seconds without a request or a block: a client that asks once takes no
   block it would leave unused (given back, that was a second store call for its one
   request). The store layer adds the hits of the requests that wait for the call
-  (store/redis/leasing.py: one block call of a shape at a time; the requests that come
+  (store/redis/refills.py: one block call of a shape at a time; the requests that come
   meanwhile, and those a block cannot serve, wait for the next and are admitted from
   it);
 - at each counter, at most ``(limit - count - hits) / (2 x holders)``, ``holders`` the
