@@ -169,14 +169,16 @@ def noop(workdir: Path, name: str = "noop", *extra: str) -> tuple[Proc, int]:
 
 
 def fairlimit(workdir: Path, name: str, backend: str, workers: int = 1, *extra: str,
-              config: Path = BENCH / "bench.yaml") -> tuple[Proc, int]:  # fmt: skip
-    """``fairlimit serve`` with bench/bench.yaml (or ``config``) and ``extra`` flags; several
-    workers share one port."""
+              config: Path = BENCH / "bench.yaml",
+              server: Path = ROOT / "server") -> tuple[Proc, int]:  # fmt: skip
+    """``fairlimit serve`` with bench/bench.yaml (or ``config``) and ``extra`` flags, from
+    ``server`` (a checkout's server/: this one's unless told); several workers share one
+    port."""
     port = free_port() if workers > 1 else 0  # workers need one known port to share
     command = [sys.executable, "-m", "fairlimit", "serve", "--config", str(config),
                "--backend", backend, "--grpc-addr", f"127.0.0.1:{port}",
                "--admin-addr", "127.0.0.1:0", "--workers", str(workers), *extra]  # fmt: skip
-    proc = Proc(name, command, workdir)
+    proc = Proc(name, command, workdir, {"PYTHONPATH": str(server)})
     return proc, proc.grpc_port(workers)
 
 

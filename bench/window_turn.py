@@ -42,14 +42,6 @@ def figures(log: Path, slow_ms: float) -> dict[str, float]:
             "slow_at_turn": len(turn)}  # fmt: skip
 
 
-def _start(workdir: Path, label: str, server: Path, backend: str, redis_url: str) -> procs.Proc:
-    url = "memory://" if backend == "memory" else redis_url
-    command = [sys.executable, "-m", "fairlimit", "serve", "--config",
-               str(procs.BENCH / "bench.yaml"), "--backend", url, "--grpc-addr", "127.0.0.1:0",
-               "--admin-addr", "127.0.0.1:0"]  # fmt: skip
-    return procs.Proc(label, command, workdir, {"PYTHONPATH": str(server)})
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=1500.0, help="req/s in all")
@@ -64,9 +56,12 @@ def main() -> int:
     if redis_binary is None or h2load.binary() is None:
         print("window_turn: redis-server or h2load not found", file=sys.stderr)
         return 2
-    targets = [(label, server, "redis") for label, server in procs.servers(args.baseline)]
+    # (label, server/, backend): None for the run's Redis with the defaults
+    targets: list[tuple[str, Path, str | None]] = [
+        (label, server, None) for label, server in procs.servers(args.baseline)
+    ]
     if args.memory:
-        targets.append(("memory", procs.ROOT / "server", "memory"))
+        targets.append(("memory", procs.ROOT / "server", "memory://"))
     load = Load(clients=4, streams=8, seconds=args.seconds, warmup=1.0,
                 rps_per_client=args.rate / 4)  # fmt: skip
     headers = (*h2load.GRPC_HEADERS, "grpc-timeout: 20m")
@@ -78,10 +73,10 @@ def main() -> int:
         try:
             for turn in range(args.rounds):
                 for label, server, backend in targets:
-                    prefix = f"{redis.url}?key_prefix={label}{turn}:"
-                    proc = _start(workdir, label, server, backend, prefix)
+                    url = backend or f"{redis.url}?key_prefix={label}{turn}:"
+                    proc, port = procs.fairlimit(workdir, label, url, server=server)
                     try:
-                        h2load.run(h2load.grpc_url(proc.grpc_port()), load, workdir, body=body,
+                        h2load.run(h2load.grpc_url(port), load, workdir, body=body,
                                    headers=headers, label=label, keep=True)  # fmt: skip
                     finally:
                         proc.stop()
