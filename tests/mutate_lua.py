@@ -105,6 +105,9 @@ _DEMAND = (
 )
 # prune.lua (stale client rows dropped after a division): the division tests on Redis
 _PRUNE = ("tests/store/test_redis_division.py",)
+# read_rows.lua (a division's rows, 32 a call): the division tests, which compare its rows
+# with an HMGET's and the division made with every row's, and the commands a division sends
+_READ_ROWS = ("tests/store/test_redis_division.py", "tests/store/test_redis_limits_cost.py")
 # The parts of the admit script (lua/admit/, joined by store/redis/script.py), each a script
 # here: admit/<part>.
 ADMIT_PARTS = tuple(sorted(f"admit/{p.stem}" for p in (ROOT / LUA / "admit").glob("*.lua")))
@@ -117,6 +120,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "settle": _SETTLE,
     "row_at": tuple(dict.fromkeys(_RATES + _SETTLE)),  # release.lua's and settle.lua's
     "prune": _PRUNE,
+    "read_rows": _READ_ROWS,
     "clock": tuple(dict.fromkeys(_SLOTS + _DEMAND + _RATES + _SETTLE + _PRUNE)),
 }
 # The slowest test of the rate suites runs a three-master cluster through a long Hypothesis

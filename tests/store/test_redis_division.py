@@ -4,6 +4,7 @@ cap; the rows are read outside the script (store/redis/division.py). Memory has 
 """
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -399,6 +400,59 @@ class TestWalkOfSeen:
                 assert max(len(step) for step in steps) <= division_rows.PAGE
         finally:
             await store.close()
+
+
+class TestReadRows:
+    """Redis-only: a division reads its clients' rows READ_STEP a call of read_rows.lua,
+    and makes of each the row an HMGET of its fields makes (script.row_of)."""
+
+    async def test_the_rows_read_are_those_an_hmget_of_each_gives(
+        self, redis_store_factory: Factory, redis_server: RedisProcess
+    ) -> None:
+        """75 clients: rows with every field, with some left out (the three a row needs,
+        window, limit and weight, among them: no row then), none at all, and one in the
+        rows hash of an earlier version; values drawn at random. Each client's row is the
+        one row_of makes of an HMGET of its fields, in three calls, and the earlier
+        version's row is found there."""
+        rng = random.Random(41)
+        store = await redis_store_factory(local_cache=0)
+        rows, fields = "fairlimit:{read-test}r:cap", list(ROW_FIELDS.values())
+        clients = [f"c{i}" for i in range(75)]
+        try:
+            client = store._client
+            for name in clients[:-1]:
+                kept = [f for f in fields if rng.random() < 0.9] if rng.random() < 0.5 else fields
+                if rng.random() < 0.1:
+                    kept = []  # no row of its own
+                values = {f: repr(rng.uniform(-5, 5) * 10 ** rng.randint(0, 9)) for f in kept}
+                for whole in sharing.WHOLE_FIELDS:  # as the admit script writes them
+                    if ROW_FIELDS[whole] in values:
+                        values[ROW_FIELDS[whole]] = str(rng.randint(-1, 2_000_000_000))
+                if values:
+                    await client.hset(division_rows.row_key(rows, name), mapping=values)
+            legacy = {f"{f}:{clients[-1]}": str(i + 1) for i, f in enumerate(fields)}
+            await client.hset(rows, mapping=legacy)
+            expected = {}
+            for name in clients[:-1]:
+                row = script.row_of(await client.hmget(division_rows.row_key(rows, name), fields))
+                if row is not None:
+                    expected[name] = row
+            old_fields = [f"{f}:{clients[-1]}" for f in fields]
+            expected[clients[-1]] = script.row_of(await client.hmget(rows, old_fields))
+            assert 50 < len(expected) < 75  # some rows partly written, some none
+            await division_rows.read_clients(client, rows, ["nobody"], OUTLAST)  # loaded
+            before = _stats(redis_server)
+            got = await division_rows.read_clients(client, rows, clients, OUTLAST, legacy=True)
+            after = _stats(redis_server)
+            assert _values(got) == _values(expected)
+            assert after["evalsha"] - before["evalsha"] == 3  # 32, 32 and 11 rows
+            assert after["hmget"] - before["hmget"] == 75 + (75 - len(expected) + 1)
+        finally:
+            await store.close()
+
+
+def _values(rows: dict[str, Row]) -> dict[str, dict[str, object]]:
+    return {client: {a: getattr(row, a) for a in Row.__slots__} for client, row in rows.items()}
 
 
 HOURLY = """
