@@ -61,23 +61,11 @@ def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
     return {k: round(after.get(k, 0.0) - before.get(k, 0.0)) for k in names}
 
 
-def _serve(workdir: Path, server: Path, name: str, url: str, workers: int
-           ) -> tuple[procs.Proc, int]:  # fmt: skip
-    """procs.fairlimit, with the server code of ``server`` (a checkout's server/)."""
-    port = procs.free_port() if workers > 1 else 0
-    config = procs.BENCH / "bench.yaml"
-    command = [sys.executable, "-m", "fairlimit", "serve", "--config", str(config),
-               "--backend", url, "--grpc-addr", f"127.0.0.1:{port}",
-               "--admin-addr", "127.0.0.1:0", "--workers", str(workers)]  # fmt: skip
-    proc = procs.Proc(name, command, workdir, env={"PYTHONPATH": str(server)})
-    return proc, proc.grpc_port(workers)
-
-
 def measure(args: argparse.Namespace, workdir: Path, redis: procs.Redis, label: str,
             server: Path) -> None:  # fmt: skip
     """One server's full-speed rounds and its run at 80%, printed."""
     url = f"{redis.url}?leases={args.leases}&key_prefix={label}:"
-    proc, port = _serve(workdir, server, label, url, args.workers)
+    proc, port = procs.fairlimit(workdir, label, url, args.workers, server=server)
     try:
         body = wire.write_body(workdir / "body.bin", "public", "hot")
         target = h2load.grpc_url(port)

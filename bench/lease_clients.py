@@ -28,21 +28,16 @@ def run(redis: procs.Redis, workdir: Path, server: Path, label: str, route: str,
     clients, seconds = args.clients, args.seconds
     query = f"{args.query}&" if args.query else ""
     url = f"{redis.url}?{query}key_prefix={label}-{route}-{os.getpid()}:"
-    command = [sys.executable, "-m", "fairlimit", "serve", "--config",
-               str(procs.BENCH / "bench.yaml"), "--backend", url, "--grpc-addr", "127.0.0.1:0",
-               "--admin-addr", "127.0.0.1:0"]  # fmt: skip
-    if args.upstream:
-        command += ["--charge-when-over-limit", "true"]
-    env = {"PYTHONPATH": str(server)}
-    proc = procs.Proc(f"lease-{label}-{route}", command, workdir, env)
+    extra = ["--charge-when-over-limit", "true"] if args.upstream else []
+    proc, port = procs.fairlimit(workdir, f"lease-{label}-{route}", url, 1, *extra, server=server)
     try:
-        port = proc.grpc_port()
         calls = redis.script_calls()
         load = [sys.executable, str(procs.BENCH / "loadgen.py"), "--target", f"127.0.0.1:{port}",
                 "--route", route, "--clients", str(clients), "--seconds", f"{seconds:g}",
                 "--warmup", "0"]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(server)}
         out = subprocess.run(load, capture_output=True, text=True, check=True,
-                             timeout=seconds + 60, env={**os.environ, **env})  # fmt: skip
+                             timeout=seconds + 60, env=env)  # fmt: skip
         row = json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         proc.stop()  # its blocks go back now: their calls count

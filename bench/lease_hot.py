@@ -35,11 +35,7 @@ def _start(workdir: Path, label: str, server: Path, redis: procs.Redis, target: 
            ) -> tuple[procs.Proc, int]:  # fmt: skip
     extra = TARGETS[target][1]
     url = "memory://" if label == "memory" else f"{redis.url}?key_prefix={label}-{target}:"
-    command = [sys.executable, "-m", "fairlimit", "serve", "--config",
-               str(procs.BENCH / "bench.yaml"), "--backend", url, "--grpc-addr", "127.0.0.1:0",
-               "--admin-addr", "127.0.0.1:0", *extra]  # fmt: skip
-    proc = procs.Proc(f"{label}-{target}", command, workdir, {"PYTHONPATH": str(server)})
-    return proc, proc.grpc_port()
+    return procs.fairlimit(workdir, f"{label}-{target}", url, 1, *extra, server=server)
 
 
 def main() -> int:

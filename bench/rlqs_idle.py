@@ -38,13 +38,9 @@ def envoy_4xx(admin: int) -> int:
 
 def measure(args: argparse.Namespace, workdir: Path, label: str, server: Path) -> None:
     """One server's rounds, printed."""
-    command = [sys.executable, "-m", "fairlimit", "serve", "--config",
-               str(procs.BENCH / "bench.yaml"), "--backend", "memory://",
-               "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]  # fmt: skip
-    fairlimit = procs.Proc(f"fairlimit-{label}", command, workdir, env={"PYTHONPATH": str(server)})
+    fairlimit, port = procs.fairlimit(workdir, f"fairlimit-{label}", "memory://", server=server)
     envoy: procs.Proc | None = None
     try:
-        port = fairlimit.grpc_port()
         envoy, listener, admin = envoy_run.start_with_admin(
             workdir, port, ratelimit=True, name=f"envoy-rlqs-{label}",
             example=envoy_run.RLQS_EXAMPLE,
