@@ -38,6 +38,7 @@ FAR = 20  # a SLOWLOG entry this many times its command's mean µs per call is n
 # EVALSHA's sha -> the script it names (store/redis/script.register registers these)
 _SHAS = {hashlib.sha1(script.source(name).encode()).hexdigest(): name
          for name in ("admit", "release", "settle", "prune", "acquire", "release_slot", "demand")}
+_SHAS[hashlib.sha1(script.text("read_rows").encode()).hexdigest()] = "read_rows"  # registered alone
 
 
 def _text(command: object) -> str:
