@@ -8,7 +8,7 @@ deadline and ``--failure-mode local``), so each gets the same failure behaviour.
 """
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from fairlimit.core.admission import Code, Said
@@ -145,9 +145,11 @@ class Limiter:
         """Decide ``request``; RequestError for a malformed one, StoreUnavailable if closed."""
         return await self.decide(self.prepare(request))
 
-    def prepare(self, request: Request) -> Prepared:
+    def prepare(self, request: Request, quick: bool = True) -> Prepared:
         """Validate ``request`` (RequestError) and plan it under the configuration in force:
-        its tokens or its slots, when it has any, else the plan of its rates."""
+        its tokens or its slots, when it has any, else the plan of its rates, with its
+        decision in one step where it qualifies (flows/fast.py) unless not ``quick``
+        (``quicken`` adds it later: a request seen once would not use it)."""
         validate(request)
         active = self._active
         if active.tokens or any([d.negative for d in request.descriptors]):
@@ -159,15 +161,28 @@ class Limiter:
             if slots is not None and (slots.acquire or slots.release):
                 return Prepared(request, None, slots, active)
         plan = make_plan(request, active.matcher)
-        store, from_block = self._fast_store, self._from_block
-        quick: FastRates | FastMemory | FastLeased | None = None
         said = Said()  # one per kept plan: the generic path's and the one step's alike
+        one = self._one_step(plan, request, said) if quick else None
+        return Prepared(request, plan, None, active, fast=one, said=said)
+
+    def quicken(self, prepared: Prepared) -> Prepared:
+        """``prepared`` with its decision in one step, where it qualifies (else as it is)."""
+        plan = prepared.plan
+        if plan is None or prepared.fast is not None:
+            return prepared
+        one = self._one_step(plan, prepared.request, prepared.said)
+        return prepared if one is None else replace(prepared, fast=one)
+
+    def _one_step(
+        self, plan: Plan, request: Request, said: Said
+    ) -> FastRates | FastMemory | FastLeased | None:
+        store, from_block = self._fast_store, self._from_block
         if store is not None:
-            quick = fast(plan, request, store, self.policy, self.telemetry, self.tally, said)
-        elif from_block is not None:
+            return fast(plan, request, store, self.policy, self.telemetry, self.tally, said)
+        if from_block is not None:
             policy, telemetry, shadow = self.policy, self.telemetry, self._shadow
-            quick = leased(plan, request, from_block, policy, telemetry, self.tally, shadow, said)
-        return Prepared(request, plan, None, active, fast=quick, said=said)
+            return leased(plan, request, from_block, policy, telemetry, self.tally, shadow, said)
+        return None
 
     def current(self, prepared: Prepared) -> bool:
         """Whether ``prepared`` was planned under the configuration in force now."""

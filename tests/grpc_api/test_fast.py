@@ -264,12 +264,16 @@ async def test_a_tripped_breaker_is_the_failure_mode_s(
     config: str, payload: bytes, kind: type, left: int, tmp_path: Path
 ) -> None:
     """With the breaker open the call is the failure mode's (open: OK, nothing charged),
-    as on the generic path: the one-step path does not answer it."""
+    as on the generic path: the one-step path does not answer it. (A payload's first call
+    takes the generic path, its second the one step.)"""
     clock = FakeClock()
     limiter = Limiter(load_text(tmp_path, config), MemoryStore(), clock)
     servicer = RateLimitServicer(limiter, Telemetry.off())
     first = await asked(servicer, payload)
     assert first.statuses[0].limit_remaining == left
+    assert servicer._prepared[payload][1].fast is None
+    second = await asked(servicer, payload)
+    assert second.statuses[0].limit_remaining == left - 1
     assert isinstance(servicer._prepared[payload][1].fast, kind)
     breaker = limiter.policy.breaker
     for _ in range(BREAK_AFTER):
@@ -281,7 +285,7 @@ async def test_a_tripped_breaker_is_the_failure_mode_s(
         opened.OK,
         False,
     )
-    assert {count for _, _, count, _ in _counters(limiter).values()} == {1}  # the first call's
+    assert {count for _, _, count, _ in _counters(limiter).values()} == {2}  # the first two's
 
 
 ENTRIES = [

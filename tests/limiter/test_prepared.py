@@ -46,6 +46,24 @@ async def test_same_payload_counts_every_time(tmp_path: Path) -> None:
     assert codes == [RLS.OK, RLS.OK, RLS.OVER_LIMIT]
 
 
+async def test_a_payload_takes_its_one_step_from_its_second_call(tmp_path: Path) -> None:
+    """A payload seen once is kept without its decision in one step (flows/fast.py): a
+    client that asks once never uses it. Seen again, it has one, and keeps it while the
+    config stands; a config swap plans it anew, again without one until its next call."""
+    servicer, limiter = _servicer(tmp_path, 5)
+    payload = _payload("a")
+    made = []
+    for _ in range(3):
+        await asked(servicer, payload)
+        made.append(servicer._prepared[payload][1].fast)
+    assert made[0] is None and made[1] is not None and made[2] is made[1]
+    limiter.swap(load_text(tmp_path, CONFIG.format(limit=5), name="next.yaml"))
+    await asked(servicer, payload)
+    assert servicer._prepared[payload][1].fast is None
+    await asked(servicer, payload)
+    assert servicer._prepared[payload][1].fast is not None
+
+
 async def test_config_swap_replans_a_kept_payload(tmp_path: Path) -> None:
     servicer, limiter = _servicer(tmp_path, 1)
     first = await asked(servicer, _payload("a"))
