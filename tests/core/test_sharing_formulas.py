@@ -22,6 +22,7 @@ from fairlimit.core.sharing import (
     ALPHA,
     AMORTISE,
     BURST,
+    DIVIDED_BY,
     EPSILON,
     FORCES,
     HELD,
@@ -1187,3 +1188,59 @@ class TestLastPeriod:
 
     def test_nobody_asked_last_period(self) -> None:
         assert last_period([row_of((3.5, 9))], 600.0, at(5.2)) is None
+
+
+class TestWhatADivisionReads:
+    """A division (``divide``, ``last_period``) reads only the row attributes of
+    DIVIDED_BY: rows with the others as a new row has them divide alike (the Redis store
+    reads no more of each row for a division: store/redis/division_rows.py)."""
+
+    def test_rows_with_only_the_attributes_it_reads_divide_alike(self) -> None:
+        r = random.Random(41)
+        for _ in range(400):
+            window = r.choice([1, 10])
+            clock = at(r.uniform(100.0, 130.0), window=window)
+            rows = [(f"c{i}", self._row(r, clock)) for i in range(r.randint(1, 8))]
+            kept = [(client, self._only_read(row)) for client, row in rows]
+            capacity = r.choice([1.0, 5.0, 20.0, 1000.0])
+            asker, extra = r.choice([("", 0.0), ("c0", 1.0), ("c9", 2.0)])
+            made = [divide(these, capacity, clock, asker, extra) for these in (rows, kept)]
+            assert vars_of(made[0]) == vars_of(made[1])
+            last = [last_period([row for _, row in these], capacity, clock)
+                    for these in (rows, kept)]  # fmt: skip
+            assert last[0] == last[1]
+
+    @staticmethod
+    def _row(r: random.Random, clock: Clock) -> Row:
+        """Every attribute drawn, around ``clock``'s window and period."""
+        row = Row(r.choice([2.0, 10.0, INF]), r.choice([1.0, 2.0]))
+        for name in Row.__slots__:
+            if name in ("limit", "weight"):
+                continue
+            if name == "window":
+                value: float = r.choice([clock.start, clock.start - clock.window, -1])
+            elif name in ("period", "epoch", "page"):
+                value = r.choice([clock.period, clock.period - 1, clock.period - 5, -1])
+            elif name == "kind":
+                value = r.choice([NONE, OPEN, HELD])
+            elif name in ("seen", "previous_last", "first"):
+                value = clock.now - r.uniform(0.0, 2.5 * clock.window)
+            elif name == "gap":
+                value = r.choice([0.0, 1.0, 2.0])
+            elif name == "previous":
+                value = r.choice([-1.0, 0.0, float(r.randint(1, 12))])
+            else:
+                value = r.choice([0.0, r.uniform(0.0, 12.0)])
+            setattr(row, name, value)
+        return row
+
+    @staticmethod
+    def _only_read(row: Row) -> Row:
+        kept = Row(row.limit, row.weight)
+        for name in DIVIDED_BY:
+            setattr(kept, name, getattr(row, name))
+        return kept
+
+
+def vars_of(division: Division) -> dict[str, object]:
+    return {name: getattr(division, name) for name in Division.__slots__}

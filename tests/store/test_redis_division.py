@@ -404,7 +404,8 @@ class TestWalkOfSeen:
 
 class TestReadRows:
     """Redis-only: a division reads its clients' rows READ_STEP a call of read_rows.lua,
-    and makes of each the row an HMGET of its fields makes (script.row_of)."""
+    and makes of each the row an HMGET of its fields makes (script.row_of), in what a
+    division reads of it (sharing.DIVIDED_BY)."""
 
     async def test_the_rows_read_are_those_an_hmget_of_each_gives(
         self, redis_store_factory: Factory, redis_server: RedisProcess
@@ -452,7 +453,9 @@ class TestReadRows:
 
 
 def _values(rows: dict[str, Row]) -> dict[str, dict[str, object]]:
-    return {client: {a: getattr(row, a) for a in Row.__slots__} for client, row in rows.items()}
+    """What a division reads of each row (sharing.DIVIDED_BY: the rest is not read)."""
+    read = sharing.DIVIDED_BY
+    return {client: {a: getattr(row, a) for a in read} for client, row in rows.items()}
 
 
 HOURLY = """

@@ -117,6 +117,13 @@ ROW_FIELDS = {
     "first": "ft",
 }
 WHOLE_FIELDS = frozenset({"window", "period", "epoch", "kind", "page"})
+# The Row attributes a division reads (``divide``, ``last_period`` and what they call): a
+# row read only to divide needs no others (a test holds the two to the same division).
+DIVIDED_BY = (
+    *("window", "asked", "previous", "previous_last", "seen", "gap", "limit", "weight"),
+    *("history", "mass", "period", "period_asked", "period_admitted", "last_asked"),
+    "last_admitted",
+)
 
 
 class Clock:

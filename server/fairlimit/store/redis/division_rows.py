@@ -37,9 +37,9 @@ from redis.asyncio.cluster import RedisCluster
 
 from fairlimit.core import sharing
 from fairlimit.core.plan import Share
-from fairlimit.core.sharing import ROW_FIELDS, STALE, Clock, Row
+from fairlimit.core.sharing import STALE, Clock, Row
 from fairlimit.store.redis.client import bounded
-from fairlimit.store.redis.script import row_of, rows_of, text
+from fairlimit.store.redis.script import RowReader, rows_of, text
 
 SCAN_COUNT = 128  # hash fields asked for per HSCAN step (a cap read whole)
 PAGE = 64  # clients read a step: one ZRANGE of seen, then their rows (read_clients)
@@ -49,7 +49,8 @@ READ_STEP = 32
 READ_ROWS = text("read_rows")
 
 Client = aioredis.Redis | RedisCluster
-_FIELDS = tuple(ROW_FIELDS.values())
+# what a division reads of a row (fewer fields than it has: less for Redis and here)
+_ROWS = RowReader(sharing.DIVIDED_BY)
 
 
 def since(clock: Clock) -> float:
@@ -117,18 +118,19 @@ def row_key(rows: str, client: str) -> str:
 
 async def read_clients(client: Client, key: str, clients: Sequence[str], timeout: float,
                        legacy: bool = False) -> dict[str, Row]:  # fmt: skip
-    """The rows of ``clients`` at the cap whose rows key is ``key`` (read_rows.lua, READ_STEP
-    rows a call); ``legacy``: those without a row of their own are read from the rows hash
-    an earlier version kept (``<field>:<client>``), a pipeline of an HMGET each."""
+    """The rows of ``clients`` at the cap whose rows key is ``key``, what a division reads of
+    them (``sharing.DIVIDED_BY``; read_rows.lua, READ_STEP rows a call); ``legacy``: those
+    without a row of their own are read from the rows hash an earlier version kept
+    (``<field>:<client>``), a pipeline of an HMGET each."""
     read = client.register_script(READ_ROWS)  # its sha only: loaded at the first NOSCRIPT
     values: list[Sequence[str | None]] = []
     for first in range(0, len(clients), READ_STEP):
         step = [row_key(key, name) for name in clients[first : first + READ_STEP]]
         async with bounded(timeout):
-            values += await read(keys=step, args=_FIELDS)
+            values += await read(keys=step, args=_ROWS.fields)
     rows, missing = {}, []
     for name, got in zip(clients, values, strict=True):
-        row = row_of(got)
+        row = _ROWS.row(got)
         if row is not None:
             rows[name] = row
         else:
@@ -136,10 +138,10 @@ async def read_clients(client: Client, key: str, clients: Sequence[str], timeout
     if legacy and missing:
         async with bounded(timeout), client.pipeline(transaction=False) as pipe:
             for name in missing:
-                pipe.hmget(key, [f"{field}:{name}" for field in _FIELDS])
+                pipe.hmget(key, [f"{field}:{name}" for field in _ROWS.fields])
             values = await pipe.execute()
         for name, got in zip(missing, values, strict=True):
-            row = row_of(got)
+            row = _ROWS.row(got)
             if row is not None:
                 rows[name] = row
     return rows

@@ -326,20 +326,35 @@ def rows_of(flat: Sequence[str]) -> dict[str, Row]:
     return out
 
 
-_AT = {name: i for i, name in enumerate(ROW_FIELDS)}  # Row attribute -> its HMGET position
+class RowReader:
+    """Rows from HMGET of some of their fields: those of ``names`` (Row attributes, each
+    row's window, limit and weight among them), in that order."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.fields = tuple(ROW_FIELDS[name] for name in names)
+        self._parse = tuple((name, name in WHOLE_FIELDS) for name in names)
+        self._at = tuple(list(names).index(name) for name in ("window", "limit", "weight"))
+
+    def row(self, values: Sequence[str | None]) -> Row | None:
+        """The core.sharing row of ``values`` (None: no row), as rows_of makes it, its
+        other attributes as a new row has them."""
+        window, limit, weight = (values[i] for i in self._at)
+        if window is None or limit is None or weight is None:
+            return None
+        row = Row(float(limit), float(weight))
+        for (name, whole), raw in zip(self._parse, values, strict=True):
+            if raw is not None:
+                setattr(row, name, int(float(raw)) if whole else float(raw))
+        return row
+
+
+_WHOLE_ROW = RowReader(tuple(ROW_FIELDS))
 
 
 def row_of(values: Sequence[str | None]) -> Row | None:
     """A core.sharing row from HMGET of its fields in ROW_FIELDS order (None: no row), as
     rows_of makes it."""
-    window, limit, weight = (values[_AT[name]] for name in ("window", "limit", "weight"))
-    if window is None or limit is None or weight is None:
-        return None
-    row = Row(float(limit), float(weight))
-    for (_, name, whole), raw in zip(_PARSE, values, strict=True):
-        if raw is not None:
-            setattr(row, name, int(float(raw)) if whole else float(raw))
-    return row
+    return _WHOLE_ROW.row(values)
 
 
 def division_text(division: Division) -> str:
