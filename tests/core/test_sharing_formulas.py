@@ -82,8 +82,8 @@ def row_of(
     return row
 
 
-def state(row: Row) -> dict[str, object]:
-    return {name: getattr(row, name) for name in Row.__slots__}
+def state(of: Row | Division) -> dict[str, object]:
+    return {name: getattr(of, name) for name in type(of).__slots__}
 
 
 def sums(division: Division) -> tuple[float, float, float]:
@@ -1205,7 +1205,7 @@ class TestWhatADivisionReads:
             capacity = r.choice([1.0, 5.0, 20.0, 1000.0])
             asker, extra = r.choice([("", 0.0), ("c0", 1.0), ("c9", 2.0)])
             made = [divide(these, capacity, clock, asker, extra) for these in (rows, kept)]
-            assert vars_of(made[0]) == vars_of(made[1])
+            assert state(made[0]) == state(made[1])
             last = [last_period([row for _, row in these], capacity, clock)
                     for these in (rows, kept)]  # fmt: skip
             assert last[0] == last[1]
@@ -1240,7 +1240,3 @@ class TestWhatADivisionReads:
         for name in DIVIDED_BY:
             setattr(kept, name, getattr(row, name))
         return kept
-
-
-def vars_of(division: Division) -> dict[str, object]:
-    return {name: getattr(division, name) for name in Division.__slots__}
