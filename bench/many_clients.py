@@ -4,6 +4,8 @@
     python bench/many_clients.py --clients 100000 --seconds 8 --prefill
 
 Starts a throwaway redis-server (SLOWLOG at 1 ms) and fairlimit on it (bench/bench.yaml),
+with leases on as the server has them by default (``--leases off``: the exact path; the
+bench's default until 2026-12-07, so the passes of docs/benchmarks.md before then name it),
 then runs bench/loadgen.py on route=plain (a per-client counter) and route=public (the same
 counter under a fair_share cap), taking turns (``--rounds``), and prints one row per route:
 requests/s, p99, admit.lua µs per call (INFO commandstats), script calls over 1 ms
@@ -207,8 +209,9 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--leases", choices=("on", "off"), default="off",
-                        help="the Redis URL's leases option (default off: the exact path)")
+    parser.add_argument("--leases", choices=("on", "off"), default="on",
+                        help="the Redis URL's leases option (default on, as the server's; "
+                             "off: the exact path)")
     parser.add_argument("--redis-server", default="redis-server")
     parser.add_argument("--log", type=Path, help="keep fairlimit's log here")
     parser.add_argument("--prefill", action="store_true",
