@@ -13,6 +13,7 @@ from fairlimit.config.loader import load
 from fairlimit.core import lease
 from fairlimit.core.admission import Code
 from fairlimit.core.matching import Matcher
+from fairlimit.core.plan import Plan
 from fairlimit.core.plan import plan as make_plan
 from fairlimit.core.sharing import ROW_FIELDS
 from fairlimit.limiter import Limiter
@@ -20,6 +21,7 @@ from fairlimit.store.base import Store
 from fairlimit.store.memory import MemoryStore
 from fairlimit.store.redis.keys import slot_groups
 from fairlimit.store.redis.leasing import Leasing
+from fairlimit.store.redis.refills import Refill, Refills
 from fairlimit.store.redis.store import RedisStore
 from helpers import FakeClock, desc, load_text, req
 from redis_servers import RedisProcess, StoreFactory, suite_url
@@ -297,6 +299,75 @@ class TestRule:
         outcome = leases.take(plan, key, 50.001, block)
         assert outcome is not None and outcome.admitted and outcome.counts == (1,)
         assert (block.room, block.used) == (1, 0)
+
+
+async def _waiting(
+    refills: Refills, plan: Plan, n: int
+) -> tuple[Refill, list["asyncio.Task[object]"]]:
+    """A block call of ``plan``'s shape taken on and sent by one task, and ``n`` requests
+    of the shape waiting for it (each left at its wait)."""
+    shape = lease.shape(plan)
+
+    async def owner() -> Refill:
+        refill, taking, _ = refills.asking(plan, shape, 50.0)
+        assert taking and refill.sent
+        return refill
+
+    refill = await asyncio.get_running_loop().create_task(owner())
+    waiters = [
+        asyncio.get_running_loop().create_task(
+            refills.wait(plan, shape, lambda: 50.0, lambda: True)
+        )
+        for _ in range(n)
+    ]
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waiters)
+    return refill, waiters
+
+
+@pytest.mark.unit
+class TestRefills:
+    """store/redis/refills.py: who goes on after a block call of a shape."""
+
+    @pytest.mark.parametrize("answered", [False, True])
+    async def test_a_failed_call_or_one_refused_a_block_leads_nobody_on(
+        self, tmp_path: Path, answered: bool
+    ) -> None:
+        """A block call Redis never answered (it failed, or timed out), or one that asked for
+        a block and was granted none (a contended cap): every request that waited for it
+        goes to the exact path by itself, and none takes the next call on for the others,
+        each of whom would then wait for one failure or refusal after another."""
+        plan = make_plan(req("edge", desc("bulk=b")), Matcher(load_text(tmp_path, CONFIG).config))
+        refills = Refills(lease.Leases("c1"), caller_clock=False)
+        refill, waiters = await _waiting(refills, plan, 3)
+        if answered:  # as Leasing.leased notes a call that asked for 5 hits and got none
+            refill.asked, refill.answered = 5, True
+        refills.settle(lease.shape(plan), refill)  # Leasing.leased's finally, raised or not
+        assert await asyncio.wait_for(asyncio.gather(*waiters), 5.0) == [None] * 3
+        assert not refills  # no call taken on: each makes its own
+
+    async def test_an_answered_call_without_a_block_for_them_leads_one_on(
+        self, tmp_path: Path
+    ) -> None:
+        """The same call answered, with no block (a shape's first request asks for none):
+        one of its waiters takes the next call on, asking for all of them, and the others
+        wait for that one."""
+        plan = make_plan(req("edge", desc("bulk=b")), Matcher(load_text(tmp_path, CONFIG).config))
+        refills = Refills(lease.Leases("c1"), caller_clock=False)
+        shape = lease.shape(plan)
+        refill, waiters = await _waiting(refills, plan, 3)
+        assert refill.asked == 0
+        refill.answered = True
+        refills.settle(shape, refill)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        gone = [w for w in waiters if w.done()]
+        assert len(gone) == 1 and gone[0].result() is None  # it goes to make the call
+        following = refills._out[shape]
+        assert following is not refill and following.owner is gone[0]
+        assert following.early == 2 * plan.counters[0].hits  # the two waiting for it
+        refills.settle(shape, following)  # that call fails: they go on by themselves
+        assert await asyncio.wait_for(asyncio.gather(*waiters), 5.0) == [None] * 3
 
 
 @pytest.fixture
