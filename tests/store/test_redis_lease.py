@@ -329,19 +329,22 @@ async def _waiting(
 class TestRefills:
     """store/redis/refills.py: who goes on after a block call of a shape."""
 
-    @pytest.mark.parametrize("answered", [False, True])
-    async def test_a_failed_call_or_one_refused_a_block_leads_nobody_on(
-        self, tmp_path: Path, answered: bool
+    @pytest.mark.parametrize("call", ["failed", "refused a block", "shared"])
+    async def test_a_call_that_could_not_take_a_block_leads_nobody_on(
+        self, tmp_path: Path, call: str
     ) -> None:
-        """A block call Redis never answered (it failed, or timed out), or one that asked for
-        a block and was granted none (a contended cap): every request that waited for it
-        goes to the exact path by itself, and none takes the next call on for the others,
-        each of whom would then wait for one failure or refusal after another."""
+        """A block call Redis never answered (it failed, or timed out), one that asked for a
+        block and was granted none (a contended cap), or one that asked for none because
+        another shape charges its levels here: every request that waited for it goes to
+        the exact path by itself, and none takes the next call on for the others, each of
+        whom would then wait for one such call after another."""
         plan = make_plan(req("edge", desc("bulk=b")), Matcher(load_text(tmp_path, CONFIG).config))
         refills = Refills(lease.Leases("c1"), caller_clock=False)
         refill, waiters = await _waiting(refills, plan, 3)
-        if answered:  # as Leasing.leased notes a call that asked for 5 hits and got none
+        if call == "refused a block":  # as Leasing.leased notes it: asked 5 hits, got none
             refill.asked, refill.answered = 5, True
+        elif call == "shared":
+            refill.shared, refill.answered = True, True
         refills.settle(lease.shape(plan), refill)  # Leasing.leased's finally, raised or not
         assert await asyncio.wait_for(asyncio.gather(*waiters), 5.0) == [None] * 3
         assert not refills  # no call taken on: each makes its own
