@@ -763,7 +763,6 @@ class TestGivingBack:
             await _close([replica])
         assert count == 2 + live
 
-
     async def test_a_sweep_gives_back_many_blocks_in_one_script_call(
         self, tmp_path: Path, lease_store_factory: StoreFactory, redis_server: RedisProcess
     ) -> None:
