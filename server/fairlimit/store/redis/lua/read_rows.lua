@@ -3,10 +3,11 @@
 -- and no contract, and writes nothing.
 --
 -- KEYS  the clients' row keys (<rows>:<client>: one cap's, so one slot), READ_STEP at most
--- ARGV  the fields of a row, in core/sharing.ROW_FIELDS order
--- Returns, per key, HMGET of those fields (false for a field the row lacks, every field for
--- a client without a row of its own). One call in place of an HMGET each: the caller's
--- cost is per reply (issue 41), and READ_STEP rows keep a call short.
+-- ARGV  the fields to read of each row (what a division reads: core/sharing.DIVIDED_BY's,
+--       in that order)
+-- Returns, per key, HMGET of those fields (false for a field the row lacks, and for every
+-- field of a client without a row of its own). One call in place of an HMGET each: the
+-- caller's cost is per reply (issue 41), and READ_STEP rows keep a call short.
 
 local out = {}
 for i = 1, #KEYS do
