@@ -4,6 +4,7 @@ that other load on the machine does not move, where CPU time and req/s do (issue
     python bench/instructions.py                       # plain and public, about 3 minutes
     python bench/instructions.py --baseline ../main    # and another checkout's server/
     python bench/instructions.py --served --baseline ../main   # in the running server
+    python bench/instructions.py --redis --baseline ../main    # in redis-server, a request
 
 The call is bench/inproc.py's servicer path (request bytes -> servicer -> limiter -> memory
 store -> response bytes, telemetry on as `serve` installs it) for one hot client, on
@@ -17,6 +18,14 @@ Needs valgrind (Debian valgrind, installed here where missing).
 call: no timer, no period rolled mid-run (in-process, a call under callgrind takes wall
 time enough that the cap's per-second work lands in the counted calls, and those counts
 move by tens of thousands between runs), so the same code gives the same count.
+
+``--redis`` counts what redis-server does a request (its main thread, where scripts run):
+the limiter on a RedisStore with leases off (each request one admit script call) and the
+caller's clock (``clock=caller``: 200 µs a request, so every run makes the same calls with
+the same arguments), requests one at a time from REDIS_CLIENTS clients in turn, on
+route=plain and route=public; REDIS_WARM requests, the counts zeroed, REDIS_COUNT more.
+At 10,000 clients nearly every request is a client's first in its window (a new row at the
+cap); at 100 each client comes back within the window.
 
 ``--served`` counts them in the server itself: the no-op (bench/noop.py) and `fairlimit
 serve` (telemetry on, memory://) run under callgrind, one thread per count
@@ -46,6 +55,9 @@ import procs
 
 FEW, CALLS, WARMUP = 200, 1000, 300
 SERVED = 1000  # requests counted in the server (--served)
+REDIS_CLIENTS = (100, 10_000)  # --redis
+REDIS_WARM, REDIS_COUNT = 400, 1500
+REDIS_STEP = 0.0002  # the caller's clock moves this much a request (--redis)
 _COLLECTED = re.compile(r"Collected : (\d+)")
 _HEADER = re.compile(r"^(part|thread|summary|totals): (\d+)", re.M)
 _SUCCEEDED = re.compile(r"(\d+) succeeded")
@@ -117,6 +129,80 @@ def store_calls(server: str, route: str, count: int) -> None:
     for i in range(WARMUP + count):
         now = start + i * 1e-5
         statuses(prepared, store.admit_now(prepared, now), now)
+
+
+def redis_requests(server: str, url: str, pid: int, route: str, clients: int) -> None:
+    """The requests of ``--redis`` (the child): REDIS_WARM, callgrind's counts of
+    redis-server (``pid``) zeroed, REDIS_COUNT more, one at a time on the caller's clock."""
+    sys.path.insert(0, server)
+    from fairlimit.config.loader import load
+    from fairlimit.core.request import Descriptor, Request
+    from fairlimit.limiter import Limiter
+    from fairlimit.store import open_store
+
+    class Clock:
+        at = 1_700_000_000.0
+
+        def now(self) -> float:
+            return self.at
+
+    clock = Clock()
+    store = open_store(f"{url}?clock=caller&leases=off&timeout=60")
+    limiter = Limiter(load([procs.BENCH / "bench.yaml"]), store, clock)
+    prepared = [
+        limiter.prepare(Request("edge", (Descriptor((("route", route), ("client_id", f"c{i}")),
+                                                    None, None),), 0))
+        for i in range(clients)
+    ]  # fmt: skip
+
+    async def run() -> None:
+        for n in range(REDIS_WARM + REDIS_COUNT):
+            if n == REDIS_WARM:
+                subprocess.run(["callgrind_control", "--zero", str(pid)], capture_output=True,
+                               check=True)  # fmt: skip
+            await limiter.decide(prepared[n % clients], None)
+            clock.at += REDIS_STEP
+        await store.close()
+
+    asyncio.run(run())
+
+
+def in_redis(label: str, server: Path, route: str, clients: int, workdir: Path) -> int:
+    """Instructions of redis-server's main thread a request (``--redis``), ``server``'s
+    scripts and limiter."""
+    out = workdir / f"callgrind-redis-{label}-{route}-{clients}"
+    wrapper = ("valgrind", "--tool=callgrind", "--separate-threads=yes",
+               f"--callgrind-out-file={out}")  # fmt: skip
+    redis = procs.Redis("redis-server", workdir, wrapper, timeout=120)
+    try:
+        child = [sys.executable, __file__, "--redis-child", str(server), redis.url,
+                 str(redis.proc.pid), route, str(clients)]  # fmt: skip
+        subprocess.run(child, check=True, timeout=1800)
+        counts = _dump(redis.proc.pid, out, 1)
+    finally:
+        redis.proc.stop(60)
+    return round(counts[1] / REDIS_COUNT)
+
+
+def main_redis(baseline: Path | None, routes: list[str]) -> int:
+    """``--redis``: each server's requests on each route and number of clients."""
+    print(f"instructions of redis-server's main thread a request (callgrind, {REDIS_COUNT} "
+          f"requests after {REDIS_WARM}, one at a time, the caller's clock; leases off: each "
+          "request one admit script call)")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="fairlimit-redis-") as tmp:
+        for clients in REDIS_CLIENTS:
+            for route in routes:
+                line = f"route={route:<8} {clients:>6} clients"
+                counts = {}
+                for name, server in procs.servers(baseline):
+                    counts[name] = in_redis(name, server, route, clients, Path(tmp))
+                line += f"   this checkout {counts['this']:>10,}"
+                if "baseline" in counts:
+                    base = counts["baseline"]
+                    change = (counts["this"] - base) / base
+                    line += f"   {baseline}: {base:>10,}   {change:+.1%}"
+                print(line, flush=True)
+    return 0
 
 
 def _collected(server: Path, route: str, count: int, store: bool = False) -> int:
@@ -223,8 +309,15 @@ def main() -> int:
                         help="count in the running server under h2load (and the no-op's)")
     parser.add_argument("--store", action="store_true",
                         help="only the memory store's admit and the statuses, simulated clock")
+    parser.add_argument("--redis", action="store_true",
+                        help="count what redis-server does a request (the admit script)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--redis-child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.redis_child:
+        server, url, pid, route, clients = args.redis_child
+        redis_requests(server, url, int(pid), route, int(clients))
+        return 0
     if args.child:
         child = store_calls if args.store else calls
         child(args.child[0], args.child[1], int(args.child[2]))
@@ -232,6 +325,12 @@ def main() -> int:
     if procs.ensure_debian_package("valgrind", "valgrind") is None:
         print("instructions: valgrind not found and not installable", file=sys.stderr)
         return 2
+    if args.redis:
+        if procs.ensure_debian_package("redis-server", "redis-server") is None:
+            print("instructions: redis-server not found and not installable", file=sys.stderr)
+            return 2
+        return main_redis(args.baseline.resolve() if args.baseline else None,
+                          args.routes.split(","))  # fmt: skip
     if args.served:
         if procs.ensure_debian_package("h2load", "nghttp2-client") is None:
             print("instructions: h2load not found and not installable", file=sys.stderr)

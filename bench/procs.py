@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,13 +185,17 @@ def fairlimit(workdir: Path, name: str, backend: str, workers: int = 1, *extra: 
 class Redis:
     """A throwaway redis-server: no persistence, loopback only."""
 
-    def __init__(self, binary: str, workdir: Path) -> None:
+    def __init__(self, binary: str, workdir: Path, wrapper: Sequence[str] = (),
+                 timeout: float = 10.0) -> None:  # fmt: skip
+        """``wrapper``: what runs redis-server (valgrind and its flags); ``timeout``: how
+        long it may take to answer once started."""
         import redis  # the bench runs where fairlimit's dependencies are installed
 
         self.port = free_port()
-        self._command = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                         "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
+        self._command = [*wrapper, binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                         "--save", "", "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
         self._workdir = workdir
+        self._timeout = timeout
         self.client = redis.Redis(port=self.port, socket_timeout=5, decode_responses=True)
         self.start()
 
@@ -201,7 +205,7 @@ class Redis:
         import redis
 
         self.proc = Proc("redis", self._command, self._workdir)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + self._timeout
         while True:
             try:
                 self.client.ping()
