@@ -266,10 +266,16 @@ class TestContract:
 
     def test_it_names_every_row_and_division_field_in_order(self) -> None:
         """ROW and DIVISION list the attributes in ROW_FIELDS / DIVISION_FIELDS order (the
-        order the admit script reads and writes them in), ROW_FIELD, DIVISION_FIELD and
-        LIGHT_FIELD map each to its hash field."""
+        order the admit script reads and writes them in), ROW_NAMES and DIVISION_NAMES their
+        hash fields in the same order, ROW_FIELD, DIVISION_FIELD and LIGHT_FIELD map each to
+        its hash field."""
         _, names, fields = prelude()
-        assert names == {"ROW": list(ROW_FIELDS), "DIVISION": list(DIVISION_FIELDS)}
+        assert names == {
+            "ROW": list(ROW_FIELDS),
+            "ROW_NAMES": list(ROW_FIELDS.values()),
+            "DIVISION": list(DIVISION_FIELDS),
+            "DIVISION_NAMES": list(DIVISION_FIELDS.values()),
+        }
         assert fields == {
             "ROW_FIELD": ROW_FIELDS,
             "DIVISION_FIELD": DIVISION_FIELDS,

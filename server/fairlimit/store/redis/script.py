@@ -125,8 +125,13 @@ def contract() -> str:
     lines.append(f"local RESERVATION_OPEN = {RESERVATION_OPEN}")
     lines.append("local ROW = {" + ", ".join(_lua(f) for f in ROW_FIELDS) + "}")
     lines.append(f"local ROW_FIELD = {_table(ROW_FIELDS)}")
+    # each attribute's hash field, in order: HMGET and HSET arguments without a loop a call
+    lines.append("local ROW_NAMES = {" + ", ".join(_lua(f) for f in ROW_FIELDS.values()) + "}")
     lines.append("local DIVISION = {" + ", ".join(_lua(f) for f in DIVISION_FIELDS) + "}")
     lines.append(f"local DIVISION_FIELD = {_table(DIVISION_FIELDS)}")
+    lines.append(
+        "local DIVISION_NAMES = {" + ", ".join(_lua(f) for f in DIVISION_FIELDS.values()) + "}"
+    )
     lines.append(f"local LIGHT_FIELD = {_table(LIGHT_FIELDS)}")
     lines.append(f"local CALENDAR = {_lua(CALENDAR)}")
     return "\n".join(lines) + "\n"

@@ -13,12 +13,11 @@
 -- --- the division (core/sharing.py: Division, leave, enter, stale_division) ----------------
 
 local function load_division(cap)
-  local names = {}
-  for i, f in ipairs(DIVISION) do names[i] = DIVISION_FIELD[f] end
-  local v = redis.call('HMGET', cap.meta, unpack(names))
+  local v = redis.call('HMGET', cap.meta, unpack(DIVISION_NAMES))
   if v[1] == false then return nil end
   local d = {}
-  for i, f in ipairs(DIVISION) do
+  for i = 1, #DIVISION do
+    local f = DIVISION[i]
     if f == 'excluded' then d[f] = v[i] or '' else d[f] = num(v[i] or '0') end
   end
   return d
@@ -26,9 +25,10 @@ end
 
 local function write_division(cap, d)
   local args = {}
-  for _, f in ipairs(DIVISION) do
-    table.insert(args, DIVISION_FIELD[f])
-    if f == 'excluded' then table.insert(args, d[f]) else table.insert(args, fmt(d[f])) end
+  for i = 1, #DIVISION do
+    local f = DIVISION[i]
+    args[2 * i - 1] = DIVISION_NAMES[i]
+    if f == 'excluded' then args[2 * i] = d[f] else args[2 * i] = fmt(d[f]) end
   end
   redis.call('HSET', cap.meta, 'cap', cap.name, 'declared', cap.declared, unpack(args))
   redis.call('PEXPIRE', cap.meta, cap.keep)

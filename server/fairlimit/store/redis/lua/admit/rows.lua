@@ -43,9 +43,6 @@ local function row_key(cap, client)
   return cap.rows .. ':' .. client
 end
 
-local ROW_NAMES = {}
-for i, f in ipairs(ROW) do ROW_NAMES[i] = ROW_FIELD[f] end
-
 local function legacy_fields(client)
   local fields = {}
   for i, f in ipairs(ROW) do fields[i] = ROW_FIELD[f] .. ':' .. client end
@@ -60,16 +57,18 @@ local function load_row(s)
     s.legacy = true
   end
   local row = {}
-  for i, f in ipairs(ROW) do row[f] = num(v[i] or '0') end
+  for i = 1, #ROW do
+    local x = v[i] or '0'
+    row[ROW[i]] = x == 'inf' and math.huge or tonumber(x)  -- num, inline: 23 a call
+  end
   row.limit, row.weight = s.limit, s.weight
   return row
 end
 
 local function save_row(s, row)
   local key, args = row_key(s.cap, s.client), {}
-  for _, f in ipairs(ROW) do
-    table.insert(args, ROW_FIELD[f])
-    table.insert(args, fmt(row[f]))
+  for i = 1, #ROW do
+    args[2 * i - 1], args[2 * i] = ROW_NAMES[i], fmt(row[ROW[i]])
   end
   redis.call('HSET', key, unpack(args))
   redis.call('PEXPIRE', key, s.cap.row_keep)
