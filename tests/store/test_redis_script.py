@@ -545,19 +545,24 @@ class TestReplies:
             "closing": math.inf,
         }
 
-    def test_seen_reads_the_ten_parts_of_an_admission(self) -> None:
-        """{charged, now, counts, admitted per share, bounds as text, rolled caps 1-based,
-        lease block, wants as text, full-at times after and before as text}: rolled
-        indexes become 0-based."""
-        full, was = ["0", "14.25"], ["0", "13.5"]
-        reply = [1, "12.5", [3, 0], [2, 5], ["4.5", "inf"], [2], 7, ["3", "9.5"], full, was]
+    def test_seen_reads_the_flat_reply_of_an_admission(self) -> None:
+        """{charged, now, lease block, counters, shares, rolled, wants, then the counts, the
+        full-at times after and before as text, admitted per share, bounds as text, rolled
+        caps 1-based, wants as text}: rolled indexes become 0-based."""
+        head = [1, "12.5", 7, 2, 2, 1, 2]
+        counters = [3, 0, "0", "14.25", "0", "13.5"]  # counts, full after, full before
+        shares = [2, 5, "4.5", "inf"]  # admitted, bounds
+        reply = [*head, *counters, *shares, 2, "3", "9.5"]
         got = script.seen(reply)
         assert got == Seen(
             True, 12.5, [3, 0], [2, 5], [4.5, math.inf], [1], 7, [3.0, 9.5], [0.0, 14.25],
             [0.0, 13.5],
         )  # fmt: skip
-        refused = script.seen([0, "7", [], [], [], [], 0, [], [], []])
-        assert (refused.admitted, refused.now, refused.rolled) == (False, 7.0, [])
+        refused = script.seen([0, "7", 0, 1, 0, 0, 0, 4, "0", "0"])
+        assert (refused.admitted, refused.now, refused.counts, refused.rolled) == (
+            False, 7.0, [4], [],
+        )  # fmt: skip
+        assert (refused.shared, refused.bounds, refused.wanted) == ([], [], [])
 
     def test_a_hand_back_is_not_an_admission(self) -> None:
         """NEED_LEVEL is the first element of a hand-back only: not 0 or 1."""

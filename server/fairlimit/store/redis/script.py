@@ -383,15 +383,25 @@ class Seen:
 
 
 def seen(reply: Sequence[Any]) -> Seen:
+    """The admit script's flat reply: {charged, now, block, counters, shares, rolled, wants},
+    then per counter its count, then its full-at times after and before the call, per share
+    its admitted count, then its bound, the rolled caps (1-based), the wants."""
+    n, k, r, w = (int(x) for x in reply[3:7])
+    at = 7
+    parts = []
+    for size in (n, n, n, k, k, r, w):
+        parts.append(reply[at : at + size])
+        at += size
+    counts, full, was, shared, bounds, rolled, wanted = parts
     return Seen(
         int(reply[0]) == 1,
         float(reply[1]),
-        [int(x) for x in reply[2]],
-        [int(x) for x in reply[3]],
-        [float(x) for x in reply[4]],
-        [int(x) - 1 for x in reply[5]],
-        int(reply[6]),
-        [float(x) for x in reply[7]],
-        [float(x) for x in reply[8]],
-        [float(x) for x in reply[9]],
+        [int(x) for x in counts],
+        [int(x) for x in shared],
+        [float(x) for x in bounds],
+        [int(x) - 1 for x in rolled],
+        int(reply[2]),
+        [float(x) for x in wanted],
+        [float(x) for x in full],
+        [float(x) for x in was],
     )

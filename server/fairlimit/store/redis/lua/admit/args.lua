@@ -55,11 +55,14 @@
 -- its boundaries around the caller's now, "," separated (this call picks the window that
 -- holds its own now); "s" a sliding window of SLIDING_PARTS sub-windows; "g" GCRA, extra
 -- its burst (core/smooth.py states both). A block is never reserved at "s" or "g".
--- Returns {1 | 0, now, counts, admitted, bounds, rolled, block, wanted, full} (1 = charged,
---       0 = nothing charged; bounds and wanted as strings; rolled = indexes of caps whose
---       division this call wrote; block = the hits reserved, 0 = none; wanted = each
---       share's want, only when a block was asked for; full and was = per counter when it
---       is full again after this call and before it, for kinds "s" and "g", else "0"), or
+-- Returns one flat list, {1 | 0, now, block, n, k, r, w, then n counts, n full, n was,
+--       k admitted, k bounds, r rolled, w wanted} (1 = charged, 0 = nothing charged; n, k
+--       the counters and shares, r and w how many rolled and wanted follow; a nested
+--       table would cost Redis a conversion of its own; bounds and wanted as strings;
+--       rolled = indexes of caps whose division this call wrote; block = the hits
+--       reserved, 0 = none; wanted = each share's want, only when a block was asked for;
+--       full and was = per counter when it is full again after this call and before it,
+--       for kinds "s" and "g", else "0"), or
 --       {2, now, {cap index, epoch, fields, asker, extra, closing, in_force, indexed,
 --       stale}...} when this call won the lock of a cap whose division is due (asker "")
 --       or that a request found newly contended (asker = its client, extra = its hits);

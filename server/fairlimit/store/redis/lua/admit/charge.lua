@@ -4,12 +4,12 @@
 -- records kept (admitted), and the reply.
 -- KEYS: counters (n, s, r, t, p<k>, L:<consumer>), each cap's rows and meta, the records.
 -- ARGV: none.
--- Reads: DIVISION_FIELD LIGHT_FIELD (contract), counters caps shares records holder
+-- Reads: DIVISION_FIELD LIGHT_FIELD (contract), counters caps shares n records holder
 -- SLACK_MS MAX_TTL_MS now fmt (args.lua), admitted counts shared bounds rolled wanted was
 -- (decide.lua), block (lease.lua), meter_charge meter_full (meters.lua), enter
 -- (division.lua), save_row (rows.lua).
--- Defines: full; returns {1 | 0, now, counts, admitted, bounds, rolled, block, wanted,
--- full, was}.
+-- Defines: full; returns {1 | 0, now, block, n, k, r, w, counts, full, was, admitted,
+-- bounds, rolled, wanted}, flat (args.lua states it).
 
 -- Refused, only the levels of charge_when_over_limit rules are charged; admitted, all.
 local full = {}
@@ -71,4 +71,14 @@ if admitted then
     end
   end
 end
-return {admitted and 1 or 0, fmt(now), counts, shared, bounds, rolled, block, wanted, full, was}
+-- One flat list: Redis converts each table of a reply on its own, at a cost of its own.
+local k = #shares
+local out = {admitted and 1 or 0, fmt(now), block, n, k, #rolled, #wanted}
+for i = 1, n do out[7 + i], out[7 + n + i], out[7 + 2 * n + i] = counts[i], full[i], was[i] end
+local at = 7 + 3 * n
+for i = 1, k do out[at + i], out[at + k + i] = shared[i], bounds[i] end
+at = at + 2 * k
+for i = 1, #rolled do out[at + i] = rolled[i] end
+at = at + #rolled
+for i = 1, #wanted do out[at + i] = wanted[i] end
+return out
