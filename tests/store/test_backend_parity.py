@@ -436,6 +436,49 @@ def _ask(client: str | None, hits: int | None = None, ticks: int = 0, glob: bool
     return Step(ticks, Ask(client, None, glob, hits, False, None))
 
 
+def _nested(tenant: str, user: str, hits: int | None = None, ticks: int = 0) -> Step:
+    """A request by ``user`` of ``tenant`` under the nested caps, ``ticks`` grid steps later."""
+    return Step(ticks, Ask(None, (tenant, user), False, hits, False, None))
+
+
+# A request under nested caps that finds both caps newly contended (t1 at the org cap, u0 at
+# t1's): memory remakes both divisions with it counted. Redis handed back for the divisions
+# due, then for the org cap's remake, and its third and last call could not lock: t1's cap
+# decided on the division before and gave u0 a share of 0 where memory gave 7 (the last
+# step's current_limit). Now a call may hand back once more per cap of its group.
+NESTED_FORCED = (
+    Shape(
+        f"""domain: {DOMAIN}
+descriptors:
+  - key: route
+    value: org
+    rate_limit: {{unit: minute, requests_per_unit: 45}}
+    fair_share: {{active_clients: 1}}
+    descriptors:
+      - key: tenant
+        rate_limit: {{unit: minute, requests_per_unit: 34}}
+        fair_share: {{active_clients: 1}}
+        descriptors:
+          - key: user
+            rate_limit: {{unit: second, requests_per_unit: 34}}
+""",
+        flat_slots=False,
+        global_limit=False,
+        global_slots=False,
+        nested=True,
+    ),
+    START + 7.56,
+    [
+        _nested("t0", "u0", 7),
+        _nested("t0", "u0", 5, ticks=67),
+        _nested("t1", "u2", 5, ticks=35),
+        _nested("t1", "u0"),
+        _nested("t1", "u2", 8, ticks=42),
+        _nested("t1", "u0", 11, ticks=44),
+    ],
+)
+
+
 # The over-limit cache of the Redis store answers a request whose client counter a
 # rejection found over, without Redis, reporting the client's own limit (2/s) where memory
 # reports its fair share at the cap (1/s, as c1 has arrived): step 4's current_limit.
@@ -568,6 +611,7 @@ class TestBackendParity:
     @_settings
     @given(case=cases(nested=True))
     @example(case=CREDITS)
+    @example(case=NESTED_FORCED)
     async def test_memory_and_redis_agree(
         self, redis_store_factory: StoreFactory, case: tuple[Shape, float, list[Step]]
     ) -> None:

@@ -60,7 +60,10 @@ from fairlimit.store.redis.slots import RedisSlots, clock_base
 
 log = logging.getLogger(__name__)
 
-_ATTEMPTS = 3  # a division due, one a request forces, then no more locking
+# A division due (every cap of the group at once), then one a request forces at each cap
+# (a request under nested caps can find each newly contended, as memory remakes each),
+# then no more locking.
+_ATTEMPTS = 2
 
 
 class RedisStore:
@@ -199,8 +202,9 @@ class RedisStore:
         prefix = self._options.key_prefix
         records, tail = reservations.admit_tail(plan, g, prefix, self._cluster)
         keys = script.keys(ADMIT, g) + records
-        for attempt in range(_ATTEMPTS):
-            lock = (attempt < _ATTEMPTS - 1, self._options.lock_ms)
+        attempts = _ATTEMPTS + len(g.caps)
+        for attempt in range(attempts):
+            lock = (attempt < attempts - 1, self._options.lock_ms)
             args = script.admit_args(plan, g, now, lock, given, lease_ask) + tail
             reply = await self._call(self._scripts.admit, keys, args)
             if int(reply[0]) == RESERVATION_OPEN:
