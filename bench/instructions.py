@@ -325,18 +325,16 @@ def main() -> int:
     if procs.ensure_debian_package("valgrind", "valgrind") is None:
         print("instructions: valgrind not found and not installable", file=sys.stderr)
         return 2
-    if args.redis:
-        if procs.ensure_debian_package("redis-server", "redis-server") is None:
-            print("instructions: redis-server not found and not installable", file=sys.stderr)
+    # the modes that need one more program: it, its Debian package, and the mode's run
+    modes = ((args.redis, "redis-server", "redis-server", main_redis),
+             (args.served, "h2load", "nghttp2-client", main_served))  # fmt: skip
+    for on, command, package, run in modes:
+        if not on:
+            continue
+        if procs.ensure_debian_package(command, package) is None:
+            print(f"instructions: {command} not found and not installable", file=sys.stderr)
             return 2
-        return main_redis(args.baseline.resolve() if args.baseline else None,
-                          args.routes.split(","))  # fmt: skip
-    if args.served:
-        if procs.ensure_debian_package("h2load", "nghttp2-client") is None:
-            print("instructions: h2load not found and not installable", file=sys.stderr)
-            return 2
-        return main_served(args.baseline.resolve() if args.baseline else None,
-                           args.routes.split(","))  # fmt: skip
+        return run(args.baseline.resolve() if args.baseline else None, args.routes.split(","))
     servers = {"this": procs.ROOT / "server"}
     if args.baseline is not None:
         servers["base"] = args.baseline.resolve() / "server"

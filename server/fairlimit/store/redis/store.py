@@ -60,9 +60,10 @@ from fairlimit.store.redis.slots import RedisSlots, clock_base
 
 log = logging.getLogger(__name__)
 
-# A division due (every cap of the group at once), then one a request forces at each cap
-# (a request under nested caps can find each newly contended, as memory remakes each),
-# then no more locking.
+# The admit script calls of a slot group beside one per cap: the first may hand back for
+# the divisions due (every cap at once), each cap may then hand back for a remake the
+# request forces there (under nested caps a request can find each newly contended, and
+# memory remakes each), and the last may not lock: it decides on what is in force.
 _ATTEMPTS = 2
 
 
@@ -202,8 +203,7 @@ class RedisStore:
         prefix = self._options.key_prefix
         records, tail = reservations.admit_tail(plan, g, prefix, self._cluster)
         keys = script.keys(ADMIT, g) + records
-        attempts = _ATTEMPTS + len(g.caps)
-        for attempt in range(attempts):
+        for attempt in range(attempts := _ATTEMPTS + len(g.caps)):
             lock = (attempt < attempts - 1, self._options.lock_ms)
             args = script.admit_args(plan, g, now, lock, given, lease_ask) + tail
             reply = await self._call(self._scripts.admit, keys, args)
