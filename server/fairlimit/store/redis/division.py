@@ -46,7 +46,7 @@ from fairlimit.store.redis.script import FIGURES, GivenDivision, division_text, 
 
 log = logging.getLogger(__name__)
 
-PRUNE_STEP = 16  # clients whose stale rows one prune.lua call drops (16 x 22 fields)
+PRUNE_STEP = 16  # clients whose stale rows one prune.lua call drops (16 x the 23 ROW_FIELDS)
 # After a division made in the background, the cap's task rests REST times as long as it
 # took before it makes the next: a division reads every active row, so at most
 # 1 / (1 + REST) of a core goes to a large cap's divisions, however often they fall due
