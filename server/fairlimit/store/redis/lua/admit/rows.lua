@@ -57,10 +57,7 @@ local function load_row(s)
     s.legacy = true
   end
   local row = {}
-  for i = 1, #ROW do
-    local x = v[i] or '0'
-    row[ROW[i]] = x == 'inf' and math.huge or tonumber(x)  -- num, inline: 23 a call
-  end
+  for i = 1, #ROW do row[ROW[i]] = num(v[i] or '0') end
   row.limit, row.weight = s.limit, s.weight
   return row
 end
