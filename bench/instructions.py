@@ -138,15 +138,11 @@ def redis_requests(server: str, url: str, pid: int, route: str, clients: int) ->
     from fairlimit.config.loader import load
     from fairlimit.core.request import Descriptor, Request
     from fairlimit.limiter import Limiter
+    from fairlimit.simulate.run import SimClock
     from fairlimit.store import open_store
 
-    class Clock:
-        at = 1_700_000_000.0
-
-        def now(self) -> float:
-            return self.at
-
-    clock = Clock()
+    clock = SimClock()  # the simulations' injected clock, moved by hand here
+    clock.t = 1_700_000_000.0
     store = open_store(f"{url}?clock=caller&leases=off&timeout=60")
     limiter = Limiter(load([procs.BENCH / "bench.yaml"]), store, clock)
     prepared = [
@@ -161,7 +157,7 @@ def redis_requests(server: str, url: str, pid: int, route: str, clients: int) ->
                 subprocess.run(["callgrind_control", "--zero", str(pid)], capture_output=True,
                                check=True)  # fmt: skip
             await limiter.decide(prepared[n % clients], None)
-            clock.at += REDIS_STEP
+            clock.t += REDIS_STEP
         await store.close()
 
     asyncio.run(run())
