@@ -337,20 +337,50 @@ class TestPredicted:
     def test_a_client_not_seen_last_window_is_its_rate_so_far(self) -> None:
         """New in [0, 60): 41 hits by 20.5, 2 a period over the 20.5 periods gone; 3 hits by
         0.5 count over one whole period at least: 3."""
-        assert predicted(row_of((3.0, 41), window=60), Clock(60, 1.0, 20.5)) == 2.0
+        assert predicted(row_of((20.0, 41), window=60), Clock(60, 1.0, 20.5)) == 2.0
         assert predicted(row_of((0.2, 3), window=60), Clock(60, 1.0, 0.5)) == 3.0
 
     def test_a_client_back_after_a_skipped_window_is_its_rate_so_far(self) -> None:
-        """Asked 40 in [0, 10), then 6 at 22.0: at 24.0 it predicts 6 / 4 periods = 1.5."""
-        row = row_of((5.0, 40), (22.0, 6))
+        """Asked 40 in [0, 10), then 6 at 23.5: at 24.0 it predicts 6 / 4 periods = 1.5."""
+        row = row_of((5.0, 40), (23.5, 6))
         assert predicted(row, at(24.0)) == 1.5
 
     def test_the_rate_is_per_period(self) -> None:
         """P = 0.5 s, 9 hits by 2.25 of [0, 10): 4.5 periods gone, 2 a period."""
         row = Row(INF, 1.0)
-        fold(row, Clock(10, 0.5, 1.0), INF)
-        record(row, 9, 1.0)
+        fold(row, Clock(10, 0.5, 2.0), INF)
+        record(row, 9, 2.0)
         assert predicted(row, Clock(10, 0.5, 2.25)) == 2.0
+
+    def test_a_client_new_in_the_window_that_has_gone_quiet_is_predicted_nothing(self) -> None:
+        """A burst new in [0, 60): 10 hits at each of 20, 21, 22 and 23. Asking for 3 s, it is
+        quiet once 3 s and a period more have gone since its last: at 27.0 its rate so far
+        (40 / 27 a period), at 27.01 nothing; its want is then what it asked, and a division
+        counts it so (open, 40 fixed, no rate). A client seen in the window before keeps its
+        rate, however long it has been quiet."""
+        row = row_of(*[(20.0 + i, 10) for i in range(4)], window=60)
+        assert predicted(row, Clock(60, 1.0, 27.0)) == pytest.approx(40 / 27)
+        assert predicted(row, Clock(60, 1.0, 27.01)) == 0.0
+        assert want(row, Clock(60, 1.0, 27.01), 2) == (42.0, 0.0)
+        assert want(row, Clock(60, 1.0, 27.0), 2) == pytest.approx((42.0, 40 / 27))
+        division = divide([("b", row)], 1000.0, Clock(60, 1.0, 27.01))
+        assert sums(division) == (0.0, 40.0, 0.0)
+        steady = row_of((50.0, 30), (70.0, 10), window=60)  # 30 in [0, 60), 10 at 70
+        assert predicted(steady, Clock(60, 1.0, 100.0)) == pytest.approx((10 + 30 * 10 / 50) / 60)
+
+    def test_one_request_is_quiet_after_a_period(self) -> None:
+        """One request of 41 at 20.0 of [0, 60): asking for no time, it is quiet once more
+        than a period has gone (20.5: 2 a period; 21.5: nothing). A period is P: at P = 0.5
+        (a cap of 10 s) 0.5 s."""
+        one = row_of((20.0, 41), window=60)
+        assert predicted(one, Clock(60, 1.0, 20.5)) == 2.0
+        assert predicted(one, Clock(60, 1.0, 21.0)) == pytest.approx(41 / 21)
+        assert predicted(one, Clock(60, 1.0, 21.5)) == 0.0
+        row = Row(INF, 1.0)
+        fold(row, Clock(10, 0.5, 2.0), INF)
+        record(row, 9, 2.0)
+        assert predicted(row, Clock(10, 0.5, 2.5)) == pytest.approx(9 / 5)
+        assert predicted(row, Clock(10, 0.5, 2.75)) == 0.0
 
     def test_a_row_not_folded_predicts_as_folded_and_is_not_changed(self) -> None:
         """A division reads every row as it stands: a row last touched in [0, 10) predicts at
@@ -370,15 +400,15 @@ class TestWant:
     def test_asked_and_the_rate_for_the_periods_left(self) -> None:
         """12 asked by 4.0 of [0, 10): 3 a period, 6 periods left, want 12 + 3 x 6 = 30; with
         this request's 2 hits, (14, 3)."""
-        row = row_of((1.0, 12))
+        row = row_of((3.5, 12))
         assert want(row, at(4.0)) == (12.0, 3.0)
         assert want(row, at(4.0), 2) == (14.0, 3.0)
 
     def test_the_limit_caps_a_want(self) -> None:
         """Want 30 over a limit of 25: (25, 0), the limit whatever the periods left; at a
         limit of 30 the want is kept."""
-        assert want(row_of((1.0, 12), limit=25), at(4.0)) == (25.0, 0.0)
-        assert want(row_of((1.0, 12), limit=30), at(4.0)) == (12.0, 3.0)
+        assert want(row_of((3.5, 12), limit=25), at(4.0)) == (25.0, 0.0)
+        assert want(row_of((3.5, 12), limit=30), at(4.0)) == (12.0, 3.0)
 
     def test_demand_before_the_last_windows_length_is_no_want(self) -> None:
         """12 asked at 1.0 of [0, 10), the row not folded since: at 14.0 it asked nothing this
@@ -388,7 +418,7 @@ class TestWant:
     def test_part_in_a_division(self) -> None:
         """Want 30 at weight 2: open with (12, 3) at λ = 15 (30 <= 15 x 2), held without sums
         at λ = 14.9; a row without any want has no part."""
-        row = row_of((1.0, 12), weight=2)
+        row = row_of((3.5, 12), weight=2)
         assert part(row, at(4.0), 15.0) == (OPEN, 12.0, 3.0)
         assert part(row, at(4.0), 14.9) == (HELD, 0.0, 0.0)
         assert part(row, at(4.0), INF) == (OPEN, 12.0, 3.0)
@@ -458,12 +488,13 @@ HALF = at(5.0)
 
 
 def halfway(asked: int, limit: float = INF, weight: float = 1.0) -> Row:
-    return row_of((1.0, asked), limit=limit, weight=weight)
+    """A client that asked ``asked`` at 4.5, still asking at HALF (not quiet: ``_quiet``)."""
+    return row_of((4.5, asked), limit=limit, weight=weight)
 
 
 @st.composite
 def clients(draw: st.DrawFn, min_size: int = 1) -> list[tuple[int, float, int]]:
-    """(asked by 1.0, limit, weight) of up to 8 clients, in whole numbers."""
+    """(asked by 4.5, limit, weight) of up to 8 clients, in whole numbers."""
     limit = st.integers(0, 120).map(float) | st.just(INF)
     one = st.tuples(st.integers(0, 60), limit, st.integers(1, 5))
     return draw(st.lists(one, min_size=min_size, max_size=8))
@@ -480,7 +511,7 @@ class TestDivide:
 
     @staticmethod
     def rows() -> dict[str, Row]:
-        """a, b and c asked 3, 10 and 20 by 1.0, weights 1, 1, 2."""
+        """a, b and c asked 3, 10 and 20 by 4.5, weights 1, 1, 2."""
         return {"a": halfway(3), "b": halfway(10), "c": halfway(20, weight=2.0)}
 
     def test_the_level_and_the_sums(self) -> None:
@@ -621,13 +652,31 @@ def played(draw: st.DrawFn) -> tuple[dict[str, Row], Clock, float]:
     return rows, at(now), float(draw(st.integers(1, 300)))
 
 
+class TestDivideInline:
+    """``divide`` works each row's want out inline; rows after random requests (``played``)
+    hold it to ``want``."""
+
+    @given(played())
+    def test_the_inline_wants_are_want(self, case: tuple[dict[str, Row], Clock, float]) -> None:
+        """``divide`` works each row's want out inline (``_seen``, ``predicted`` and ``want``
+        in one pass, a quiet client's rate included): for rows after random requests, its
+        sums and rows are those of every row's ``part`` at its λ."""
+        rows, clock, capacity = case
+        division = divide(rows.items(), capacity, clock)
+        parts = [(part(row, clock, division.level), row.weight) for row in rows.values()]
+        assert division.held == sum(w for (kind, _, _), w in parts if kind == HELD)
+        assert division.fixed == pytest.approx(sum(f for (k, f, _), _ in parts if k == OPEN))
+        assert division.rate == pytest.approx(sum(r for (k, _, r), _ in parts if k == OPEN))
+        assert division.rows == sum(1 for (k, _, _), _ in parts if k != NONE)
+
+
 class TestLeaveEnter:
     """A request takes its row's part out of the division and puts it back as decided."""
 
     def division(self) -> tuple[dict[str, Row], Division]:
-        """At 2.0 of [0, 10), a asked 2 at 1.0 (1 a period: want 2 + 1 x 8 = 10), b 20 (10
+        """At 2.0 of [0, 10), a asked 2 at 1.95 (1 a period: want 2 + 1 x 8 = 10), b 20 (10
         a period: want 100); over 50, λ = 40: a open with (2, 1), b held, weight 1."""
-        rows = {"a": row_of((1.0, 2)), "b": row_of((1.0, 20))}
+        rows = {"a": row_of((1.95, 2)), "b": row_of((1.95, 20))}
         assert level([10, 100], [1, 1], 50) == 40
         division = divide(rows.items(), 50.0, at(2.0))
         assert sums(division) == (1.0, 2.0, 1.0)

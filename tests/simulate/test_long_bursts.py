@@ -34,6 +34,14 @@ pytestmark = pytest.mark.behaviour
 
 ERROR = 0.10  # within 10% of its max-min share, one request of rounding allowed
 SEEDS = range(12)
+TOGETHER = range(100, 140)  # more draws of bursts at once: none within ERROR failed, 8 of
+# 172 did before a burst gone quiet was predicted nothing (sharing._quiet)
+# Bursts one after another: a known limit (docs/fairness.md, "Known limits"). Online, the
+# cap cannot know a burst will come later in the window: the bursts before it, and the
+# sparse clients, take what max-min would have left it. Measured over 172 draws, 16 past
+# ERROR (14 before sharing._quiet); this one of the 24 here: 78, 78 and 65 admitted where
+# max-min gives each 73.7 (78, 73 and 70 before).
+KNOWN = {(3, "apart")}
 BUNDLED = Path(__file__).resolve().parents[2] / "descriptors/scenarios/bursts-long-window.yaml"
 
 
@@ -87,9 +95,20 @@ async def _run(drawn: Drawn, where: Path, store: Callable[[], Store] | None = No
     return await simulated(drawn.scenario, drawn.config, where, store)
 
 
+def _drawn(seeds: range, starts: tuple[str, ...]) -> list[object]:
+    known = pytest.mark.xfail(strict=True, reason="known limit: a burst later in the window")
+    return [
+        pytest.param(seed, start, marks=[known] if (seed, start) in KNOWN else [])
+        for seed in seeds
+        for start in starts
+    ]
+
+
 @pytest.mark.asyncio
-@pytest.mark.parametrize("start", ["apart", "together"])
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize(
+    ("seed", "start"),
+    [*_drawn(SEEDS, ("apart", "together")), *_drawn(TOGETHER, ("together",))],
+)
 async def test_a_burst_arriving_during_a_long_window_gets_its_maxmin_share(
     seed: int, start: str, tmp_path: Path
 ) -> None:
@@ -103,12 +122,13 @@ async def test_a_burst_arriving_during_a_long_window_gets_its_maxmin_share(
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize(("seed", "start"), [(1, "apart"), (3, "together")])
+@pytest.mark.parametrize(("seed", "start"), [(1, "apart"), (3, "together"), (115, "together")])
 @pytest.mark.parametrize("backend", ["redis"])
 async def test_redis_admits_as_memory_does(
     seed: int, start: str, store: Store, tmp_path: Path
 ) -> None:
-    """On Redis (its script runs the same rule) every window admits what memory admits."""
+    """On Redis (its script runs the same rule) every window admits what memory admits
+    (115: bursts gone quiet in an hour, a sparse client beside them: ``_quiet``)."""
     drawn = draw(seed, start)
     on_redis = await _run(drawn, tmp_path, once(store))
     on_memory = await _run(drawn, tmp_path)

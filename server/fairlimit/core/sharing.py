@@ -122,7 +122,7 @@ WHOLE_FIELDS = frozenset({"window", "period", "epoch", "kind", "page"})
 DIVIDED_BY = (
     *("window", "asked", "previous", "previous_last", "seen", "gap", "limit", "weight"),
     *("history", "mass", "period", "period_asked", "period_admitted", "last_asked"),
-    "last_admitted",
+    *("last_admitted", "first"),
 )
 
 
@@ -220,9 +220,27 @@ def predicted(row: Row, clock: Clock) -> float:
     window so far, and of the window before the part still inside that length, taken as
     spread evenly up to its last request there), so a sparse client keeps its rate between
     requests and a client gone quiet loses it; a row not seen last window, what it asked
-    over the part of this window gone."""
+    over the part of this window gone, and nothing once it has gone quiet (``_quiet``)."""
     asked, previous, previous_last, _ = _seen(row, clock)
+    if previous < 0 and _quiet(row, clock):
+        return 0.0
     return _rate(asked, previous, previous_last, clock)
+
+
+def _quiet(row: Row, clock: Clock) -> bool:
+    """Whether a client has gone quiet in this window: it has not asked for longer than it
+    had been asking in it (its first request here to its last), and a period more. A client
+    not seen in the window before is predicted by its rate over the part of the window
+    gone, as if it had been asking since the window began; once it has gone quiet, a burst
+    that is over, it is predicted nothing more (it would hold its rate to the window's end:
+    at a cap of an hour, capacity left unused while a client beside it is refused). A
+    client spreading its requests comes back sooner, and at a cap of one period's window
+    no client is quiet."""
+    return (
+        row.window == clock.start
+        and row.first >= clock.start
+        and clock.now - row.seen > row.seen - row.first + clock.period_len
+    )
 
 
 def _rate(asked: float, previous: float, previous_last: float, clock: Clock) -> float:
@@ -252,6 +270,8 @@ def want(row: Row, clock: Clock, extra: float = 0.0) -> tuple[float, float]:
     utilisation predicted so.)"""
     asked, previous, previous_last = _in_window(row, clock)
     fixed, rate = asked + extra, _rate(asked, previous, previous_last, clock)
+    if previous < 0 and rate and _quiet(row, clock):
+        rate = 0.0
     if row.gap == 1.0 and previous >= 0 and clock.window == clock.period_len:  # every window
         if previous_last + LEAD * clock.period_len > clock.now - clock.window:
             if fixed <= previous:  # no more asked than then: its lump (or its rest) to come
@@ -362,6 +382,8 @@ def divide(
             asked, previous, last = row.asked, row.previous, row.previous_last
         if previous < 0:
             rate = asked / first
+            if rate and row.first >= start and now - row.seen > row.seen - row.first + length:
+                rate = 0.0  # gone quiet (``_quiet``; asked here: its row is in this window)
         elif last > since:
             spread = last - before
             inside = (last - since) / spread if spread > 0 else 1.0
