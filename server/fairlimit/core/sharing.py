@@ -270,8 +270,10 @@ def want(row: Row, clock: Clock, extra: float = 0.0) -> tuple[float, float]:
     utilisation predicted so.)"""
     asked, previous, previous_last = _in_window(row, clock)
     fixed, rate = asked + extra, _rate(asked, previous, previous_last, clock)
-    if previous < 0 and rate and _quiet(row, clock):
-        rate = 0.0
+    if previous < 0 and rate:  # new in the window (and in it: asked), unless gone quiet
+        seen, first = row.seen, row.first  # ``_quiet``, inline: a want is worked out often
+        if first >= clock.start and clock.now - seen > seen - first + clock.period_len:
+            rate = 0.0
     if row.gap == 1.0 and previous >= 0 and clock.window == clock.period_len:  # every window
         if previous_last + LEAD * clock.period_len > clock.now - clock.window:
             if fixed <= previous:  # no more asked than then: its lump (or its rest) to come
