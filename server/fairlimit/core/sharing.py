@@ -623,9 +623,12 @@ def _paced(
         # would wait for the pace to pass a whole request
         bound = max(bound, min(share, row.admitted + max(claim.hits, 1)))
     if kept and kept >= part:
-        # holding its whole part, it leaves the whole reserve in the cap: the held clients'
-        # fractional shares and credits (and the request above) must not eat into it
-        bound = min(bound, row.admitted + claim.capacity - total - claim.reserve)
+        # holding its whole part, it leaves the whole reserve in the cap, and the open
+        # clients' requests still to come, which the reserve counts on (``reserve``): the
+        # held clients' fractional shares and credits (and the request above) must not eat
+        # into them
+        coming = math.floor(division.rate * clock.left + EPSILON)
+        bound = min(bound, row.admitted + claim.capacity - total - claim.reserve - coming)
     if eased:
         # paced less than its history says, it leaves the open clients' requests still to
         # come in the cap (a client held now may hold more than its share: it took it while

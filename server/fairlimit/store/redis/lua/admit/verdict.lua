@@ -86,7 +86,8 @@ local function paced(share, row, d, s, capacity, total)
     bound = math.max(bound, math.min(share, row.admitted + math.max(s.hits, 1)))
   end
   if kept ~= 0 and kept >= part then
-    bound = math.min(bound, row.admitted + capacity - total - s.reserve)
+    local coming = math.floor(d.rate * left(c) + EPSILON)
+    bound = math.min(bound, row.admitted + capacity - total - s.reserve - coming)
   end
   if eased then
     local coming = math.floor(d.rate * left(c) + EPSILON)
