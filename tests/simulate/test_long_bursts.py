@@ -34,8 +34,9 @@ pytestmark = pytest.mark.behaviour
 
 ERROR = 0.10  # within 10% of its max-min share, one request of rounding allowed
 SEEDS = range(12)
-TOGETHER = range(100, 140)  # more draws of bursts at once: none within ERROR failed, 8 of
-# 172 did before a burst gone quiet was predicted nothing (sharing._quiet)
+# More draws of bursts at once: of 172 such draws none is past ERROR, and 8 were before a
+# burst gone quiet was predicted nothing (sharing._quiet); 4 of these 40 among them.
+TOGETHER = range(100, 140)
 # Bursts one after another: a known limit (docs/fairness.md, "Known limits"). Online, the
 # cap cannot know a burst will come later in the window: the bursts before it, and the
 # sparse clients, take what max-min would have left it. Measured over 172 draws, 16 past
@@ -128,7 +129,8 @@ async def test_redis_admits_as_memory_does(
     seed: int, start: str, store: Store, tmp_path: Path
 ) -> None:
     """On Redis (its script runs the same rule) every window admits what memory admits
-    (115: bursts gone quiet in an hour, a sparse client beside them: ``_quiet``)."""
+    (115: bursts gone quiet in an hour beside a sparse client, ``_quiet``: the division,
+    made from the rows read from Redis, must read when each client first asked)."""
     drawn = draw(seed, start)
     on_redis = await _run(drawn, tmp_path, once(store))
     on_memory = await _run(drawn, tmp_path)
