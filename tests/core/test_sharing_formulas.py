@@ -50,37 +50,9 @@ from fairlimit.core.sharing import (
     want,
 )
 from maxmin import INF, level
+from sharing_rows import P, W, ask, at, row_of
 
 pytestmark = pytest.mark.unit
-
-W, P = 10, 1.0
-
-
-def at(now: float, window: int = W, period: float = P) -> Clock:
-    return Clock(window, period, now)
-
-
-def ask(
-    row: Row, now: float, hits: int, admitted: bool = True, closing: float = INF, window: int = W
-) -> Row:
-    """What a store does with a request of ``hits`` at ``now`` (demand seen): fold the row,
-    count the demand and, when admitted, the hits."""
-    fold(row, at(now, window), closing)
-    record(row, hits, now)
-    if admitted:
-        charge(row, hits)
-    return row
-
-
-def row_of(
-    *requests: tuple[float, int], limit: float = INF, weight: float = 1.0, window: int = W
-) -> Row:
-    """A new client's row after ``(time, hits)`` requests, each admitted."""
-    row = Row(limit, weight)
-    for now, hits in requests:
-        ask(row, now, hits, window=window)
-    return row
-
 
 def state(of: Row | Division) -> dict[str, object]:
     return {name: getattr(of, name) for name in type(of).__slots__}

@@ -4,7 +4,6 @@ Python reads back as the same double. A whole number below 1e15 takes a faster w
 (its integer digits); the text must be what ``%.17g`` gives, as it was before that way."""
 
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairlimit.store.redis import script
+from helpers import lua_function
 from redis_servers import RedisProcess
 
 pytestmark = pytest.mark.behaviour
@@ -36,9 +36,7 @@ EDGES = [0.0, -0.0, 1.0, -1.0, 5.0, 0.5, -2.25, 1 / 3, 1765103456.0, 1765103456.
 
 def fmt_source() -> str:
     """``fmt`` as args.lua defines it (from its line to the first ``end`` that closes it)."""
-    found = re.search(r"^local function fmt\(x\)\n.*?^end\n", ARGS_LUA.read_text(), re.M | re.S)
-    assert found, "args.lua defines fmt"
-    return found[0]
+    return lua_function(ARGS_LUA, "local function fmt(x)")
 
 
 def texts(server: RedisProcess, values: list[float]) -> list[tuple[str, str]]:

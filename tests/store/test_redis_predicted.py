@@ -8,16 +8,17 @@ script predicts the row of the client asking, so a mirror that drifted would dec
 client's request differently from memory only where the cap is contended, which random
 traffic reaches now and then: here each row is compared directly."""
 
-import re
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairlimit.core.sharing import Clock, Row, charge, fold, predicted, record
+from fairlimit.core.sharing import Clock, Row, fold, predicted
 from fairlimit.store.redis import script
+from helpers import lua_function
 from redis_servers import RedisProcess
+from sharing_rows import row_of
 
 pytestmark = pytest.mark.behaviour
 
@@ -41,10 +42,7 @@ return out
 
 def predicted_source() -> str:
     """``predicted`` as rows.lua defines it (to the ``end`` that closes it)."""
-    found = re.search(r"^local function predicted\(row, c\)\n.*?^end\n", ROWS_LUA.read_text(),
-                      re.M | re.S)  # fmt: skip
-    assert found, "rows.lua defines predicted"
-    return found[0]
+    return lua_function(ROWS_LUA, "local function predicted(row, c)")
 
 
 def in_lua(server: RedisProcess, rows: list[Row], clock: Clock) -> list[float]:
@@ -56,16 +54,6 @@ def in_lua(server: RedisProcess, rows: list[Row], clock: Clock) -> list[float]:
     return [float(text) for text in reply]
 
 
-def asked(requests: list[tuple[float, int]], window: int, period: float) -> Row:
-    """A client's row after ``requests`` (time, hits), each admitted, as a store keeps it."""
-    row = Row(1e9, 1.0)
-    for now, hits in sorted(requests):
-        fold(row, Clock(window, period, now), float("inf"))
-        record(row, hits, now)
-        charge(row, hits)
-    return row
-
-
 class TestPredictedInTheScript:
     def test_a_burst_gone_quiet(self, redis_server: RedisProcess) -> None:
         """A burst of 4 requests at 20-23 s of a minute, new in it, and one request of 41 at
@@ -74,13 +62,13 @@ class TestPredictedInTheScript:
         (30 in the first minute, 10 at 70 s) keeps its rate at 100 s."""
         for now in (27.0, 27.01):
             clock = Clock(60, 1.0, now)
-            burst = asked([(20.0 + i, 10) for i in range(4)], 60, 1.0)
-            rows = [burst, asked([(20.0, 41)], 60, 1.0)]
+            burst = row_of(*[(20.0 + i, 10) for i in range(4)], window=60)
+            rows = [burst, row_of((20.0, 41), window=60)]
             for row in rows:
                 fold(row, clock, float("inf"))
             assert in_lua(redis_server, rows, clock) == [predicted(r, clock) for r in rows]
             assert (predicted(rows[0], clock) == 0.0) == (now > 27.0)
-        steady, clock = asked([(50.0, 30), (70.0, 10)], 60, 1.0), Clock(60, 1.0, 100.0)
+        steady, clock = row_of((50.0, 30), (70.0, 10), window=60), Clock(60, 1.0, 100.0)
         fold(steady, clock, float("inf"))
         assert in_lua(redis_server, [steady], clock) == [predicted(steady, clock)] != [0.0]
 
@@ -115,7 +103,7 @@ class TestPredictedInTheScript:
         ]  # fmt: skip
         last = max([t for c in requests for t, _ in c], default=0.0)
         clock = Clock(window, period, min(last + after * window, 2 * window - 1e-3))
-        rows = [asked(c, window, period) for c in requests]
+        rows = [row_of(*sorted(c), window=window, period=period) for c in requests]
         for row in rows:
             fold(row, clock, float("inf"))
         assert in_lua(redis_server, rows, clock) == [predicted(r, clock) for r in rows]

@@ -9,6 +9,7 @@ import hmac
 import importlib
 import json
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -76,6 +77,14 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.t += seconds
+
+
+def lua_function(path: Path, header: str) -> str:
+    """The local function of the Lua file at ``path`` whose first line is ``header`` (``local
+    function fmt(x)``), to the first ``end`` at a line's start: to run it alone in EVAL."""
+    found = re.search(rf"^{re.escape(header)}\n.*?^end\n", path.read_text(), re.M | re.S)
+    assert found, f"{path.name} defines {header}"
+    return found[0]
 
 
 def load_text(tmp_path: Path, text: str, name: str = "test.yaml") -> Loaded:
