@@ -575,9 +575,9 @@ def verdict(row: Row, division: Division, claim: ShareClaim, clock: Clock, total
         # held by its own limit, which takes all the cap has left: paced as a held client,
         # so a newcomer still finds the cap open; and counted as one, so a newcomer's
         # insertion sees it yield (open at its limit it would leave the newcomer no room)
-        return Verdict(_paced(share, row, division, claim, clock, total), share, HELD)
+        return Verdict(_paced(share, row, division, claim, clock, total, coming), share, HELD)
     share = room * row.weight / (division.held + row.weight)
-    bound = _paced(share + row.credit, row, division, claim, clock, total)
+    bound = _paced(share + row.credit, row, division, claim, clock, total, coming)
     return Verdict(bound, share + row.credit, HELD)
 
 
@@ -591,9 +591,16 @@ def _bursting(row: Row, share: float, clock: Clock) -> bool:
 
 
 def _paced(
-    share: float, row: Row, division: Division, claim: ShareClaim, clock: Clock, total: float
+    share: float,
+    row: Row,
+    division: Division,
+    claim: ShareClaim,
+    clock: Clock,
+    total: float,
+    coming: int,
 ) -> float:
-    """The bound of a client held at ``share``: its part of the cap's reserve for light
+    """The bound of a client held at ``share`` (``coming``: the open clients' requests still
+    to come, whole, as ``verdict`` worked them out): its part of the cap's reserve for light
     demand is held back while its history says it will ask for it later (``_for_light``);
     what its history predicts it will ask for
     later in the window waits for later (up to the part still to come), unless it had asked
@@ -627,13 +634,11 @@ def _paced(
         # clients' requests still to come, which the reserve counts on (``reserve``): the
         # held clients' fractional shares and credits (and the request above) must not eat
         # into them
-        coming = math.floor(division.rate * clock.left + EPSILON)
         bound = min(bound, row.admitted + claim.capacity - total - claim.reserve - coming)
     if eased:
         # paced less than its history says, it leaves the open clients' requests still to
         # come in the cap (a client held now may hold more than its share: it took it while
         # open, before this one came)
-        coming = math.floor(division.rate * clock.left + EPSILON)
         bound = min(bound, row.admitted + claim.capacity - total - coming)
     return _cold(bound, division, row, claim, clock, total)
 

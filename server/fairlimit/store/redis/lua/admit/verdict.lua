@@ -62,7 +62,8 @@ local function asked_by_now(row, c)
 end
 
 -- core/sharing._paced
-local function paced(share, row, d, s, capacity, total)
+-- coming: the open clients' requests still to come, whole, as verdict worked them out
+local function paced(share, row, d, s, capacity, total, coming)
   local c = s.cap
   local held_back, part, kept = 0, 0, 0
   local eased = false
@@ -86,11 +87,9 @@ local function paced(share, row, d, s, capacity, total)
     bound = math.max(bound, math.min(share, row.admitted + math.max(s.hits, 1)))
   end
   if kept ~= 0 and kept >= part then
-    local coming = math.floor(d.rate * left(c) + EPSILON)
     bound = math.min(bound, row.admitted + capacity - total - s.reserve - coming)
   end
   if eased then
-    local coming = math.floor(d.rate * left(c) + EPSILON)
     bound = math.min(bound, row.admitted + capacity - total - coming)
   end
   return cold(bound, d, row, s, capacity, total)
@@ -113,10 +112,11 @@ local function verdict(row, d, s, capacity, total)
     if rate ~= 0 or fixed < s.limit or d.cold ~= 0 or room - wanted >= 1 then
       return cold(share, d, row, s, capacity, total), share, OPEN, fixed < s.limit
     end
-    return paced(share, row, d, s, capacity, total), share, HELD, false
+    return paced(share, row, d, s, capacity, total, coming), share, HELD, false
   end
   local share = room * row.weight / (d.held + row.weight)
-  return paced(share + row.credit, row, d, s, capacity, total), share + row.credit, HELD, false
+  return paced(share + row.credit, row, d, s, capacity, total, coming), share + row.credit,
+    HELD, false
 end
 
 -- --- light demand (core/sharing.py: Light, roll_light, schedule, reserve) -----------------
