@@ -837,6 +837,44 @@ class TestVerdictHeld:
         assert v.share == pytest.approx(324.0)
 
 
+# A cap of a second (window [135, 136)): the others held at weight 2 beside 43 asked by the
+# open ones, room 600 - 43 = 557, so a held client's share is 557 / 3 = 185.67.
+SECOND_SHARE = 557 / 3
+
+
+def in_second(at: float, admitted: float, **fields: float) -> Row:
+    """A client held at a cap of a second, asking 10 a period (200 asked), ``admitted`` at
+    ``at``."""
+    fields.setdefault("asked", 200.0)
+    return client(now=Clock(1, 1.0, at), admitted=admitted, **fields)
+
+
+class TestVerdictYoungBurst:
+    """At a cap of one period's window, a client one period old is not greedy by that
+    period's history: a burst across the window's edge."""
+
+    def test_a_burst_one_period_old_is_not_paced_by_that_period(self) -> None:
+        """A client first seen late in the second before (mass ALPHA: one period of
+        history) asked 200 there, over its share; at 135.5 it has asked 220 (over BURST x
+        200 x 0.53): a burst, unpaced. A client of longer history asking so is greedy,
+        paced: 185.67 - 185.67 x (1 - φ)."""
+        now = Clock(1, 1.0, 135.5)
+        burst = {"history": 200.0, "period_asked": 220.0, "asked": 220.0}
+        young = in_second(135.5, 90.0, mass=ALPHA, **burst)
+        old = in_second(135.5, 90.0, **burst)
+        division = others(fixed=43.0)
+        assert verdict(young, division, claim(), now, 300).bound == pytest.approx(SECOND_SHARE)
+        paced = SECOND_SHARE * now.elapsed
+        assert verdict(old, others(fixed=43.0), claim(), now, 300).bound == pytest.approx(paced)
+
+    def test_at_a_longer_window_the_period_old_client_is_paced(self) -> None:
+        """At a cap of a minute the same client is greedy, paced (``_arrived`` serves a
+        burst there): its bound is below its share."""
+        now = Clock(60, 1.0, 135.5)
+        young = client(now=now, history=200.0, period_asked=220.0, asked=220.0, mass=ALPHA)
+        assert verdict(young, others(), claim(), now, 300).bound < 180.0
+
+
 class TestVerdictArrived:
     """At a cap whose window is longer than a period (LONG: a minute, 15 s gone), a client
     held at 180 (asked 60: want 61 + 60 / 15 x 45 = 241), history 10 a period: its history

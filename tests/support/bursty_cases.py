@@ -99,6 +99,9 @@ VARIANTS = (
     _with_phase(ONE_SHOT, "burst", Phase(6.8, 7.0, 1200), "one-shot-burst at 6.8 s"),
     # window 6: 400 hits in 0.2 s, still 92 each
     _with_phase(ONE_SHOT, "burst", Phase(6.4, 6.6, 2000), "one-shot-burst of 400"),
+    # windows 6 and 7: 120 asked in each, 92 each in both (paced by the history of its
+    # tenth of a second in window 6, it got 11 of them in window 7)
+    _with_phase(ONE_SHOT, "burst", Phase(6.9, 7.1, 1200), "one-shot-burst across a second"),
     # users 32/s (16/s in seconds 7, 15, ...), all admitted; the batch job the rest of 150
     _page_loads(30, 150),
     # minute 0: the sparse clients 15 each, the late client the other 810

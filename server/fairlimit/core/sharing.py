@@ -584,8 +584,13 @@ def verdict(row: Row, division: Division, claim: ShareClaim, clock: Clock, total
 def _bursting(row: Row, share: float, clock: Clock) -> bool:
     """Whether the client asks more than BURST times as fast this period as its history
     says, and its history is below its share (a client whose history alone passes its share
-    is greedy, however its rate jitters from one period to the next)."""
-    if row.history * clock.window / clock.period_len >= share:
+    is greedy, however its rate jitters from one period to the next), or, at a cap of one
+    period's window, is one period old (``mass`` ALPHA): a burst that began late in the
+    window before has a history of that part of it alone, not a rate it kept (a burst
+    across a second's edge, paced by it, got 11 of its 92 in the second second; at longer
+    windows ``_arrived`` serves such a burst)."""
+    young = row.mass <= ALPHA + EPSILON and clock.window <= clock.period_len
+    if not young and row.history * clock.window / clock.period_len >= share:
         return False
     return row.period_asked > BURST * row.history * clock.into
 

@@ -3,8 +3,8 @@
 -- verdict) and the light demand at a cap (load_light, schedule, reserve).
 -- KEYS: each cap's meta hash (LIGHT_FIELD and the calendar's CALENDAR<start> fields).
 -- ARGV: none.
--- Reads: FORCES AMORTISE EPSILON BURST RELEASE STALE LEAD LIGHT_FIELD CALENDAR (contract),
--- num whole OPEN HELD (args.lua), want left elapsed into (rows.lua).
+-- Reads: FORCES AMORTISE EPSILON BURST RELEASE STALE LEAD ALPHA LIGHT_FIELD CALENDAR
+-- (contract), num whole OPEN HELD (args.lua), want left elapsed into (rows.lua).
 -- Defines: contended cold bursting for_light asked_by_now arrived unseen paced verdict
 -- load_light schedule reserve.
 
@@ -28,7 +28,8 @@ end
 
 -- core/sharing._bursting
 local function bursting(row, share, c)
-  if row.history * c.window / c.period_len >= share then return false end
+  local young = row.mass <= ALPHA + EPSILON and c.window <= c.period_len
+  if not young and row.history * c.window / c.period_len >= share then return false end
   return row.period_asked > BURST * row.history * into(c)
 end
 
