@@ -217,8 +217,9 @@ class TestWindowRoll:
 
 
 class TestCredit:
-    """A window's rounding is carried to the next as a credit below one hit: the part of
-    the client's exact max-min share of that window (λ = ``closing``) it did not get."""
+    """A window's rounding is carried to the next as a credit below one hit: the fraction
+    of the client's exact max-min share of that window (λ = ``closing``) it did not get, or
+    got over it (a debt)."""
 
     @staticmethod
     def short(asked: int, admitted: int, limit: float = INF, weight: float = 1.0) -> Row:
@@ -259,12 +260,22 @@ class TestCredit:
         fold(limited, at(10.5), 7 / 3)
         assert (weighted.credit, limited.credit) == pytest.approx((0.5, 0.25))
 
-    def test_a_share_left_unused_is_not_owed(self) -> None:
-        """Admitted 1 of a share of 7/3: 4/3 short, a whole hit or more, so nothing is
-        carried (the hit was there to take)."""
+    def test_a_whole_hit_left_unused_is_not_owed(self) -> None:
+        """Admitted 1 of a share of 7/3: 4/3 short; the whole hit is not carried (it was
+        there to take), its fraction is: 1/3, as for a client admitted 2."""
         row = self.short(5, 1)
         fold(row, at(10.5), 7 / 3)
-        assert row.credit == 0.0
+        assert row.credit == pytest.approx(1 / 3)
+
+    def test_a_hit_above_the_share_is_carried_as_a_debt(self) -> None:
+        """Admitted 3 of a share of 7/3 (its last request rounded it up): 2/3 owed into
+        [10, 20), so its next share is 7/3 - 2/3 = 5/3 and the rounding rotates; admitted
+        4, 5/3 over, owes the fraction alone (a whole hit over was the cap's to give)."""
+        rounded_up = self.short(5, 3)
+        fold(rounded_up, at(10.5), 7 / 3)
+        far_over = self.short(5, 4)
+        fold(far_over, at(10.5), 7 / 3)
+        assert (rounded_up.credit, far_over.credit) == pytest.approx((-2 / 3, -2 / 3))
 
     def test_a_client_that_got_all_it_asked_is_owed_nothing(self) -> None:
         """Asked 2, admitted 2, under a share of 7/3: nothing carried."""
@@ -875,6 +886,41 @@ class TestVerdictYoungBurst:
         assert verdict(young, others(), claim(), now, 300).bound < 180.0
 
 
+class TestVerdictRounding:
+    """At its last hits of a window a held client's share is rounded up to a whole hit,
+    while the cap has that hit beside the open clients' requests still to come and the
+    light reserve: whole requests never reach a fractional share."""
+
+    def test_the_last_request_takes_the_share_rounded_up(self) -> None:
+        """At 135.95 (0.05 s left: half a request to come at 10 a period) 185 admitted of
+        185.67 may take the 186th."""
+        now = Clock(1, 1.0, 135.95)
+        v = verdict(in_second(135.95, 185.0), others(fixed=43.0), claim(), now, 300)
+        assert v.share == pytest.approx(SECOND_SHARE)
+        assert v.bound == 186.0
+
+    def test_the_request_before_it_takes_the_hit_below(self) -> None:
+        """At 135.8 (2 requests to come, this one included) the bound is 186 - 1: its last
+        request takes the 186th."""
+        now = Clock(1, 1.0, 135.8)
+        v = verdict(in_second(135.8, 184.0), others(fixed=43.0), claim(), now, 300)
+        assert v.bound == 185.0
+
+    def test_earlier_in_the_window_the_pace_holds(self) -> None:
+        """At 135.5 (5 requests to come) it keeps back what its history predicts it will
+        ask later, as before: 185.67 - 10 x 0.5."""
+        now = Clock(1, 1.0, 135.5)
+        v = verdict(in_second(135.5, 90.0), others(fixed=43.0), claim(), now, 300)
+        assert v.bound == pytest.approx(SECOND_SHARE - 5.0)
+
+    def test_not_past_what_the_cap_has_left(self) -> None:
+        """The cap at 600 of 600: nothing to round up with (the pace keeps back the half
+        request its history predicts)."""
+        now = Clock(1, 1.0, 135.95)
+        v = verdict(in_second(135.95, 185.0), others(fixed=43.0), claim(), now, 600)
+        assert v.bound == pytest.approx(SECOND_SHARE - 0.5)
+
+
 class TestVerdictArrived:
     """At a cap whose window is longer than a period (LONG: a minute, 15 s gone), a client
     held at 180 (asked 60: want 61 + 60 / 15 x 45 = 241), history 10 a period: its history
@@ -1094,7 +1140,8 @@ class TestVerdictBounds:
         (fold, leave, verdict): an open client's bound admits asked + hits (but where the
         cold rule holds it, or its want is its own limit and takes all the room left: both
         pace it); a held client's share is at most room·w / (held + w) and its bound at most
-        that share and its credit."""
+        that share and its credit, rounded up to a whole hit (``_paced``, at its last
+        requests of the window)."""
         rows, clock, capacity = case
         division = divide(rows.items(), capacity, clock)
         total = sum(r.admitted for r in rows.values() if r.window == clock.start)
@@ -1112,7 +1159,7 @@ class TestVerdictBounds:
                 assert v.bound >= min(row.limit, row.asked + hits) - 1e-6
             if v.kind == HELD:
                 assert v.share - row.credit <= room * row.weight / (d.held + row.weight) + 1e-9
-                assert v.bound <= v.share + 1e-9
+                assert v.bound <= math.ceil(v.share - EPSILON) + 1e-9
 
 
 def opened(fixed: float, top: float, forced: int = 0, asks: int = 0) -> Division:

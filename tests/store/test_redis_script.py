@@ -227,7 +227,7 @@ _NAMES = re.compile(r"^local ([A-Z_]+) = \{((?:'[a-z_]+'(?:, )?)*)\}$")
 _FIELDS = re.compile(r"^local ([A-Z_]+) = \{((?:[a-z_]+ = '[a-z]+'(?:, )?)*)\}$")
 _TEXT = re.compile(r"^local ([A-Z_]+) = '([a-z:]+)'$")
 CONSTANTS = ("ALPHA", "STALE", "SPLIT", "FORCES", "AMORTISE", "LEAD", "BURST", "EPSILON")
-CONSTANTS += ("RELEASE",)
+CONSTANTS += ("RELEASE", "ROUNDING")
 
 
 def prelude() -> tuple[dict[str, float], dict[str, list[str]], dict[str, dict[str, str]]]:
@@ -254,8 +254,8 @@ class TestContract:
     """The Lua prelude script.contract() generates from core/sharing.py."""
 
     def test_it_states_every_constant_with_its_python_value(self) -> None:
-        """ALPHA, STALE, SPLIT, FORCES, AMORTISE, LEAD, BURST, EPSILON and RELEASE, each as in
-        core/sharing.py, SLIDING_PARTS and SMOOTH_EPSILON as in core/units.py and
+        """ALPHA, STALE, SPLIT, FORCES, AMORTISE, LEAD, BURST, EPSILON, RELEASE and ROUNDING,
+        each as in core/sharing.py, SLIDING_PARTS and SMOOTH_EPSILON as in core/units.py and
         core/smooth.py, RESERVATION_OPEN as script.py's reply code, and no other."""
         constants, _, _ = prelude()
         expected = {name: float(getattr(sharing, name)) for name in CONSTANTS}

@@ -23,8 +23,10 @@ before by this point of it comes in a lump (a page), and is not paced (``_asked_
 A steady client is so paced linearly; a client with no history (a newcomer, a one-shot
 burst) takes its share at once, and one that arrived during a window longer than a period
 (a burst of seconds at a cap of minutes) keeps back only what the clients declared and not
-yet seen would take (``_arrived``). Fractions of λ·w_i
-are carried from window to window in a credit below one hit, so remainders rotate.
+yet seen would take (``_arrived``). A request is a whole hit: at its last hits of a window
+a held client's share λ·w_i is rounded up while the cap has the hit, and the fraction it got
+above or below λ·w_i is carried into the next window as a credit or a debt below one hit, so
+the rounding rotates (a cap of 100 for 30 clients admits 100 a window, not 90).
 
 Light clients (open below their own limit: page loads) that come back at a gap of two
 windows or more are expected again (``Light``, ``schedule``): the cap holds the hits it
@@ -50,6 +52,7 @@ AMORTISE = 8  # recompute at a sub-period only after rows / AMORTISE requests si
 LEAD = 1 / 32  # of a period: how far ahead of the elapsed window a paced client may be
 BURST = 2  # asking this many times faster than its history, a client is bursting
 EPSILON = 1e-9
+ROUNDING = 2  # a held client's last hits of a window (by its history): its share rounded up
 RELEASE = 1 / 512  # of a period: a paced client's demand this close to the window's end
 # counts as arriving now (requests come in lumps), so the light reserve is all released by
 # then (2 ms of a second: a page due at 0.99 of its window still finds its reserve)
@@ -74,7 +77,7 @@ class Row:
         self.previous = -1.0  # what it asked in the window before (-1: it was not there)
         self.previous_last = 0.0  # when it last asked in the window before
         self.seen = 0.0  # when it last asked
-        self.credit = 0.0  # the fraction of a hit carried from the window before
+        self.credit = 0.0  # the fraction of a hit carried from the window before (< 0: owed)
         self.period = -1  # the period period_asked and period_admitted belong to
         self.period_asked = self.period_admitted = 0.0
         self.history = 0.0  # EWMA of its demand per period, up to the period before
@@ -187,11 +190,11 @@ def fold(row: Row, clock: Clock, closing: float) -> None:
         row.previous = row.asked if follows else -1.0
         row.previous_last = row.seen
         if row.asked > row.admitted and follows:
-            # the deficit against its exact max-min share of that window, when a fraction
-            # of a hit: what rounding λ·w down took (a share left unused is not owed)
+            # the deficit against its exact max-min share of that window, or the debt: its
+            # fraction of a hit, what rounding λ·w down took or up gave (``_paced``); whole
+            # hits short are not owed (the hit was there to take), nor whole hits over
             share = min(row.asked, row.limit, closing * row.weight)
-            left_over = share + row.credit - row.admitted
-            carried = left_over if 0.0 < left_over < 1.0 else 0.0
+            carried = math.fmod(share + row.credit - row.admitted, 1.0)
         row.credit = carried
         row.admitted = row.asked = 0.0
         row.window = clock.start
@@ -612,7 +615,9 @@ def _paced(
     all it asked in the window before by this point of it (``_asked_by_now``); a client asking
     faster than that this period is bursting, and takes its share now; a nested cap paces
     its own clients; a cap sized for its clients is never paced; where nobody has history
-    it is paced by the elapsed window."""
+    it is paced by the elapsed window. At its last ROUNDING hits of the window (as its
+    history predicts them) or in its last LEAD, its share is rounded up to a whole hit, while
+    the cap has it beside the open clients' requests still to come and the reserve."""
     held_back = part = kept = 0.0
     eased = False
     if not claim.sized:
@@ -645,6 +650,17 @@ def _paced(
         # come in the cap (a client held now may hold more than its share: it took it while
         # open, before this one came)
         bound = min(bound, row.admitted + claim.capacity - total - coming)
+    top = math.ceil(share - EPSILON)
+    if bound < top and row.history > 0.0:
+        # its share rounded up, at its last hits of the window: paced, whole requests
+        # never reach a fractional share (3.33 a window took 3), and every held client
+        # rounding down left a hit each unused (a cap of 100 for 30 clients admitted 90);
+        # the hit above its share is carried as a debt (``fold``), so the rounding rotates
+        ahead = row.history * clock.left  # its hits still to come, this request's included
+        if clock.elapsed >= 1.0 or ahead < ROUNDING + 1:
+            lag = max(0, math.floor(ahead + EPSILON) - 1) if clock.elapsed < 1.0 else 0
+            spare = claim.capacity - total - coming - claim.reserve
+            bound = max(bound, min(float(top - lag), row.admitted + math.floor(spare + EPSILON)))
     return _cold(bound, division, row, claim, clock, total)
 
 

@@ -118,7 +118,7 @@ def contract() -> str:
     attributes in order with their Redis hash fields, and the light demand's fields
     (the admit script reads only these, so the two sides cannot drift apart)."""
     constants: tuple[str, ...] = ("ALPHA", "STALE", "SPLIT", "FORCES", "AMORTISE", "LEAD")
-    constants += ("BURST", "EPSILON", "RELEASE")
+    constants += ("BURST", "EPSILON", "RELEASE", "ROUNDING")
     lines = [f"local {name} = {_lua(getattr(sharing, name))}" for name in constants]
     lines.append(f"local SLIDING_PARTS = {units.SLIDING_PARTS}")
     lines.append(f"local SMOOTH_EPSILON = {smooth.EPSILON!r}")

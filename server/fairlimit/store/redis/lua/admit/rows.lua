@@ -104,8 +104,7 @@ local function fold(row, c, closing)
     row.previous_last = row.seen
     if row.asked > row.admitted and follows then
       local share = math.min(row.asked, row.limit, closing * row.weight)
-      local left_over = share + row.credit - row.admitted
-      if 0 < left_over and left_over < 1 then carried = left_over end
+      carried = math.fmod(share + row.credit - row.admitted, 1)
     end
     row.credit = carried
     row.admitted, row.asked = 0, 0

@@ -3,8 +3,8 @@
 -- verdict) and the light demand at a cap (load_light, schedule, reserve).
 -- KEYS: each cap's meta hash (LIGHT_FIELD and the calendar's CALENDAR<start> fields).
 -- ARGV: none.
--- Reads: FORCES AMORTISE EPSILON BURST RELEASE STALE LEAD ALPHA LIGHT_FIELD CALENDAR
--- (contract), num whole OPEN HELD (args.lua), want left elapsed into (rows.lua).
+-- Reads: FORCES AMORTISE EPSILON BURST RELEASE ROUNDING STALE LEAD ALPHA LIGHT_FIELD
+-- CALENDAR (contract), num whole OPEN HELD (args.lua), want left elapsed into (rows.lua).
 -- Defines: contended cold bursting for_light asked_by_now arrived unseen paced verdict
 -- load_light schedule reserve.
 
@@ -92,6 +92,17 @@ local function paced(share, row, d, s, capacity, total, coming)
   end
   if eased then
     bound = math.min(bound, row.admitted + capacity - total - coming)
+  end
+  local top = math.ceil(share - EPSILON)
+  if bound < top and row.history > 0 then
+    local ahead = row.history * left(c)
+    local phi = elapsed(c)
+    if phi >= 1 or ahead < ROUNDING + 1 then
+      local spare = capacity - total - coming - s.reserve
+      local lag = 0
+      if phi < 1 then lag = math.max(0, math.floor(ahead + EPSILON) - 1) end
+      bound = math.max(bound, math.min(top - lag, row.admitted + math.floor(spare + EPSILON)))
+    end
   end
   return cold(bound, d, row, s, capacity, total)
 end
