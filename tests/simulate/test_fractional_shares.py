@@ -10,10 +10,12 @@ cap of a second whose share is a fraction (5 to 40 hits and a part). Each runs t
 ``fairlimit simulate``'s engine for 10 s (on memory; one on Redis, which must admit the
 same) and is measured against the exact weighted max-min solver (tests/support/maxmin.py):
 
-- from the second window on (the first has no history: its pacing is the cold split's),
-  the windows admit at least 98% of the cap, summed (90-97% before);
-- summed over those windows, every client is within 3.5 hits of its max-min hits: the
-  rounding rotates (a hit above the share is owed back next window; 4.5 before).
+- from the third window on (the first has no history, its pacing the cold split's; in the
+  second every history is one period old), the windows admit at least 98% of the cap,
+  summed, and more than half of them the whole cap but a hit at most (0-62% of them
+  before, on the eight seeds here; 62-100% now, on 160);
+- summed over those windows, every client is within 4 hits of its max-min hits: the
+  rounding rotates (a hit above the share is owed back next window).
 """
 
 import random
@@ -31,8 +33,10 @@ pytestmark = pytest.mark.behaviour
 
 SEEDS = range(8)
 SECONDS = 10
+MEASURED = 2  # the windows before the first measured (see the docstring)
 UTILISATION = 0.98  # of the cap, summed over the windows measured
-SPREAD = 3.5  # hits: what a client's total may be off its max-min total, summed
+FULL = 0.5  # more than this part of the windows measured admit the cap but a hit at most
+SPREAD = 4  # hits: what a client's total may be off its max-min total, summed
 
 
 @dataclass(frozen=True)
@@ -68,14 +72,16 @@ async def _run(drawn: Drawn, where: Path, store: Store | None = None) -> Figures
 async def test_every_window_admits_the_cap_and_the_rounding_rotates(
     seed: int, tmp_path: Path
 ) -> None:
-    """UTILISATION of the cap over the windows but the first; each client's total within
-    SPREAD of its max-min total."""
+    """UTILISATION of the cap over the windows measured, more than FULL of them whole but
+    a hit; each client's total within SPREAD of its max-min total."""
     drawn = draw(seed)
     got = await _run(drawn, tmp_path)
-    measured = got.windows[1:]
+    measured = got.windows[MEASURED:]
     admitted = [sum(w.admitted) for w in measured]
     used = sum(admitted) / (drawn.capacity * len(measured))
     assert used >= UTILISATION, f"{admitted} of {drawn.capacity} a window\n{drawn.scenario}"
+    full = sum(a >= drawn.capacity - 1 for a in admitted)
+    assert full > FULL * len(measured), f"{admitted} of {drawn.capacity} a window"
     for i, name in enumerate(got.names):
         mine = sum(w.admitted[i] for w in measured)
         fair = float(sum(w.fair[i] for w in measured))
