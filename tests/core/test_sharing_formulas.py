@@ -853,11 +853,11 @@ class TestVerdictHeld:
 SECOND_SHARE = 557 / 3
 
 
-def in_second(at: float, admitted: float, **fields: float) -> Row:
+def in_second(now: Clock, admitted: float, **fields: float) -> Row:
     """A client held at a cap of a second, asking 10 a period (200 asked), ``admitted`` at
-    ``at``."""
+    ``now``."""
     fields.setdefault("asked", 200.0)
-    return client(now=Clock(1, 1.0, at), admitted=admitted, **fields)
+    return client(now=now, admitted=admitted, **fields)
 
 
 class TestVerdictYoungBurst:
@@ -871,12 +871,12 @@ class TestVerdictYoungBurst:
         paced: 185.67 - 185.67 x (1 - φ)."""
         now = Clock(1, 1.0, 135.5)
         burst = {"history": 200.0, "period_asked": 220.0, "asked": 220.0}
-        young = in_second(135.5, 90.0, mass=ALPHA, **burst)
-        old = in_second(135.5, 90.0, **burst)
+        young = in_second(now, 90.0, mass=ALPHA, **burst)
+        old = in_second(now, 90.0, **burst)
         division = others(fixed=43.0)
         assert verdict(young, division, claim(), now, 300).bound == pytest.approx(SECOND_SHARE)
         paced = SECOND_SHARE * now.elapsed
-        assert verdict(old, others(fixed=43.0), claim(), now, 300).bound == pytest.approx(paced)
+        assert verdict(old, division, claim(), now, 300).bound == pytest.approx(paced)
 
     def test_at_a_longer_window_the_period_old_client_is_paced(self) -> None:
         """At a cap of a minute the same client is greedy, paced (``_arrived`` serves a
@@ -895,7 +895,7 @@ class TestVerdictRounding:
         """At 135.95 (0.05 s left: half a request to come at 10 a period) 185 admitted of
         185.67 may take the 186th."""
         now = Clock(1, 1.0, 135.95)
-        v = verdict(in_second(135.95, 185.0), others(fixed=43.0), claim(), now, 300)
+        v = verdict(in_second(now, 185.0), others(fixed=43.0), claim(), now, 300)
         assert v.share == pytest.approx(SECOND_SHARE)
         assert v.bound == 186.0
 
@@ -903,21 +903,21 @@ class TestVerdictRounding:
         """At 135.8 (2 requests to come, this one included) the bound is 186 - 1: its last
         request takes the 186th."""
         now = Clock(1, 1.0, 135.8)
-        v = verdict(in_second(135.8, 184.0), others(fixed=43.0), claim(), now, 300)
+        v = verdict(in_second(now, 184.0), others(fixed=43.0), claim(), now, 300)
         assert v.bound == 185.0
 
     def test_earlier_in_the_window_the_pace_holds(self) -> None:
         """At 135.5 (5 requests to come) it keeps back what its history predicts it will
         ask later, as before: 185.67 - 10 x 0.5."""
         now = Clock(1, 1.0, 135.5)
-        v = verdict(in_second(135.5, 90.0), others(fixed=43.0), claim(), now, 300)
+        v = verdict(in_second(now, 90.0), others(fixed=43.0), claim(), now, 300)
         assert v.bound == pytest.approx(SECOND_SHARE - 5.0)
 
     def test_not_past_what_the_cap_has_left(self) -> None:
         """The cap at 600 of 600: nothing to round up with (the pace keeps back the half
         request its history predicts)."""
         now = Clock(1, 1.0, 135.95)
-        v = verdict(in_second(135.95, 185.0), others(fixed=43.0), claim(), now, 600)
+        v = verdict(in_second(now, 185.0), others(fixed=43.0), claim(), now, 600)
         assert v.bound == pytest.approx(SECOND_SHARE - 0.5)
 
 

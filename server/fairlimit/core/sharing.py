@@ -639,17 +639,18 @@ def _paced(
         # of many hits (tokens) may pass it by less than itself, within its share: else it
         # would wait for the pace to pass a whole request
         bound = max(bound, min(share, row.admitted + max(claim.hits, 1)))
+    beside = claim.capacity - total - coming  # the cap left beside the open clients' to come
     if kept and kept >= part:
         # holding its whole part, it leaves the whole reserve in the cap, and the open
         # clients' requests still to come, which the reserve counts on (``reserve``): the
         # held clients' fractional shares and credits (and the request above) must not eat
         # into them
-        bound = min(bound, row.admitted + claim.capacity - total - claim.reserve - coming)
+        bound = min(bound, row.admitted + beside - claim.reserve)
     if eased:
         # paced less than its history says, it leaves the open clients' requests still to
         # come in the cap (a client held now may hold more than its share: it took it while
         # open, before this one came)
-        bound = min(bound, row.admitted + claim.capacity - total - coming)
+        bound = min(bound, row.admitted + beside)
     top = math.ceil(share - EPSILON)
     if bound < top and row.history > 0.0:
         # its share rounded up, at its last hits of the window: paced, whole requests
@@ -659,8 +660,8 @@ def _paced(
         ahead = row.history * clock.left  # its hits still to come, this request's included
         if clock.elapsed >= 1.0 or ahead < ROUNDING + 1:
             lag = max(0, math.floor(ahead + EPSILON) - 1) if clock.elapsed < 1.0 else 0
-            spare = claim.capacity - total - coming - claim.reserve
-            bound = max(bound, min(float(top - lag), row.admitted + math.floor(spare + EPSILON)))
+            spare = math.floor(beside - claim.reserve + EPSILON)  # beside the reserve too
+            bound = max(bound, min(float(top - lag), row.admitted + spare))
     return _cold(bound, division, row, claim, clock, total)
 
 

@@ -87,21 +87,22 @@ local function paced(share, row, d, s, capacity, total, coming)
   if held_back ~= 0 and row.admitted + 1 <= math.max(bound, 1) then
     bound = math.max(bound, math.min(share, row.admitted + math.max(s.hits, 1)))
   end
+  local beside = capacity - total - coming
   if kept ~= 0 and kept >= part then
-    bound = math.min(bound, row.admitted + capacity - total - s.reserve - coming)
+    bound = math.min(bound, row.admitted + beside - s.reserve)
   end
   if eased then
-    bound = math.min(bound, row.admitted + capacity - total - coming)
+    bound = math.min(bound, row.admitted + beside)
   end
   local top = math.ceil(share - EPSILON)
   if bound < top and row.history > 0 then
     local ahead = row.history * left(c)
     local phi = elapsed(c)
     if phi >= 1 or ahead < ROUNDING + 1 then
-      local spare = capacity - total - coming - s.reserve
+      local spare = math.floor(beside - s.reserve + EPSILON)
       local lag = 0
       if phi < 1 then lag = math.max(0, math.floor(ahead + EPSILON) - 1) end
-      bound = math.max(bound, math.min(top - lag, row.admitted + math.floor(spare + EPSILON)))
+      bound = math.max(bound, math.min(top - lag, row.admitted + spare))
     end
   end
   return cold(bound, d, row, s, capacity, total)
