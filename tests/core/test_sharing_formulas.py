@@ -45,6 +45,7 @@ from fairlimit.core.sharing import (
     part,
     predicted,
     record,
+    schedule,
     stale_division,
     verdict,
     want,
@@ -466,6 +467,62 @@ class TestWantOfAClientThatComesEveryWindow:
         assert part(self.lump(), self.second(2.3), division.level) == (OPEN, 6.0, 0.0)
 
 
+class TestWantOfAClientInPages:
+    """At a cap of one second's window, a client whose light requests come some windows
+    apart (``gap`` above 1, booked for a later window by ``schedule``) is predicted by what
+    it asked in its page's window, and by what it asks in the window after it."""
+
+    lump = staticmethod(TestWantOfAClientThatComesEveryWindow.lump)
+    second = staticmethod(TestWantOfAClientThatComesEveryWindow.second)
+
+    def test_in_its_page_window_it_wants_what_it_asked(self) -> None:
+        """Its page of [2, 3) its last, its gap 2 and that page booked for [2, 3): at 2.75,
+        having asked 6 at 2.7, the 6 and no more (its rate, 6 a period, wanted 1.5 more);
+        asking 1 more, the 7; a division counts it so. Its page not booked for this
+        second (nobody expected it: a second page, or one out of its rhythm), its rate;
+        before its page's request set ``page``, its rate; at a cap of ten seconds, its
+        rate (the 6 over the 8 s gone)."""
+        row = ask(self.lump(2.0), 2.7, 6, window=1)
+        row.page = row.booked = 2
+        assert want(row, self.second(2.75)) == (6.0, 0.0)
+        assert want(row, self.second(2.75), 1) == (7.0, 0.0)
+        assert sums(divide([("u", row)], 100.0, self.second(2.75))) == (0.0, 6.0, 0.0)
+        for page, booked in ((2, -1), (2, 3), (1, 1)):
+            row.page, row.booked = page, booked
+            assert want(row, self.second(2.75)) == pytest.approx((6.0, 6.0))
+            assert sums(divide([("u", row)], 100.0, self.second(2.75)))[2] == 6.0
+        ten = row_of((7.0, 6), window=10)
+        ten.gap, ten.page, ten.booked = 2.0, 0, 0
+        assert want(ten, at(8.0)) == pytest.approx((6.0, 6 / 8))
+
+    def test_schedule_keeps_the_window_its_page_was_booked_for(self) -> None:
+        """Pages at 1, 3 and 5 s (a gap of 2 from the second): the first two booked for no
+        window of theirs (no gap before them), the third for [5, 6), and it books the
+        client for [7, 8); one at 6 s was booked for 7 s, not for its own second."""
+        row = Row(INF, 1.0)
+        booked = []
+        for now in (1.5, 3.5, 5.5, 5.9, 6.5):
+            expected_at = schedule(row, Clock(1, 1.0, now))
+            booked.append((row.booked, row.gap, expected_at))
+        assert booked == [
+            (-1.0, 0.0, -1.0), (-1.0, 2.0, 5.0), (5.0, 2.0, 7.0), (5.0, 2.0, 7.0),
+            (7.0, 1.0, -1.0),
+        ]  # fmt: skip
+
+    def test_in_the_window_after_it_wants_none_of_its_page(self) -> None:
+        """Its page of [1, 2) its last (``page``) and its gap 2 (``schedule`` booked it for
+        [3, 4)): at 2.3 none of the 6, and asking 1 now, the 1; a division counts it so.
+        With [0, 1) its last page (its gap from an older page), its rate."""
+        row = self.lump(2.0)
+        row.page = 1
+        assert want(row, self.second(2.3)) == (0.0, 0.0)
+        assert want(row, self.second(2.3), 1) == (1.0, 0.0)
+        assert sums(divide([("u", row)], 100.0, self.second(2.3))) == (0.0, 0.0, 0.0)
+        older = self.lump(2.0)
+        older.page = 0
+        assert want(older, self.second(2.3)) == pytest.approx((0.0, 6 * (4 / 7)))
+
+
 # Rows at 5.0 of [0, 10) that asked a hits at 1.0 want 2a: a asked, a / 5 a period for 5 more.
 HALF = at(5.0)
 
@@ -761,6 +818,15 @@ def claim(
 
 class TestVerdictHeld:
     """A client wanting more than the level: held at room·w / (held + w), paced by history."""
+
+    def test_the_rest_of_a_page_is_light(self) -> None:
+        """Held, a client light earlier in this window (``page``) and come back two windows
+        apart: its request is light all the same (counted and booked with its page); of a
+        gap of one window, or light last in an earlier window, not."""
+        assert verdict(client(page=LONG.start, gap=2.0), others(), claim(), LONG, 200).light
+        for page, gap in ((LONG.start, 1.0), (LONG.start - 60, 2.0), (LONG.start, 0.0)):
+            v = verdict(client(page=page, gap=gap), others(), claim(), LONG, 200)
+            assert (v.kind, v.light) == (HELD, False)
 
     def test_a_steady_client_is_paced_to_its_share_of_the_window_gone(self) -> None:
         """Share 540 x 1 / 3 = 180; history 10 a period predicts 450 more, over the 180 x

@@ -15,6 +15,10 @@ fairness_figures.py):
 - ``sparse``: 2-8 users, each a page every 2-5 s at its own phase, pages within the level:
   a user's gap is known from its second page and the cap holds its third page's share
   back for it (the light reserve), a first page in the cap's first window included.
+- ``big``: 1-3 pages a second, each of a user of its own who comes back 2-5 s later, pages
+  of half the level or more (a cap of 600 and pages of 150): a page's rate, kept up to
+  its second's end once it was over and again over the second after it (where its user
+  is booked not to come), held the batch job beside it to what was left.
 
 The batch job asks four times the cap and retries each 429 three times. Every client is
 held within ERROR of its max-min share of each window once every user's third page has
@@ -79,7 +83,25 @@ def sparse(seed: int) -> Drawn:
     return Drawn(scenario, flat_config(capacity, "second", capacity, active=users + 1), settled)
 
 
-SHAPES = {"held": held, "sparse": sparse}
+def big(seed: int) -> Drawn:
+    rng = random.Random(seed)
+    capacity = rng.randint(100, 800)
+    every = rng.randint(2, 5)
+    each = rng.randint(1, 3)  # pages a second
+    level = capacity / (each + 1)
+    clients = [retrying_batch(capacity)]
+    settled = {}
+    for i in range(every * each):
+        start = round(i % every + rng.uniform(0.0, 0.97), 3)
+        page = max(2, round(level * rng.uniform(0.5, 1.0)))
+        clients.append(page_user(f"user{i}", start, 5 * every, every, page))
+        settled[f"user{i}"] = int(start) + 2 * every
+    settled["batch"] = max(settled.values())
+    scenario = scenario_text(f"big {seed}", 5 * every, 0.005, clients)
+    return Drawn(scenario, flat_config(capacity, "second", capacity, active=each + 1), settled)
+
+
+SHAPES = {"held": held, "sparse": sparse, "big": big}
 
 
 @pytest.mark.asyncio
@@ -100,7 +122,7 @@ async def test_every_page_gets_its_maxmin_share(shape: str, seed: int, tmp_path:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize(("shape", "seed"), [("held", 0), ("sparse", 15)])
+@pytest.mark.parametrize(("shape", "seed"), [("held", 0), ("sparse", 15), ("big", 13)])
 @pytest.mark.parametrize("backend", ["redis"])
 async def test_redis_admits_as_memory_does(
     shape: str, seed: int, store: Store, tmp_path: Path

@@ -29,6 +29,7 @@ local function fresh_row(limit, weight)
   local row = {}
   for _, f in ipairs(ROW) do row[f] = 0 end
   row.window, row.period, row.epoch, row.previous, row.page, row.first = -1, -1, -1, -1, -1, -1
+  row.booked = -1
   row.kind = NONE
   row.limit, row.weight = limit, weight
   return row
@@ -121,6 +122,11 @@ local function predicted(row, c)
     end
     return row.asked / math.max(1, (c.now - c.start) / c.period_len)
   end
+  local previous = row.previous
+  -- a page the window before, booked for a later one (core/sharing.py _back)
+  if previous > 0 and 1 < row.gap and row.gap <= STALE and row.page == c.start - c.window then
+    previous = 0
+  end
   local since = c.now - c.window
   local inside = 0
   if row.previous_last > since then
@@ -131,7 +137,7 @@ local function predicted(row, c)
       inside = 1
     end
   end
-  return (row.asked + row.previous * inside) * c.period_len / c.window
+  return (row.asked + previous * inside) * c.period_len / c.window
 end
 
 local function want(row, c, extra)
@@ -143,6 +149,9 @@ local function want(row, c, extra)
     elseif row.asked >= row.previous then
       rate = 0
     end
+  elseif c.window == c.period_len and row.page == c.start and row.booked == c.start
+      and 1 < row.gap and row.gap <= STALE then
+    rate = 0  -- its page of this window, booked for it (core/sharing.py _paging)
   end
   if fixed + rate * left(c) > row.limit then return row.limit, 0 end
   return fixed, rate

@@ -5,7 +5,7 @@
 -- ARGV: none.
 -- Reads: FORCES AMORTISE EPSILON BURST RELEASE ROUNDING STALE LEAD ALPHA LIGHT_FIELD
 -- CALENDAR (contract), num whole OPEN HELD (args.lua), want left elapsed into (rows.lua).
--- Defines: contended cold bursting for_light asked_by_now arrived unseen paced verdict
+-- Defines: contended cold bursting for_light asked_by_now arrived unseen paced in_page verdict
 -- load_light schedule reserve.
 
 -- --- the verdict (core/sharing.py: contended, verdict, _cold) -------------------------------
@@ -109,6 +109,12 @@ local function paced(share, row, d, s, capacity, total, coming)
 end
 
 -- (bound, share, kind, light)
+-- core/sharing._in_page: a held request, the rest of a page of a client come back windows
+-- apart (light earlier in this window), is light all the same
+local function in_page(row, c)
+  return row.page == c.start and 1 < row.gap and row.gap <= STALE
+end
+
 local function verdict(row, d, s, capacity, total)
   local c = s.cap
   local h = math.max(s.hits, 1)
@@ -125,11 +131,11 @@ local function verdict(row, d, s, capacity, total)
     if rate ~= 0 or fixed < s.limit or d.cold ~= 0 or room - wanted >= 1 then
       return cold(share, d, row, s, capacity, total), share, OPEN, fixed < s.limit
     end
-    return paced(share, row, d, s, capacity, total, coming), share, HELD, false
+    return paced(share, row, d, s, capacity, total, coming), share, HELD, in_page(row, c)
   end
   local share = room * row.weight / (d.held + row.weight)
   return paced(share + row.credit, row, d, s, capacity, total, coming), share + row.credit,
-    HELD, false
+    HELD, in_page(row, c)
 end
 
 -- --- light demand (core/sharing.py: Light, roll_light, schedule, reserve) -----------------
@@ -157,7 +163,12 @@ end
 -- core/sharing.schedule: the window start the client is expected back in (-1: none)
 local function schedule(row, c)
   if row.page ~= c.start then
-    if row.page >= 0 then row.gap = (c.start - row.page) / c.window end
+    row.booked = -1
+    if row.page >= 0 then
+      -- the booking made at its last page
+      if 1 < row.gap and row.gap <= STALE then row.booked = row.page + row.gap * c.window end
+      row.gap = (c.start - row.page) / c.window
+    end
     row.page = c.start
   end
   if 1 < row.gap and row.gap <= STALE then return c.start + row.gap * c.window end
