@@ -495,6 +495,31 @@ class TestWantOfAClientInPages:
         ten.gap, ten.page, ten.booked = 2.0, 0, 0
         assert want(ten, at(8.0)) == pytest.approx((6.0, 6 / 8))
 
+    def test_a_page_across_a_seconds_edge_is_one_page(self) -> None:
+        """A page of 0.97-1.02 s every 4 s: at 1.005 it goes on with the page of [0, 1)
+        (asked last at 0.99, here 15 ms on): its page window stays 0 and is not booked (no
+        gap yet); at 4.97 its gap is 4 and it is booked for 8 s, at 5.005 for 9 s (its
+        page window still 4). Asked last at 0.96, or here at 1.07 (2·LEAD on is 1.0525),
+        or coming every window, a page of its own."""
+        row = Row(INF, 1.0)
+        got = []
+        for times in ((0.97, 0.99), (1.0, 1.005), (4.97, 4.99), (5.0, 5.005)):
+            for now in times:
+                clock = Clock(1, 1.0, now)
+                fold(row, clock, INF)
+                record(row, 1, now)
+                expected_at = schedule(row, clock)
+            got.append((row.page, row.gap, expected_at))
+        assert got == [(0, 0.0, -1.0), (0, 0.0, -1.0), (4, 4.0, 8.0), (4, 4.0, 9.0)]
+        for last, first, gap in ((0.96, 1.0, 4.0), (0.99, 1.07, 4.0), (0.99, 1.0, 1.0)):
+            row = row_of((last, 1), window=1)
+            row.page, row.gap = 0, gap
+            clock = Clock(1, 1.0, first)
+            fold(row, clock, INF)
+            record(row, 1, first)
+            schedule(row, clock)
+            assert (row.page, row.gap) == (1, 1.0)
+
     def test_schedule_keeps_the_window_its_page_was_booked_for(self) -> None:
         """Pages at 1, 3 and 5 s (a gap of 2 from the second): the first two booked for no
         window of theirs (no gap before them), the third for [5, 6), and it books the

@@ -6,7 +6,7 @@
 -- Reads: FORCES AMORTISE EPSILON BURST RELEASE ROUNDING STALE LEAD ALPHA LIGHT_FIELD
 -- CALENDAR (contract), num whole OPEN HELD (args.lua), want left elapsed into (rows.lua).
 -- Defines: contended cold bursting for_light asked_by_now arrived unseen paced in_page verdict
--- load_light schedule reserve.
+-- load_light continues schedule reserve.
 
 -- --- the verdict (core/sharing.py: contended, verdict, _cold) -------------------------------
 
@@ -161,8 +161,15 @@ local function load_light(cap)
 end
 
 -- core/sharing.schedule: the window start the client is expected back in (-1: none)
+-- core/sharing._continues: the rest of a page begun in the window before, across the edge
+local function continues(row, c)
+  local lead = LEAD * c.period_len
+  return row.page == c.start - c.window and row.gap ~= 1 and row.previous_last >= c.start - lead
+    and c.now - row.previous_last <= 2 * lead
+end
+
 local function schedule(row, c)
-  if row.page ~= c.start then
+  if row.page ~= c.start and not continues(row, c) then
     row.booked = -1
     if row.page >= 0 then
       -- the booking made at its last page
