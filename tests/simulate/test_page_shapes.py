@@ -71,20 +71,40 @@ def held(seed: int) -> Drawn:
 
 
 def sparse(seed: int) -> Drawn:
+    return apart("sparse", seed, (50, 400), 8, (0.0, 0.97), 2, 0.01)
+
+
+def apart(
+    shape: str,
+    seed: int,
+    capacities: tuple[int, int],
+    most: int,
+    phases: tuple[float, float],
+    smallest: int,
+    length: float,
+    after_second_pages: bool = False,
+) -> Drawn:
+    """2 to ``most`` users, each a page (of ``smallest`` hits or more, within the level)
+    over ``length`` s every 2-5 s at a phase of the second in ``phases``, at a cap drawn
+    from ``capacities``: each measured from its third page (``after_second_pages``: and
+    from the second after every user's second page), the batch job once all have come."""
     rng = random.Random(seed)
-    capacity = rng.randint(50, 400)
-    users = rng.randint(2, 8)
+    capacity = rng.randint(*capacities)
+    users = rng.randint(2, most)
     every = rng.randint(2, 5)
     level = capacity / (users + 1)
     clients = [retrying_batch(capacity)]
     settled = {}
     for i in range(users):
-        start = round(rng.randrange(every) + rng.uniform(0.0, 0.97), 3)
-        page = max(2, round(level * rng.uniform(0.3, 1.0)))
-        clients.append(page_user(f"user{i}", start, 5 * every, every, page))
+        start = round(rng.randrange(every) + rng.uniform(*phases), 3)
+        page = max(smallest, round(level * rng.uniform(0.3, 1.0)))
+        clients.append(page_user(f"user{i}", start, 5 * every, every, page, length))
         settled[f"user{i}"] = int(start) + 2 * every
-    settled["batch"] = max(settled.values())
-    scenario = scenario_text(f"sparse {seed}", 5 * every, 0.005, clients)
+    if after_second_pages:
+        known = max(settled.values()) - every + 2
+        settled = {name: max(window, known) for name, window in settled.items()}
+    settled["batch"] = max(settled.values()) + (1 if after_second_pages else 0)
+    scenario = scenario_text(f"{shape} {seed}", 5 * every, 0.005, clients)
     return Drawn(scenario, flat_config(capacity, "second", capacity, active=users + 1), settled)
 
 
@@ -107,25 +127,10 @@ def big(seed: int) -> Drawn:
 
 
 def edge(seed: int) -> Drawn:
-    rng = random.Random(seed)
-    capacity = rng.randint(100, 800)
-    users = rng.randint(2, 6)
-    every = rng.randint(2, 5)
-    level = capacity / (users + 1)
-    clients = [retrying_batch(capacity)]
-    settled = {}
-    for i in range(users):
-        start = round(rng.randrange(every) + rng.uniform(0.955, 0.99), 3)
-        page = max(4, round(level * rng.uniform(0.3, 1.0)))
-        clients.append(page_user(f"user{i}", start, 5 * every, every, page, 0.05))
-        settled[f"user{i}"] = int(start) + 2 * every
-    # every user's second page over, its part in the next second too (asked before its gap
-    # was known, it is light demand nobody expected: it takes the reserve of another's)
-    known = max(settled.values()) - every + 2
-    settled = {name: max(window, known) for name, window in settled.items()}
-    settled["batch"] = max(settled.values()) + 1
-    scenario = scenario_text(f"edge {seed}", 5 * every, 0.005, clients)
-    return Drawn(scenario, flat_config(capacity, "second", capacity, active=users + 1), settled)
+    # measured once every user's second page is over, its part in the next second too
+    # (asked before its gap was known, it is light demand nobody expected: it takes the
+    # reserve of another's page)
+    return apart("edge", seed, (100, 800), 6, (0.955, 0.99), 4, 0.05, after_second_pages=True)
 
 
 SHAPES = {"held": held, "sparse": sparse, "big": big, "edge": edge}

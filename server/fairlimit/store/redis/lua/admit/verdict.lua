@@ -108,13 +108,13 @@ local function paced(share, row, d, s, capacity, total, coming)
   return cold(bound, d, row, s, capacity, total)
 end
 
--- (bound, share, kind, light)
 -- core/sharing._in_page: a held request, the rest of a page of a client come back windows
 -- apart (light earlier in this window), is light all the same
 local function in_page(row, c)
   return row.page == c.start and 1 < row.gap and row.gap <= STALE
 end
 
+-- (bound, share, kind, light)
 local function verdict(row, d, s, capacity, total)
   local c = s.cap
   local h = math.max(s.hits, 1)
@@ -160,7 +160,6 @@ local function load_light(cap)
   return light
 end
 
--- core/sharing.schedule: the window start the client is expected back in (-1: none)
 -- core/sharing._continues: the rest of a page begun in the window before, across the edge
 local function continues(row, c)
   local lead = LEAD * c.period_len
@@ -168,6 +167,7 @@ local function continues(row, c)
     and c.now - row.previous_last <= 2 * lead
 end
 
+-- core/sharing.schedule: the window start the client is expected back in (-1: none)
 local function schedule(row, c)
   if row.page ~= c.start and not continues(row, c) then
     row.booked = -1
