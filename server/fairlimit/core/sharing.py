@@ -306,7 +306,8 @@ def want(row: Row, clock: Clock, extra: float = 0.0) -> tuple[float, float]:
     by what it asked, in its page's window (``_paging``), and in the window after it by
     what it asks there (``_back``)."""
     asked, previous, previous_last = _in_window(row, clock)
-    previous = _back(row, clock, previous)
+    if row.gap > 1:  # (the call only for a client that comes windows apart)
+        previous = _back(row, clock, previous)
     fixed, rate = asked + extra, _rate(asked, previous, previous_last, clock)
     if previous < 0 and rate:  # new in the window (and in it: asked), unless gone quiet
         seen, first = row.seen, row.first  # ``_quiet``, inline: a want is worked out often
@@ -318,8 +319,8 @@ def want(row: Row, clock: Clock, extra: float = 0.0) -> tuple[float, float]:
                 fixed, rate = previous, 0.0
         elif asked >= previous:  # past where it last asked then, and as much asked: done
             rate = 0.0
-    elif _paging(row, clock):
-        rate = 0.0
+    elif row.gap > 1 and _paging(row, clock):  # (a want is worked out at every request:
+        rate = 0.0  # the call only for a client that comes windows apart)
     if fixed + rate * clock.left > row.limit:
         return row.limit, 0.0
     return fixed, rate
