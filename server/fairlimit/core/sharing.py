@@ -89,7 +89,9 @@ class Row:
         self.limit, self.weight = limit, weight
         self.page = -1  # the window start of its last light request (``schedule``)
         self.gap = 0.0  # windows between its last two windows of light requests
-        self.booked = -1.0  # the window start its page of window ``page`` was booked for
+        # the window start its page of window ``page`` was booked for (``schedule``); it is
+        # that window only when the page came there, at the same gap as the page before it
+        self.booked = -1.0
         self.first = -1.0  # when it first asked in window ``window`` (before it: not yet)
 
 
@@ -254,12 +256,8 @@ def _paging(row: Row, clock: Clock) -> bool:
     known before it) keeps its rate: room that the pacing leaves for the pages as
     unexpected as it (the shared page-loads case: a user's second page at 0.93 of the
     second found 7 of its 8 without it)."""
-    return (
-        clock.window == clock.period_len
-        and row.page == clock.start
-        and row.booked == clock.start
-        and 1 < row.gap <= STALE
-    )
+    # booked for this window, its page is this window's and its gap more than one window
+    return clock.window == clock.period_len and row.booked == clock.start
 
 
 def _quiet(row: Row, clock: Clock) -> bool:
@@ -319,8 +317,8 @@ def want(row: Row, clock: Clock, extra: float = 0.0) -> tuple[float, float]:
                 fixed, rate = previous, 0.0
         elif asked >= previous:  # past where it last asked then, and as much asked: done
             rate = 0.0
-    elif row.gap > 1 and _paging(row, clock):  # (a want is worked out at every request:
-        rate = 0.0  # the call only for a client that comes windows apart)
+    elif row.booked == clock.start and _paging(row, clock):  # (a want is worked out at
+        rate = 0.0  # every request: the call only for a page booked for this window)
     if fixed + rate * clock.left > row.limit:
         return row.limit, 0.0
     return fixed, rate
@@ -442,7 +440,7 @@ def divide(
                     fixed, rate = previous, 0.0
             elif asked >= previous:
                 rate = 0.0
-        elif window == length and row.page == row.booked == start and 1 < row.gap <= STALE:
+        elif window == length and row.booked == start:
             rate = 0.0  # its page of this window, booked for it (``_paging``)
         limit = row.limit
         if fixed + rate * left > limit:

@@ -149,8 +149,7 @@ local function want(row, c, extra)
     elseif row.asked >= row.previous then
       rate = 0
     end
-  elseif c.window == c.period_len and row.page == c.start and row.booked == c.start
-      and 1 < row.gap and row.gap <= STALE then
+  elseif c.window == c.period_len and row.booked == c.start then
     rate = 0  -- its page of this window, booked for it (core/sharing.py _paging)
   end
   if fixed + rate * left(c) > row.limit then return row.limit, 0 end
