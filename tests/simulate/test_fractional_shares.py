@@ -56,25 +56,19 @@ class Drawn:
 
 
 def draw(seed: int) -> Drawn:
-    rng = random.Random(seed)
-    sizes = [rng.randint(4, 10) for _ in range(rng.randint(2, 4))]
-    clients = sum(sizes)
-    share = rng.randint(5, 40) + rng.choice([0.1, 0.25, 1 / 3, 0.5, 0.6, 0.8])
-    capacity = round(share * clients)
-    lines = []
-    for g, size in enumerate(sizes):
-        rate = round(capacity / clients * rng.uniform(1.2, 4.0), 2)
-        start = round(rng.uniform(0.0, 0.9), 3)
-        for i in range(size):
-            phase = f"start: {start}, stop: {SECONDS}, rate: {rate}"
-            lines.append(f"{{name: g{g}c{i}, phases: [{{{phase}}}]}}")
-    scenario = scenario_text(f"fractional {seed}", SECONDS, 0.005, lines)
-    return Drawn(scenario, flat_config(capacity, "second", capacity, active=clients), capacity)
+    return _groups("fractional", seed, SECONDS, latest=0.9, least=0.0)
 
 
 def cold(seed: int) -> Drawn:
     """``draw``'s groups, each starting within the first half of the cap's first window
     (nobody has history there) and asking 40 a second at least, for COLD seconds."""
+    return _groups("cold", seed, COLD, latest=0.5, least=40.0)
+
+
+def _groups(name: str, seed: int, seconds: int, latest: float, least: float) -> Drawn:
+    """2-4 groups of 4-10 steady clients at a cap whose share is a fraction, each group
+    from its own start (before ``latest`` s) at its own rate (1.2-4 times the share, and
+    ``least`` a second at least)."""
     rng = random.Random(seed)
     sizes = [rng.randint(4, 10) for _ in range(rng.randint(2, 4))]
     clients = sum(sizes)
@@ -82,12 +76,12 @@ def cold(seed: int) -> Drawn:
     capacity = round(share * clients)
     lines = []
     for g, size in enumerate(sizes):
-        rate = round(max(40.0, capacity / clients * rng.uniform(1.2, 4.0)), 2)
-        start = round(rng.uniform(0.0, 0.5), 3)
+        rate = round(max(least, capacity / clients * rng.uniform(1.2, 4.0)), 2)
+        start = round(rng.uniform(0.0, latest), 3)
         for i in range(size):
-            phase = f"start: {start}, stop: {COLD}, rate: {rate}"
+            phase = f"start: {start}, stop: {seconds}, rate: {rate}"
             lines.append(f"{{name: g{g}c{i}, phases: [{{{phase}}}]}}")
-    scenario = scenario_text(f"cold {seed}", COLD, 0.005, lines)
+    scenario = scenario_text(f"{name} {seed}", seconds, 0.005, lines)
     return Drawn(scenario, flat_config(capacity, "second", capacity, active=clients), capacity)
 
 
