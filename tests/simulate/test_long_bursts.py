@@ -155,3 +155,32 @@ def test_the_bundled_scenario_admits_what_docs_fairness_quotes() -> None:
         assert [got[f"during-{i}"] for i in (1, 2)] == [30, 30], label
         assert [got[f"start-{i}"] for i in (1, 2)] == [start, start], label
     assert set(admitted["global-bucket"].values()) == {30}
+
+
+# The shared late-one-shot case with its one-shot in the cap's first second, where nobody
+# has history (docs/fairness.md, point 8 and "Known limits"): six clients asking once every
+# 4 s from 0 s at a cap of 900 a minute (active_clients 7), 1,500 asked in 0.1 s from 0.5 s.
+FIRST_SECOND = scenario_text(
+    "a one-shot in a new cap's first second",
+    60,
+    0.05,
+    [
+        "{name: sparse, count: 6, rate: 0.25}",
+        "{name: late, phases: [{start: 0.5, stop: 0.6, rate: 15000}]}",
+    ],
+)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_one_shot_in_a_new_caps_first_second_gets_its_cold_split(
+    store: Store, tmp_path: Path
+) -> None:
+    """It arrived during the window: not paced by the elapsed minute (0.9% of it, 9 hits),
+    it takes its equal split among the clients (900 / 8, with itself) at once; the sparse
+    clients still get all they ask."""
+    got = await simulated(FIRST_SECOND, flat_config(900, "minute", 900, 7), tmp_path, once(store))
+    minute = got.windows[0]
+    admitted = dict(zip(got.names, minute.admitted, strict=True))
+    assert admitted.pop("late") == 900 // 8
+    assert all(a == 15 for a in admitted.values()), admitted

@@ -666,14 +666,17 @@ def _paced(
     all it asked in the window before by this point of it (``_asked_by_now``); a client asking
     faster than that this period is bursting, and takes its share now; a nested cap paces
     its own clients; a cap sized for its clients is never paced; where nobody has history
-    it is paced by the elapsed window. At its last ROUNDING hits of the window (as its
+    it is paced by the elapsed window, unless it arrived during it (``_arrived``: then its
+    cold split, ``_cold``, at once; a one-shot 0.5 s into a new cap of a minute got 9 hits
+    of a minute paced). At its last ROUNDING hits of the window (as its
     history predicts them) or in its last LEAD, its share is rounded up to a whole hit, while
     the cap has it beside the open clients' requests still to come and the reserve."""
     held_back = part = kept = 0.0
     eased = False
     if not claim.sized:
         if division.cold:
-            held_back = share * (1 - clock.elapsed)
+            if not _arrived(row, clock):
+                held_back = share * (1 - clock.elapsed)
         elif not claim.nested and not _bursting(row, share, clock):
             part, kept = _for_light(share, row, division, claim, clock)
             share -= kept

@@ -70,7 +70,7 @@ local function paced(share, row, d, s, capacity, total, coming)
   local eased = false
   if not s.sized then
     if d.cold ~= 0 then
-      held_back = share * (1 - elapsed(c))
+      if not arrived(row, c) then held_back = share * (1 - elapsed(c)) end
     elseif not s.nested and not bursting(row, share, c) then
       part, kept = for_light(share, row, d, s)
       share = share - kept
