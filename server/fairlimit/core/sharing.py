@@ -723,10 +723,11 @@ def _paced(
 
 def _cold_rounding(division: Division, clock: Clock) -> bool:
     """Whether a held client's share is rounded up at a cap where nobody has history (its
-    first window), which cannot tell a client's last hits: in the window's last LEAD, and
-    only while no open client is predicted to ask again (a fraction of its request, taken
-    as no request, would go to the rounding: a client asking 5 a second beside clients
-    held at 16 lost its fifth at 0.98 of the first second)."""
+    first period: the first window of a cap of one period's window; a longer window's
+    last LEAD is never in it), which cannot tell a client's last hits: in the window's
+    last LEAD, and only while no open client is predicted to ask again (a fraction of its
+    request, taken as no request, would go to the rounding: a client asking 5 a second
+    beside clients held at 16 lost its fifth at 0.98 of the first second)."""
     return bool(division.cold) and clock.elapsed >= 1.0 and division.rate <= 0.0
 
 

@@ -95,10 +95,10 @@ local function paced(share, row, d, s, capacity, total, coming)
     bound = math.min(bound, row.admitted + beside)
   end
   local top = math.ceil(share - EPSILON)
-  local phi = elapsed(c)
-  -- core/sharing._cold_rounding: at a cap's first window, its last LEAD, no open client due
-  if bound < top and (row.history > 0 or (d.cold ~= 0 and phi >= 1 and d.rate <= 0)) then
+  -- core/sharing._cold_rounding: nobody has history, the window's last LEAD, no open client due
+  if bound < top and (row.history > 0 or (d.cold ~= 0 and elapsed(c) >= 1 and d.rate <= 0)) then
     local ahead = row.history * left(c)
+    local phi = elapsed(c)
     if phi >= 1 or ahead < ROUNDING + 1 then
       local spare = math.floor(beside - s.reserve + EPSILON)
       local lag = 0
