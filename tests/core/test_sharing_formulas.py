@@ -338,33 +338,50 @@ class TestPredicted:
 
     def test_a_client_new_in_the_window_that_has_gone_quiet_is_predicted_nothing(self) -> None:
         """A burst new in [0, 60): 10 hits at each of 20, 21, 22 and 23. Asking for 3 s, it is
-        quiet once 3 s and a period more have gone since its last: at 27.0 its rate so far
-        (40 / 27 a period), at 27.01 nothing; its want is then what it asked, and a division
-        counts it so (open, 40 fixed, no rate). A client seen in the window before keeps its
-        rate, however long it has been quiet."""
+        quiet once 3 s, a period and the gap its rate predicts between hits (the window gone
+        over 40) have gone since its last: past 27 / (1 - 1 / 40) = 27.69..., at 27.69 its
+        rate so far (40 / 27.69 a period), at 27.70 nothing; its want is then what it asked,
+        and a division counts it so (open, 40 fixed, no rate). A client seen in the window
+        before keeps its rate, however long it has been quiet."""
         row = row_of(*[(20.0 + i, 10) for i in range(4)], window=60)
-        assert predicted(row, Clock(60, 1.0, 27.0)) == pytest.approx(40 / 27)
-        assert predicted(row, Clock(60, 1.0, 27.01)) == 0.0
-        assert want(row, Clock(60, 1.0, 27.01), 2) == (42.0, 0.0)
-        assert want(row, Clock(60, 1.0, 27.0), 2) == pytest.approx((42.0, 40 / 27))
-        division = divide([("b", row)], 1000.0, Clock(60, 1.0, 27.01))
+        assert predicted(row, Clock(60, 1.0, 27.69)) == pytest.approx(40 / 27.69)
+        assert predicted(row, Clock(60, 1.0, 27.70)) == 0.0
+        assert want(row, Clock(60, 1.0, 27.70), 2) == (42.0, 0.0)
+        assert want(row, Clock(60, 1.0, 27.69), 2) == pytest.approx((42.0, 40 / 27.69))
+        division = divide([("b", row)], 1000.0, Clock(60, 1.0, 27.70))
         assert sums(division) == (0.0, 40.0, 0.0)
+        division = divide([("b", row)], 1000.0, Clock(60, 1.0, 27.69))
+        assert sums(division) == pytest.approx((0.0, 40.0, 40 / 27.69))
         steady = row_of((50.0, 30), (70.0, 10), window=60)  # 30 in [0, 60), 10 at 70
         assert predicted(steady, Clock(60, 1.0, 100.0)) == pytest.approx((10 + 30 * 10 / 50) / 60)
 
-    def test_one_request_is_quiet_after_a_period(self) -> None:
-        """One request of 41 at 20.0 of [0, 60): asking for no time, it is quiet once more
-        than a period has gone (20.5: 2 a period; 21.5: nothing). A period is P: at P = 0.5
-        (a cap of 10 s) 0.5 s."""
+    def test_one_request_is_quiet_after_a_period_and_the_gap_its_rate_predicts(self) -> None:
+        """One request of 41 at 20.0 of [0, 60): asking for no time, it is quiet once a
+        period and the window gone over 41 have passed (past 21 / (1 - 1 / 41) = 21.525:
+        20.5, 2 a period; 21.5, 41 / 21.5; 21.53, nothing). A period is P: at P = 0.5 (a cap
+        of 10 s), 9 hits at 2.0 are quiet past 2.5 / (1 - 1 / 9) = 2.8125."""
         one = row_of((20.0, 41), window=60)
         assert predicted(one, Clock(60, 1.0, 20.5)) == 2.0
-        assert predicted(one, Clock(60, 1.0, 21.0)) == pytest.approx(41 / 21)
-        assert predicted(one, Clock(60, 1.0, 21.5)) == 0.0
+        assert predicted(one, Clock(60, 1.0, 21.5)) == pytest.approx(41 / 21.5)
+        assert predicted(one, Clock(60, 1.0, 21.53)) == 0.0
         row = Row(INF, 1.0)
         fold(row, Clock(10, 0.5, 2.0), INF)
         record(row, 9, 2.0)
-        assert predicted(row, Clock(10, 0.5, 2.5)) == pytest.approx(9 / 5)
-        assert predicted(row, Clock(10, 0.5, 2.75)) == 0.0
+        assert predicted(row, Clock(10, 0.5, 2.8)) == pytest.approx(9 / 5.6)
+        assert predicted(row, Clock(10, 0.5, 2.82)) == 0.0
+
+    def test_one_hit_is_never_quiet_in_its_window(self) -> None:
+        """One hit at 0.0 of [0, 60) (a sparse client seen once): it cannot have been quiet
+        for longer than the window has gone, so it keeps its rate so far, one hit over the
+        window gone (1 / 2.5 a period at 2.5, 1 / 59.9 at 59.9); in a division too. Taken
+        as quiet after a period, it was predicted nothing from 1.0 on, and a one-shot beside
+        six such clients took their minute."""
+        one = row_of((0.0, 1), window=60)
+        for now in (2.5, 59.9):
+            assert predicted(one, Clock(60, 1.0, now)) == pytest.approx(1 / now)
+        assert want(one, Clock(60, 1.0, 2.5), 1) == pytest.approx((2.0, 1 / 2.5))
+        division = divide([("s", one)], 1000.0, Clock(60, 1.0, 2.5))
+        assert sums(division) == pytest.approx((0.0, 1.0, 1 / 2.5))
 
     def test_a_row_not_folded_predicts_as_folded_and_is_not_changed(self) -> None:
         """A division reads every row as it stands: a row last touched in [0, 10) predicts at

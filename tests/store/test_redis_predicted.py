@@ -86,18 +86,20 @@ def wants(rows: list[Row], clock: Clock, extra: float = 0) -> list[float]:
 
 class TestPredictedInTheScript:
     def test_a_burst_gone_quiet(self, redis_server: RedisProcess) -> None:
-        """A burst of 4 requests at 20-23 s of a minute, new in it, and one request of 41 at
-        20 s: at 27.0 the burst's rate so far, at 27.01 nothing (quiet 3 s and a period past
-        its last), the one request nothing at either; a client seen in the window before
-        (30 in the first minute, 10 at 70 s) keeps its rate at 100 s."""
-        for now in (27.0, 27.01):
+        """A burst of 4 requests at 20-23 s of a minute, new in it, one request of 41 at
+        20 s and one of a hit at 20 s: at 27.69 the burst's rate so far, at 27.70 nothing
+        (quiet 3 s, a period and the minute gone over 40 past its last), the request of 41
+        nothing at either, the hit its rate at both (one hit is never quiet); a client seen
+        in the window before (30 in the first minute, 10 at 70 s) keeps its rate at 100 s."""
+        for now in (27.69, 27.70):
             clock = Clock(60, 1.0, now)
             burst = row_of(*[(20.0 + i, 10) for i in range(4)], window=60)
-            rows = [burst, row_of((20.0, 41), window=60)]
+            rows = [burst, row_of((20.0, 41), window=60), row_of((20.0, 1), window=60)]
             for row in rows:
                 fold(row, clock, float("inf"))
-            assert in_lua(redis_server, rows, clock) == [predicted(r, clock) for r in rows]
-            assert (predicted(rows[0], clock) == 0.0) == (now > 27.0)
+            got = in_lua(redis_server, rows, clock)
+            assert got == [predicted(r, clock) for r in rows]
+            assert [r == 0.0 for r in got] == [now > 27.69, True, False]
         steady, clock = row_of((50.0, 30), (70.0, 10), window=60), Clock(60, 1.0, 100.0)
         fold(steady, clock, float("inf"))
         assert in_lua(redis_server, [steady], clock) == [predicted(steady, clock)] != [0.0]

@@ -262,17 +262,24 @@ def _paging(row: Row, clock: Clock) -> bool:
 
 def _quiet(row: Row, clock: Clock) -> bool:
     """Whether a client has gone quiet in this window: it has not asked for longer than it
-    had been asking in it (its first request here to its last), and a period more. A client
-    not seen in the window before is predicted by its rate over the part of the window
-    gone, as if it had been asking since the window began; once it has gone quiet, a burst
-    that is over, it is predicted nothing more (it would hold its rate to the window's end:
-    at a cap of an hour, capacity left unused while a client beside it is refused). A
-    client spreading its requests comes back sooner, and at a cap of one period's window
-    no client is quiet."""
+    had been asking in it (its first request here to its last), a period more, and the gap
+    between hits that its rate predicts (the part of the window gone over the hits it
+    asked). A client not seen in the window before is predicted by its rate over the part
+    of the window gone, as if it had been asking since the window began; once it has gone
+    quiet, a burst that is over, it is predicted nothing more (it would hold its rate to the
+    window's end: at a cap of an hour, capacity left unused while a client beside it is
+    refused). A client spreading its requests comes back sooner, and at a cap of one
+    period's window no client is quiet. A client that has asked one hit is never quiet in
+    the window (it has not been quiet for longer than the window has gone): its rate, one
+    hit over the part gone, fades as the window runs on. Taken as quiet after a period,
+    six clients asking once every 4 s from a minute's start, each seen once, were predicted
+    nothing 1.5 s in, and a one-shot then took the minute: 1 of each one's 15."""
     return (
         row.window == clock.start
         and row.first >= clock.start
-        and clock.now - row.seen > row.seen - row.first + clock.period_len
+        and row.asked > 0
+        and clock.now - row.seen
+        > row.seen - row.first + clock.period_len + (clock.now - clock.start) / row.asked
     )
 
 
@@ -308,8 +315,9 @@ def want(row: Row, clock: Clock, extra: float = 0.0) -> tuple[float, float]:
         previous = _back(row, clock, previous)
     fixed, rate = asked + extra, _rate(asked, previous, previous_last, clock)
     if previous < 0 and rate:  # new in the window (and in it: asked), unless gone quiet
-        seen, first = row.seen, row.first  # ``_quiet``, inline: a want is worked out often
-        if first >= clock.start and clock.now - seen > seen - first + clock.period_len:
+        seen, first, now = row.seen, row.first, clock.now  # ``_quiet``, inline: a want is
+        gap = (now - clock.start) / asked  # worked out often (gap: between hits, by its rate)
+        if first >= clock.start and now - seen > seen - first + clock.period_len + gap:
             rate = 0.0
     if row.gap == 1.0 and previous >= 0 and clock.window == clock.period_len:  # every window
         if previous_last + LEAD * clock.period_len > clock.now - clock.window:
@@ -425,7 +433,11 @@ def divide(
             previous = 0.0  # a page the window before, booked for a later one (``_back``)
         if previous < 0:
             rate = asked / first
-            if rate and row.first >= start and now - row.seen > row.seen - row.first + length:
+            if (
+                rate
+                and row.first >= start
+                and now - row.seen > row.seen - row.first + length + (now - start) / asked
+            ):
                 rate = 0.0  # gone quiet (``_quiet``; asked here: its row is in this window)
         elif last > since:
             spread = last - before

@@ -115,9 +115,11 @@ end
 
 local function predicted(row, c)
   if row.previous < 0 then
-    -- gone quiet in this window: predicted nothing more (core/sharing.py _quiet)
-    if row.window == c.start and row.first >= c.start
-        and c.now - row.seen > row.seen - row.first + c.period_len then
+    -- gone quiet in this window (longer than it asked, a period, and the gap its rate
+    -- predicts between hits): predicted nothing more (core/sharing.py _quiet)
+    if row.window == c.start and row.first >= c.start and row.asked > 0
+        and c.now - row.seen > row.seen - row.first + c.period_len
+          + (c.now - c.start) / row.asked then
       return 0
     end
     return row.asked / math.max(1, (c.now - c.start) / c.period_len)
