@@ -986,6 +986,21 @@ class TestVerdictYoungBurst:
         paced = SECOND_SHARE * now.elapsed
         assert verdict(old, division, claim(), now, 300).bound == pytest.approx(paced)
 
+    def test_its_tail_is_not_paced_in_the_periods_first_lead(self) -> None:
+        """The tail of a burst across the edge, 10 ms into the second: 12 asked (1,200 a
+        second) beside a history of 180 (its 0.15 s of the second before, predicted on by
+        its rate: held). Against the part of the period gone without LEAD, and a hit more
+        (2 x 180 x 0.01 + 1 = 4.6), it is bursting, unpaced; measured with LEAD (2 x 180 x
+        0.04125 = 14.85) it was paced, its tail refused. A client of longer history asking
+        so is paced."""
+        now = Clock(1, 1.0, 135.01)
+        tail = {"history": 180.0, "period_asked": 12.0, "asked": 12.0, "previous": 180.0}
+        young = client(now=now, admitted=0.0, mass=ALPHA, previous_last=134.999, **tail)
+        old = client(now=now, admitted=0.0, previous_last=134.999, **tail)
+        division = others(fixed=43.0)
+        assert verdict(young, division, claim(), now, 300).bound == pytest.approx(SECOND_SHARE)
+        assert verdict(old, division, claim(), now, 300).bound < 10.0
+
     def test_at_a_longer_window_the_period_old_client_is_paced(self) -> None:
         """At a cap of a minute the same client is greedy, paced (``_arrived`` serves a
         burst there): its bound is below its share."""

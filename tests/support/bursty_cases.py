@@ -102,6 +102,9 @@ VARIANTS = (
     # windows 6 and 7: 120 asked in each, 92 each in both (paced by the history of its
     # tenth of a second in window 6, it got 11 of them in window 7)
     _with_phase(ONE_SHOT, "burst", Phase(6.9, 7.1, 1200), "one-shot-burst across a second"),
+    # windows 6 and 7: 180 and 60 asked, 92 and 60 (its tail, paced by its history in its
+    # first 13 ms of window 7, got 45 of its 60)
+    _with_phase(ONE_SHOT, "burst", Phase(6.85, 7.05, 1200), "one-shot-burst, a tail of 50 ms"),
     # users 32/s (16/s in seconds 7, 15, ...), all admitted; the batch job the rest of 150
     _page_loads(30, 150),
     # minute 0: the sparse clients 15 each, the late client the other 810

@@ -29,7 +29,8 @@ end
 -- core/sharing._bursting
 local function bursting(row, share, c)
   local young = row.mass <= ALPHA + EPSILON and c.window <= c.period_len
-  if not young and row.history * c.window / c.period_len >= share then return false end
+  if young then return row.period_asked > BURST * row.history * (into(c) - LEAD) + 1 end
+  if row.history * c.window / c.period_len >= share then return false end
   return row.period_asked > BURST * row.history * into(c)
 end
 
