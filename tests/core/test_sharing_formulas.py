@@ -1067,6 +1067,21 @@ class TestVerdictArrived:
             row = client(history=10.0, asked=60.0, admitted=30.0, first=first)
             assert verdict(row, others(), claim(), LONG, 200).bound == pytest.approx(180 * PHI)
 
+    def test_one_period_old_from_the_window_before_it_has_arrived(self) -> None:
+        """Its one period of history (mass ALPHA) the last of the minute before (it asked
+        400 there, the last at 119.9), asking here since the window's start: a burst across
+        the edge, not paced: 180. The same client new in this window (not in the one
+        before), or of a longer history, is paced to 180 x φ."""
+        edge = {"first": 120.0, "previous_last": 119.9}
+        burst = client(history=10.0, asked=60.0, admitted=30.0, mass=ALPHA, previous=400.0,
+                       **edge)  # fmt: skip
+        assert verdict(burst, others(), claim(), LONG, 200).bound == 180.0
+        for mass, previous in ((ALPHA, -1.0), (1.0, 400.0)):
+            row = client(history=10.0, asked=60.0, admitted=30.0, mass=mass, previous=previous,
+                         **edge)  # fmt: skip
+            v = verdict(row, others(), claim(), LONG, 200)
+            assert (v.kind, v.bound) == (HELD, pytest.approx(180 * PHI))
+
     def test_arrived_it_leaves_the_open_clients_requests_still_to_come(self) -> None:
         """Arrived, with 590 of the cap's 600 admitted already (the others took more than
         the division gives them while they were open): the 10 left hold the open clients'

@@ -763,8 +763,17 @@ def _arrived(row: Row, clock: Clock) -> bool:
     a period: it first asked in the window after more of it had gone than it has been
     asking since. Its history is then that of a burst of a few periods, not a rate it has
     kept: pacing it as if it kept that rate to the window's end would hold back, for
-    nobody, what max-min gives a burst of seconds at a cap of minutes or hours."""
-    if clock.window <= clock.period_len or row.first < clock.start:
+    nobody, what max-min gives a burst of seconds at a cap of minutes or hours. So has a
+    client whose one period of history (``mass`` ALPHA) is the last of the window before: a
+    burst that runs on across the window's edge. Paced by that period, the part of a burst
+    from 0.1 s before a minute's edge after it got 1 hit of the 533 max-min gave it (a
+    minute's cap of 4,800 beside eight steady clients), and the others were held to their
+    shares beside its: 0.89 of the minute used."""
+    if clock.window <= clock.period_len:
+        return False
+    if row.previous >= 0.0 and row.mass <= ALPHA + EPSILON:
+        return True
+    if row.first < clock.start:
         return False
     return clock.now - row.first < row.first - clock.start
 

@@ -47,7 +47,9 @@ end
 
 -- core/sharing._arrived
 local function arrived(row, c)
-  if c.window <= c.period_len or row.first < c.start then return false end
+  if c.window <= c.period_len then return false end
+  if row.previous >= 0 and row.mass <= ALPHA + EPSILON then return true end
+  if row.first < c.start then return false end
   return c.now - row.first < row.first - c.start
 end
 
