@@ -686,14 +686,15 @@ def _paced(
     its own clients; a cap sized for its clients is never paced; where nobody has history
     it is paced by the elapsed window, unless it arrived during it (``_arrived``: then its
     cold split, ``_cold``, at once; a one-shot 0.5 s into a new cap of a minute got 9 hits
-    of a minute paced). At its last ROUNDING hits of the window (as its
+    of a minute paced), or has asked more than that split within the period
+    (``_cold_burst``). At its last ROUNDING hits of the window (as its
     history predicts them) or in its last LEAD, its share is rounded up to a whole hit, while
     the cap has it beside the open clients' requests still to come and the reserve."""
     held_back = part = kept = 0.0
     eased = False
     if not claim.sized:
         if division.cold:
-            if not _arrived(row, clock):
+            if not _arrived(row, clock) and not _cold_burst(row, division, claim, clock):
                 held_back = share * (1 - clock.elapsed)
         elif not claim.nested and not _bursting(row, share, clock):
             part, kept = _for_light(share, row, division, claim, clock)
@@ -816,9 +817,28 @@ def _cold(
     contended (the cap's own counter still holds the cap)."""
     if not division.cold or claim.sized:
         return bound
-    split = claim.capacity * row.weight / max(claim.declared, division.rows + 1)
     paced = claim.capacity * clock.elapsed - (total - row.admitted)
-    return min(bound, max(split, paced, 1.0))
+    return min(bound, max(_split(row, division, claim), paced, 1.0))
+
+
+def _split(row: Row, division: Division, claim: ShareClaim) -> float:
+    """The client's equal split of a cap where nobody has history: by weight among the
+    active clients declared, or seen (and itself) when more (``_cold``)."""
+    return claim.capacity * row.weight / max(claim.declared, division.rows + 1)
+
+
+def _cold_burst(row: Row, division: Division, claim: ShareClaim, clock: Clock) -> bool:
+    """Whether, at a cap where nobody has history and whose window is longer than a period,
+    the client has asked more than its whole split of the window this period: a burst (no
+    client keeps such a rate: it would pass the cap many times over), so it is not paced
+    by the elapsed window (it takes its split at once, ``_cold``). Paced, a burst at the
+    first instant of a cap of a minute got a sliver of its split, held for it all minute
+    while the others were held beside it (the shared burst-at-minute-start case with its
+    burst at 0 s: 71 of the 533 max-min gives it, the minute 0.90 used). A steady client
+    asking more than its split a window, but not within a period, is paced as before."""
+    if clock.window <= clock.period_len:
+        return False
+    return row.period_asked > _split(row, division, claim)
 
 
 class Light:

@@ -5,8 +5,8 @@
 -- ARGV: none.
 -- Reads: FORCES AMORTISE EPSILON BURST RELEASE ROUNDING STALE LEAD ALPHA LIGHT_FIELD
 -- CALENDAR (contract), num whole OPEN HELD (args.lua), want left elapsed into (rows.lua).
--- Defines: contended cold bursting for_light asked_by_now arrived unseen paced in_page verdict
--- load_light continues schedule reserve.
+-- Defines: contended split cold cold_burst bursting for_light asked_by_now arrived unseen
+-- paced in_page verdict load_light continues schedule reserve.
 
 -- --- the verdict (core/sharing.py: contended, verdict, _cold) -------------------------------
 
@@ -19,11 +19,21 @@ local function contended(d, row, s, capacity)
   return wanted > room + EPSILON and d.top > room / row.weight + EPSILON
 end
 
+-- core/sharing._split
+local function split(row, d, s, capacity)
+  return capacity * row.weight / math.max(s.cap.declared, d.rows + 1)
+end
+
 local function cold(bound, d, row, s, capacity, total)
   if d.cold == 0 or s.sized then return bound end
-  local split = capacity * row.weight / math.max(s.cap.declared, d.rows + 1)
   local paced = capacity * elapsed(s.cap) - (total - row.admitted)
-  return math.min(bound, math.max(split, paced, 1))
+  return math.min(bound, math.max(split(row, d, s, capacity), paced, 1))
+end
+
+-- core/sharing._cold_burst
+local function cold_burst(row, d, s, capacity)
+  if s.cap.window <= s.cap.period_len then return false end
+  return row.period_asked > split(row, d, s, capacity)
 end
 
 -- core/sharing._bursting
@@ -73,7 +83,9 @@ local function paced(share, row, d, s, capacity, total, coming)
   local eased = false
   if not s.sized then
     if d.cold ~= 0 then
-      if not arrived(row, c) then held_back = share * (1 - elapsed(c)) end
+      if not arrived(row, c) and not cold_burst(row, d, s, capacity) then
+        held_back = share * (1 - elapsed(c))
+      end
     elseif not s.nested and not bursting(row, share, c) then
       part, kept = for_light(share, row, d, s)
       share = share - kept
