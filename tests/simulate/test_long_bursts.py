@@ -27,7 +27,7 @@ import pytest
 from fairlimit.cli import main
 from fairlimit.store.base import Store
 from fairness_cases import flat_config
-from fairness_figures import UNITS, Figures, scenario_text, simulated
+from fairness_figures import UNITS, Figures, phased, scenario_text, simulated
 from helpers import once
 
 pytestmark = pytest.mark.behaviour
@@ -166,7 +166,7 @@ FIRST_SECOND = scenario_text(
     0.05,
     [
         "{name: sparse, count: 6, rate: 0.25}",
-        "{name: late, phases: [{start: 0.5, stop: 0.6, rate: 15000}]}",
+        phased("late", 0.5, 0.6, 15000),
     ],
 )
 
@@ -209,12 +209,8 @@ def draw_across(seed: int) -> tuple[Drawn, int]:
     length = rng.choice([0.2, 0.5, 1.0])
     begin = round(60 * edge - rng.uniform(0.02, length - 0.02), 3)
     asked = int(capacity * rng.uniform(0.5, 2))
-    stop, per_second = round(begin + length, 3), round(asked / length, 2)
-    burst = f"{{start: {begin}, stop: {stop}, rate: {per_second}}}"
-    clients = [
-        f"{{name: steady, count: {count}, rate: {rate}}}",
-        f"{{name: burst, phases: [{burst}]}}",
-    ]
+    burst = phased("burst", begin, round(begin + length, 3), round(asked / length, 2))
+    clients = [f"{{name: steady, count: {count}, rate: {rate}}}", burst]
     drawn = Drawn(
         scenario_text(f"a burst across a minute's edge {seed}", 240, 0.05, clients),
         flat_config(capacity, "minute", capacity, active=count + 1),
@@ -261,7 +257,7 @@ AT_ZERO = scenario_text(
     0.05,
     [
         "{name: steady, count: 8, rate: 12}",
-        "{name: burst, phases: [{start: 0.0, stop: 0.2, rate: 25000}]}",
+        phased("burst", 0.0, 0.2, 25000),
     ],
 )
 

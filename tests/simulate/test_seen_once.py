@@ -23,7 +23,7 @@ import pytest
 
 from fairlimit.store.base import Store
 from fairness_cases import flat_config
-from fairness_figures import scenario_text, simulated
+from fairness_figures import phased, scenario_text, simulated
 from helpers import once
 
 pytestmark = pytest.mark.behaviour
@@ -47,12 +47,10 @@ def draw(seed: int) -> tuple[str, str]:
     clients = []
     for i in range(count):
         first = 0.0 if in_step else round(rng.uniform(0, at - 1), 2)
-        phase = f"{{start: {first}, stop: 60, rate: {rate}}}"
-        clients.append(f"{{name: sparse{i:02d}, phases: [{phase}]}}")
+        clients.append(phased(f"sparse{i:02d}", first, 60, rate))
     length = rng.choice([0.05, 0.1, 0.5])
     asked = int(capacity * rng.uniform(0.5, 3))
-    one_shot = f"{{start: {at}, stop: {round(at + length, 2)}, rate: {round(asked / length, 2)}}}"
-    clients.append(f"{{name: late, phases: [{one_shot}]}}")
+    clients.append(phased("late", at, round(at + length, 2), round(asked / length, 2)))
     config = flat_config(capacity, "minute", capacity, active=count + 1)
     return scenario_text(f"sparse clients seen once {seed}", 60, 0.05, clients), config
 
@@ -92,7 +90,7 @@ EARLY = scenario_text(
     0.05,
     [
         "{name: sparse, count: 6, rate: 0.25}",
-        "{name: late, phases: [{start: 2.5, stop: 2.6, rate: 15000}]}",
+        phased("late", 2.5, 2.6, 15000),
     ],
 )
 

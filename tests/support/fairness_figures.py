@@ -214,6 +214,12 @@ def retrying_batch(capacity: int) -> str:
     return f"{{name: batch, rate: {4 * capacity}, retries: {{max: 3, backoff: 0.05}}}}"
 
 
+def phased(name: str, start: float, stop: float, rate: float) -> str:
+    """A client (a ``scenario_text`` client) asking ``rate`` requests a second, evenly
+    spread, from ``start`` to ``stop``."""
+    return f"{{name: {name}, phases: [{{start: {start}, stop: {stop}, rate: {rate}}}]}}"
+
+
 def page_user(
     name: str, start: float, stop: float, every: int, page: int, length: float = 0.01
 ) -> str:
