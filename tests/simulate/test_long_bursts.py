@@ -27,7 +27,7 @@ import pytest
 from fairlimit.cli import main
 from fairlimit.store.base import Store
 from fairness_cases import flat_config
-from fairness_figures import UNITS, Figures, phased, scenario_text, simulated
+from fairness_figures import UNITS, Figures, late_one_shot_at, phased, scenario_text, simulated
 from helpers import once
 
 pytestmark = pytest.mark.behaviour
@@ -160,15 +160,7 @@ def test_the_bundled_scenario_admits_what_docs_fairness_quotes() -> None:
 # The shared late-one-shot case with its one-shot in the cap's first second, where nobody
 # has history (docs/fairness.md, point 8 and "Known limits"): six clients asking once every
 # 4 s from 0 s at a cap of 900 a minute (active_clients 7), 1,500 asked in 0.1 s from 0.5 s.
-FIRST_SECOND = scenario_text(
-    "a one-shot in a new cap's first second",
-    60,
-    0.05,
-    [
-        "{name: sparse, count: 6, rate: 0.25}",
-        phased("late", 0.5, 0.6, 15000),
-    ],
-)
+FIRST_SECOND = late_one_shot_at(0.5)
 
 
 @pytest.mark.asyncio

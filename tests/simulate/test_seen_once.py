@@ -23,7 +23,7 @@ import pytest
 
 from fairlimit.store.base import Store
 from fairness_cases import flat_config
-from fairness_figures import phased, scenario_text, simulated
+from fairness_figures import late_one_shot_at, phased, scenario_text, simulated
 from helpers import once
 
 pytestmark = pytest.mark.behaviour
@@ -84,15 +84,7 @@ async def test_redis_admits_as_memory_does(seed: int, store: Store, tmp_path: Pa
 # The shared late-one-shot case (six clients asking once every 4 s from 0 s at a cap of 900
 # a minute, 1,500 asked in 0.1 s) with the one-shot at 2.5 s: max-min gives each sparse
 # client 15 and the one-shot 810.
-EARLY = scenario_text(
-    "the shared late one-shot at 2.5 s",
-    60,
-    0.05,
-    [
-        "{name: sparse, count: 6, rate: 0.25}",
-        phased("late", 2.5, 2.6, 15000),
-    ],
-)
+EARLY = late_one_shot_at(2.5)
 
 
 @pytest.mark.asyncio

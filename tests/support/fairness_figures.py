@@ -220,6 +220,15 @@ def phased(name: str, start: float, stop: float, rate: float) -> str:
     return f"{{name: {name}, phases: [{{start: {start}, stop: {stop}, rate: {rate}}}]}}"
 
 
+def late_one_shot_at(at: float) -> str:
+    """The shared late-one-shot case's first minute with its one-shot from ``at``: six
+    clients asking once every 4 s from 0 s, 1,500 asked in 0.1 s (its cap, of 900 a minute
+    for 7 clients: ``fairness_cases.flat_config(900, "minute", 900, 7)``)."""
+    late = phased("late", at, round(at + 0.1, 2), 15000)
+    clients = ["{name: sparse, count: 6, rate: 0.25}", late]
+    return scenario_text(f"the shared late one-shot at {at} s", 60, 0.05, clients)
+
+
 def page_user(
     name: str, start: float, stop: float, every: int, page: int, length: float = 0.01
 ) -> str:
